@@ -1,0 +1,47 @@
+"""The one place that touches coreai-core internals (MLIR module, ops, types).
+
+Everything else in coreopt talks to these helpers, so a change in coreai-core's private
+layout is mended here once. coreai is imported lazily: importing coreopt costs nothing.
+"""
+
+from __future__ import annotations
+
+from ._ir import (
+    BYTECODE_MAGIC,
+    DECOMPRESSION_OPS,
+    GraphSignature,
+    TensorSig,
+    constant_bytes,
+    constant_ops,
+    element_bits,
+    element_name,
+    graph_ops,
+    graph_signatures,
+    mlir_module,
+    new_context,
+    op_histogram,
+    parse_bytecode_checked,
+    storage_nbytes,
+    tensor_shape,
+    walk_ops,
+)
+
+__all__ = [
+    "BYTECODE_MAGIC",
+    "DECOMPRESSION_OPS",
+    "GraphSignature",
+    "TensorSig",
+    "constant_bytes",
+    "constant_ops",
+    "element_bits",
+    "element_name",
+    "graph_ops",
+    "graph_signatures",
+    "mlir_module",
+    "new_context",
+    "op_histogram",
+    "parse_bytecode_checked",
+    "storage_nbytes",
+    "tensor_shape",
+    "walk_ops",
+]

@@ -1,0 +1,192 @@
+"""Walking Core AI programs: graphs, signatures, ops, constants and element types."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+# Every MLIR bytecode file starts with these four bytes ("ML\xefR").
+BYTECODE_MAGIC = b"ML\xefR"
+
+# Ops that turn stored (compressed) constants into a dense weight.
+DECOMPRESSION_OPS = frozenset(
+    {
+        "coreai.lut_to_dense",
+        "coreai.blockwise_shift_scale",
+        "coreai.build_sparse_with_bitmask",
+        "coreai.sparse_with_bitmask_to_dense",
+        "coreai.lut_to_sparse_with_bitmask",
+        "coreai.dequantize",
+        "coreai.cast",
+    }
+)
+
+_FLOAT_WIDTHS = {"f64": 64, "f32": 32, "f16": 16, "bf16": 16, "tf32": 19}
+_MINIFLOAT = re.compile(r"^f(\d+)E\d+M\d+")
+
+
+@dataclass(frozen=True)
+class TensorSig:
+    """A graph input or output: its name, element type and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GraphSignature:
+    name: str
+    inputs: tuple[TensorSig, ...]
+    outputs: tuple[TensorSig, ...]
+
+
+def mlir_module(program: Any) -> Any:
+    """The raw MLIR module inside an `AIProgram` (a private attribute of coreai-core)."""
+    return program._module._mlir_module
+
+
+def new_context() -> Any:
+    """A fresh MLIR context with the Core AI dialects registered."""
+    from coreai.authoring import Context
+
+    return Context()._mlir_context
+
+
+def parse_bytecode_checked(data: bytes) -> None:
+    """Raise ValueError unless `data` parses as a serialized Core AI asset.
+
+    coreai-core's own loader crashes the interpreter on damaged bytecode; the MLIR parser
+    reports the same damage as an exception, so every load goes through this check first.
+    """
+    if not data.startswith(BYTECODE_MAGIC):
+        raise ValueError("not MLIR bytecode (bad magic number)")
+    from coreai._compiler import ir
+
+    context = new_context()
+    try:
+        with context:
+            module = ir.Module.parse(data)
+            names = [op.operation.name for op in module.body.operations]
+    except Exception as exc:
+        first = str(exc).strip().splitlines()
+        detail = next((line.strip() for line in first[1:] if line.strip()), first[0] if first else "")
+        raise ValueError(f"damaged bytecode ({detail.removeprefix('error: ')})") from exc
+    if not names or not names[0].startswith("aicode.serialization"):
+        raise ValueError("bytecode does not hold a serialized Core AI program")
+
+
+def graph_ops(module: Any) -> list[Any]:
+    return [op.operation for op in module.body.operations if op.operation.name == "coreai.graph"]
+
+
+def _walk_block_ops(block: Any) -> Iterator[Any]:
+    for op in block.operations:
+        operation = op.operation
+        yield operation
+        for region in operation.regions:
+            for inner in region.blocks:
+                yield from _walk_block_ops(inner)
+
+
+def walk_ops(module: Any) -> Iterator[Any]:
+    """Every op inside every graph, nested regions included, in program order."""
+    for graph in graph_ops(module):
+        for region in graph.regions:
+            for block in region.blocks:
+                yield from _walk_block_ops(block)
+
+
+def op_histogram(module: Any) -> Counter[str]:
+    return Counter(op.name for op in walk_ops(module))
+
+
+def constant_ops(module: Any) -> list[Any]:
+    return [op for op in walk_ops(module) if op.name == "coreai.constant"]
+
+
+def element_name(mlir_type: Any) -> str:
+    """Short element-type name as MLIR prints it: f16, bf16, ui4, si8, f8E4M3FN, ..."""
+    return str(mlir_type.element_type if hasattr(mlir_type, "element_type") else mlir_type)
+
+
+def element_bits(mlir_type: Any) -> int:
+    name = element_name(mlir_type)
+    if name in _FLOAT_WIDTHS:
+        return _FLOAT_WIDTHS[name]
+    if m := re.fullmatch(r"[su]?i(\d+)", name):
+        return int(m.group(1))
+    if m := _MINIFLOAT.match(name):
+        return int(m.group(1))
+    element = getattr(mlir_type, "element_type", mlir_type)
+    width = getattr(element, "width", None)
+    if isinstance(width, int):
+        return width
+    raise ValueError(f"unknown element type {name}")
+
+
+def tensor_shape(mlir_type: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in mlir_type.shape)
+
+
+def _names(attr: Any, count: int, prefix: str) -> list[str]:
+    from coreai._compiler import ir
+
+    names = [f"{prefix}{i}" for i in range(count)]
+    if attr is None:
+        return names
+    for i, entry in enumerate(ir.ArrayAttr(attr)):
+        entries = ir.DictAttr(entry)
+        if "coreai.name" in entries:
+            names[i] = ir.StringAttr(entries["coreai.name"]).value
+    return names
+
+
+def graph_signatures(module: Any) -> list[GraphSignature]:
+    from coreai._compiler import ir
+
+    signatures = []
+    for graph in graph_ops(module):
+        attrs = graph.attributes
+        fn_type = ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value)
+        arg_names = _names(attrs["arg_attrs"] if "arg_attrs" in attrs else None, len(fn_type.inputs), "arg")
+        res_names = _names(attrs["res_attrs"] if "res_attrs" in attrs else None, len(fn_type.results), "out")
+
+        def sigs(types: Any, names: list[str]) -> tuple[TensorSig, ...]:
+            return tuple(
+                TensorSig(name, element_name(t), tensor_shape(t) if hasattr(t, "shape") else ())
+                for name, t in zip(names, types, strict=True)
+            )
+
+        signatures.append(
+            GraphSignature(
+                name=ir.StringAttr(attrs["sym_name"]).value,
+                inputs=sigs(fn_type.inputs, arg_names),
+                outputs=sigs(fn_type.results, res_names),
+            )
+        )
+    return signatures
+
+
+def storage_nbytes(mlir_type: Any) -> int:
+    """Bytes a constant of this type occupies: sub-byte integers packed, i1 one byte each."""
+    count = 1
+    for dim in tensor_shape(mlir_type):
+        count *= dim
+    bits = element_bits(mlir_type)
+    if element_name(mlir_type) == "i1":
+        bits = 8
+    return (count * bits + 7) // 8
+
+
+def constant_bytes(op: Any) -> bytes:
+    """The raw stored bytes of a `coreai.constant` (inline or resource), as the runtime reads them."""
+    import numpy as np
+    from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import copy_constant_value_to_array
+
+    buffer = np.zeros(storage_nbytes(op.result.type), dtype=np.uint8)
+    copy_constant_value_to_array(constant_op=op, destination=buffer)
+    return buffer.tobytes()

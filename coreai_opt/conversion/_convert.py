@@ -1,0 +1,63 @@
+"""Run coreai-torch's converter and save its program atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coreai_opt.io import ConversionError, ModelFormat, check_output, load_pt2, model_format, save_aimodel
+
+if TYPE_CHECKING:
+    from coreai.authoring import AIProgram
+    from torch.export import ExportedProgram
+
+
+@dataclass(frozen=True)
+class ConversionResult:
+    source: Path
+    output: Path
+    seconds: float
+    converter_log: str
+
+
+def convert_exported_program(program: ExportedProgram) -> AIProgram:
+    """Convert with coreai-torch; its console chatter is kept out of our output."""
+    program, _ = _convert(program)
+    return program
+
+
+def _convert(program: ExportedProgram) -> tuple[AIProgram, str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import coreai_torch
+
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            converter = coreai_torch.TorchConverter()
+            converter.add_exported_program(program)
+            result = converter.to_coreai()
+    return result, log.getvalue().strip()
+
+
+def convert_file(
+    source: Path | str, output: Path | str | None = None, *, force: bool = False
+) -> ConversionResult:
+    """Convert a `.pt2` file to an `.aimodel` asset beside it (or at `output`)."""
+    source = Path(source)
+    output = Path(output) if output is not None else source.with_suffix(ModelFormat.AIMODEL.value)
+    model_format(output, (ModelFormat.AIMODEL,))
+    check_output(output, force=force, inputs=(source,))
+    exported = load_pt2(source)
+    start = time.perf_counter()
+    try:
+        program, log = _convert(exported)
+    except Exception as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConversionError(source, f"coreai-torch could not convert the program: {message}") from exc
+    save_aimodel(program, output, force=force, inputs=(source,))
+    return ConversionResult(source, output, time.perf_counter() - start, log)

@@ -1,0 +1,151 @@
+"""What a Core AI program holds, with compressed weights read back as one logical tensor each.
+
+A weight is the float value that a compute op consumes and that comes only from constants:
+a plain `coreai.constant`, or a tree of decompression ops (`lut_to_dense`,
+`blockwise_shift_scale`, the sparse bitmask ops) over constants. Its bytes are those of every
+constant in the tree; its encoding says how it is stored.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coreai_opt import _coreai
+
+from ._report import ModelReport, TensorInfo, WeightInfo
+
+_FLOAT_ELEMENTS = re.compile(r"^(f\d+|bf16|f\d+E\d+M\d+\w*)$")
+_IDENTIFIER = re.compile(r'identifiers = \["([^"]+)"')
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """A value computed from constants only: how it is encoded and what it costs."""
+
+    encoding: str
+    nbytes: int
+    element: str
+    shape: tuple[int, ...]
+
+
+def _granularity(scale_shape: tuple[int, ...], data_shape: tuple[int, ...]) -> str:
+    """Name the block layout of a block-wise broadcast parameter against its data."""
+    if len(scale_shape) < len(data_shape):
+        scale_shape = (1,) * (len(data_shape) - len(scale_shape)) + scale_shape
+    if all(s == 1 for s in scale_shape):
+        return "per tensor"
+    parts = []
+    for axis, (s, d) in enumerate(zip(scale_shape, data_shape, strict=True)):
+        if s == 1:
+            continue
+        parts.append(f"channel(axis {axis})" if s == d else f"block {d // s}(axis {axis})")
+    if len(parts) == 1 and parts[0].startswith("channel"):
+        return "per channel"
+    if len(parts) == 1:
+        return "per " + parts[0].replace("(", " (")
+    return "per " + " x ".join(parts)
+
+
+def _constant_is_zero(op: Any) -> bool:
+    return not any(_coreai.constant_bytes(op))
+
+
+class _Walker:
+    def __init__(self) -> None:
+        self.stored: dict[Any, _Stored] = {}
+
+    def visit(self, op: Any) -> None:
+        if op.name == "coreai.constant":
+            t = op.result.type
+            element = _coreai.element_name(t)
+            self.stored[op.result] = _Stored(
+                element, _coreai.storage_nbytes(t), element, _coreai.tensor_shape(t)
+            )
+            return
+        if op.name not in _coreai.DECOMPRESSION_OPS or len(op.results) != 1:
+            return
+        parts = [self.stored.get(value) for value in op.operands]
+        if any(part is None for part in parts):
+            return
+        described = self._describe(op, parts)  # type: ignore[arg-type]
+        t = op.result.type
+        element = _coreai.element_name(t) if hasattr(t, "element_type") else "sparse"
+        shape = _coreai.tensor_shape(t) if hasattr(t, "shape") else parts[-1].shape  # type: ignore[union-attr]
+        self.stored[op.result] = _Stored(described, sum(p.nbytes for p in parts), element, shape)  # type: ignore[union-attr]
+
+    @staticmethod
+    def _describe(op: Any, parts: list[_Stored]) -> str:
+        name = op.name.removeprefix("coreai.")
+        if name == "lut_to_dense" and len(parts) >= 2:
+            indices, lut = parts[0], parts[1]
+            entries, vector = lut.shape[-2], lut.shape[-1]
+            luts = math.prod(lut.shape[:-2])
+            text = f"{indices.encoding} LUT({entries} x {lut.encoding})"
+            if vector > 1:
+                text += f" vector {vector}"
+            if luts > 1:
+                text += f" x {luts} LUTs"
+            return text
+        if name == "blockwise_shift_scale" and len(parts) == 4:
+            data, scale = parts[0], parts[1]
+            text = f"{data.encoding} + {scale.encoding} scale {_granularity(scale.shape, data.shape)}"
+            offset_op = op.operands[2].owner
+            if not (offset_op.name == "coreai.constant" and _constant_is_zero(offset_op)):
+                text += " + zero point"
+            bias_op = op.operands[3].owner
+            if not (bias_op.name == "coreai.constant" and _constant_is_zero(bias_op)):
+                text += " + offset"
+            return text
+        if name == "build_sparse_with_bitmask" and len(parts) == 2:
+            values, mask = parts
+            density = math.prod(values.shape) / max(1, math.prod(mask.shape))
+            return f"sparse bitmask {density:.0%} kept, values {values.encoding}"
+        if name in ("sparse_with_bitmask_to_dense", "cast") and len(parts) == 1:
+            return parts[0].encoding if name != "cast" else f"{parts[0].encoding} cast"
+        return f"{name}(" + ", ".join(p.encoding for p in parts) + ")"
+
+
+def _weight_name(index: int, op: Any) -> str:
+    found = _IDENTIFIER.search(str(op.location))
+    return f"w{index}:{found.group(1)}" if found else f"w{index}"
+
+
+def inspect_ai_program(program: Any, path: Path | str = "") -> ModelReport:
+    module = _coreai.mlir_module(program)
+    signatures = _coreai.graph_signatures(module)
+    walker = _Walker()
+    weights: list[WeightInfo] = []
+    scalars = 0
+    for op in _coreai.walk_ops(module):
+        walker.visit(op)
+        if len(op.results) != 1 or op.result not in walker.stored:
+            continue
+        stored = walker.stored[op.result]
+        consumers = [use.owner.name for use in op.result.uses]
+        feeds_compute = any(name not in _coreai.DECOMPRESSION_OPS for name in consumers)
+        if not feeds_compute or not _FLOAT_ELEMENTS.match(stored.element):
+            continue
+        if math.prod(stored.shape) <= 1:
+            scalars += 1
+            continue
+        weights.append(
+            WeightInfo(_weight_name(len(weights), op), stored.shape, stored.encoding, stored.nbytes)
+        )
+    main = next((s for s in signatures if s.name == "main"), signatures[0] if signatures else None)
+    notes = [f"{scalars} float scalar constants not listed"] if scalars else []
+    if len(signatures) > 1:
+        notes.append("graphs: " + ", ".join(s.name for s in signatures))
+    return ModelReport(
+        path=str(path),
+        format="aimodel",
+        inputs=tuple(TensorInfo(t.name, t.dtype, t.shape) for t in main.inputs) if main else (),
+        outputs=tuple(TensorInfo(t.name, t.dtype, t.shape) for t in main.outputs) if main else (),
+        ops=dict(_coreai.op_histogram(module).most_common()),
+        weights=tuple(weights),
+        parameters=sum(w.numel for w in weights),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,45 @@
+"""Model files: load and save `.pt2` and `.aimodel`, atomically, with typed errors."""
+
+from ._aimodel import load_aimodel, save_aimodel, verify_aimodel
+from ._errors import (
+    BadBytecodeError,
+    BadMetadataError,
+    ConversionError,
+    CorruptArchiveError,
+    HashMismatchError,
+    IncompleteAssetError,
+    MissingPathError,
+    ModelFileError,
+    OutputExistsError,
+    SameAsInputError,
+    UnwritableOutputError,
+    WrongSuffixError,
+)
+from ._paths import ModelFormat, atomic_output, check_output, model_format, require_existing, write_atomically
+from ._pt2 import load_pt2, save_pt2
+
+__all__ = [
+    "BadBytecodeError",
+    "BadMetadataError",
+    "ConversionError",
+    "CorruptArchiveError",
+    "HashMismatchError",
+    "IncompleteAssetError",
+    "MissingPathError",
+    "ModelFileError",
+    "ModelFormat",
+    "OutputExistsError",
+    "SameAsInputError",
+    "UnwritableOutputError",
+    "WrongSuffixError",
+    "atomic_output",
+    "check_output",
+    "load_aimodel",
+    "load_pt2",
+    "model_format",
+    "require_existing",
+    "save_aimodel",
+    "save_pt2",
+    "verify_aimodel",
+    "write_atomically",
+]
