@@ -152,8 +152,11 @@ def graph_signatures(module: Any) -> list[GraphSignature]:
     for graph in graph_ops(module):
         attrs = graph.attributes
         fn_type = ir.FunctionType(ir.TypeAttr(attrs["function_type"]).value)
-        arg_names = _names(attrs["arg_attrs"] if "arg_attrs" in attrs else None, len(fn_type.inputs), "arg")
-        res_names = _names(attrs["res_attrs"] if "res_attrs" in attrs else None, len(fn_type.results), "out")
+        present = {named.name for named in attrs}
+        arg_names = _names(attrs["arg_attrs"] if "arg_attrs" in present else None, len(fn_type.inputs), "arg")
+        res_names = _names(
+            attrs["res_attrs"] if "res_attrs" in present else None, len(fn_type.results), "out"
+        )
 
         def sigs(types: Any, names: list[str]) -> tuple[TensorSig, ...]:
             return tuple(
