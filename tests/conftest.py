@@ -1,0 +1,93 @@
+"""Shared fixtures: the sample models, an in-process CLI runner, the Core AI runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import shutil
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+warnings.filterwarnings("ignore", message="coreai-torch has only been validated")
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_models"
+SAMPLE_NAMES = ("mlp", "cnn", "transformer", "wide_range", "int_arith")
+
+
+def load_sample_builder() -> Any:
+    """sample_models/build.py as a module (it is a script, not an installed package)."""
+    spec = importlib.util.spec_from_file_location("sample_models_build", SAMPLES / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def _invoke(app: Any, args: list[str]) -> CliResult:
+    result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
+    return CliResult(result.exit_code, result.stdout, result.stderr)
+
+
+@pytest.fixture
+def coreopt():
+    from cli.coreopt_app import app
+
+    return lambda *args: _invoke(app, list(args))
+
+
+@pytest.fixture
+def tcast_cli():
+    from cli.tcast_app import app
+
+    return lambda *args: _invoke(app, list(args))
+
+
+def copy_sample(name: str, fmt: str, dest: Path) -> Path:
+    source = SAMPLES / f"{name}.{fmt}"
+    target = dest / source.name
+    if source.is_dir():
+        shutil.copytree(source, target)
+    else:
+        shutil.copy2(source, target)
+    return target
+
+
+def tree_digest(path: Path) -> str:
+    """Digest of a file or of every file under a directory (names and bytes)."""
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        digest.update(str(file.relative_to(path.parent)).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def run_aimodel(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the `main` function of an asset on the Core AI CPU runtime."""
+    from coreai.authoring import AIModelAsset
+    from coreai.runtime import NDArray
+
+    async def go() -> dict[str, np.ndarray]:
+        async with AIModelAsset.load(path).executable() as model:
+            function = model.load_function("main")
+            out = await function({k: NDArray(np.ascontiguousarray(v)) for k, v in inputs.items()})
+            return {k: v.numpy() for k, v in out.items()}
+
+    return asyncio.run(go())

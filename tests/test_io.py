@@ -1,0 +1,100 @@
+"""Model-file I/O: round trips keep graphs and weights; writes are atomic and never touch inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SAMPLES, copy_sample, tree_digest
+
+from coreai_opt import _coreai
+from coreai_opt.io import (
+    OutputExistsError,
+    SameAsInputError,
+    UnwritableOutputError,
+    load_aimodel,
+    load_pt2,
+    save_aimodel,
+    save_pt2,
+)
+
+
+def _constants(program) -> list[tuple[str, bytes]]:  # type: ignore[no-untyped-def]
+    module = _coreai.mlir_module(program)
+    return [(str(op.result.type), _coreai.constant_bytes(op)) for op in _coreai.constant_ops(module)]
+
+
+def test_pt2_round_trip_keeps_graph_and_weights(tmp_path: Path) -> None:
+    original = load_pt2(SAMPLES / "transformer.pt2")
+    saved = save_pt2(original, tmp_path / "copy.pt2")
+    again = load_pt2(saved)
+    assert again.graph_module.code == original.graph_module.code
+    assert original.state_dict.keys() == again.state_dict.keys()
+    for name, tensor in original.state_dict.items():
+        assert torch.equal(tensor, again.state_dict[name]), name
+
+
+def test_aimodel_round_trip_keeps_ops_and_constant_bytes(tmp_path: Path) -> None:
+    original = load_aimodel(SAMPLES / "cnn.aimodel")
+    saved = save_aimodel(original, tmp_path / "copy.aimodel")
+    again = load_aimodel(saved)
+    module_a, module_b = _coreai.mlir_module(original), _coreai.mlir_module(again)
+    assert _coreai.op_histogram(module_a) == _coreai.op_histogram(module_b)
+    assert _constants(original) == _constants(again)
+    assert sorted(p.name for p in saved.iterdir()) == ["main.hash", "main.mlirb", "metadata.json"]
+
+
+def test_refuses_existing_output_unless_forced(tmp_path: Path) -> None:
+    program = load_pt2(SAMPLES / "mlp.pt2")
+    target = tmp_path / "out.pt2"
+    target.write_bytes(b"keep me")
+    with pytest.raises(OutputExistsError):
+        save_pt2(program, target)
+    assert target.read_bytes() == b"keep me"
+    save_pt2(program, target, force=True)
+    assert load_pt2(target).graph_module.code == program.graph_module.code
+
+
+def test_forced_directory_overwrite_replaces_whole_asset(tmp_path: Path) -> None:
+    target = copy_sample("transformer", "aimodel", tmp_path)
+    (target / "stray.txt").write_text("left over from before")
+    save_aimodel(load_aimodel(SAMPLES / "mlp.aimodel"), target, force=True)
+    assert not (target / "stray.txt").exists()
+    assert _constants(load_aimodel(target)) == _constants(load_aimodel(SAMPLES / "mlp.aimodel"))
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no temporary or old sibling left
+
+
+@pytest.mark.parametrize("fmt", ["pt2", "aimodel"])
+def test_refuses_to_write_onto_the_input(tmp_path: Path, fmt: str) -> None:
+    source = copy_sample("mlp", fmt, tmp_path)
+    digest = tree_digest(source)
+    program = load_pt2(source) if fmt == "pt2" else load_aimodel(source)
+    save = save_pt2 if fmt == "pt2" else save_aimodel
+    with pytest.raises(SameAsInputError):
+        save(program, source, force=True, inputs=(source,))  # type: ignore[operator]
+    assert tree_digest(source) == digest
+
+
+def test_failed_write_leaves_existing_output_and_no_partial_file(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    target = copy_sample("cnn", "aimodel", tmp_path)
+    digest = tree_digest(target)
+    program = load_aimodel(SAMPLES / "mlp.aimodel")
+
+    def half_written(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        path.mkdir()
+        (path / "main.mlirb").write_bytes(b"partial")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(type(program), "save_asset", half_written)
+    with pytest.raises(UnwritableOutputError, match="disk full"):
+        save_aimodel(program, target, force=True)
+    assert tree_digest(target) == digest
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_unwritable_parent_is_reported(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UnwritableOutputError, match=r"not a directory|cannot create"):
+        save_pt2(load_pt2(SAMPLES / "mlp.pt2"), blocker / "out.pt2")
