@@ -1,0 +1,145 @@
+"""DataType (a number format plus an optional scale) and the predefined types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._number import NumberSpec, number
+from ._scale import ScaleSpec, scale
+
+
+@dataclass(frozen=True)
+class DataType:
+    nspec: NumberSpec
+    sspec: ScaleSpec | None = None
+    name: str = ""
+
+    def __init__(self, nspec: Any, sspec: Any = None, name: str | None = None) -> None:
+        n = number(nspec)
+        s = scale(sspec) if sspec is not None else None
+        if s is not None:
+            if n.is_exponent:
+                raise ValueError(f"exponent format {n.code} cannot be scaled")
+            if n.is_uint and s.is_exponent:
+                raise ValueError(f"unsigned {n.code} needs a float scale, not {s.scale.code}")
+            if n.is_uint and s.zero is None:
+                raise ValueError(f"unsigned {n.code} needs a zero point in its scale spec")
+            if not n.is_uint and s.zero is not None:
+                raise ValueError(f"only unsigned formats take a zero point, not {n.code}")
+            if n.is_float and not s.is_exponent:
+                raise ValueError(f"float format {n.code} takes an exponent scale (e.g. e8m0), not {s.scale.code}")
+        elif n.is_uint or (n.is_int and n.bits < 16):
+            raise ValueError(f"{n.code} needs a scale spec (unscaled integers are not supported)")
+        object.__setattr__(self, "nspec", n)
+        object.__setattr__(self, "sspec", s)
+        object.__setattr__(self, "name", name or (n.code + (f"_{s.code}" if s else "")))
+
+    @property
+    def is_unscaled(self) -> bool:
+        return self.sspec is None
+
+    @property
+    def is_tile(self) -> bool:
+        return self.sspec is not None and self.sspec.is_tile
+
+    def bits_per_value(self) -> float | None:
+        """Element bits plus the share of scale (and zero-point) bits; None where that depends on the tensor."""
+        if self.sspec is None:
+            return float(self.nspec.bits)
+        per = self.sspec.elements_per_scale()
+        if per is None:
+            return None
+        overhead = self.sspec.scale.bits + (self.sspec.zero.bits if self.sspec.zero else 0)
+        return self.nspec.bits + overhead / per
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "element": self.nspec.describe(),
+            "scale": self.sspec.describe() if self.sspec else "unscaled",
+            "scale_code": self.sspec.code if self.sspec else None,
+            "bits_per_value": self.bits_per_value(),
+        }
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        scale_code = f", {self.sspec.code!r}" if self.sspec else ""
+        return f"DataType({self.nspec.code!r}{scale_code}, name={self.name!r})"
+
+
+def datatype(nspec: Any, sspec: Any = None, name: str | None = None) -> DataType:
+    return DataType(nspec, sspec, name)
+
+
+def _table() -> dict[str, tuple[str, str | None]]:
+    """name -> (number code, scale code). Plain data: building it costs nothing."""
+    table: dict[str, tuple[str, str | None]] = {
+        # unscaled
+        "float32": ("float32", None),
+        "float16": ("float16", None),
+        "bfloat16": ("bfloat16", None),
+        "float8_e5m2": ("e5m2", None),
+        "float8_e4m3fn": ("e4m3fn", None),
+        "float8_e5m2fnuz": ("e5m2b16fnuz", None),
+        "float8_e4m3fnuz": ("e4m3b8fnuz", None),
+        "e3m2fnuz": ("e3m2fnuz", None),
+        "e2m3fnuz": ("e2m3fnuz", None),
+        "e2m1fnuz": ("e2m1fnuz", None),
+        # tile scaled, OCP MX and block floating point
+        "mxfp8e5": ("e5m2", "e8m0_t32"),
+        "mxfp8e4": ("e4m3fn", "e8m0_t32"),
+        "mxfp6e3": ("e3m2fnuz", "e8m0_t32"),
+        "mxfp6e2": ("e2m3fnuz", "e8m0_t32"),
+        "mxfp4e2": ("e2m1fnuz", "e8m0_t32"),
+        "mxint8": ("int8", "e8m0_t32"),
+        "mxint4": ("int4", "e8m0_t32"),
+        "bfp16": ("int8", "e8m0_t8"),
+    }
+    # tensor scaled: f = float16, b = bfloat16, e = exponent; uint zero points f/b float, i integer
+    floats = {"f": "float16", "b": "bfloat16"}
+    zeros = {"f": "float16", "b": "bfloat16"}
+    for bits in (16, 8):
+        for s, scode in floats.items():
+            for z, zcode in (*zeros.items(), ("i", f"int{bits}")):
+                table[f"uint{bits}_{s}{z}"] = (f"uint{bits}", f"{scode}_{zcode}")
+        for s, scode in (*floats.items(), ("e", "e8m0")):
+            table[f"int{bits}_{s}"] = (f"int{bits}", scode)
+    for code in ("e5m2", "e4m3fn", "e3m2fnuz", "e2m3fnuz"):
+        table[f"{code}_e"] = (code, "e8m0")
+    # tile scaled integers with float scales, tile 32
+    for bits in (8, 4):
+        for s, scode in floats.items():
+            for z, zcode in (*zeros.items(), ("i", f"int{bits}")):
+                table[f"uint{bits}_{s}{z}_t32"] = (f"uint{bits}", f"{scode}_{zcode}_t32")
+            table[f"int{bits}_{s}_t32"] = (f"int{bits}", f"{scode}_t32")
+    return table
+
+
+PREDEFINED: dict[str, tuple[str, str | None]] = _table()
+
+# OCP-style spellings of the MX types
+ALIASES: dict[str, str] = {
+    "mxfp8_e5m2": "mxfp8e5",
+    "mxfp8_e4m3": "mxfp8e4",
+    "mxfp6_e3m2": "mxfp6e3",
+    "mxfp6_e2m3": "mxfp6e2",
+    "mxfp4_e2m1": "mxfp4e2",
+    "mxfp4": "mxfp4e2",
+    "mxfp8": "mxfp8e4",
+    "mxfp6": "mxfp6e2",
+    "mx_int8": "mxint8",
+    "mxint8_t32": "mxint8",
+}
+
+
+def lookup(name: str) -> DataType:
+    """A predefined DataType by name or alias."""
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in PREDEFINED:
+        raise ValueError(f"unknown datatype {name!r}; `tcast list` shows the predefined types")
+    ncode, scode = PREDEFINED[key]
+    return DataType(ncode, scode, key)

@@ -1,0 +1,52 @@
+"""Bit packing of codes: little-endian, low bits first (two 4-bit codes a byte, low nibble first;
+four 6-bit codes in three bytes), the layout Core AI and OCP MX tooling read."""
+
+from __future__ import annotations
+
+import torch
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack non-negative integer codes (< 2**bits) of any shape into a flat uint8 tensor."""
+    flat = codes.reshape(-1).to(torch.int64)
+    if bits == 8:
+        return flat.to(torch.uint8)
+    if bits == 16:
+        return flat.to(torch.int32).to(torch.int16).view(torch.uint8)
+    if 8 % bits == 0:
+        per_byte = 8 // bits
+        pad = (-flat.numel()) % per_byte
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad)])
+        shifts = torch.arange(per_byte, device=flat.device, dtype=torch.int64) * bits
+        return (flat.view(-1, per_byte) << shifts).sum(dim=1).to(torch.uint8)
+    # General widths (3, 5, 6, 7, 9..15): through a bit stream.
+    positions = torch.arange(bits, device=flat.device, dtype=torch.int64)
+    stream = ((flat[:, None] >> positions) & 1).reshape(-1)
+    pad = (-stream.numel()) % 8
+    if pad:
+        stream = torch.cat([stream, stream.new_zeros(pad)])
+    weights = torch.arange(8, device=flat.device, dtype=torch.int64)
+    return (stream.view(-1, 8) << weights).sum(dim=1).to(torch.uint8)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """Inverse of pack_codes: `count` int64 codes."""
+    data = packed.reshape(-1)
+    if bits == 8:
+        return data[:count].to(torch.int64)
+    if bits == 16:
+        return data.view(torch.int16).to(torch.int64)[:count] & 0xFFFF
+    wide = data.to(torch.int64)
+    if 8 % bits == 0:
+        per_byte = 8 // bits
+        shifts = torch.arange(per_byte, device=data.device, dtype=torch.int64) * bits
+        return ((wide[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:count]
+    positions = torch.arange(8, device=data.device, dtype=torch.int64)
+    stream = ((wide[:, None] >> positions) & 1).reshape(-1)[: count * bits]
+    weights = torch.arange(bits, device=data.device, dtype=torch.int64)
+    return (stream.view(count, bits) << weights).sum(dim=1)
+
+
+def packed_nbytes(count: int, bits: int) -> int:
+    return (count * bits + 7) // 8

@@ -1,0 +1,31 @@
+"""M:N magnitude sparsity along one dim, signs kept."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def sparse(x: torch.Tensor, m: int, n: int, dim: int = -1) -> torch.Tensor:
+    """Keep the `n` largest magnitudes of every `m` consecutive values along `dim`; zero the rest.
+
+    Signs are kept. A length that `m` does not divide ends in a shorter group, which keeps at
+    most `n` values. NaN counts as the largest magnitude, so it is never dropped silently.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"sparse takes a torch tensor, got {type(x).__name__}")
+    if not (isinstance(m, int) and isinstance(n, int) and 0 < n <= m):
+        raise ValueError(f"need integers 0 < N <= M, got M={m}, N={n}")
+    if x.dim() == 0:
+        raise ValueError("sparse needs a tensor of rank >= 1")
+    moved = x.movedim(dim, -1)
+    length = moved.shape[-1]
+    pad = (-length) % m
+    magnitude = moved.abs()
+    if pad:
+        magnitude = F.pad(magnitude, (0, pad), value=-1.0)  # padding never outranks a real value
+    groups = magnitude.reshape(*magnitude.shape[:-1], -1, m)
+    keep_index = torch.topk(groups, n, dim=-1, sorted=False).indices
+    mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, keep_index, True)
+    mask = mask.reshape(*moved.shape[:-1], length + pad)[..., :length]
+    return torch.where(mask, moved, torch.zeros_like(moved)).movedim(-1, dim)

@@ -1,0 +1,209 @@
+"""Unscaled element casts, bit-exact with torch and ml_dtypes on every code, tie, subnormal and edge.
+
+The references do round-to-nearest-even; the other round modes are checked on every tie and near
+tie against the two neighbours. Policy differences from the references are stated where tested:
+tcast saturates finite overflow (torch's e5m2 and fnuz types overflow to inf/NaN), and NaN stays
+NaN (ml_dtypes' fp6/fp4 turn NaN into -0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import tcast
+
+TORCH_REFS = {
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+    "float8_e4m3fnuz": torch.float8_e4m3fnuz,
+    "float8_e5m2fnuz": torch.float8_e5m2fnuz,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+NUMPY_REFS = {
+    "float6_e2m3fn": ml_dtypes.float6_e2m3fn,
+    "float6_e3m2fn": ml_dtypes.float6_e3m2fn,
+    "float4_e2m1fn": ml_dtypes.float4_e2m1fn,
+    "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
+}
+ALL = sorted(TORCH_REFS) + sorted(NUMPY_REFS)
+
+
+def reference(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The reference library's conversion (round to nearest even) back to float32."""
+    if name in TORCH_REFS:
+        return x.to(TORCH_REFS[name]).to(torch.float32)
+    return torch.from_numpy(x.numpy().astype(NUMPY_REFS[name]).astype(np.float32))
+
+
+def reference_codes(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every code of the reference format and its value (float32), NaN codes included."""
+    bits = tcast.number(name).bits
+    if name in TORCH_REFS:
+        dtype = TORCH_REFS[name]
+        raw = torch.arange(1 << bits, dtype=torch.int32)
+        storage = raw.to(torch.int16) if bits == 16 else raw.to(torch.uint8)
+        return raw, storage.view(dtype).to(torch.float32)
+    codes = np.arange(1 << bits, dtype=np.uint8)
+    values = codes.view(NUMPY_REFS[name]).astype(np.float32)
+    return torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(values)
+
+
+OCP_SMALL = ("float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn")
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor, name: str = "") -> bool:
+    """Bitwise equality of float32 tensors, treating every NaN as equal.
+
+    tcast models OCP fp6/fp4 as fnuz (same finite values, and a NaN code), so their -0 reads
+    as +0: for those formats the sign of zero is not compared.
+    """
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    if name in OCP_SMALL:
+        a, b = torch.where(a == 0, 0.0, a), torch.where(b == 0, 0.0, b)
+    return bool(torch.all(both_nan | (a.view(torch.int32) == b.view(torch.int32))))
+
+
+def finite_values(name: str) -> torch.Tensor:
+    _, values = reference_codes(name)
+    values = values[torch.isfinite(values)]
+    return torch.unique(values)  # sorted; -0 and +0 collapse
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_representable_value_is_kept_and_encoded_like_the_reference(name: str) -> None:
+    codes, values = reference_codes(name)
+    spec = tcast.number(name)
+    finite = torch.isfinite(values)
+    if spec.infnan is tcast.InfNaN.FNUZ:  # -0 is NaN there: the reference has no such value
+        finite &= ~((values == 0) & torch.signbit(values))
+    x = values[finite]
+    assert same_bits(tcast.cast(x, name), x)
+    if name in ("float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"):
+        keep = ~((x == 0) & torch.signbit(x))  # OCP fp6/fp4 -0 maps to tcast's NaN code (fnuz)
+        x, expected = x[keep], codes[finite][keep]
+    else:
+        expected = codes[finite]
+    actual = tcast.cast(x, name, castmode="actual")
+    got = actual.codes.to(torch.int64) if spec.bits == 8 else None
+    if spec.bits == 8:
+        assert torch.equal(got, expected.to(torch.int64))
+    else:
+        unpacked = tcast._pack.unpack_codes(actual.codes, spec.bits, x.numel())
+        assert torch.equal(unpacked, expected.to(torch.int64) & ((1 << spec.bits) - 1))
+    assert same_bits(tcast.upcast(actual), tcast.cast(x, name))
+
+
+def _ties(name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    values = finite_values(name).to(torch.float64)
+    lo, hi = values[:-1], values[1:]
+    same_sign = (lo >= 0) == (hi > 0)
+    if name == "float8_e8m0fnu":  # powers of two: the tie is the midpoint in linear terms
+        same_sign = torch.ones_like(lo, dtype=torch.bool)
+    lo, hi = lo[same_sign], hi[same_sign]
+    return lo, hi, ((lo + hi) / 2)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_ties_and_near_ties_round_to_nearest_even_like_the_reference(name: str) -> None:
+    lo, hi, mid = _ties(name)
+    for probe in (mid, torch.nextafter(mid, hi), torch.nextafter(mid, lo)):
+        x = probe.to(torch.float32)
+        assert same_bits(tcast.cast(x, name, roundmode="even"), reference(name, x), name), name
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float6_e3m2fn", "float4_e2m1fn"])
+def test_other_round_modes_on_ties(name: str) -> None:
+    lo, hi, mid = _ties(name)
+    x = mid.to(torch.float32)
+    larger = torch.where(hi.abs() > lo.abs(), hi, lo).to(torch.float32)
+    smaller = torch.where(hi.abs() > lo.abs(), lo, hi).to(torch.float32)
+    nearest = tcast.cast(x, name, roundmode="nearest")
+    zero = tcast.cast(x, name, roundmode="zero")
+    assert torch.equal(nearest.abs(), larger.abs())
+    assert torch.equal(zero.abs(), smaller.abs())
+    # just below a tie, nearest and even agree; truncation always takes the smaller magnitude
+    below = torch.nextafter(x, torch.zeros_like(x))
+    assert torch.equal(tcast.cast(below, name, roundmode="nearest"), tcast.cast(below, name, roundmode="even"))
+    above = torch.nextafter(x, x * 2)
+    assert torch.equal(tcast.cast(above, name, roundmode="zero").abs(), smaller.abs())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_values_beyond_max_saturate(name: str) -> None:
+    spec = tcast.number(name)
+    factors = torch.tensor([1.0001, 1.5, 2.0, 17.0, 1e6], dtype=torch.float64)
+    x = (factors * spec.max).clamp(max=torch.finfo(torch.float32).max).to(torch.float32)
+    x = torch.cat([x, -x]) if spec.is_float else x
+    expected = torch.clamp(x, spec.min, spec.max)
+    assert same_bits(tcast.cast(x, name), reference(name, expected), name)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if n != "float8_e8m0fnu"])
+def test_subnormals_and_signed_zeros(name: str) -> None:
+    spec = tcast.number(name)
+    generator = torch.Generator().manual_seed(7)
+    tiny = torch.rand(4096, generator=generator, dtype=torch.float64) * spec.smallest_normal * 1.5
+    x = torch.cat([tiny, -tiny]).to(torch.float32)
+    assert same_bits(tcast.cast(x, name), reference(name, x), name)
+    zeros = torch.tensor([0.0, -0.0])
+    got = tcast.cast(zeros, name)
+    assert got[0].item() == 0 and not torch.signbit(got[0])
+    # -0 stays -0 where the format has it; fnuz formats have no -0 (it is their NaN)
+    assert bool(torch.signbit(got[1])) == (spec.infnan is not tcast.InfNaN.FNUZ)
+    if name in TORCH_REFS:
+        assert same_bits(got, reference(name, zeros))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_nan_and_inf_policy(name: str) -> None:
+    spec = tcast.number(name)
+    x = torch.tensor([math.nan, math.inf, -math.inf])
+    got = tcast.cast(x, name)
+    assert torch.isnan(got[0])  # NaN never becomes a number (ml_dtypes fp4/fp6 would give -0)
+    if spec.has_inf:
+        assert got[1].item() == math.inf and got[2].item() == -math.inf
+    elif spec.is_exponent:
+        assert got[1].item() == spec.max and torch.isnan(got[2])  # no negative powers of two
+    else:
+        assert got[1].item() == spec.max and got[2].item() == -spec.max
+    if name in ("float8_e4m3fn", "float8_e5m2"):  # torch agrees on these two
+        assert same_bits(got, reference(name, x))
+    actual = tcast.cast(x, name, castmode="actual")
+    assert same_bits(tcast.upcast(actual), got)
+
+
+def test_e8m0_has_no_zero_or_negatives_and_rounds_ties_up() -> None:
+    x = torch.tensor([0.0, -1.0, 1.5, 3.0, 0.75, 2.0**-130])
+    got = tcast.cast(x, "e8m0")
+    assert torch.isnan(got[0]) and torch.isnan(got[1])
+    assert got[2:].tolist() == [2.0, 4.0, 1.0, 2.0**-127]
+    assert same_bits(got[2:], reference("float8_e8m0fnu", x[2:]))
+
+
+def test_stochastic_rounding_is_reproducible_and_unbiased() -> None:
+    x = torch.full((200_000,), 1.0 + 1.0 / 32)  # a quarter of the way from 1.0 to 1.125 in e4m3
+    a = tcast.cast(x, "e4m3fn", roundmode="stochastic", seed=11)
+    b = tcast.cast(x, "e4m3fn", roundmode="stochastic", seed=11)
+    assert torch.equal(a, b)
+    assert set(torch.unique(a).tolist()) == {1.0, 1.125}
+    assert a.mean().item() == pytest.approx(x[0].item(), abs=2e-3)
+    assert not torch.equal(a, tcast.cast(x, "e4m3fn", roundmode="stochastic", seed=12))
+
+
+def test_input_dtypes_and_no_mutation() -> None:
+    x = torch.randn(64, 64)
+    keep = x.clone()
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        y = tcast.cast(x.to(dtype), "mxfp8e4")
+        assert y.dtype == dtype
+        ref = tcast.cast(x.to(dtype).float(), "mxfp8e4")
+        assert torch.equal(y.float(), ref.to(dtype).float())
+    assert torch.equal(x, keep)
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        tcast.cast(torch.arange(4), "mxfp8e4")
