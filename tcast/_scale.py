@@ -62,7 +62,9 @@ class ScaleSpec:
             raise ValueError(f"2D tiles need two non-zero sizes, got {self.code!r}")
         rejoined = _rejoin_names(parts)
         if not 1 <= len(rejoined) <= 2:
-            raise ValueError(f"scale spec {self.code!r} needs a scale format and at most one zero-point format")
+            raise ValueError(
+                f"scale spec {self.code!r} needs a scale format and at most one zero-point format"
+            )
         scale = number(rejoined[0])
         zero = number(rejoined[1]) if len(rejoined) == 2 else None
         if scale.is_uint or scale.is_int:

@@ -17,7 +17,7 @@ import torch
 from ._blocks import Blocking, from_blocks, plan, to_blocks
 from ._datatype import DataType
 from ._modes import RoundMode, ScaleMode
-from ._number import InfNaN, Kind, NumberSpec
+from ._number import InfNaN, NumberSpec
 from ._pack import pack_codes, unpack_codes
 from ._tensor import Tensor
 
@@ -51,7 +51,9 @@ def _round(scaled: torch.Tensor, mode: RoundMode, generator: torch.Generator | N
     return whole + (noise < fraction).to(scaled.dtype)
 
 
-def quantize(v: torch.Tensor, nspec: NumberSpec, mode: RoundMode, generator: torch.Generator | None) -> torch.Tensor:
+def quantize(
+    v: torch.Tensor, nspec: NumberSpec, mode: RoundMode, generator: torch.Generator | None
+) -> torch.Tensor:
     """Values of `v` rounded onto the grid of a float, int (fixed point) or exponent format."""
     a = v.abs()
     _, ex = torch.frexp(a)
@@ -103,7 +105,9 @@ def encode(q: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
         return torch.where(nan, torch.full_like(codes, _nan_code(nspec)), codes)
     normal = a >= nspec.smallest_normal
     exp_code = torch.where(normal, exponent + nspec.bias, torch.zeros_like(exponent))
-    mant_shift = torch.where(normal, nspec.mbits - exponent, torch.full_like(exponent, nspec.mbits - nspec.emin))
+    mant_shift = torch.where(
+        normal, nspec.mbits - exponent, torch.full_like(exponent, nspec.mbits - nspec.emin)
+    )
     mantissa = _ldexp(a, mant_shift.to(torch.int32)).to(torch.int64)
     mantissa = torch.where(normal, mantissa - (1 << nspec.mbits), mantissa)
     sign = torch.signbit(q).to(torch.int64)
@@ -131,7 +135,9 @@ def _decode_table_cpu(code: str) -> torch.Tensor:
         values[_nan_code(nspec)] = math.nan
         return values
     if nspec.is_exponent:
-        values = torch.ldexp(torch.ones(codes.shape, dtype=torch.float64), (codes - nspec.bias).to(torch.float64))
+        values = torch.ldexp(
+            torch.ones(codes.shape, dtype=torch.float64), (codes - nspec.bias).to(torch.float64)
+        )
         values[_nan_code(nspec)] = math.nan
         return values
     sign = (codes >> (nspec.bits - 1)) & 1
@@ -161,7 +167,9 @@ def decode(codes: torch.Tensor, nspec: NumberSpec, dtype: torch.dtype) -> torch.
 # ----- scales ------------------------------------------------------------------------------------
 
 
-def _exponent_scale(amax: torch.Tensor, nspec: NumberSpec, sspec_scale: NumberSpec, mode: ScaleMode) -> torch.Tensor:
+def _exponent_scale(
+    amax: torch.Tensor, nspec: NumberSpec, sspec_scale: NumberSpec, mode: ScaleMode
+) -> torch.Tensor:
     """Per-block power-of-two exponent (float tensor; NaN where amax is NaN or Inf)."""
     safe = torch.where(amax > 0, amax, torch.full_like(amax, 2.0**-126))  # all-zero block, as microxcaling
     safe = torch.nan_to_num(safe, nan=1.0, posinf=1.0)
@@ -224,7 +232,9 @@ def _uint_codes(
     return codes, scale, zero
 
 
-def _dequantize_uint(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, is_float_zero: bool) -> torch.Tensor:
+def _dequantize_uint(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, is_float_zero: bool
+) -> torch.Tensor:
     return codes * scale + zero if is_float_zero else (codes - zero) * scale
 
 
@@ -308,7 +318,9 @@ def actual_cast(
             scales = scale.to(sspec.scale.torch_dtype)
         scales = scales.reshape(-1)
         if zero is not None and sspec.zero is not None:
-            zeros = (zero.to(sspec.zero.torch_dtype) if sspec.zero.is_float else zero.to(torch.int32)).reshape(-1)
+            zeros = (
+                zero.to(sspec.zero.torch_dtype) if sspec.zero.is_float else zero.to(torch.int32)
+            ).reshape(-1)
     return Tensor(
         dtype=dtype,
         shape=tuple(x.shape),

@@ -117,7 +117,9 @@ def test_ties_and_near_ties_round_to_nearest_even_like_the_reference(name: str) 
         assert same_bits(tcast.cast(x, name, roundmode="even"), reference(name, x), name), name
 
 
-@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float6_e3m2fn", "float4_e2m1fn"])
+@pytest.mark.parametrize(
+    "name", ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float6_e3m2fn", "float4_e2m1fn"]
+)
 def test_other_round_modes_on_ties(name: str) -> None:
     lo, hi, mid = _ties(name)
     x = mid.to(torch.float32)
@@ -129,7 +131,9 @@ def test_other_round_modes_on_ties(name: str) -> None:
     assert torch.equal(zero.abs(), smaller.abs())
     # just below a tie, nearest and even agree; truncation always takes the smaller magnitude
     below = torch.nextafter(x, torch.zeros_like(x))
-    assert torch.equal(tcast.cast(below, name, roundmode="nearest"), tcast.cast(below, name, roundmode="even"))
+    assert torch.equal(
+        tcast.cast(below, name, roundmode="nearest"), tcast.cast(below, name, roundmode="even")
+    )
     above = torch.nextafter(x, x * 2)
     assert torch.equal(tcast.cast(above, name, roundmode="zero").abs(), smaller.abs())
 
