@@ -39,7 +39,7 @@ class Defaults:
     computemode: ComputeMode = ComputeMode.AUTO
 
 
-_DEFAULTS: contextvars.ContextVar[Defaults] = contextvars.ContextVar("tcast_defaults", default=Defaults())
+_DEFAULTS: contextvars.ContextVar[Defaults] = contextvars.ContextVar("tcast_defaults", default=Defaults())  # noqa: B039  (frozen, immutable)
 
 
 def _coerce(enum_type: type[enum.Enum], value: Any) -> Any:

@@ -308,7 +308,7 @@ def actual_cast(
     nspec, sspec = dtype.nspec, dtype.sspec
     if nspec.bits > 16:
         raise ValueError(f"actual casts store codes of at most 16 bits; {dtype.name} has {nspec.bits}")
-    layout, values, scale, zero = cast_blocks(x, dtype, roundmode, scalemode, generator)
+    _, values, scale, zero = cast_blocks(x, dtype, roundmode, scalemode, generator)
     codes = encode(values, nspec)
     scales = zeros = None
     if sspec is not None and scale is not None:
