@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import typer
+from rich.panel import Panel
+from rich.progress import Progress
+from rich.table import Table
 
 from tcast import __version__
 
-from ._common import version_option
+from ._common import console, err_console, print_json, user_errors, version_option
 
 app = typer.Typer(
     name="tcast",
-    help="TensorCast: low-precision number formats and casts.\n\nExample: tcast --version",
+    help="TensorCast: low-precision number formats and casts.\n\nExample: tcast inspect mxfp4e2",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -18,11 +24,193 @@ app = typer.Typer(
 )
 
 
-@app.callback(invoke_without_command=True)
-def _root(ctx: typer.Context, version: bool = version_option("tcast", __version__)) -> None:
+@app.callback()
+def _root(version: bool = version_option("tcast", __version__)) -> None:
     """TensorCast: low-precision number formats and casts."""
-    if ctx.invoked_subcommand is None:
-        typer.echo(ctx.get_help())
+
+
+def _resolve(name: str):  # type: ignore[no-untyped-def]
+    import tcast
+
+    try:
+        return tcast.lookup(name)
+    except ValueError:
+        try:
+            return tcast.datatype(name)
+        except ValueError as exc:
+            raise ValueError(f"{name!r} is neither a predefined datatype nor a number spec ({exc})") from None
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+@app.command()
+def inspect(
+    name: str = typer.Argument(
+        ..., help="A predefined datatype (mxfp4e2, int8_f, ...) or a number code (e4m3fn)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Every property of a format; for formats of 8 bits or fewer, a table of every code.
+
+    Example: tcast inspect float8_e4m3fnuz
+    """
+    from tcast._files import code_table
+
+    with user_errors():
+        dtype = _resolve(name)
+        codes = code_table(dtype.nspec) if dtype.nspec.bits <= 8 else []
+    doc = dtype.describe() | {"codes": [c.__dict__ for c in codes]}
+    if as_json:
+        print_json(doc)
+        return
+    element = doc["element"]
+    lines = [
+        f"[bold]{dtype.name}[/bold]  element {element['code']} ({element['kind']}, {element['bits']} bits)"
+    ]
+    lines.append(f"scale: {doc['scale']}")
+    if doc["bits_per_value"] is not None:
+        lines.append(f"bits per value incl. scale: {doc['bits_per_value']:.4g}")
+    console.print(Panel.fit("\n".join(lines), title="tcast inspect"))
+    props = Table(title="Element format", title_justify="left", show_header=False)
+    props.add_column("property")
+    props.add_column("value", justify="right")
+    for key, value in element.items():
+        props.add_row(key, _fmt(value))
+    console.print(props)
+    if codes:
+        table = Table(title=f"Every code of {element['code']}", title_justify="left")
+        for column in ("code", "bits", "value", "kind"):
+            table.add_column(column, justify="right" if column != "kind" else "left")
+        for c in codes:
+            table.add_row(str(c.code), c.bits, _fmt(c.value), c.kind)
+        console.print(table)
+
+
+@app.command("list")
+def list_types(
+    filter_: str = typer.Option("", "--filter", help="Only names containing this text."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Every predefined datatype with element format, scale, tile and bits per value.
+
+    Example: tcast list --filter mx
+    """
+    import tcast
+
+    rows = []
+    for name in sorted(tcast.PREDEFINED):
+        if filter_.lower() not in name:
+            continue
+        dtype = tcast.lookup(name)
+        tiles = dtype.sspec.tiles if dtype.sspec else ()
+        rows.append(
+            {
+                "name": name,
+                "element": dtype.nspec.code,
+                "scale": dtype.sspec.code if dtype.sspec else None,
+                "tile": "x".join(str(t.size or "channel") for t in tiles) or None,
+                "bits_per_value": dtype.bits_per_value(),
+            }
+        )
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title="Predefined datatypes", title_justify="left")
+    for column in ("name", "element", "scale", "tile", "bits/value"):
+        table.add_column(column)
+    for row in rows:
+        bpv = row["bits_per_value"]
+        table.add_row(
+            row["name"], row["element"], row["scale"] or "-", row["tile"] or "-", f"{bpv:.4g}" if bpv else "-"
+        )
+    console.print(table)
+
+
+@app.command()
+def cast(
+    source: Path = typer.Argument(..., help="Input .safetensors file."),
+    dtype: str = typer.Option(..., "--dtype", help="Target datatype, e.g. mxfp4e2."),
+    output: Path = typer.Option(..., "-o", "--output", help="Output .safetensors file."),
+    mode: str = typer.Option(
+        "virtual", "--mode", help="virtual (fake-quantized floats) or actual (codes + scales)."
+    ),
+    roundmode: str = typer.Option("even", "--round", help="even, nearest, zero or stochastic."),
+    only: str | None = typer.Option(None, "--only", help="Cast only tensors whose name matches this regex."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Cast every float tensor of a safetensors file and report the error of each.
+
+    Example: tcast cast weights.safetensors --dtype mxfp4e2 -o weights.mxfp4.safetensors
+    """
+    from tcast._files import cast_file
+
+    if mode not in ("virtual", "actual"):
+        raise typer.BadParameter("--mode must be virtual or actual")
+    with user_errors():
+        target = _resolve(dtype)
+        with Progress(console=err_console, transient=True, disable=as_json) as progress:
+            task = progress.add_task("casting", total=None)
+            results = cast_file(
+                source,
+                output,
+                target,
+                castmode=mode,
+                roundmode=roundmode,
+                only=only,
+                force=force,
+                progress=lambda name: progress.update(task, description=f"casting {name}", advance=1),
+            )
+    done = [r for r in results if not r.skipped]
+    if as_json:
+        print_json(
+            {
+                "source": str(source),
+                "output": str(output),
+                "datatype": target.name,
+                "mode": mode,
+                "tensors": [r.to_dict() for r in results],
+                "cast": len(done),
+            }
+        )
+        return
+    table = Table(title=f"{source} -> {output} ({target.name}, {mode})", title_justify="left")
+    for column in ("tensor", "shape", "SQNR dB", "max abs err", "bits/value"):
+        table.add_column(column, justify="left" if column in ("tensor", "shape") else "right")
+    for r in results:
+        if r.skipped:
+            table.add_row(r.name, str(list(r.shape)), f"[dim]skipped: {r.skipped}[/dim]", "", "")
+        else:
+            table.add_row(
+                r.name,
+                str(list(r.shape)),
+                f"{r.sqnr_db:.2f}",
+                f"{r.max_abs_error:.4g}",
+                f"{r.bits_per_value:.3f}",
+            )
+    console.print(table)
+    if done:
+        mean = sum(r.sqnr_db for r in done if math.isfinite(r.sqnr_db)) / max(1, len(done))
+        console.print(f"[bold]Totals[/bold]: {len(done)} tensors cast, mean SQNR {mean:.2f} dB")
+
+
+@app.command()
+def upcast(
+    source: Path = typer.Argument(..., help="A file written by `tcast cast --mode actual`."),
+    output: Path = typer.Option(..., "-o", "--output", help="Output .safetensors file of floats."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
+) -> None:
+    """Restore float tensors from codes and scales.
+
+    Example: tcast upcast weights.mxfp4.safetensors -o weights.restored.safetensors
+    """
+    from tcast._files import upcast_file
+
+    with user_errors():
+        names = upcast_file(source, output, force=force)
+    console.print(f"restored {len(names)} tensors into {output}")
 
 
 def main() -> None:
