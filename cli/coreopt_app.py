@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import typer
@@ -67,7 +68,11 @@ def convert(
     from ._render import render_conversion
 
     with user_errors():
-        with err_console.status(f"converting {model} ...", spinner="dots") if not as_json else _null():
+        with (
+            err_console.status(f"converting {model} ...", spinner="dots")
+            if not as_json
+            else contextlib.nullcontext()
+        ):
             result = convert_file(model, output, force=force)
         report = inspect_model(result.output)
     if as_json:
@@ -82,12 +87,6 @@ def convert(
         )
     else:
         render_conversion(result, report)
-
-
-def _null():  # type: ignore[no-untyped-def]
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def main() -> None:

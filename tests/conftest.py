@@ -79,6 +79,14 @@ def tree_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def constant_records(program) -> list[tuple[str, bytes]]:  # type: ignore[no-untyped-def]
+    """(type, stored bytes) of every constant of a Core AI program, in program order."""
+    from coreai_opt import _coreai
+
+    module = _coreai.mlir_module(program)
+    return [(str(op.result.type), _coreai.constant_bytes(op)) for op in _coreai.constant_ops(module)]
+
+
 def run_aimodel(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run the `main` function of an asset on the Core AI CPU runtime."""
     from coreai.authoring import AIModelAsset

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SAMPLES, copy_sample, tree_digest
+from conftest import SAMPLES, constant_records, copy_sample, tree_digest
 
 from coreai_opt import _coreai
 from coreai_opt.io import (
@@ -18,11 +18,6 @@ from coreai_opt.io import (
     save_aimodel,
     save_pt2,
 )
-
-
-def _constants(program) -> list[tuple[str, bytes]]:  # type: ignore[no-untyped-def]
-    module = _coreai.mlir_module(program)
-    return [(str(op.result.type), _coreai.constant_bytes(op)) for op in _coreai.constant_ops(module)]
 
 
 def test_pt2_round_trip_keeps_graph_and_weights(tmp_path: Path) -> None:
@@ -41,7 +36,7 @@ def test_aimodel_round_trip_keeps_ops_and_constant_bytes(tmp_path: Path) -> None
     again = load_aimodel(saved)
     module_a, module_b = _coreai.mlir_module(original), _coreai.mlir_module(again)
     assert _coreai.op_histogram(module_a) == _coreai.op_histogram(module_b)
-    assert _constants(original) == _constants(again)
+    assert constant_records(original) == constant_records(again)
     assert sorted(p.name for p in saved.iterdir()) == ["main.hash", "main.mlirb", "metadata.json"]
 
 
@@ -61,7 +56,7 @@ def test_forced_directory_overwrite_replaces_whole_asset(tmp_path: Path) -> None
     (target / "stray.txt").write_text("left over from before")
     save_aimodel(load_aimodel(SAMPLES / "mlp.aimodel"), target, force=True)
     assert not (target / "stray.txt").exists()
-    assert _constants(load_aimodel(target)) == _constants(load_aimodel(SAMPLES / "mlp.aimodel"))
+    assert constant_records(load_aimodel(target)) == constant_records(load_aimodel(SAMPLES / "mlp.aimodel"))
     assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no temporary or old sibling left
 
 
