@@ -229,3 +229,36 @@ def test_sparse_keeps_n_of_every_m_with_signs(mn: tuple[int, int], groups: int) 
     dropped_max = torch.where(nonzero, 0.0, x.abs()).reshape(3, groups, m).amax(-1)
     kept_min = torch.where(nonzero, x.abs(), math.inf).reshape(3, groups, m).amin(-1)
     assert torch.all(dropped_max <= kept_min)
+
+
+def test_initialize_sets_defaults_per_thread() -> None:
+    import threading
+
+    x = torch.full((1, 32), 1.0 + 3.0 / 32)  # between 1.0 and 1.125 in e4m3, nearer 1.125
+    seen: dict[str, float] = {}
+
+    def worker() -> None:
+        tcast.initialize(roundmode="zero")
+        seen["worker"] = tcast.cast(x, "mxfp8e4")[0, 0].item()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen["worker"] == 1.0  # truncated in the thread that asked for it
+    assert tcast.defaults().roundmode is tcast.RoundMode.EVEN  # this thread is unaffected
+    assert tcast.cast(x, "mxfp8e4")[0, 0].item() == 1.125
+    with pytest.raises(ValueError, match="unknown RoundMode"):
+        tcast.initialize(roundmode="sideways")
+
+
+def test_specs_reject_bad_codes() -> None:
+    for bad in ("e4m3x", "int1", "uint33", "e8m0fn", ""):
+        with pytest.raises(ValueError):
+            tcast.number(bad)
+    for bad in ("e8m0_t3", "e8m0_t2048", "int8_t32", "e8m0_t4d0_t4d0"):
+        with pytest.raises(ValueError):
+            tcast.scale(bad)
+    with pytest.raises(ValueError, match="takes an exponent scale"):
+        tcast.datatype("e4m3fn", "float16_t32")
+    assert tcast.number(torch.float8_e5m2fnuz).code == "e5m2b16fnuz"
+    assert tcast.number("torch.float8_e4m3fnuz").bias == 8
