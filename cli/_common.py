@@ -13,8 +13,7 @@ import typer
 from rich.console import Console
 
 EXIT_OK = 0
-EXIT_USER_ERROR = 1
-EXIT_USAGE = 2  # click's own code for usage errors
+EXIT_USER_ERROR = 1  # usage errors exit 2, click's own code
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)

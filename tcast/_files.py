@@ -118,7 +118,7 @@ def cast_file(
     progress: Callable[[str], None] | None = None,
 ) -> list[TensorCastResult]:
     """Cast the float tensors of a safetensors file (those matching `only`); copy the rest."""
-    from . import cast
+    from . import cast, upcast
 
     source, output = Path(source), Path(output)
     if output.resolve() == source.resolve():
@@ -139,7 +139,7 @@ def cast_file(
             continue
         if castmode == "actual":
             packed = cast(tensor, dtype, roundmode=roundmode, castmode="actual")
-            values = _upcast_values(packed)
+            values = upcast(packed)
             written[f"{name}.codes"] = packed.codes
             if packed.scales is not None:
                 written[f"{name}.scales"] = packed.scales
@@ -164,12 +164,6 @@ def cast_file(
         metadata = dict(metadata) | {METADATA_KEY: json.dumps(layout)}
     _write(output, written, metadata, force=force)
     return results
-
-
-def _upcast_values(packed: Any) -> torch.Tensor:
-    from . import upcast
-
-    return upcast(packed)
 
 
 def upcast_file(source: Path | str, output: Path | str, *, force: bool = False) -> list[str]:

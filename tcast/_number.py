@@ -42,8 +42,6 @@ _ALIASES = {
     "float6_e2m3fn": "e2m3fnuz",
     "float6_e3m2fn": "e3m2fnuz",
     "float4_e2m1fn": "e2m1fnuz",
-    "int8": "int8",
-    "uint8": "uint8",
 }
 
 _FLOAT_CODE = re.compile(r"^e(\d+)m(\d+)(?:b(-?\d+))?(fnuz|fn)?$")
@@ -69,8 +67,8 @@ class NumberSpec:
     code: str
 
     def __init__(self, code: Any) -> None:
-        import_torch_dtype = getattr(code, "is_floating_point", None)
-        text = str(code) if import_torch_dtype is not None else code
+        is_torch_dtype = hasattr(code, "is_floating_point")
+        text = str(code) if is_torch_dtype else code
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"number spec code must be a non-empty string or torch dtype, got {code!r}")
         object.__setattr__(self, "code", _normalise(text))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ._number import NumberSpec, number
@@ -40,11 +41,8 @@ class ScaleSpec:
         object.__setattr__(self, "code", code.strip().lower())
         self._parsed  # noqa: B018  validate now
 
-    @property
+    @cached_property
     def _parsed(self) -> tuple[NumberSpec, NumberSpec | None, tuple[Tile, ...]]:
-        cached = self.__dict__.get("_cache")
-        if cached is not None:
-            return cached
         parts = self.code.split("_")
         tiles: list[Tile] = []
         while parts and _TILE.match(parts[-1]):
@@ -71,9 +69,7 @@ class ScaleSpec:
             raise ValueError(f"a scale must be a float or exponent format, got {scale.code}")
         if zero is not None and zero.is_exponent:
             raise ValueError(f"a zero point cannot be an exponent format, got {zero.code}")
-        result = (scale, zero, tuple(tiles))
-        object.__setattr__(self, "_cache", result)
-        return result
+        return scale, zero, tuple(tiles)
 
     @property
     def scale(self) -> NumberSpec:

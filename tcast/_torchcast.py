@@ -183,6 +183,17 @@ def _exponent_scale(
     return torch.where(torch.isnan(amax) | torch.isinf(amax), torch.full_like(amax, math.nan), exponent)
 
 
+def _exponent_codes(exponent: torch.Tensor, spec: NumberSpec) -> torch.Tensor:
+    """E8M0-style codes of per-block exponents (NaN -> the NaN code)."""
+    codes = torch.nan_to_num(exponent).to(torch.int64) + spec.bias
+    return torch.where(torch.isnan(exponent), _nan_code(spec), codes).to(torch.uint8)
+
+
+def _exponents_from_codes(codes: torch.Tensor, spec: NumberSpec, dtype: torch.dtype) -> torch.Tensor:
+    exponent = (codes.to(torch.int64) - spec.bias).to(dtype)
+    return torch.where(codes.to(torch.int64) == _nan_code(spec), math.nan, exponent)
+
+
 def _pow2(exponent: torch.Tensor) -> torch.Tensor:
     nan = torch.isnan(exponent)
     values = _ldexp(torch.ones_like(exponent), torch.nan_to_num(exponent).to(torch.int32))
@@ -313,7 +324,7 @@ def actual_cast(
     scales = zeros = None
     if sspec is not None and scale is not None:
         if sspec.is_exponent:
-            scales = encode(torch.where(torch.isnan(scale), scale, _pow2(scale)), sspec.scale).to(torch.uint8)
+            scales = _exponent_codes(scale, sspec.scale)
         else:
             scales = scale.to(sspec.scale.torch_dtype)
         scales = scales.reshape(-1)
@@ -343,9 +354,7 @@ def upcast(t: Tensor, torch_dtype: torch.dtype | None = None) -> torch.Tensor:
     scale = zero = None
     if sspec is not None and t.scales is not None:
         if sspec.is_exponent:
-            exps = decode(t.scales.to(torch.int64), sspec.scale, work)
-            _, ex = torch.frexp(torch.nan_to_num(exps, nan=1.0))
-            scale = torch.where(torch.isnan(exps), exps, (ex - 1).to(work)).reshape(-1, 1)
+            scale = _exponents_from_codes(t.scales, sspec.scale, work).reshape(-1, 1)
         else:
             scale = t.scales.to(work).reshape(-1, 1)
         if t.zeros is not None:
