@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -37,8 +38,8 @@ def _ldexp(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ldexp(x, half), exponent - half)
 
 
-def _round(scaled: torch.Tensor, mode: RoundMode, generator: torch.Generator | None) -> torch.Tensor:
-    """Round non-negative values to integers."""
+def _round(scaled: torch.Tensor, mode: RoundMode, noise: torch.Tensor | None) -> torch.Tensor:
+    """Round non-negative values to integers (`noise`: uniform [0, 1) draws for stochastic rounding)."""
     if mode is RoundMode.EVEN:
         return torch.round(scaled)
     whole = torch.floor(scaled)
@@ -47,19 +48,85 @@ def _round(scaled: torch.Tensor, mode: RoundMode, generator: torch.Generator | N
     fraction = scaled - whole  # exact; `floor(x + 0.5)` would round just below a tie up
     if mode is RoundMode.NEAREST:
         return whole + (fraction >= 0.5).to(scaled.dtype)
-    noise = torch.rand(scaled.shape, generator=generator, device=scaled.device, dtype=scaled.dtype)
+    assert noise is not None, "stochastic rounding needs noise"
     return whole + (noise < fraction).to(scaled.dtype)
 
 
+def _round_inplace(scaled: torch.Tensor, mode: RoundMode, noise: torch.Tensor | None) -> torch.Tensor:
+    """`_round` without temporaries the size of the tensor, for the fast path."""
+    if mode is RoundMode.EVEN:
+        return scaled.round_()
+    if mode is RoundMode.ZERO:
+        return scaled.floor_()
+    whole = torch.floor(scaled)
+    scaled.sub_(whole)  # the fraction, exact
+    if mode is RoundMode.NEAREST:
+        scaled.ge_(0.5)
+    else:
+        assert noise is not None, "stochastic rounding needs noise"
+        scaled.gt_(noise)
+    return scaled.add_(whole)
+
+
+def draw_noise(shape: torch.Size, like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    return torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
+
+
+def _fast_path(v: torch.Tensor, nspec: NumberSpec) -> bool:
+    """Float32 values onto a float or fixed-point grid whose every step is a normal float32."""
+    return (
+        v.dtype == torch.float32
+        and not nspec.is_exponent
+        and not nspec.is_uint
+        and nspec.emin - nspec.mbits >= -126
+        and nspec.emax + 24 - nspec.mbits <= 100  # the magic addend stays far below float32's range
+    )
+
+
+def _quantize_fast(
+    v: torch.Tensor, nspec: NumberSpec, mode: RoundMode, noise: torch.Tensor | None
+) -> torch.Tensor:
+    """`quantize` for float32 in a handful of in-place passes.
+
+    The grid step of each element is a power of two read from its float32 exponent field
+    (clamped to the format's subnormal range). Ties-to-even adds and subtracts 2**23 steps, which
+    float32 addition rounds exactly like the format; the other modes divide by the step, round and
+    multiply back. Powers of two make every product and quotient exact.
+    """
+    a = v.abs()
+    m = nspec.mbits
+    if nspec.is_int:
+        step = 2.0**-m
+        a.mul_(2.0**m)
+        _round_inplace(a, mode, noise).clamp_(max=nspec.max * 2.0**m).mul_(step)
+    else:
+        exponent_field = (a.view(torch.int32) >> 23).clamp_(min=nspec.emin + 127, max=nspec.emax + 128)
+        if mode is RoundMode.EVEN:
+            magic = exponent_field.add_(23 - m).bitwise_left_shift_(23).view(torch.float32)
+            a.add_(magic).sub_(magic)
+        else:
+            step = exponent_field.sub_(m).bitwise_left_shift_(23).view(torch.float32)
+            _round_inplace(a.div_(step), mode, noise).mul_(step)
+        a.clamp_(max=nspec.max)  # saturation; also takes Inf to max, NaN stays NaN
+    a.copysign_(v)
+    if nspec.infnan is InfNaN.FNUZ or nspec.is_int:
+        a.add_(0.0)  # -0 + 0 is +0 under round-to-nearest: these formats have no negative zero
+    if nspec.has_inf:
+        a = torch.where(torch.isinf(v), v, a)
+    return a
+
+
 def quantize(
-    v: torch.Tensor, nspec: NumberSpec, mode: RoundMode, generator: torch.Generator | None
+    v: torch.Tensor, nspec: NumberSpec, mode: RoundMode, noise: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Values of `v` rounded onto the grid of a float, int (fixed point) or exponent format."""
+    if _fast_path(v, nspec):
+        return _quantize_fast(v, nspec, mode, noise)
     a = v.abs()
     _, ex = torch.frexp(a)
     exponent = torch.clamp(ex.to(torch.int32) - 1, min=nspec.emin)
     shift = nspec.mbits - exponent
-    rounded = _ldexp(_round(_ldexp(a, shift), mode, generator), -shift)
+    rounded = _ldexp(_round(_ldexp(a, shift), mode, noise), -shift)
     q = torch.clamp(rounded, max=nspec.max)  # saturation; also takes Inf to max
     if nspec.is_exponent:
         q = torch.clamp(q, min=nspec.smallest_normal)
@@ -219,81 +286,134 @@ def _check_input(x: torch.Tensor) -> None:
         raise ValueError(f"tcast casts float32, float16 or bfloat16 tensors, got {x.dtype}")
 
 
-def _uint_codes(
-    blocks: torch.Tensor, dtype: DataType, mode: RoundMode, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Asymmetric quantization: codes, scales and zero points per block."""
+_PIECE = 1 << 18  # elements per elementwise pass: large enough to amortise dispatch, small enough for L2
+
+
+def _pieces(rows: int, cols: int) -> list[tuple[slice, slice]]:
+    """Cache-sized pieces of a [rows, cols] block matrix; every piece lies within whole rows or one row."""
+    if cols >= _PIECE:
+        return [(slice(r, r + 1), slice(c, c + _PIECE)) for r in range(rows) for c in range(0, cols, _PIECE)]
+    step = max(1, _PIECE // max(cols, 1))
+    return [(slice(r, r + step), slice(None)) for r in range(0, rows, step)]
+
+
+@dataclass
+class _Scaling:
+    """Per-row parameters of a scaled cast: scale (the exponent, for exponent scales) and zero point."""
+
+    scale: torch.Tensor | None = None  # as stored: NaN for rows whose range is NaN or Inf
+    zero: torch.Tensor | None = None
+    to_grid: torch.Tensor | None = None  # exponent scales: 2**-exponent
+    divisor: torch.Tensor | None = None  # uint: the scale used for the codes (finite, positive)
+
+
+def _scaling(blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> _Scaling:
     nspec, sspec = dtype.nspec, dtype.sspec
-    assert sspec is not None and sspec.zero is not None
-    top = float(nspec.max)
-    lo = torch.clamp(torch.amin(blocks, dim=1, keepdim=True), max=0.0)
-    hi = torch.clamp(torch.amax(blocks, dim=1, keepdim=True), min=0.0)
-    bad = torch.isnan(lo) | torch.isnan(hi) | torch.isinf(lo) | torch.isinf(hi)
-    raw = (hi - lo) / top
-    scale = quantize(raw, sspec.scale, RoundMode.EVEN, None)
-    scale = torch.where((scale > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
-    if sspec.zero.is_float:
-        zero = quantize(lo, sspec.zero, RoundMode.EVEN, None)
-        codes = _round(torch.clamp((blocks - zero) / scale, 0.0, top), mode, generator)
-    else:
-        zero = torch.clamp(torch.round(-lo / scale), 0.0, top)
-        codes = torch.clamp(_round(torch.clamp(blocks / scale + zero, 0.0, top), mode, generator), 0.0, top)
-    codes = torch.clamp(torch.nan_to_num(codes), 0.0, top)
-    scale = torch.where(bad, torch.full_like(scale, math.nan), scale)
-    return codes, scale, zero
+    if sspec is None:
+        return _Scaling()
+    lo, hi = torch.aminmax(blocks, dim=1, keepdim=True)
+    if nspec.is_uint:
+        assert sspec.zero is not None
+        lo, hi = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
+        bad = torch.isnan(lo) | torch.isnan(hi) | torch.isinf(lo) | torch.isinf(hi)
+        scale = quantize((hi - lo) / float(nspec.max), sspec.scale, RoundMode.EVEN)
+        scale = torch.where((scale > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
+        if sspec.zero.is_float:
+            zero = quantize(lo, sspec.zero, RoundMode.EVEN)
+        else:
+            zero = torch.clamp(torch.round(-lo / scale), 0.0, float(nspec.max))
+        return _Scaling(scale=torch.where(bad, math.nan, scale), zero=zero, divisor=scale)
+    amax = torch.maximum(hi, -lo)
+    if sspec.is_exponent:
+        exponent = _exponent_scale(amax, nspec, sspec.scale, scalemode)
+        return _Scaling(scale=exponent, to_grid=_pow2(-exponent))
+    return _Scaling(scale=_float_scale(amax, nspec, sspec.scale))
 
 
-def _dequantize_uint(
-    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, is_float_zero: bool
+def _uint_piece(
+    piece: torch.Tensor,
+    dtype: DataType,
+    s: _Scaling,
+    rows: slice,
+    mode: RoundMode,
+    noise: torch.Tensor | None,
 ) -> torch.Tensor:
-    return codes * scale + zero if is_float_zero else (codes - zero) * scale
+    """Asymmetric quantization of one piece: codes in [0, max]."""
+    sspec = dtype.sspec
+    assert sspec is not None and sspec.zero is not None and s.divisor is not None and s.zero is not None
+    top = float(dtype.nspec.max)
+    scale, zero = s.divisor[rows], s.zero[rows]
+    if sspec.zero.is_float:
+        codes = _round(torch.clamp((piece - zero) / scale, 0.0, top), mode, noise)
+    else:
+        codes = torch.clamp(_round(torch.clamp(piece / scale + zero, 0.0, top), mode, noise), 0.0, top)
+    return torch.clamp(torch.nan_to_num(codes), 0.0, top)
 
 
-def cast_blocks(
+def _element_piece(
+    piece: torch.Tensor,
+    dtype: DataType,
+    s: _Scaling,
+    rows: slice,
+    mode: RoundMode,
+    noise: torch.Tensor | None,
+) -> torch.Tensor:
+    """Element values (codes for uint) of one piece, before the scale is applied back."""
+    if dtype.nspec.is_uint:
+        return _uint_piece(piece, dtype, s, rows, mode, noise)
+    if s.to_grid is not None:
+        piece = piece * s.to_grid[rows]
+    elif s.scale is not None:
+        piece = piece / s.scale[rows]  # a division rounds differently from a reciprocal's product
+    return quantize(piece, dtype.nspec, mode, noise)
+
+
+def _combine_piece(values: torch.Tensor, dtype: DataType, s: _Scaling, rows: slice) -> torch.Tensor:
+    """Element values of one piece back to real values."""
+    sspec = dtype.sspec
+    if sspec is None or s.scale is None:
+        return values
+    scale = s.scale[rows]
+    if dtype.nspec.is_uint:  # a NaN scale makes the whole row NaN
+        assert s.zero is not None and sspec.zero is not None
+        zero = s.zero[rows]
+        return values * scale + zero if sspec.zero.is_float else (values - zero) * scale
+    if sspec.is_exponent:
+        return values.mul_(_pow2(scale))
+    return values.mul_(scale)
+
+
+def _run(
     x: torch.Tensor,
     dtype: DataType,
     roundmode: RoundMode,
     scalemode: ScaleMode,
     generator: torch.Generator | None,
-) -> tuple[Blocking, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The shared heart of both cast modes: element values on the grid, scales, zero points.
+    virtual_dtype: torch.dtype | None,
+) -> tuple[Blocking, torch.Tensor, _Scaling]:
+    """Cast `x` piece by piece: fake-quantized values in `virtual_dtype`, or element values/codes.
 
-    Returns (layout, element values [S, B] in compute precision, scales [S, 1], zeros [S, 1]).
-    For exponent scales the returned scale is the exponent; for uint the element values are codes.
+    Scales come from one pass of per-row min/max; the element work then runs on cache-sized
+    pieces, in place, so no temporary is ever the size of the tensor.
     """
     _check_input(x)
-    nspec, sspec = dtype.nspec, dtype.sspec
-    work = _compute_dtype(nspec)
-    layout = plan(tuple(x.shape), sspec)
+    work = _compute_dtype(dtype.nspec)
+    layout = plan(tuple(x.shape), dtype.sspec)
     blocks = to_blocks(x.to(work), layout)
-    if sspec is None:
-        return layout, quantize(blocks, nspec, roundmode, generator), None, None
-    if nspec.is_uint:
-        codes, scale, zero = _uint_codes(blocks, dtype, roundmode, generator)
-        return layout, codes, scale, zero
-    amax = torch.amax(blocks.abs(), dim=1, keepdim=True)
-    if sspec.is_exponent:
-        exponent = _exponent_scale(amax, nspec, sspec.scale, scalemode)
-        values = quantize(blocks * _pow2(-exponent), nspec, roundmode, generator)
-        return layout, values, exponent, None
-    scale = _float_scale(amax, nspec, sspec.scale)
-    return layout, quantize(blocks / scale, nspec, roundmode, generator), scale, None
-
-
-def combine(
-    values: torch.Tensor, scale: torch.Tensor | None, zero: torch.Tensor | None, dtype: DataType
-) -> torch.Tensor:
-    """Element values and scales back to real values ([S, B], compute precision)."""
-    sspec = dtype.sspec
-    if sspec is None or scale is None:
-        return values
-    if dtype.nspec.is_uint:
-        assert zero is not None and sspec.zero is not None
-        out = _dequantize_uint(values, scale, zero, sspec.zero.is_float)
-        return torch.where(torch.isnan(scale), scale.expand_as(out), out)
-    if sspec.is_exponent:
-        return values * _pow2(scale)
-    return values * scale
+    scaling = _scaling(blocks, dtype, scalemode)
+    noise = draw_noise(blocks.shape, blocks, generator) if roundmode is RoundMode.STOCHASTIC else None
+    out = torch.empty(blocks.shape, dtype=virtual_dtype or work, device=x.device)
+    for rows, cols in _pieces(*blocks.shape):
+        piece = blocks[rows, cols]
+        values = _element_piece(
+            piece, dtype, scaling, rows, roundmode, None if noise is None else noise[rows, cols]
+        )
+        if values.data_ptr() == piece.data_ptr():
+            values = values.clone()  # unscaled formats may hand back their input; never mutate it
+        if virtual_dtype is not None:
+            values = _combine_piece(values, dtype, scaling, rows)
+        out[rows, cols] = values
+    return layout, out, scaling
 
 
 def virtual_cast(
@@ -304,9 +424,8 @@ def virtual_cast(
     generator: torch.Generator | None,
     out_dtype: torch.dtype | None,
 ) -> torch.Tensor:
-    layout, values, scale, zero = cast_blocks(x, dtype, roundmode, scalemode, generator)
-    out = from_blocks(combine(values, scale, zero, dtype), layout)
-    return out.to(out_dtype or x.dtype)
+    layout, out, _ = _run(x, dtype, roundmode, scalemode, generator, out_dtype or x.dtype)
+    return from_blocks(out, layout)
 
 
 def actual_cast(
@@ -319,7 +438,8 @@ def actual_cast(
     nspec, sspec = dtype.nspec, dtype.sspec
     if nspec.bits > 16:
         raise ValueError(f"actual casts store codes of at most 16 bits; {dtype.name} has {nspec.bits}")
-    _, values, scale, zero = cast_blocks(x, dtype, roundmode, scalemode, generator)
+    _, values, scaling = _run(x, dtype, roundmode, scalemode, generator, None)
+    scale, zero = scaling.scale, scaling.zero
     codes = encode(values, nspec)
     scales = zeros = None
     if sspec is not None and scale is not None:
@@ -351,13 +471,13 @@ def upcast(t: Tensor, torch_dtype: torch.dtype | None = None) -> torch.Tensor:
     layout = plan(t.shape, sspec)
     codes = unpack_codes(t.codes, nspec.bits, t.numel_padded).reshape(layout.num_scales, layout.per_scale)
     values = decode(codes, nspec, work)
-    scale = zero = None
+    scaling = _Scaling()
     if sspec is not None and t.scales is not None:
         if sspec.is_exponent:
-            scale = _exponents_from_codes(t.scales, sspec.scale, work).reshape(-1, 1)
+            scaling.scale = _exponents_from_codes(t.scales, sspec.scale, work).reshape(-1, 1)
         else:
-            scale = t.scales.to(work).reshape(-1, 1)
+            scaling.scale = t.scales.to(work).reshape(-1, 1)
         if t.zeros is not None:
-            zero = t.zeros.to(work).reshape(-1, 1)
-    out = from_blocks(combine(values, scale, zero, dtype), layout)
+            scaling.zero = t.zeros.to(work).reshape(-1, 1)
+    out = from_blocks(_combine_piece(values, dtype, scaling, slice(None)), layout)
     return out.to(torch_dtype or t.source_dtype)

@@ -211,3 +211,41 @@ def test_input_dtypes_and_no_mutation() -> None:
     assert torch.equal(x, keep)
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         tcast.cast(torch.arange(4), "mxfp8e4")
+
+
+FAST_PATH_FORMATS = (
+    "e4m3fn",
+    "e5m2",
+    "e4m3b8fnuz",
+    "e3m2fnuz",
+    "e2m3fnuz",
+    "e2m1fnuz",
+    "e5m10",
+    "int8",
+    "int4",
+)
+
+
+@pytest.mark.parametrize("code", FAST_PATH_FORMATS)
+@pytest.mark.parametrize("mode", list(tcast.RoundMode))
+def test_float32_fast_path_equals_the_general_path(code: str, mode: tcast.RoundMode) -> None:
+    """The in-place float32 rounding gives the same bits as the general frexp/ldexp path in float64."""
+    from tcast import _torchcast
+
+    spec = tcast.number(code)
+    generator = torch.Generator().manual_seed(11)
+    grid = torch.exp2(torch.arange(spec.emin - spec.mbits - 3, spec.emax + 3, dtype=torch.float32))
+    random = (
+        torch.randn(20000, generator=generator)
+        * grid[torch.randint(0, len(grid), (20000,), generator=generator)]
+    )
+    ties = (grid[:-1] + grid[1:]) / 2
+    corners = torch.tensor(
+        [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, -1e-45, 3e38, spec.max, -spec.max]
+    )
+    x = torch.cat([random, -random, grid, ties, -ties, corners])
+    noise = torch.rand(x.shape, generator=generator)
+    assert _torchcast._fast_path(x, spec)
+    fast = _torchcast.quantize(x, spec, mode, noise)
+    general = _torchcast.quantize(x.double(), spec, mode, noise.double()).float()
+    assert same_bits(fast, general, code)
