@@ -10,6 +10,7 @@ from rich.table import Table
 from ._common import console, human_bytes
 
 if TYPE_CHECKING:
+    from coreai_opt.casting import CastFileResult
     from coreai_opt.conversion import ConversionResult
     from coreai_opt.inspection import ModelReport, TensorInfo
 
@@ -81,3 +82,63 @@ def render_conversion(result: ConversionResult, report: ModelReport) -> None:
     table.add_row("ops", f"{sum(report.ops.values())} ({len(report.ops)} kinds)")
     table.add_row("weights", f"{len(report.weights)} tensors, {report.weight_bytes:,} bytes")
     console.print(table)
+
+
+def _arrow(before: str, after: str) -> str:
+    return before if before == after else f"{before} -> [bold]{after}[/bold]"
+
+
+def render_cast(result: CastFileResult) -> None:
+    report = result.report
+    before, after = report.state_bytes_before, report.state_bytes_after
+    console.print(
+        Panel.fit(
+            f"[bold]{result.source}[/bold] -> [bold]{result.output}[/bold]\n"
+            f"passes: {', '.join(report.passes)}   nodes: {report.nodes_before} -> {report.nodes_after}"
+            f"   casts: +{report.casts_inserted} inserted, -{report.casts_removed} removed   "
+            f"{result.seconds * 1000:.0f} ms\n"
+            f"state: {human_bytes(before)} -> {human_bytes(after)}",
+            title="coreopt cast",
+        )
+    )
+    io = Table(title="User inputs and outputs", title_justify="left")
+    for column in ("name", "kind", "dtype"):
+        io.add_column(column)
+    for change in report.io:
+        io.add_row(change.name, change.kind, _arrow(change.before, change.after))
+    console.print(io)
+
+    state = Table(title="State (parameters, buffers, constants)", title_justify="left")
+    for column in ("outcome", "count", "bytes", "detail"):
+        state.add_column(column, justify="right" if column in ("count", "bytes") else "left")
+    groups: dict[str, list] = {}
+    for s in report.state:
+        groups.setdefault(s.outcome.value, []).append(s)
+    for outcome, items in groups.items():
+        detail = ", ".join(
+            f"{s.name} (max {s.max_abs:g})" if s.max_abs is not None else s.name for s in items[:4]
+        ) + (f", ... {len(items) - 4} more" if len(items) > 4 else "")
+        nbytes = f"{human_bytes(sum(s.bytes_before for s in items))} -> {human_bytes(sum(s.bytes_after for s in items))}"
+        state.add_row(outcome, str(len(items)), nbytes, detail)
+    if not report.state:
+        state.add_row("no floating-point state", "0", "", "")
+    console.print(state)
+
+    ops = Table(title="Ops by outcome", title_justify="left")
+    for column in ("outcome", "op", "count"):
+        ops.add_column(column, justify="right" if column == "count" else "left")
+    for outcome, targets in report.op_counts().items():
+        for i, (target, count) in enumerate(targets.items()):
+            ops.add_row(outcome if i == 0 else "", target, str(count))
+    console.print(ops)
+
+    if result.check is not None:
+        check = Table(title=f"Check on {result.check.inputs}", title_justify="left")
+        for column in ("output", "dtype", "max abs err", "rel err", "cosine", "verdict"):
+            check.add_column(column, justify="left" if column in ("output", "dtype", "verdict") else "right")
+        for o in result.check.outputs:
+            check.add_row(
+                o.name, _arrow(o.dtype_before, o.dtype_after), f"{o.max_abs_error:.3g}", f"{o.relative_error:.3g}",
+                f"{o.cosine:.6f}", "[green]ok[/green]" if o.ok else "[red]DIFFERS[/red]",
+            )  # fmt: skip
+        console.print(check)

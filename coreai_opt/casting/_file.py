@@ -1,0 +1,79 @@
+"""`coreopt cast`: load a .pt2, cast it, check it against the original, save it atomically."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coreai_opt.io import ModelFileError, ModelFormat, check_output, load_pt2, model_format, save_pt2
+
+from ._api import CastTarget, cast_program
+from ._check import CheckResult, compare_programs, file_inputs, random_inputs
+from ._graph import resolve_op
+from ._report import CastReport
+
+
+@dataclass
+class CastFileResult:
+    source: Path
+    output: Path
+    target: CastTarget
+    report: CastReport
+    check: CheckResult | None
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": str(self.source),
+            "output": str(self.output),
+            "to": self.target.value,
+            "seconds": round(self.seconds, 4),
+            "report": self.report.to_dict(),
+            "check": self.check.to_dict() if self.check is not None else None,
+        }
+
+
+def default_output(source: Path, target: CastTarget) -> Path:
+    """`model.pt2` -> `model.fp16.pt2` (or `.int16`, `.16bit`) beside the input."""
+    return source.with_name(f"{source.stem}{target.suffix}{ModelFormat.PT2.value}")
+
+
+def cast_file(
+    source: Path | str,
+    target: CastTarget | str = CastTarget.BOTH,
+    output: Path | str | None = None,
+    *,
+    ignored_ops: tuple[str, ...] = (),
+    check: bool = True,
+    inputs: Path | str | None = None,
+    seed: int = 0,
+    force: bool = False,
+) -> CastFileResult:
+    source = Path(source)
+    target = CastTarget(target)
+    model_format(source, (ModelFormat.PT2,))
+    out = Path(output) if output is not None else default_output(source, target)
+    model_format(out, (ModelFormat.PT2,))
+    check_output(out, force=force, inputs=(source,))
+    ops = tuple(resolve_op(name) for name in ignored_ops)
+    program = load_pt2(source)
+    original = load_pt2(source) if check else None
+    start = time.perf_counter()
+    report = cast_program(program, target, ops or None)
+    seconds = time.perf_counter() - start
+    result = None
+    if original is not None:
+        if inputs is not None:
+            tensors, label = file_inputs(original, Path(inputs)), str(inputs)
+        else:
+            tensors, label = random_inputs(original, seed), f"seeded random (seed {seed})"
+        try:
+            result = compare_programs(original, program, tensors, label)
+        except (RuntimeError, IndexError, ValueError) as exc:
+            message = " ".join(str(exc).split())[:300]
+            hint = "" if inputs is not None else "; pass --inputs with valid example inputs, or --no-check"
+            raise ModelFileError(source, f"the check could not run the programs ({message}){hint}") from None
+    save_pt2(program, out, force=force, inputs=(source,))
+    return CastFileResult(source, out, target, report, result, seconds)

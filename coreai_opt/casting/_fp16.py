@@ -1,0 +1,169 @@
+"""FP32 -> FP16: state and inputs first, then one topological walk deciding each op's precision."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from . import _dtypes as dt
+from . import _graph as g
+from ._program import read_state, state_slots, user_inputs, write_state
+from ._report import CastReport, OpChange, OpOutcome, StateChange, StateOutcome
+
+
+def _target_name(node: Node) -> str:
+    return str(node.target)
+
+
+class FP16Pass:
+    """Casts as much as is safe to fp16; ops that cannot run in fp16 run in fp32 between casts."""
+
+    def __init__(
+        self, ep: ExportedProgram, owned: set[Node], report: CastReport, ignored: Callable[[Node], bool]
+    ) -> None:
+        self.ep = ep
+        self.graph = ep.graph
+        self.owned = owned  # casts the pass made or retargeted: cleanup may fold them freely
+        self.report = report
+        self.ignored = ignored
+        self.kept_fp32: set[Node] = set()
+        self._upcasts: dict[Node, Node] = {}
+
+    def run(self) -> None:
+        self.convert_state()
+        for node in user_inputs(self.ep):
+            if g.dtype_of(node) == torch.float32:
+                node.meta["val"] = g.retyped(node.meta["val"], torch.float16)
+        for node in list(self.graph.nodes):
+            if node.op == "call_function":
+                self.visit(node)
+
+    # ----- state -----------------------------------------------------------------------------
+
+    def convert_state(self) -> None:
+        for slot in state_slots(self.ep):
+            tensor = read_state(self.ep, slot)
+            if tensor is None or tensor.dtype != torch.float32:
+                continue
+            shape = tuple(tensor.shape)
+            nbytes = tensor.numel() * tensor.element_size()
+            peak = dt.tensor_max_finite(tensor)
+            if peak > dt.FP16_MAX:
+                self.report.state.append(
+                    StateChange(slot.name, slot.kind, shape, "float32", "float32",
+                                StateOutcome.KEPT_FP32_OVERFLOW, peak, nbytes, nbytes)
+                )  # fmt: skip
+                continue
+            write_state(self.ep, slot, tensor, dt.tensor_to_fp16(tensor))
+            slot.node.meta["val"] = g.retyped(slot.node.meta.get("val"), torch.float16)
+            self.report.state.append(
+                StateChange(slot.name, slot.kind, shape, "float32", "float16",
+                            StateOutcome.TO_FP16, None, nbytes, nbytes // 2)
+            )  # fmt: skip
+
+    # ----- the walk --------------------------------------------------------------------------
+
+    def visit(self, node: Node) -> None:
+        if g.is_getitem(node):
+            g.refresh_getitem(node)
+            container = node.args[0]
+            if container in self.kept_fp32 and g.dtype_of(node) == torch.float32:
+                self._cast_back(node)
+            return
+        if node.target == g.ASSERT_METADATA:
+            g.refresh_assert(node)
+            return
+        if g.is_cast(node):
+            # a cast from fp16 into fp32 is a deliberate entry to fp32 (e.g. made by an earlier run)
+            if g.cast_target_dtype(node) == torch.float32 and g.dtype_of(node.args[0]) != torch.float16:
+                g.set_cast_target_dtype(node, torch.float16)
+                self.owned.add(node)
+            return
+        if g.packet(node) in g.CREATION_PACKETS:
+            self.visit_creation(node)
+            return
+        self.visit_compute(node)
+
+    def visit_creation(self, node: Node) -> None:
+        if g.dtype_of(node) != torch.float32:
+            return
+        if self.ignored(node):
+            self._record(node, OpOutcome.KEPT_FP32_IGNORED)
+            return
+        args, kwargs = list(node.args), dict(node.kwargs)
+        for container, keys in ((args, range(len(args))), (kwargs, list(kwargs))):
+            for key in keys:
+                value = container[key]  # type: ignore[index]
+                if isinstance(value, float):
+                    clamped = dt.scalar_to_fp16(value)
+                    if clamped is None:
+                        self._record(node, OpOutcome.KEPT_FP32_OVERFLOW, f"scalar {value:g}")
+                        return
+                    container[key] = clamped  # type: ignore[index]
+        node.args = tuple(args)
+        node.kwargs = {**kwargs, "dtype": torch.float16}
+        g.retype_outputs(node, torch.float16, (torch.float32,))
+        self._record(node, OpOutcome.FP16)
+
+    def visit_compute(self, node: Node) -> None:
+        float_inputs = [a for a in node.all_input_nodes if dt.is_float(g.dtype_of(a))]
+        scalars = [v for v in (*node.args, *node.kwargs.values()) if isinstance(v, float)]
+        if not float_inputs:
+            if g.dtype_of(node) == torch.float32:  # float from integers: fp32 by torch's default dtype
+                self._cast_back(node)
+                self._record(node, OpOutcome.FP16, "computed from integers, cast after")
+            return
+        reason = None
+        if self.ignored(node):
+            outcome = OpOutcome.KEPT_FP32_IGNORED
+        elif any(g.dtype_of(a) == torch.float32 for a in float_inputs):
+            outcome = OpOutcome.KEPT_FP32_INPUT
+        elif overflowing := [v for v in scalars if dt.scalar_overflows_fp16(v)]:
+            outcome, reason = OpOutcome.KEPT_FP32_OVERFLOW, f"scalar {overflowing[0]:g}"
+        else:
+            self._to_fp16(node)
+            self._record(node, OpOutcome.FP16)
+            return
+        self._keep_fp32(node)
+        self._record(node, outcome, reason or "")
+
+    def _to_fp16(self, node: Node) -> None:
+        def update(value: object) -> object:
+            if isinstance(value, float):
+                return dt.scalar_to_fp16(value)
+            if value == torch.float32:
+                return torch.float16  # an output-dtype argument follows the inputs
+            return value
+
+        node.args = tuple(update(a) for a in node.args)
+        node.kwargs = {k: update(v) for k, v in node.kwargs.items()}
+        g.retype_outputs(node, torch.float16, (torch.float32,))
+
+    def _keep_fp32(self, node: Node) -> None:
+        def upcast(arg: Node) -> Node:
+            if g.dtype_of(arg) != torch.float16:
+                return arg
+            cast = self._upcasts.get(arg)
+            if cast is None:
+                cast = g.insert_cast(self.graph, arg, torch.float32, before=node)
+                self.owned.add(cast)
+                self._upcasts[arg] = cast
+            return cast
+
+        g.map_node_args(node, upcast)
+        self.kept_fp32.add(node)
+        if g.dtype_of(node) == torch.float32:
+            self._cast_back(node)
+
+    def _cast_back(self, node: Node) -> None:
+        existing = [u for u in node.users if g.is_pure_cast(u) and g.cast_target_dtype(u) == torch.float16]
+        cast = existing[0] if existing else g.insert_cast(self.graph, node, torch.float16)
+        if not existing:
+            self.owned.add(cast)
+        g.redirect_users(node, cast)
+
+    def _record(self, node: Node, outcome: OpOutcome, detail: str = "") -> None:
+        self.report.ops.append(OpChange(node.name, _target_name(node), outcome, detail))

@@ -1,0 +1,200 @@
+"""INT32/INT64 -> INT16, conservatively: only integer arithmetic on user data, never indices."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from . import _dtypes as dt
+from . import _graph as g
+from ._program import user_inputs
+from ._report import CastReport, OpChange, OpOutcome
+
+aten = torch.ops.aten
+
+# op packet -> positions of its index arguments (an int or a list of tensors)
+INDEX_ARGS: dict[object, tuple[int, ...]] = {
+    aten.embedding: (1,),
+    aten.gather: (2,),
+    aten.index_select: (2,),
+    aten.scatter: (2,),
+    aten.scatter_add: (2,),
+    aten.scatter_reduce: (2,),
+    aten.index: (1,),
+    aten.index_put: (1,),
+    aten._unsafe_index: (1,),
+    aten._unsafe_index_put: (1,),
+    aten.index_add: (2,),
+    aten.index_copy: (2,),
+    aten.index_fill: (2,),
+    aten.take_along_dim: (1,),
+    aten.take: (1,),
+}
+ARITHMETIC = frozenset({aten.add, aten.mul, aten.sub})
+
+
+def _index_arguments(node: Node) -> list[Node]:
+    positions = INDEX_ARGS.get(g.packet(node))
+    if not positions:
+        return []
+    found: list[Node] = []
+    for position in positions:
+        if position < len(node.args):
+            torch.fx.node.map_arg(node.args[position], found.append)
+    for key in ("index", "indices"):
+        if key in node.kwargs:
+            torch.fx.node.map_arg(node.kwargs[key], found.append)
+    return found
+
+
+def _is_int_node(node: Node) -> bool:
+    return dt.is_int(g.dtype_of(node))
+
+
+class INT16Pass:
+    def __init__(
+        self, ep: ExportedProgram, owned: set[Node], report: CastReport, ignored: Callable[[Node], bool]
+    ) -> None:
+        self.ep = ep
+        self.graph = ep.graph
+        self.owned = owned
+        self.report = report
+        self.ignored = ignored
+        self.inputs = user_inputs(ep)
+        self.reachable = self._user_reachable()
+        self.unsafe = self._leads_to_index()
+        self.castable = self._castable()
+        self._downcasts: dict[Node, Node] = {}
+
+    # ----- analysis ----------------------------------------------------------------------------
+
+    def _user_reachable(self) -> set[Node]:
+        """Nodes that depend on a user input; the rest folds to constants in the converter."""
+        seen: set[Node] = set(self.inputs)
+        queue = deque(self.inputs)
+        while queue:
+            for user in queue.popleft().users:
+                if user not in seen:
+                    seen.add(user)
+                    queue.append(user)
+        return seen
+
+    def _leads_to_index(self) -> set[Node]:
+        """Integer nodes whose values end up as an index argument (narrowing them could wrap)."""
+        unsafe: set[Node] = set()
+        queue: deque[Node] = deque()
+        for node in self.graph.nodes:
+            if node.op == "call_function":
+                queue.extend(a for a in _index_arguments(node) if _is_int_node(a))
+        while queue:
+            node = queue.popleft()
+            if node in unsafe:
+                continue
+            unsafe.add(node)
+            queue.extend(a for a in node.all_input_nodes if _is_int_node(a) and a not in unsafe)
+        return unsafe
+
+    def _castable(self) -> set[Node]:
+        """Nodes joined by integer edges to an add/mul/sub of two tensors, on user data, off index paths."""
+
+        def allowed(node: Node) -> bool:
+            return (
+                node in self.reachable
+                and node not in self.unsafe
+                and not (node.op == "call_function" and self.ignored(node))
+                and node.op in ("placeholder", "call_function")
+            )
+
+        castable: set[Node] = set()
+        seeds = [
+            node
+            for node in self.graph.nodes
+            if node.op == "call_function"
+            and g.packet(node) in ARITHMETIC
+            and sum(isinstance(a, Node) and _is_int_node(a) for a in node.args[:2]) == 2
+            and g.dtype_of(node) in (*dt.WIDE_INTS, torch.int16)
+            and allowed(node)
+        ]
+        queue = deque(seeds)
+        castable.update(seeds)
+        while queue:
+            node = queue.popleft()
+            neighbours = [a for a in node.all_input_nodes if _is_int_node(a)]
+            if _is_int_node(node):
+                neighbours += list(node.users)
+            for other in neighbours:
+                if other not in castable and allowed(other) and not g.is_getitem(other):
+                    castable.add(other)
+                    queue.append(other)
+        return castable
+
+    # ----- rewrite ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        for node in self.inputs:
+            if node in self.castable and g.dtype_of(node) in dt.WIDE_INTS:
+                node.meta["val"] = g.retyped(node.meta["val"], torch.int16)
+        for node in list(self.graph.nodes):
+            if node.op != "call_function":
+                continue
+            if node.target == g.ASSERT_METADATA:
+                g.refresh_assert(node)
+            elif g.is_getitem(node):
+                g.refresh_getitem(node)
+            elif g.is_cast(node):
+                continue
+            elif node in self.castable:
+                self._narrow(node)
+            elif _is_int_node(node) and any(_is_int_node(a) for a in node.all_input_nodes):
+                if node in self.unsafe:
+                    self._record(node, OpOutcome.KEPT_INDEX_SAFETY)
+                elif node not in self.reachable:
+                    self._record(node, OpOutcome.CONSTANT_FOLDABLE)
+
+    def _narrow(self, node: Node) -> None:
+        def downcast(arg: Node) -> Node:
+            if g.dtype_of(arg) not in dt.WIDE_INTS or arg in self.unsafe:
+                return arg
+            if arg.op == "placeholder" and arg not in self.castable:
+                return arg
+            cast = self._downcasts.get(arg)
+            if cast is None:
+                cast = g.insert_cast(self.graph, arg, torch.int16, before=node)
+                self.owned.add(cast)
+                self._downcasts[arg] = cast
+            return cast
+
+        g.map_node_args(node, downcast)
+        if not any(g.dtype_of(a) == torch.int16 for a in node.all_input_nodes):
+            return
+        node.meta["val"] = g.fake_run(node)  # exact: e.g. sum of int16 gives int64
+        if g.dtype_of(node) == torch.int16:
+            existing = [u for u in node.users if g.is_pure_cast(u) and g.cast_target_dtype(u) == torch.int32]
+            cast = existing[0] if existing else g.insert_cast(self.graph, node, torch.int32)
+            self.owned.add(cast)
+            g.redirect_users(node, cast)
+            self._record(node, OpOutcome.INT16)
+
+    def _record(self, node: Node, outcome: OpOutcome) -> None:
+        self.report.ops.append(OpChange(node.name, str(node.target), outcome))
+
+
+def anchor_views(graph: torch.fx.Graph, owned: set[Node]) -> None:
+    """An explicit int16 cast in front of view-like ops on int16 data, so converters keep the dtype."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or g.packet(node) not in g.VIEW_PACKETS:
+            continue
+        if g.dtype_of(node) != torch.int16 or not node.args or not isinstance(node.args[0], Node):
+            continue
+        source = node.args[0]
+        if g.dtype_of(source) != torch.int16 or (
+            g.is_cast(source) and g.cast_target_dtype(source) == torch.int16
+        ):
+            continue
+        anchor = g.insert_cast(graph, source, torch.int16, before=node)
+        owned.add(anchor)
+        node.replace_input_with(source, anchor)
