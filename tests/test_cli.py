@@ -19,7 +19,7 @@ def test_versions(coreopt, tcast_cli) -> None:  # type: ignore[no-untyped-def]
     assert tcast_cli("--version").exit_code == 0
 
 
-@pytest.mark.parametrize("command", ["inspect", "convert"])
+@pytest.mark.parametrize("command", ["inspect", "convert", "cast"])
 def test_every_subcommand_help_has_an_example(command: str, coreopt) -> None:  # type: ignore[no-untyped-def]
     result = coreopt(command, "--help")
     assert result.exit_code == 0
