@@ -1,0 +1,69 @@
+"""Per-weight records every compression pass returns and every CLI renders."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from coreai_opt._coreai._rewrite import Skipped
+
+
+def snr_db(reference: np.ndarray, approximation: np.ndarray) -> float:
+    signal = float(np.sum(np.square(reference, dtype=np.float64)))
+    noise = float(np.sum(np.square(reference.astype(np.float64) - approximation.astype(np.float64))))
+    if noise == 0:
+        return math.inf
+    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+@dataclass(frozen=True)
+class WeightResult:
+    name: str
+    shape: tuple[int, ...]
+    encoding: str
+    bytes_before: int
+    bytes_after: int
+    snr_db: float
+
+    @property
+    def bits_per_weight(self) -> float:
+        count = int(np.prod(self.shape)) if self.shape else 1
+        return self.bytes_after * 8 / count
+
+
+@dataclass
+class CompressionReport:
+    weights: list[WeightResult] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    @property
+    def bytes_before(self) -> int:
+        return sum(w.bytes_before for w in self.weights)
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(w.bytes_after for w in self.weights)
+
+    def to_dict(self) -> dict[str, Any]:
+        def plain(record: Any) -> dict[str, Any]:
+            data = asdict(record)
+            data["shape"] = list(data["shape"])
+            return data
+
+        weights = []
+        for w in self.weights:
+            entry = plain(w)
+            entry["bits_per_weight"] = w.bits_per_weight
+            entry["snr_db"] = None if math.isinf(w.snr_db) else w.snr_db
+            weights.append(entry)
+        ratio = self.bytes_before / self.bytes_after if self.bytes_after else None
+        return {
+            "weights": weights,
+            "skipped": [plain(s) for s in self.skipped],
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "ratio": ratio,
+        }

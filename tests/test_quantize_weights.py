@@ -1,0 +1,165 @@
+"""quantize_weights on real Core AI programs: runtime output against plain numpy references.
+
+The probe is a bias-free linear layer fed the identity matrix, so the runtime's output is the
+dequantized weight itself (transposed): every entry is checked against an independent reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from conftest import SAMPLES, run_aimodel
+
+from coreai_opt.conversion import convert_exported_program
+from coreai_opt.coreai_utils import CompressionGranularity, DType, QScheme, quantize_program, quantize_weights
+from coreai_opt.inspection import inspect_model
+from coreai_opt.io import load_aimodel, save_aimodel
+
+IN, OUT = 64, 48
+G = CompressionGranularity
+
+
+def _probe(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    import coreai_torch
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(IN, OUT, bias=False).eval()
+    with torch.no_grad():
+        layer.weight[3] *= 40  # one loud channel: per-channel scales must matter
+        program = torch.export.export(layer, (torch.eye(IN),)).run_decompositions(
+            coreai_torch.get_decomp_table()
+        )
+    path = save_aimodel(convert_exported_program(program), tmp_path / "probe.aimodel")
+    return path, layer.weight.detach().numpy().astype(np.float32)
+
+
+def _int_reference(w: np.ndarray, bits: int, signed: bool, scheme: QScheme, block: int | None) -> np.ndarray:
+    rows = w.reshape(OUT, -1, block) if block else w.reshape(OUT, 1, IN)
+    out = np.empty_like(rows, dtype=np.float64)
+    for i in range(rows.shape[0]):
+        for j in range(rows.shape[1]):
+            v = rows[i, j].astype(np.float64)
+            if scheme is QScheme.SYMMETRIC:
+                qmax = 2 ** (bits - 1) - 1
+                scale = float(np.float32(np.abs(v).max() / qmax))
+                out[i, j] = np.clip(np.rint(v / scale), -qmax, qmax) * scale
+            else:
+                levels = 2**bits - 1
+                lo, hi = min(v.min(), 0.0), max(v.max(), 0.0)
+                scale = float(np.float32((hi - lo) / levels))
+                zero = np.clip(np.rint(-lo / scale), 0, levels)
+                out[i, j] = (np.clip(np.rint(v / scale) + zero, 0, levels) - zero) * scale
+    return out.reshape(w.shape).astype(np.float32)
+
+
+def _fp_reference(w: np.ndarray, dtype: DType, block: int | None, e8m0: bool) -> np.ndarray:
+    np_type, fmax, emax = {
+        DType.FP8_E4M3FN: (ml_dtypes.float8_e4m3fn, 448.0, 8),
+        DType.FP8_E5M2: (ml_dtypes.float8_e5m2, 57344.0, 15),
+        DType.FP4_E2M1FN: (ml_dtypes.float4_e2m1fn, 6.0, 2),
+    }[dtype]
+    rows = w.reshape(OUT, -1, block) if block else w.reshape(OUT, 1, IN)
+    out = np.empty_like(rows, dtype=np.float64)
+    for i in range(rows.shape[0]):
+        for j in range(rows.shape[1]):
+            v = rows[i, j].astype(np.float64)
+            amax = np.abs(v).max()
+            scale = 2.0 ** (np.floor(np.log2(amax)) - emax) if e8m0 else float(np.float32(amax / fmax))
+            x = np.clip(v / scale, -fmax, fmax).astype(np.float32)
+            out[i, j] = x.astype(np_type).astype(np.float64) * scale
+    return out.reshape(w.shape).astype(np.float32)
+
+
+CASES = [
+    (DType.INT8, QScheme.SYMMETRIC, G.PER_CHANNEL, None),
+    (DType.UINT8, QScheme.ASYMMETRIC, G.PER_CHANNEL, None),
+    (DType.INT4, QScheme.SYMMETRIC, G.PER_BLOCK, None),
+    (DType.UINT4, QScheme.ASYMMETRIC, G.PER_BLOCK, None),
+    (DType.INT4, QScheme.ASYMMETRIC, G.PER_CHANNEL, None),
+    (DType.UINT2, QScheme.SYMMETRIC, G.PER_CHANNEL, None),
+    (DType.INT2, QScheme.ASYMMETRIC, G.PER_BLOCK, None),
+    (DType.FP8_E4M3FN, QScheme.SYMMETRIC, G.PER_CHANNEL, None),
+    (DType.FP8_E5M2, QScheme.SYMMETRIC, G.PER_BLOCK, None),
+    (DType.FP8_E4M3FN, QScheme.SYMMETRIC, G.PER_BLOCK, DType.FP8_E8M0FNU),
+    (DType.FP4_E2M1FN, QScheme.SYMMETRIC, G.PER_BLOCK, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "scheme", "granularity", "scale_dtype"), CASES, ids=lambda v: getattr(v, "value", v)
+)
+def test_runtime_output_is_the_reference_dequantized_weight(
+    dtype: DType,
+    scheme: QScheme,
+    granularity: CompressionGranularity,
+    scale_dtype: DType | None,
+    tmp_path: Path,
+) -> None:
+    path, w = _probe(tmp_path)
+    program = load_aimodel(path)
+    report = quantize_program(program, dtype, scheme, granularity, 32, 1024, scale_dtype)
+    assert len(report.weights) == 1 and report.skipped == []
+    out = save_aimodel(program, tmp_path / "q.aimodel")
+    name = inspect_model(out).inputs[0].name
+    got = next(iter(run_aimodel(out, {name: np.eye(IN, dtype=np.float32)}).values()))
+    block = 32 if granularity is G.PER_BLOCK else None
+    if dtype.is_int:
+        expected = _int_reference(w, dtype.bits, dtype.signed, scheme, block)
+    else:
+        expected = _fp_reference(w, dtype, block, scale_dtype is not None or dtype is DType.FP4_E2M1FN)
+    # the runtime may evaluate scale * (data - offset) in another order: allow float32 rounding, no more
+    np.testing.assert_allclose(got, expected.T, rtol=1e-5, atol=1e-7)
+    inspected = inspect_model(out)
+    (weight,) = [x for x in inspected.weights if x.kind == "weight"] or inspected.weights
+    assert weight.bits_per_weight < 16
+    assert report.weights[0].bytes_after < report.weights[0].bytes_before
+
+
+def test_int8_per_channel_on_the_transformer_keeps_cosine(tmp_path: Path) -> None:
+    original = load_aimodel(SAMPLES / "transformer.aimodel")
+    quantized = quantize_weights(original, DType.INT8)
+    path = save_aimodel(quantized, tmp_path / "t8.aimodel")
+    rng = np.random.default_rng(0)
+    feed = {
+        "input_ids": rng.integers(0, 256, (1, 16)).astype(np.int32),
+        "attention_mask": np.ones((1, 16), np.int32),
+    }
+    ref = next(iter(run_aimodel(SAMPLES / "transformer.aimodel", feed).values())).astype(np.float64).ravel()
+    got = next(iter(run_aimodel(path, feed).values())).astype(np.float64).ravel()
+    cosine = ref @ got / np.linalg.norm(ref) / np.linalg.norm(got)
+    assert cosine >= 0.999
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "rule"),
+    [
+        (
+            {"dtype": DType.FP4_E2M1FN, "granularity": G.PER_CHANNEL},
+            "per-block granularity with block_size 32",
+        ),
+        ({"dtype": DType.INT8, "scale_dtype": DType.FP8_E8M0FNU}, "integer data takes float scales"),
+        ({"dtype": DType.FP8_E4M3FN, "qscheme": QScheme.ASYMMETRIC}, "symmetric scheme only"),
+        ({"dtype": DType.FP8_E8M0FNU}, "scale dtype"),
+    ],
+)
+def test_invalid_combinations_name_the_rule(kwargs: dict, rule: str) -> None:
+    program = load_aimodel(SAMPLES / "mlp.aimodel")
+    with pytest.raises(ValueError, match=rule):
+        quantize_weights(program, **kwargs)
+
+
+def test_not_in_place_leaves_the_input_and_skips_are_reported() -> None:
+    program = load_aimodel(SAMPLES / "mlp.aimodel")
+    report = quantize_program(load_aimodel(SAMPLES / "mlp.aimodel"), DType.INT8, weight_num_threshold=2048)
+    assert {w.shape for w in report.weights} == {(128, 64), (128, 128)}
+    assert any("<= threshold 2048" in s.reason for s in report.skipped)  # the 10x128 head
+    copy = quantize_weights(program, DType.INT8)
+    from coreai_opt import _coreai
+
+    ops = _coreai.op_histogram(_coreai.mlir_module(program))
+    assert "coreai.blockwise_shift_scale" not in ops
+    assert "coreai.blockwise_shift_scale" in _coreai.op_histogram(_coreai.mlir_module(copy))
