@@ -15,6 +15,7 @@ from typing import Any
 from ._datatype import ALIASES, PREDEFINED, DataType, datatype, lookup
 from ._modes import CastMode, ComputeMode, RoundMode, ScaleMode, defaults, initialize
 from ._number import InfNaN, Kind, NumberSpec, number
+from ._pack import pack_codes, packed_nbytes, sqnr_db, unpack_codes
 from ._scale import ScaleSpec, Tile, scale
 from ._sparse import sparse
 from ._tensor import Tensor
@@ -42,8 +43,12 @@ __all__ = [
     "initialize",
     "lookup",
     "number",
+    "pack_codes",
+    "packed_nbytes",
     "scale",
     "sparse",
+    "sqnr_db",
+    "unpack_codes",
     "upcast",
 ]
 

@@ -16,6 +16,7 @@ import torch
 
 from ._datatype import DataType
 from ._number import NumberSpec
+from ._pack import sqnr_db
 
 METADATA_KEY = "tcast"
 
@@ -97,13 +98,8 @@ def _write(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str
 
 
 def _sqnr(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    ref = x.double()
-    err = (y.double() - ref).nan_to_num(nan=math.inf)
-    noise = float((err * err).sum())
-    signal = float((ref * ref).sum())
-    if noise == 0:
-        return math.inf, 0.0
-    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf, float(err.abs().max())
+    err = (y.double() - x.double()).nan_to_num(nan=math.inf)
+    return sqnr_db(x, y), float(err.abs().max()) if err.numel() else 0.0
 
 
 def cast_file(

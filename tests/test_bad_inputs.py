@@ -161,15 +161,17 @@ def test_inspect_rejects_bad_file(case: str, tmp_path: Path, coreopt) -> None:  
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize(("command", "output"), [("convert", "out.aimodel"), ("cast", "out.pt2")])
 @pytest.mark.parametrize(
     "case", ["pt2-not-zip", "pt2-truncated", "pt2-foreign-zip", "pt2-missing", "wrong-suffix"]
 )
-def test_convert_rejects_bad_file_and_writes_nothing(case: str, tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+def test_pt2_commands_reject_bad_file_and_write_nothing(
+    case: str, command: str, output: str, tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
     make, problem = CASES[case]
     source = make(tmp_path)
     before = _snapshot(tmp_path)
-    out = tmp_path / "out.aimodel"
-    result = coreopt("convert", source, "-o", out)
+    result = coreopt(command, source, "-o", tmp_path / output)
     if case == "wrong-suffix":
         problem = "expected a .pt2"
     _assert_clean_failure(result, source, problem)
@@ -221,18 +223,4 @@ def test_converter_failure_reports_the_converters_message(tmp_path: Path, coreop
     before = _snapshot(tmp_path)
     result = coreopt("convert", source)
     _assert_clean_failure(result, source, "unsupported ATen ops: aten.cumprod.default")
-    assert _snapshot(tmp_path) == before
-
-
-@pytest.mark.parametrize(
-    "case", ["pt2-not-zip", "pt2-truncated", "pt2-foreign-zip", "pt2-missing", "wrong-suffix"]
-)
-def test_cast_rejects_bad_file_and_writes_nothing(case: str, tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
-    make, problem = CASES[case]
-    source = make(tmp_path)
-    before = _snapshot(tmp_path)
-    result = coreopt("cast", source, "-o", tmp_path / "out.pt2")
-    if case == "wrong-suffix":
-        problem = "expected a .pt2"
-    _assert_clean_failure(result, source, problem)
     assert _snapshot(tmp_path) == before

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ._ir import constant_bytes, constant_ops, element_name, mlir_module, tensor_shape
+from ._ir import constant_bytes, constant_ops, element_bits, element_name, mlir_module, tensor_shape
 
 # Ops that take a weight, and which operand is the weight.
 WEIGHT_CONSUMERS = {
@@ -142,16 +142,6 @@ def weight_sites(program: Any, threshold: int) -> tuple[list[WeightSite], list[S
     return sites, skipped
 
 
-def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Unsigned codes packed little-endian, low bits first (how the runtime reads sub-byte types)."""
-    flat = codes.reshape(-1).astype(np.uint64)
-    bitstream = ((flat[:, None] >> np.arange(bits, dtype=np.uint64)) & 1).astype(np.uint8).reshape(-1)
-    pad = (-bitstream.size) % 8
-    if pad:
-        bitstream = np.concatenate([bitstream, np.zeros(pad, np.uint8)])
-    return np.packbits(bitstream.reshape(-1, 8), axis=1, bitorder="little").reshape(-1)
-
-
 def _element_type(element: str) -> Any:
     from coreai._compiler import ir
 
@@ -168,14 +158,6 @@ def _element_type(element: str) -> Any:
         "f8E8M0FNU": ir.Float8E8M0FNUType.get,
     }
     return factories[element]()
-
-
-def element_bits(element: str) -> int:
-    if element.startswith(("si", "ui")):
-        return int(element[2:])
-    return {"f32": 32, "f16": 16, "bf16": 16, "f8E4M3FN": 8, "f8E5M2": 8, "f4E2M1FN": 4, "f8E8M0FNU": 8}[
-        element
-    ]
 
 
 class Rewriter:
@@ -202,10 +184,13 @@ class Rewriter:
 
         bits = element_bits(element)
         if bits < 8:
-            data = pack_bits(bits_or_values, bits)
+            import torch
+
+            from tcast import pack_codes
+
+            data = pack_codes(torch.from_numpy(np.asarray(bits_or_values, dtype=np.int64)), bits).numpy()
         else:
             data = np.ascontiguousarray(bits_or_values).view(np.uint8).reshape(-1)
-        data = np.ascontiguousarray(data)
         self._buffers.append(data)
         self._count += 1
         tensor_type = ir.RankedTensorType.get(list(shape), _element_type(element))

@@ -100,7 +100,7 @@ def file_inputs(ep: ExportedProgram, path: Path) -> list[torch.Tensor]:
 def _leaves(value: Any) -> list[Any]:
     import torch.utils._pytree as pytree
 
-    return [leaf for leaf in pytree.tree_leaves(value)]
+    return pytree.tree_leaves(value)
 
 
 def compare_programs(

@@ -14,10 +14,6 @@ from ._program import read_state, state_slots, user_inputs, write_state
 from ._report import CastReport, OpChange, OpOutcome, StateChange, StateOutcome
 
 
-def _target_name(node: Node) -> str:
-    return str(node.target)
-
-
 class FP16Pass:
     """Casts as much as is safe to fp16; ops that cannot run in fp16 run in fp32 between casts."""
 
@@ -30,7 +26,7 @@ class FP16Pass:
         self.report = report
         self.ignored = ignored
         self.kept_fp32: set[Node] = set()
-        self._upcasts: dict[Node, Node] = {}
+        self.casts = g.CastInserter(self.graph, owned)
 
     def run(self) -> None:
         self.convert_state()
@@ -144,14 +140,7 @@ class FP16Pass:
 
     def _keep_fp32(self, node: Node) -> None:
         def upcast(arg: Node) -> Node:
-            if g.dtype_of(arg) != torch.float16:
-                return arg
-            cast = self._upcasts.get(arg)
-            if cast is None:
-                cast = g.insert_cast(self.graph, arg, torch.float32, before=node)
-                self.owned.add(cast)
-                self._upcasts[arg] = cast
-            return cast
+            return self.casts.before(arg, torch.float32, node) if g.dtype_of(arg) == torch.float16 else arg
 
         g.map_node_args(node, upcast)
         self.kept_fp32.add(node)
@@ -159,11 +148,7 @@ class FP16Pass:
             self._cast_back(node)
 
     def _cast_back(self, node: Node) -> None:
-        existing = [u for u in node.users if g.is_pure_cast(u) and g.cast_target_dtype(u) == torch.float16]
-        cast = existing[0] if existing else g.insert_cast(self.graph, node, torch.float16)
-        if not existing:
-            self.owned.add(cast)
-        g.redirect_users(node, cast)
+        self.casts.after(node, torch.float16)
 
     def _record(self, node: Node, outcome: OpOutcome, detail: str = "") -> None:
-        self.report.ops.append(OpChange(node.name, _target_name(node), outcome, detail))
+        self.report.ops.append(OpChange.of(node, outcome, detail))

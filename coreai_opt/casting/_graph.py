@@ -184,6 +184,34 @@ def redirect_users(node: Node, replacement: Node) -> None:
     )
 
 
+class CastInserter:
+    """The casts a pass adds: one shared cast per (source, dtype) in front of consumers, and one
+    cast after a producer (an existing cast of it to that dtype is reused). Every new cast joins
+    `owned`, the set cleanup may fold freely."""
+
+    def __init__(self, graph: Graph, owned: set[Node]) -> None:
+        self.graph = graph
+        self.owned = owned
+        self._before: dict[tuple[Node, torch.dtype], Node] = {}
+
+    def before(self, source: Node, dtype: torch.dtype, consumer: Node) -> Node:
+        cast = self._before.get((source, dtype))
+        if cast is None:
+            cast = insert_cast(self.graph, source, dtype, before=consumer)
+            self.owned.add(cast)
+            self._before[(source, dtype)] = cast
+        return cast
+
+    def after(self, node: Node, dtype: torch.dtype) -> Node:
+        """Users of `node` (other than casts) read it through a cast to `dtype`."""
+        cast = next((u for u in node.users if is_pure_cast(u) and cast_target_dtype(u) == dtype), None)
+        if cast is None:
+            cast = insert_cast(self.graph, node, dtype)
+            self.owned.add(cast)
+        redirect_users(node, cast)
+        return cast
+
+
 def map_node_args(node: Node, fn: Callable[[Node], Node]) -> None:
     """Rewrite every Node argument of `node` (nested in lists and tuples too) through `fn`."""
     node.args = torch.fx.node.map_arg(node.args, fn)  # type: ignore[assignment]

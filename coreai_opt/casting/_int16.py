@@ -68,7 +68,7 @@ class INT16Pass:
         self.reachable = self._user_reachable()
         self.unsafe = self._leads_to_index()
         self.castable = self._castable()
-        self._downcasts: dict[Node, Node] = {}
+        self.casts = g.CastInserter(self.graph, owned)
 
     # ----- analysis ----------------------------------------------------------------------------
 
@@ -161,26 +161,18 @@ class INT16Pass:
                 return arg
             if arg.op == "placeholder" and arg not in self.castable:
                 return arg
-            cast = self._downcasts.get(arg)
-            if cast is None:
-                cast = g.insert_cast(self.graph, arg, torch.int16, before=node)
-                self.owned.add(cast)
-                self._downcasts[arg] = cast
-            return cast
+            return self.casts.before(arg, torch.int16, node)
 
         g.map_node_args(node, downcast)
         if not any(g.dtype_of(a) == torch.int16 for a in node.all_input_nodes):
             return
         node.meta["val"] = g.fake_run(node)  # exact: e.g. sum of int16 gives int64
         if g.dtype_of(node) == torch.int16:
-            existing = [u for u in node.users if g.is_pure_cast(u) and g.cast_target_dtype(u) == torch.int32]
-            cast = existing[0] if existing else g.insert_cast(self.graph, node, torch.int32)
-            self.owned.add(cast)
-            g.redirect_users(node, cast)
+            self.casts.after(node, torch.int32)
             self._record(node, OpOutcome.INT16)
 
     def _record(self, node: Node, outcome: OpOutcome) -> None:
-        self.report.ops.append(OpChange(node.name, str(node.target), outcome))
+        self.report.ops.append(OpChange.of(node, outcome))
 
 
 def anchor_views(graph: torch.fx.Graph, owned: set[Node]) -> None:

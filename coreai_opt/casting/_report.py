@@ -52,6 +52,11 @@ class OpChange:
     outcome: OpOutcome
     detail: str = ""
 
+    @classmethod
+    def of(cls, node: Any, outcome: OpOutcome, detail: str = "") -> OpChange:
+        """The record of an FX node's outcome."""
+        return cls(node.name, str(node.target), outcome, detail)
+
 
 @dataclass
 class CastReport:

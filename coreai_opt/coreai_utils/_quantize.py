@@ -15,11 +15,14 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import torch
 
+import tcast
 from coreai_opt._coreai import _rewrite as rw
+from coreai_opt._coreai._ir import element_bits
 
 from ._options import CompressionGranularity, DType, QScheme
-from ._results import CompressionReport, WeightResult, snr_db
+from ._results import CompressionReport, WeightResult
 
 _STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 _FP = {
@@ -78,6 +81,14 @@ def _scale_shape(site: rw.WeightSite, plan: _Plan) -> tuple[int, ...] | str:
     return tuple(d // plan.block_size if i == site.input_axis else d for i, d in enumerate(shape))
 
 
+def _where(plan: _Plan) -> str:
+    if plan.granularity is CompressionGranularity.PER_TENSOR:
+        return "per tensor"
+    if plan.granularity is CompressionGranularity.PER_CHANNEL:
+        return "per channel"
+    return f"per block of {plan.block_size}"
+
+
 def _blocks(w: np.ndarray, scale_shape: tuple[int, ...]) -> np.ndarray:
     """View w as [s0, b0, s1, b1, ...] so that reducing the odd axes gives one value per scale."""
     interleaved = []
@@ -119,17 +130,17 @@ def _quantize_int(
         amax = _reduce(np.abs(w64), scale_shape, np.max)
         scale = _stored_positive(amax / qmax, storage)
         zero = np.zeros(scale_shape, np.int64)
-        codes = np.clip(np.rint(w64 / _expand(scale.astype(np.float64), shape)), -qmax, qmax)
+        scale_full = _expand(scale.astype(np.float64), shape)
+        codes = np.clip(np.rint(w64 / scale_full), -qmax, qmax)
     else:
         levels = 2**bits - 1
         lo = np.minimum(_reduce(w64, scale_shape, np.min), 0.0)
         hi = np.maximum(_reduce(w64, scale_shape, np.max), 0.0)
         scale = _stored_positive((hi - lo) / levels, storage)
         zero = np.clip(np.rint(-lo / scale.astype(np.float64)), 0, levels).astype(np.int64)
-        codes = np.clip(
-            np.rint(w64 / _expand(scale.astype(np.float64), shape)) + _expand(zero, shape), 0, levels
-        )
-        codes -= _expand(zero, shape)  # codes relative to the zero point, in [-zero, levels - zero]
+        scale_full, zero_full = _expand(scale.astype(np.float64), shape), _expand(zero, shape)
+        # codes relative to the zero point, in [-zero, levels - zero]
+        codes = np.clip(np.rint(w64 / scale_full) + zero_full, 0, levels) - zero_full
     # stored data: signed types hold codes + offset directly; unsigned types shift by 2^(bits-1) (sym) or zero
     if dtype.signed:
         shift = 0 if plan.qscheme is QScheme.SYMMETRIC else -(2 ** (bits - 1))
@@ -146,7 +157,7 @@ def _quantize_int(
         element = f"ui{bits}"
         as_bits = stored.astype(np.uint8) if bits == 8 else stored.astype(np.int64)
         offset_bits = offset.astype(np.uint8) if bits == 8 else offset
-    dequantized = (codes * _expand(scale.astype(np.float64), shape)).astype(np.float32)
+    dequantized = (codes * scale_full).astype(np.float32)
 
     def build() -> Any:
         data = rewriter.constant(site, as_bits, element, shape)
@@ -158,12 +169,10 @@ def _quantize_int(
         offset2 = rewriter.zeros(site.element, scale_shape)
         return rw.blockwise_shift_scale(data, scale_c, offset1, offset2)
 
-    per = {CompressionGranularity.PER_TENSOR: "per tensor", CompressionGranularity.PER_CHANNEL: "per channel"}
-    where = per.get(plan.granularity, f"per block of {plan.block_size}")
-    encoding = f"{element} + {site.element} scale {where}" + (
+    encoding = f"{element} + {site.element} scale {_where(plan)}" + (
         " + zero point" if plan.qscheme is QScheme.ASYMMETRIC else ""
     )
-    overhead = _storage_bytes(scale_shape, rw.element_bits(site.element))
+    overhead = _storage_bytes(scale_shape, element_bits(site.element))
     if np.any(offset):
         overhead += _storage_bytes(scale_shape, bits)
     return build, dequantized, encoding, overhead
@@ -172,10 +181,6 @@ def _quantize_int(
 def _quantize_fp(
     w: np.ndarray, site: rw.WeightSite, plan: _Plan, rewriter: rw.Rewriter
 ) -> tuple[Any, np.ndarray, str, int]:
-    import torch
-
-    import tcast
-
     shape = site.shape
     scale_shape = _scale_shape(site, plan)
     assert isinstance(scale_shape, tuple)
@@ -194,10 +199,11 @@ def _quantize_fp(
         scale_values = _stored_positive(amax / float(spec.max), np.float32).astype(np.float64)
         scale_element = "f32"
         scale_store = scale_values.astype(np.float32)
-    normalized = torch.from_numpy((w.astype(np.float64) / _expand(scale_values, shape)).astype(np.float32))
+    scale_full = _expand(scale_values, shape)
+    normalized = torch.from_numpy((w.astype(np.float64) / scale_full).astype(np.float32))
     on_grid = tcast.cast(normalized, code).numpy()  # tcast rounds; saturates at the format's max
     codes = on_grid.astype(np_type)  # exact: every value is already representable
-    dequantized = (on_grid.astype(np.float64) * _expand(scale_values, shape)).astype(np.float32)
+    dequantized = (on_grid.astype(np.float64) * scale_full).astype(np.float32)
     data_bits = codes.view(np.uint8) & (0xF if plan.dtype is DType.FP4_E2M1FN else 0xFF)
 
     def build() -> Any:
@@ -207,14 +213,12 @@ def _quantize_fp(
         offset2 = rewriter.zeros(site.element, scale_shape)
         return rw.blockwise_shift_scale(data, scale_c, offset1, offset2)
 
-    per = {CompressionGranularity.PER_TENSOR: "per tensor", CompressionGranularity.PER_CHANNEL: "per channel"}
-    where = per.get(plan.granularity, f"per block of {plan.block_size}")
-    overhead = _storage_bytes(scale_shape, rw.element_bits(scale_element))
-    return build, dequantized, f"{element} + {scale_element} scale {where}", overhead
+    overhead = _storage_bytes(scale_shape, element_bits(scale_element))
+    return build, dequantized, f"{element} + {scale_element} scale {_where(plan)}", overhead
 
 
 def _storage_bytes(shape: tuple[int, ...], bits: int) -> int:
-    return (int(np.prod(shape)) * bits + 7) // 8
+    return tcast.packed_nbytes(int(np.prod(shape)), bits)
 
 
 def quantize_program(
@@ -242,10 +246,17 @@ def quantize_program(
         quantizer = _quantize_int if dtype.is_int else _quantize_fp
         build, dequantized, encoding, overhead = quantizer(w, site, plan, rewriter)
         rewriter.replace(site, build)
-        before = _storage_bytes(site.shape, rw.element_bits(site.element))
+        before = _storage_bytes(site.shape, element_bits(site.element))
         after = _storage_bytes(site.shape, dtype.bits) + overhead
         report.weights.append(
-            WeightResult(site.name, site.shape, encoding, before, after, snr_db(w, dequantized))
+            WeightResult(
+                site.name,
+                site.shape,
+                encoding,
+                before,
+                after,
+                tcast.sqnr_db(torch.from_numpy(w), torch.from_numpy(dequantized)),
+            )
         )
         if progress is not None:
             progress(site.name)

@@ -11,14 +11,6 @@ import numpy as np
 from coreai_opt._coreai._rewrite import Skipped
 
 
-def snr_db(reference: np.ndarray, approximation: np.ndarray) -> float:
-    signal = float(np.sum(np.square(reference, dtype=np.float64)))
-    noise = float(np.sum(np.square(reference.astype(np.float64) - approximation.astype(np.float64))))
-    if noise == 0:
-        return math.inf
-    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
-
-
 @dataclass(frozen=True)
 class WeightResult:
     name: str
