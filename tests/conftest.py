@@ -23,6 +23,15 @@ SAMPLES = ROOT / "sample_models"
 SAMPLE_NAMES = ("mlp", "cnn", "transformer", "wide_range", "int_arith")
 
 
+@pytest.fixture(autouse=True)
+def _deterministic_random() -> None:
+    """Every test sees the same random numbers, so a failure always reproduces."""
+    import torch
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+
+
 def load_sample_builder() -> Any:
     """sample_models/build.py as a module (it is a script, not an installed package)."""
     spec = importlib.util.spec_from_file_location("sample_models_build", SAMPLES / "build.py")
