@@ -11,7 +11,9 @@ from ._common import console, human_bytes
 
 if TYPE_CHECKING:
     from coreai_opt.casting import CastFileResult
+    from coreai_opt.comparison import ComparisonResult
     from coreai_opt.conversion import ConversionResult
+    from coreai_opt.coreai_utils import CompressionFileResult
     from coreai_opt.inspection import ModelReport, TensorInfo
 
 
@@ -142,3 +144,84 @@ def render_cast(result: CastFileResult) -> None:
                 f"{o.cosine:.6f}", "[green]ok[/green]" if o.ok else "[red]DIFFERS[/red]",
             )  # fmt: skip
         console.print(check)
+
+
+def _db(value: float | None) -> str:
+    if value is None or value == float("inf"):
+        return "exact"
+    return f"{value:.1f}"
+
+
+def render_compression(result: CompressionFileResult) -> None:
+    report = result.report
+    options = "   ".join(f"{k}: {v}" for k, v in result.options.items() if v is not None)
+    console.print(
+        Panel.fit(
+            f"[bold]{result.source}[/bold] -> [bold]{result.output}[/bold]\n{options}\n"
+            f"{len(report.weights)} weights compressed, {len(report.skipped)} skipped   "
+            f"{result.seconds:.2f} s",
+            title=f"coreopt {result.method}",
+        )
+    )
+    if report.weights:
+        table = Table(title="Weights", title_justify="left")
+        for column in ("name", "shape", "encoding", "bytes before -> after", "bits/w", "SNR dB"):
+            table.add_column(column, justify="right" if column in ("bits/w", "SNR dB") else "left")
+        for w in report.weights:
+            table.add_row(
+                w.name, _shape(w.shape), w.encoding, f"{w.bytes_before:,} -> {w.bytes_after:,}",
+                f"{w.bits_per_weight:.2f}", _db(w.snr_db),
+            )  # fmt: skip
+        console.print(table)
+    from coreai_opt.coreai_utils import SkipKind
+
+    listed = [s for s in report.skipped if s.kind is not SkipKind.SMALL]
+    if listed:
+        skipped = Table(title="Skipped", title_justify="left")
+        for column in ("name", "shape", "reason"):
+            skipped.add_column(column)
+        for s in listed:
+            skipped.add_row(s.name, _shape(s.shape), s.reason)
+        console.print(skipped)
+    small = len(report.skipped) - len(listed)
+    if small:
+        threshold = result.options.get("weight_num_threshold")
+        console.print(
+            f"[dim]{small} small constants skipped (<= {threshold} elements; --json lists them)[/dim]"
+        )
+    if report.weights:
+        console.print(
+            f"[bold]Totals[/bold]: compressed weights {human_bytes(report.bytes_before)} -> "
+            f"{human_bytes(report.bytes_after)} ({report.ratio:.2f}x)   "
+            f"mean bits/weight {report.bits_per_weight:.2f}   asset on disk "
+            f"{human_bytes(result.file_bytes_before)} -> {human_bytes(result.file_bytes_after)}"
+        )
+    for warning in report.warnings:
+        console.print(f"[yellow]warning: {warning}[/yellow]")
+
+
+def render_comparison(result: ComparisonResult) -> None:
+    inputs = ", ".join(f"{s.name} {s.dtype.name}{_shape(s.shape)}" for s in result.inputs)
+    console.print(
+        Panel.fit(
+            f"reference: [bold]{result.reference}[/bold]\ncandidate: [bold]{result.candidate}[/bold]\n"
+            f"inputs: {inputs}\nfrom: {result.inputs_source}",
+            title="coreopt compare",
+        )
+    )
+    table = Table(title="Outputs", title_justify="left")
+    for column in ("output", "shape", "dtype", "cosine", "SNR dB", "max abs err", "verdict"):
+        table.add_column(column, justify="right" if column in ("cosine", "SNR dB", "max abs err") else "left")
+    for o in result.outputs:
+        if o.ok is None:
+            verdict = ""
+        else:
+            verdict = "[green]ok[/green]" if o.ok else f"[red]below {result.min_cosine}[/red]"
+        if o.metrics.nonfinite_mismatches:
+            verdict += f" [red]{o.metrics.nonfinite_mismatches} inf/NaN mismatches[/red]"
+        name = o.name if o.name == o.candidate_name else f"{o.name} / {o.candidate_name}"
+        table.add_row(
+            name, _shape(o.shape), o.dtype, f"{o.metrics.cosine:.6f}", _db(o.metrics.snr_db),
+            f"{o.metrics.max_abs_error:.3g}", verdict,
+        )  # fmt: skip
+    console.print(table)

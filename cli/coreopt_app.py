@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import enum
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from coreai_opt import __version__
 
 from ._common import err_console, print_json, user_errors, version_option
+
+if TYPE_CHECKING:
+    from coreai_opt.coreai_utils import Progress
 
 app = typer.Typer(
     name="coreopt",
@@ -156,6 +161,145 @@ def cast(
     else:
         render_cast(result)
     if result.check is not None and not result.check.ok:
+        raise typer.Exit(1)
+
+
+class QuantDType(enum.StrEnum):
+    int8 = "int8"
+    uint8 = "uint8"
+    int4 = "int4"
+    uint4 = "uint4"
+    int2 = "int2"
+    uint2 = "uint2"
+    fp8e4m3 = "fp8e4m3"
+    fp8e5m2 = "fp8e5m2"
+    mxfp4 = "mxfp4"
+
+
+class Scheme(enum.StrEnum):
+    sym = "sym"
+    asym = "asym"
+
+
+class Granularity(enum.StrEnum):
+    tensor = "tensor"
+    channel = "channel"
+    block = "block"
+
+
+class ScaleDType(enum.StrEnum):
+    e8m0 = "e8m0"
+
+
+@contextlib.contextmanager
+def _weight_progress(enabled: bool, what: str) -> Iterator[Progress | None]:
+    """A progress bar over weights on stderr (none with --json, so stdout stays one document)."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bar
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Bar(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task(what, total=None)
+
+        def advance(done: int, total: int, name: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"{what} {name}")
+
+        yield advance
+
+
+@app.command()
+def quantize(
+    model: Path = typer.Argument(..., help="The .aimodel to compress (it is never modified)."),
+    dtype: QuantDType = typer.Option(QuantDType.int8, "--dtype", help="Element type of the stored weights."),
+    scheme: Scheme = typer.Option(Scheme.sym, "--scheme", help="sym, or asym (integers: with a zero point)."),
+    granularity: Granularity | None = typer.Option(
+        None, "--granularity", help="Scale per tensor, channel or block [default: channel; block for mxfp4]."
+    ),
+    block_size: int = typer.Option(32, "--block-size", help="Block length along the input axis."),
+    scale_dtype: ScaleDType | None = typer.Option(
+        None, "--scale-dtype", help="e8m0: power-of-two scales (fp8 / mxfp4 data only)."
+    ),
+    threshold: int = typer.Option(1024, "--threshold", help="Skip weights with this many elements or fewer."),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="Output .aimodel (default: model.<dtype>.aimodel beside the input)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+) -> None:
+    """Quantize the weights of a Core AI asset and report every weight.
+
+    Example: coreopt quantize sample_models/transformer.aimodel --dtype int8 -o build/t.int8.aimodel
+
+    Example: coreopt quantize model.aimodel --dtype int4 --granularity block --block-size 32 --json
+
+    Example: coreopt quantize model.aimodel --dtype fp8e4m3 --scale-dtype e8m0
+    """
+    from coreai_opt.coreai_utils import quantize_file
+
+    from ._render import render_compression
+
+    with user_errors(), _weight_progress(not as_json, "quantizing") as progress:
+        result = quantize_file(
+            model,
+            output,
+            dtype=dtype.value,
+            qscheme=scheme.value,
+            granularity=granularity.value if granularity is not None else None,
+            block_size=block_size,
+            weight_num_threshold=threshold,
+            scale_dtype=scale_dtype.value if scale_dtype is not None else None,
+            force=force,
+            progress=progress,
+        )
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_compression(result)
+
+
+@app.command()
+def compare(
+    reference: Path = typer.Argument(..., help="The reference .aimodel (e.g. before compression)."),
+    candidate: Path = typer.Argument(..., help="The .aimodel to check against it."),
+    inputs: Path | None = typer.Option(
+        None, "--inputs", help="safetensors file with one tensor per model input, by input name."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
+    int_range: str = typer.Option(
+        "0:100", "--int-range", help="Integer inputs are drawn from [LOW, HIGH), e.g. 0:100."
+    ),
+    min_cosine: float | None = typer.Option(
+        None, "--min-cosine", help="Exit 1 when any output's cosine falls below this (for CI)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+) -> None:
+    """Run two Core AI assets on the same inputs; per output cosine, SNR and max abs error.
+
+    Example: coreopt compare sample_models/transformer.aimodel build/t.int8.aimodel --min-cosine 0.999
+
+    Example: coreopt compare ref.aimodel cand.aimodel --inputs batch.safetensors --json
+    """
+    from coreai_opt.comparison import compare_files, parse_int_range
+
+    from ._render import render_comparison
+
+    with user_errors():
+        result = compare_files(
+            reference,
+            candidate,
+            inputs=inputs,
+            seed=seed,
+            int_range=parse_int_range(int_range),
+            min_cosine=min_cosine,
+        )
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_comparison(result)
+    if result.ok is False:
         raise typer.Exit(1)
 
 

@@ -224,3 +224,36 @@ def test_converter_failure_reports_the_converters_message(tmp_path: Path, coreop
     result = coreopt("convert", source)
     _assert_clean_failure(result, source, "unsupported ATen ops: aten.cumprod.default")
     assert _snapshot(tmp_path) == before
+
+
+AIMODEL_CASES = [
+    "aimodel-missing",
+    "aimodel-is-file",
+    "aimodel-no-mlirb",
+    "aimodel-stale-hash",
+    "aimodel-garbage-bytecode",
+    "aimodel-flipped-bytecode",
+    "aimodel-bad-metadata",
+]
+
+
+@pytest.mark.parametrize("case", [*AIMODEL_CASES, "wrong-suffix"])
+def test_quantize_rejects_bad_file_and_writes_nothing(case: str, tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    make, problem = CASES[case]
+    source = make(tmp_path)
+    before = _snapshot(tmp_path)
+    result = coreopt("quantize", source, "-o", tmp_path / "out.aimodel")
+    _assert_clean_failure(result, source, "expected a .aimodel" if case == "wrong-suffix" else problem)
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("case", AIMODEL_CASES)
+@pytest.mark.parametrize("side", ["reference", "candidate"])
+def test_compare_names_the_bad_file(case: str, side: str, tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    make, problem = CASES[case]
+    bad = make(tmp_path)
+    good = SAMPLES / "mlp.aimodel"
+    before = _snapshot(tmp_path)
+    result = coreopt("compare", *((bad, good) if side == "reference" else (good, bad)))
+    _assert_clean_failure(result, bad, problem)
+    assert _snapshot(tmp_path) == before

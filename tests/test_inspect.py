@@ -32,7 +32,10 @@ def test_inspect_json_describes_every_sample(name: str, fmt: str, coreopt) -> No
     # every sample stores its float weights in fp32 (the CNN also has int64 batch counters)
     float_rows = [w for w in doc["weights"] if w["encoding"] == "f32"]
     assert float_rows and all(w["bits_per_weight"] == 32.0 for w in float_rows)
-    assert {w["encoding"] for w in doc["weights"]} <= {"f32", "si64"}
+    # a constant of one repeated value is stored once (wide_range's 1e6 buffer)
+    for splat in (w for w in doc["weights"] if w["encoding"] == "f32 splat"):
+        assert splat["nbytes"] == 4
+    assert {w["encoding"] for w in doc["weights"]} <= {"f32", "f32 splat", "si64"}
     assert sum(doc["ops"].values()) > 0
 
 
@@ -91,7 +94,7 @@ def test_inspect_recognises_compressed_encodings(tmp_path: Path, coreopt) -> Non
     assert lut["nbytes"] == numel // 2 + 16 * 2 + 2  # packed nibbles + LUT + axis scalar
     assert lut["bits_per_weight"] == pytest.approx(8 * lut["nbytes"] / numel, abs=1e-4)
     int8 = by_encoding["si8 + f16 scale per channel"]
-    assert int8["nbytes"] == numel + OUT * 2 + OUT + OUT * 2  # data + scale + zero offsets
+    assert int8["nbytes"] == numel + OUT * 2 + 1 + 2  # data + scale + zero offsets (splats: one value)
     nnz = int(np.count_nonzero(built.dense["sparse"]))
     sparse = next(w for w in weights if w["encoding"].startswith("sparse bitmask"))
     assert sparse["encoding"].endswith("values f16")

@@ -12,6 +12,7 @@ from ._ir import (
     GraphSignature,
     TensorSig,
     constant_bytes,
+    constant_nbytes,
     constant_ops,
     element_bits,
     element_name,
@@ -22,6 +23,7 @@ from ._ir import (
     op_histogram,
     parse_bytecode_checked,
     storage_nbytes,
+    stored_nbytes,
     tensor_shape,
     walk_ops,
 )
@@ -32,6 +34,7 @@ __all__ = [
     "GraphSignature",
     "TensorSig",
     "constant_bytes",
+    "constant_nbytes",
     "constant_ops",
     "element_bits",
     "element_name",
@@ -42,6 +45,7 @@ __all__ = [
     "op_histogram",
     "parse_bytecode_checked",
     "storage_nbytes",
+    "stored_nbytes",
     "tensor_shape",
     "walk_ops",
 ]

@@ -185,6 +185,34 @@ def storage_nbytes(mlir_type: Any) -> int:
     return (count * bits + 7) // 8
 
 
+def _is_splat(op: Any) -> bool:
+    from coreai._compiler import ir
+
+    try:
+        return bool(ir.DenseElementsAttr(op.attributes["value"]).is_splat)
+    except (ValueError, KeyError):
+        return False  # a resource constant: always stored in full
+
+
+def constant_nbytes(op: Any) -> int:
+    """Bytes a `coreai.constant` really stores: a splat holds one element, whatever its shape."""
+    t = op.result.type
+    if _is_splat(op):
+        bits = 8 if element_name(t) == "i1" else element_bits(t)
+        return (bits + 7) // 8
+    return storage_nbytes(t)
+
+
+def stored_nbytes(value: Any) -> int:
+    """Bytes of every constant a value is decompressed from (the value itself if it is a constant)."""
+    owner = value.owner
+    if owner.name == "coreai.constant":
+        return constant_nbytes(owner)
+    if owner.name in DECOMPRESSION_OPS:
+        return sum(stored_nbytes(operand) for operand in owner.operands)
+    raise ValueError(f"{owner.name} is not a constant or a decompression op")
+
+
 def constant_bytes(op: Any) -> bytes:
     """The raw stored bytes of a `coreai.constant` (inline or resource), as the runtime reads them."""
     import numpy as np

@@ -7,6 +7,7 @@ the graph.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +38,20 @@ class WeightSite:
     input_axis: int  # the axis blocks run along (reduction axis of the consumer)
 
 
+class SkipKind(enum.Enum):
+    """Why a float constant was left alone, in a form a renderer can group by."""
+
+    SMALL = "small"  # at or below the element-count threshold
+    NOT_A_WEIGHT = "not-a-weight"  # not consumed as a conv/matmul/gather weight
+    LAYOUT = "layout"  # a weight, but its shape does not fit the requested granularity
+
+
 @dataclass(frozen=True)
 class Skipped:
     name: str
     shape: tuple[int, ...]
     reason: str
+    kind: SkipKind
 
 
 def constant_name(op: Any) -> str:
@@ -129,13 +139,18 @@ def weight_sites(program: Any, threshold: int) -> tuple[list[WeightSite], list[S
         name = constant_name(op)
         count = int(np.prod(shape)) if shape else 1
         if count <= threshold:
-            skipped.append(Skipped(name, shape, f"{count} elements <= threshold {threshold}"))
+            skipped.append(Skipped(name, shape, f"{count} elements <= threshold {threshold}", SkipKind.SMALL))
             continue
         consumer = _consumer(op)
         if consumer is None:
             users = sorted({u.owner.name for u in op.result.uses})
             skipped.append(
-                Skipped(name, shape, f"not a weight of conv/matmul/gather (used by {', '.join(users)})")
+                Skipped(
+                    name,
+                    shape,
+                    f"not a weight of conv/matmul/gather (used by {', '.join(users)})",
+                    SkipKind.NOT_A_WEIGHT,
+                )
             )
             continue
         sites.append(WeightSite(op, name, shape, element, *consumer))
@@ -212,8 +227,8 @@ class Rewriter:
             zero = ir.FloatAttr.get(element_type, 0.0)
         return dialect.ConstantOp(value=ir.DenseElementsAttr.get_splat(tensor_type, zero)).result
 
-    def replace(self, site: WeightSite, build: Any) -> None:
-        """Run `build(rewriter)` at the weight's position; its result replaces the weight."""
+    def replace(self, site: WeightSite, build: Any) -> Any:
+        """Run `build()` at the weight's position; its result replaces the weight and is returned."""
         from coreai._compiler import ir
 
         op = site.op
@@ -221,6 +236,7 @@ class Rewriter:
             new = build()
         op.result.replace_all_uses_with(new)
         op.erase()
+        return new
 
     def verify(self) -> None:
         self.module.operation.verify()

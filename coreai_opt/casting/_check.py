@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.export import ExportedProgram
 
+from coreai_opt._agreement import Agreement, agreement
 from coreai_opt.io import ModelFileError
 
 from . import _graph as g
@@ -23,10 +24,24 @@ class OutputAgreement:
     name: str
     dtype_before: str
     dtype_after: str
-    max_abs_error: float
-    relative_error: float
-    cosine: float
+    metrics: Agreement
     ok: bool
+
+    @property
+    def max_abs_error(self) -> float:
+        return self.metrics.max_abs_error
+
+    @property
+    def relative_error(self) -> float:
+        return self.metrics.relative_error
+
+    @property
+    def cosine(self) -> float:
+        return self.metrics.cosine
+
+    def to_dict(self) -> dict[str, Any]:
+        head = {"name": self.name, "dtype_before": self.dtype_before, "dtype_after": self.dtype_after}
+        return head | self.metrics.to_dict() | {"ok": self.ok}
 
 
 @dataclass
@@ -39,7 +54,7 @@ class CheckResult:
         return all(o.ok for o in self.outputs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"inputs": self.inputs, "ok": self.ok, "outputs": [asdict(o) for o in self.outputs]}
+        return {"inputs": self.inputs, "ok": self.ok, "outputs": [o.to_dict() for o in self.outputs]}
 
 
 def _index_bound(ep: ExportedProgram) -> int:
@@ -117,19 +132,9 @@ def compare_programs(
     for i, (ref, got) in enumerate(zip(before, after, strict=True)):
         if not isinstance(ref, torch.Tensor):
             continue
-        a, b = ref.detach().double().flatten(), got.detach().double().flatten()
-        finite = torch.isfinite(a) & torch.isfinite(b)
-        same_nonfinite = bool(torch.equal(torch.isfinite(a), torch.isfinite(b)))
-        diff = (a[finite] - b[finite]).abs()
-        max_abs = float(diff.max()) if diff.numel() else 0.0
-        scale = float(a[finite].abs().max()) if diff.numel() else 0.0
-        relative = max_abs / scale if scale > 0 else max_abs
-        norm = float(a[finite].norm() * b[finite].norm())
-        cosine = float(a[finite] @ b[finite]) / norm if norm > 0 else (1.0 if max_abs == 0 else 0.0)
-        ok = same_nonfinite and cosine >= COSINE_MIN and relative <= RELATIVE_MAX
-        name = f"output {i}"
-        result.outputs.append(
-            OutputAgreement(name, str(ref.dtype).removeprefix("torch."), str(got.dtype).removeprefix("torch."),
-                            max_abs, relative, cosine, ok)
-        )  # fmt: skip
+        metrics = agreement(ref.detach().double().numpy(), got.detach().double().numpy())
+        ok = metrics.nonfinite_mismatches == 0 and metrics.cosine >= COSINE_MIN
+        ok = ok and metrics.relative_error <= RELATIVE_MAX
+        dtypes = (str(t.dtype).removeprefix("torch.") for t in (ref, got))
+        result.outputs.append(OutputAgreement(f"output {i}", *dtypes, metrics, ok))
     return result

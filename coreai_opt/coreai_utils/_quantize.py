@@ -19,10 +19,11 @@ import torch
 
 import tcast
 from coreai_opt._coreai import _rewrite as rw
-from coreai_opt._coreai._ir import element_bits
+from coreai_opt._coreai._ir import constant_nbytes, stored_nbytes
+from coreai_opt.inspection import weight_encoding
 
 from ._options import CompressionGranularity, DType, QScheme
-from ._results import CompressionReport, WeightResult
+from ._results import CompressionReport, Progress, WeightResult
 
 _STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 _FP = {
@@ -47,8 +48,11 @@ def validate(
     granularity: CompressionGranularity,
     block_size: int,
     scale_dtype: DType | None,
+    weight_num_threshold: int = 0,
 ) -> None:
     """Raise ValueError naming the rule a combination breaks."""
+    if weight_num_threshold < 0:
+        raise ValueError("weight_num_threshold must be 0 or more")
     if dtype is DType.FP8_E8M0FNU:
         raise ValueError("FP8_E8M0FNU is a scale dtype, not a weight dtype")
     if granularity is CompressionGranularity.PER_GROUPED_CHANNEL:
@@ -81,14 +85,6 @@ def _scale_shape(site: rw.WeightSite, plan: _Plan) -> tuple[int, ...] | str:
     return tuple(d // plan.block_size if i == site.input_axis else d for i, d in enumerate(shape))
 
 
-def _where(plan: _Plan) -> str:
-    if plan.granularity is CompressionGranularity.PER_TENSOR:
-        return "per tensor"
-    if plan.granularity is CompressionGranularity.PER_CHANNEL:
-        return "per channel"
-    return f"per block of {plan.block_size}"
-
-
 def _blocks(w: np.ndarray, scale_shape: tuple[int, ...]) -> np.ndarray:
     """View w as [s0, b0, s1, b1, ...] so that reducing the odd axes gives one value per scale."""
     interleaved = []
@@ -118,7 +114,7 @@ def _stored_positive(values: np.ndarray, storage: Any) -> np.ndarray:
 
 def _quantize_int(
     w: np.ndarray, site: rw.WeightSite, plan: _Plan, rewriter: rw.Rewriter
-) -> tuple[Any, np.ndarray, str, int]:
+) -> tuple[Any, np.ndarray]:
     dtype, shape = plan.dtype, site.shape
     scale_shape = _scale_shape(site, plan)
     assert isinstance(scale_shape, tuple)
@@ -169,18 +165,12 @@ def _quantize_int(
         offset2 = rewriter.zeros(site.element, scale_shape)
         return rw.blockwise_shift_scale(data, scale_c, offset1, offset2)
 
-    encoding = f"{element} + {site.element} scale {_where(plan)}" + (
-        " + zero point" if plan.qscheme is QScheme.ASYMMETRIC else ""
-    )
-    overhead = _storage_bytes(scale_shape, element_bits(site.element))
-    if np.any(offset):
-        overhead += _storage_bytes(scale_shape, bits)
-    return build, dequantized, encoding, overhead
+    return build, dequantized
 
 
 def _quantize_fp(
     w: np.ndarray, site: rw.WeightSite, plan: _Plan, rewriter: rw.Rewriter
-) -> tuple[Any, np.ndarray, str, int]:
+) -> tuple[Any, np.ndarray]:
     shape = site.shape
     scale_shape = _scale_shape(site, plan)
     assert isinstance(scale_shape, tuple)
@@ -213,12 +203,7 @@ def _quantize_fp(
         offset2 = rewriter.zeros(site.element, scale_shape)
         return rw.blockwise_shift_scale(data, scale_c, offset1, offset2)
 
-    overhead = _storage_bytes(scale_shape, element_bits(scale_element))
-    return build, dequantized, f"{element} + {scale_element} scale {_where(plan)}", overhead
-
-
-def _storage_bytes(shape: tuple[int, ...], bits: int) -> int:
-    return tcast.packed_nbytes(int(np.prod(shape)), bits)
+    return build, dequantized
 
 
 def quantize_program(
@@ -229,37 +214,32 @@ def quantize_program(
     block_size: int = 32,
     weight_num_threshold: int = 1024,
     scale_dtype: DType | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> CompressionReport:
-    """Quantize every eligible weight of `program` in place and report each one."""
-    validate(dtype, qscheme, granularity, block_size, scale_dtype)
+    """Quantize every eligible weight of `program` in place and report each one.
+
+    `progress(done, total, name)` is called after each weight (for progress bars).
+    """
+    validate(dtype, qscheme, granularity, block_size, scale_dtype, weight_num_threshold)
     plan = _Plan(dtype, qscheme, granularity, block_size, scale_dtype)
     sites, skipped = rw.weight_sites(program, weight_num_threshold)
     report = CompressionReport(skipped=list(skipped))
     rewriter = rw.Rewriter(program)
-    for site in sites:
+    for done, site in enumerate(sites, 1):
         scale_shape = _scale_shape(site, plan)
         if isinstance(scale_shape, str):
-            report.skipped.append(rw.Skipped(site.name, site.shape, scale_shape))
-            continue
-        w = rw.read_constant(site.op)
-        quantizer = _quantize_int if dtype.is_int else _quantize_fp
-        build, dequantized, encoding, overhead = quantizer(w, site, plan, rewriter)
-        rewriter.replace(site, build)
-        before = _storage_bytes(site.shape, element_bits(site.element))
-        after = _storage_bytes(site.shape, dtype.bits) + overhead
-        report.weights.append(
-            WeightResult(
-                site.name,
-                site.shape,
-                encoding,
-                before,
-                after,
-                tcast.sqnr_db(torch.from_numpy(w), torch.from_numpy(dequantized)),
-            )
-        )
+            report.skipped.append(rw.Skipped(site.name, site.shape, scale_shape, rw.SkipKind.LAYOUT))
+        else:
+            w = rw.read_constant(site.op)
+            quantizer = _quantize_int if dtype.is_int else _quantize_fp
+            build, dequantized = quantizer(w, site, plan, rewriter)
+            before = constant_nbytes(site.op)
+            new = rewriter.replace(site, build)
+            after, encoding = stored_nbytes(new), weight_encoding(new)
+            snr = tcast.sqnr_db(torch.from_numpy(w), torch.from_numpy(dequantized))
+            report.weights.append(WeightResult(site.name, site.shape, encoding, before, after, snr))
         if progress is not None:
-            progress(site.name)
+            progress(done, len(sites), site.name)
     rewriter.verify()
     return report
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from coreai_opt._coreai._rewrite import Skipped
+
+Progress = Callable[[int, int, str], None]  # (weights done, weights in all, the one just done)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,25 @@ class CompressionReport:
     def bytes_after(self) -> int:
         return sum(w.bytes_after for w in self.weights)
 
+    @property
+    def elements(self) -> int:
+        return sum(int(np.prod(w.shape)) for w in self.weights)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.bytes_before / self.bytes_after if self.bytes_after else None
+
+    @property
+    def bits_per_weight(self) -> float | None:
+        """Mean stored bits per compressed weight element, scales and offsets included."""
+        return self.bytes_after * 8 / self.elements if self.elements else None
+
+    @property
+    def warnings(self) -> list[str]:
+        if self.weights:
+            return []
+        return [f"no eligible weight: nothing was compressed ({len(self.skipped)} constants skipped)"]
+
     def to_dict(self) -> dict[str, Any]:
         def plain(record: Any) -> dict[str, Any]:
             data = asdict(record)
@@ -51,11 +73,12 @@ class CompressionReport:
             entry["bits_per_weight"] = w.bits_per_weight
             entry["snr_db"] = None if math.isinf(w.snr_db) else w.snr_db
             weights.append(entry)
-        ratio = self.bytes_before / self.bytes_after if self.bytes_after else None
         return {
             "weights": weights,
-            "skipped": [plain(s) for s in self.skipped],
+            "skipped": [plain(s) | {"kind": s.kind.value} for s in self.skipped],
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,
-            "ratio": ratio,
+            "ratio": self.ratio,
+            "bits_per_weight": self.bits_per_weight,
+            "warnings": self.warnings,
         }

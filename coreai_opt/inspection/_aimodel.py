@@ -33,21 +33,21 @@ class _Stored:
 
 
 def _granularity(scale_shape: tuple[int, ...], data_shape: tuple[int, ...]) -> str:
-    """Name the block layout of a block-wise broadcast parameter against its data."""
+    """Name the layout of a block-wise parameter: per tensor, per channel, or per block N (axis k)."""
     if len(scale_shape) < len(data_shape):
         scale_shape = (1,) * (len(data_shape) - len(scale_shape)) + scale_shape
-    if all(s == 1 for s in scale_shape):
+    pairs = list(zip(scale_shape, data_shape, strict=True))
+    if all(s == 1 for s, _ in pairs):
         return "per tensor"
-    parts = []
-    for axis, (s, d) in enumerate(zip(scale_shape, data_shape, strict=True)):
-        if s == 1:
-            continue
-        parts.append(f"channel(axis {axis})" if s == d else f"block {d // s}(axis {axis})")
-    if len(parts) == 1 and parts[0].startswith("channel"):
+    blocked = [(axis, d // s) for axis, (s, d) in enumerate(pairs) if 1 < d // s < d]
+    if blocked:
+        sizes = "x".join(str(size) for _, size in blocked)
+        axes = ", ".join(str(axis) for axis, _ in blocked)
+        return f"per block {sizes} ({'axis' if len(blocked) == 1 else 'axes'} {axes})"
+    channels = [axis for axis, (s, d) in enumerate(pairs) if s == d and d > 1]
+    if len(channels) == 1:
         return "per channel"
-    if len(parts) == 1:
-        return "per " + parts[0].replace("(", " (")
-    return "per " + " x ".join(parts)
+    return f"per channel (axes {', '.join(str(axis) for axis in channels)})"
 
 
 def _constant_is_zero(op: Any) -> bool:
@@ -62,9 +62,10 @@ class _Walker:
         if op.name == "coreai.constant":
             t = op.result.type
             element = _coreai.element_name(t)
-            self.stored[op.result] = _Stored(
-                element, _coreai.storage_nbytes(t), element, _coreai.tensor_shape(t)
-            )
+            nbytes, shape = _coreai.constant_nbytes(op), _coreai.tensor_shape(t)
+            # a splat stores one value for the whole tensor: say so, its bits per weight are tiny
+            splat = math.prod(shape) > 1 and nbytes < _coreai.storage_nbytes(t)
+            self.stored[op.result] = _Stored(element + (" splat" if splat else ""), nbytes, element, shape)
             return
         if op.name not in _coreai.DECOMPRESSION_OPS or len(op.results) != 1:
             return
@@ -107,6 +108,21 @@ class _Walker:
         if name in ("sparse_with_bitmask_to_dense", "cast") and len(parts) == 1:
             return parts[0].encoding if name != "cast" else f"{parts[0].encoding} cast"
         return f"{name}(" + ", ".join(p.encoding for p in parts) + ")"
+
+
+def weight_encoding(value: Any) -> str:
+    """How a weight value is stored ("si4 + f16 scale per block 32 (axis 1)"), as inspect names it."""
+    walker = _Walker()
+
+    def visit(v: Any) -> None:
+        owner = v.owner
+        if owner.name in _coreai.DECOMPRESSION_OPS:
+            for operand in owner.operands:
+                visit(operand)
+        walker.visit(owner)
+
+    visit(value)
+    return walker.stored[value].encoding
 
 
 def _weight_name(index: int, op: Any) -> str:

@@ -1,0 +1,144 @@
+"""`coreopt compare`: run a reference and a candidate asset on the same inputs and measure agreement."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coreai_opt._agreement import Agreement, agreement
+from coreai_opt._coreai._runtime import TensorSpec, run_asset
+from coreai_opt.io import ModelFileError, verify_aimodel
+
+from ._inputs import DEFAULT_INT_RANGE, file_inputs, random_inputs
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    name: str  # the reference's output name
+    candidate_name: str
+    shape: tuple[int, ...]
+    dtype: str  # reference dtype -> candidate dtype when they differ
+    metrics: Agreement
+    ok: bool | None  # None when no --min-cosine was asked for
+
+    def to_dict(self) -> dict[str, Any]:
+        head = {"name": self.name, "candidate_name": self.candidate_name, "shape": list(self.shape)}
+        return head | {"dtype": self.dtype} | self.metrics.to_dict() | {"ok": self.ok}
+
+
+@dataclass
+class ComparisonResult:
+    reference: Path
+    candidate: Path
+    inputs_source: str
+    inputs: tuple[TensorSpec, ...]
+    min_cosine: float | None
+    outputs: list[OutputComparison] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool | None:
+        """True/False against --min-cosine; None when no threshold was given."""
+        if self.min_cosine is None:
+            return None
+        return all(o.ok for o in self.outputs)
+
+    @property
+    def worst_cosine(self) -> float:
+        return min((o.metrics.cosine for o in self.outputs), default=1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reference": str(self.reference),
+            "candidate": str(self.candidate),
+            "inputs_source": self.inputs_source,
+            "inputs": [s.to_dict() for s in self.inputs],
+            "min_cosine": self.min_cosine,
+            "ok": self.ok,
+            "worst_cosine": self.worst_cosine,
+            "seconds": round(self.seconds, 4),
+            "outputs": [o.to_dict() for o in self.outputs],
+        }
+
+
+def _pair_outputs(
+    reference: tuple[TensorSpec, ...], candidate: tuple[TensorSpec, ...], path: Path
+) -> list[tuple[TensorSpec, TensorSpec]]:
+    """Outputs pair up by name; when the names differ (a re-export renames them), by position."""
+    if len(reference) != len(candidate):
+        raise ModelFileError(path, f"has {len(candidate)} outputs; the reference has {len(reference)}")
+    by_name = {s.name: s for s in candidate}
+    if all(s.name in by_name for s in reference):
+        pairs = [(s, by_name[s.name]) for s in reference]
+    else:
+        pairs = list(zip(reference, candidate, strict=True))
+    for ref, cand in pairs:
+        if ref.shape != cand.shape:
+            raise ModelFileError(
+                path, f"output {cand.name} has shape {list(cand.shape)}; the reference's {ref.name} has "
+                f"{list(ref.shape)}"
+            )  # fmt: skip
+    return pairs
+
+
+def compare_files(
+    reference: Path | str,
+    candidate: Path | str,
+    *,
+    inputs: Path | str | None = None,
+    seed: int = 0,
+    int_range: tuple[int, int] = DEFAULT_INT_RANGE,
+    min_cosine: float | None = None,
+) -> ComparisonResult:
+    """Run both assets on the Core AI runtime with the same inputs; per output cosine, SNR, max error.
+
+    Inputs follow the reference's descriptors and are converted to each model's own input dtypes,
+    so an fp16 candidate can be compared with its fp32 reference.
+    """
+    reference, candidate = Path(reference), Path(candidate)
+    verify_aimodel(reference)
+    verify_aimodel(candidate)
+    if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
+        raise ValueError(f"min_cosine {min_cosine} is not in [-1, 1]")
+    start = time.perf_counter()
+    chosen: dict[str, np.ndarray] = {}
+    low, high = int_range
+    label = str(inputs) if inputs is not None else f"seeded random (seed {seed}, integers in [{low}, {high}))"
+
+    def reference_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
+        made = (
+            file_inputs(Path(inputs), specs) if inputs is not None else random_inputs(specs, seed, int_range)
+        )
+        chosen.update(made)
+        return made
+
+    def candidate_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
+        names = sorted(s.name for s in specs)
+        if names != sorted(chosen):
+            raise ModelFileError(
+                candidate, f"takes inputs {', '.join(names)}; the reference takes {', '.join(sorted(chosen))}"
+            )
+        return chosen
+
+    try:
+        ref_run = run_asset(reference, reference_inputs)
+    except ValueError as exc:
+        raise ModelFileError(reference, str(exc)) from None
+    try:
+        cand_run = run_asset(candidate, candidate_inputs)
+    except ValueError as exc:
+        raise ModelFileError(candidate, str(exc)) from None
+    result = ComparisonResult(reference, candidate, label, ref_run.inputs, min_cosine)
+    for ref, cand in _pair_outputs(ref_run.outputs, cand_run.outputs, candidate):
+        metrics = agreement(ref_run.values[ref.name], cand_run.values[cand.name])
+        ok = None
+        if min_cosine is not None:
+            ok = metrics.nonfinite_mismatches == 0 and metrics.cosine >= min_cosine
+        dtype = ref.dtype.name if ref.dtype == cand.dtype else f"{ref.dtype.name} -> {cand.dtype.name}"
+        result.outputs.append(OutputComparison(ref.name, cand.name, ref.shape, dtype, metrics, ok))
+    result.seconds = time.perf_counter() - start
+    return result
