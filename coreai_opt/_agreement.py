@@ -46,10 +46,11 @@ def agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
     norms = float(np.linalg.norm(a) * np.linalg.norm(b))
     cosine = float(np.clip(a @ b / norms, -1.0, 1.0)) if norms > 0 else (1.0 if max_abs == 0 else 0.0)
     noise, signal = float(diff @ diff), float(a @ a)
-    return Agreement(max_abs, relative, cosine, _snr_db(signal, noise), mismatches)
+    return Agreement(max_abs, relative, cosine, snr_db(signal, noise), mismatches)
 
 
-def _snr_db(signal: float, noise: float) -> float:
+def snr_db(signal: float, noise: float) -> float:
+    """10 log10(signal energy / noise energy); inf when there is no noise."""
     if noise == 0:
         return math.inf
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf

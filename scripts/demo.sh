@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job on a bundled sample model: inspect the export, cast it to 16-bit, convert it, inspect the asset.
+# The main job on a bundled sample model: inspect the export, cast it to 16-bit, convert it, inspect the
+# asset, quantize its weights to int8 and compare the quantized asset with it on the Core AI runtime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${DEMO_OUT:-build/demo}"
@@ -17,3 +18,9 @@ coreopt convert "$out/transformer.16bit.pt2" -o "$out/transformer.aimodel" --for
 
 echo "== coreopt inspect $out/transformer.aimodel"
 coreopt inspect "$out/transformer.aimodel"
+
+echo "== coreopt quantize $out/transformer.aimodel --dtype int8"
+coreopt quantize "$out/transformer.aimodel" --dtype int8 -o "$out/transformer.int8.aimodel" --force
+
+echo "== coreopt compare $out/transformer.aimodel $out/transformer.int8.aimodel --min-cosine 0.999"
+coreopt compare "$out/transformer.aimodel" "$out/transformer.int8.aimodel" --min-cosine 0.999

@@ -8,18 +8,23 @@ import torch
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack non-negative integer codes (< 2**bits) of any shape into a flat uint8 tensor."""
-    flat = codes.reshape(-1).to(torch.int64)
     if bits == 8:
-        return flat.to(torch.uint8)
+        return codes.reshape(-1).to(torch.uint8)
     if bits == 16:
-        return flat.to(torch.int32).to(torch.int16).view(torch.uint8)
+        return codes.reshape(-1).to(torch.int32).to(torch.int16).view(torch.uint8)
     if 8 % bits == 0:
+        # 1, 2, 4 bits: OR the codes of each byte together in uint8 (no wide temporaries)
         per_byte = 8 // bits
+        flat = codes.reshape(-1).to(torch.uint8)
         pad = (-flat.numel()) % per_byte
         if pad:
             flat = torch.cat([flat, flat.new_zeros(pad)])
-        shifts = torch.arange(per_byte, device=flat.device, dtype=torch.int64) * bits
-        return (flat.view(-1, per_byte) << shifts).sum(dim=1).to(torch.uint8)
+        lanes = flat.view(-1, per_byte)
+        packed = lanes[:, 0].clone()
+        for lane in range(1, per_byte):
+            packed |= lanes[:, lane] << (lane * bits)
+        return packed
+    flat = codes.reshape(-1).to(torch.int64)
     # General widths (3, 5, 6, 7, 9..15): through a bit stream.
     positions = torch.arange(bits, device=flat.device, dtype=torch.int64)
     stream = ((flat[:, None] >> positions) & 1).reshape(-1)

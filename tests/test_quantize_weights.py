@@ -163,3 +163,76 @@ def test_not_in_place_leaves_the_input_and_skips_are_reported() -> None:
     ops = _coreai.op_histogram(_coreai.mlir_module(program))
     assert "coreai.blockwise_shift_scale" not in ops
     assert "coreai.blockwise_shift_scale" in _coreai.op_histogram(_coreai.mlir_module(copy))
+
+
+def _half_probe(tmp_path: Path, weight: torch.Tensor) -> Path:
+    """A bias-free linear layer whose weight (fp16 or bf16) is exactly `weight`."""
+    import coreai_torch
+
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False).eval().to(weight.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        example = (torch.eye(weight.shape[1], dtype=weight.dtype),)
+        program = torch.export.export(layer, example).run_decompositions(coreai_torch.get_decomp_table())
+    return save_aimodel(convert_exported_program(program), tmp_path / "half.aimodel")
+
+
+def _near_ties(dtype: torch.dtype, rows: int, cols: int) -> torch.Tensor:
+    """int8 weights exactly on rounding ties of their row's grid, and one ulp either side of them.
+
+    Each row's scale has few significant bits ((4 + j) / 4 * 2**e, j = 0 for bf16) so that its
+    amax, 127 * scale, and every tie, (k + 1/2) * scale, are exact in the 16-bit format.
+    """
+    rng = np.random.default_rng(5)
+    steps = 4 if dtype == torch.float16 else 1
+    scale = (4 + rng.integers(0, steps, rows)) / 4 * np.ldexp(1.0, rng.integers(-9, -3, rows))
+    k = rng.integers(-127, 127, (rows, cols)).astype(np.float64)
+    ties = torch.tensor((k + 0.5) * scale[:, None]).to(dtype)
+    assert torch.equal(ties.double(), torch.tensor((k + 0.5) * scale[:, None]))  # exact ties
+    below, above = (torch.nextafter(ties, torch.full_like(ties, v)) for v in (-np.inf, np.inf))
+    pick = torch.from_numpy(rng.integers(0, 3, (rows, cols)))
+    w = torch.where(pick == 0, ties, torch.where(pick == 1, below, above))
+    w[:, 0] = torch.tensor(127 * scale).to(dtype)  # pins each row's amax, hence its scale
+    # and as many plain gaussian rows: quotients anywhere (16-bit division misrounds ~2% of them)
+    return torch.cat([w, torch.tensor(rng.standard_normal((rows, cols))).to(dtype)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_16_bit_weights_round_exactly_like_float64(dtype: torch.dtype, tmp_path: Path) -> None:
+    """16-bit weights are quantized in float32; every stored code must equal the float64 one, ties included."""
+    from _decode import decode_constant
+
+    w = _near_ties(dtype, 24, 64)
+    program = load_aimodel(_half_probe(tmp_path, w))
+    quantize_program(program, DType.INT8, QScheme.SYMMETRIC, G.PER_CHANNEL)
+    from coreai_opt import _coreai
+
+    (op,) = [
+        o for o in _coreai.walk_ops(_coreai.mlir_module(program)) if o.name == "coreai.blockwise_shift_scale"
+    ]
+    codes = decode_constant(op.operands[0].owner)
+    scale = decode_constant(op.operands[1].owner)
+    w64 = w.double().numpy()
+    expected_scale = torch.tensor(np.abs(w64).max(axis=1, keepdims=True) / 127).to(dtype).double().numpy()
+    np.testing.assert_array_equal(scale, expected_scale)
+    expected = np.clip(np.rint(w64 / expected_scale), -127, 127)
+    assert np.count_nonzero(w64 / expected_scale % 1 == 0.5) > 450  # a sixth of the weights are exact ties
+    np.testing.assert_array_equal(codes, expected)
+
+
+@pytest.mark.parametrize("dtype", [DType.FP4_E2M1FN, DType.FP8_E4M3FN, DType.FP8_E5M2], ids=lambda d: d.value)
+def test_fp_codes_of_every_value_match_ml_dtypes(dtype: DType) -> None:
+    """Golden: the bit pattern written for every finite value of the format (signed zeros included)."""
+    from coreai_opt.coreai_utils._quantize import _fp_codes
+
+    np_type = {
+        DType.FP4_E2M1FN: ml_dtypes.float4_e2m1fn,
+        DType.FP8_E4M3FN: ml_dtypes.float8_e4m3fn,
+        DType.FP8_E5M2: ml_dtypes.float8_e5m2,
+    }[dtype]
+    bits = 4 if dtype is DType.FP4_E2M1FN else 8
+    codes = np.arange(2**bits, dtype=np.uint8)
+    values = codes.view(np_type).astype(np.float32)
+    finite = np.isfinite(values)
+    got = _fp_codes(torch.from_numpy(values[finite]), dtype).numpy()
+    np.testing.assert_array_equal(got, codes[finite])

@@ -213,11 +213,16 @@ def stored_nbytes(value: Any) -> int:
     raise ValueError(f"{owner.name} is not a constant or a decompression op")
 
 
-def constant_bytes(op: Any) -> bytes:
-    """The raw stored bytes of a `coreai.constant` (inline or resource), as the runtime reads them."""
+def constant_array(op: Any) -> Any:
+    """The raw stored bytes of a `coreai.constant` (inline or resource) as a fresh uint8 array."""
     import numpy as np
     from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import copy_constant_value_to_array
 
-    buffer = np.zeros(storage_nbytes(op.result.type), dtype=np.uint8)
+    buffer = np.zeros(storage_nbytes(op.result.type), dtype=np.uint8)  # the copy leaves sub-byte padding bits as they are
     copy_constant_value_to_array(constant_op=op, destination=buffer)
-    return buffer.tobytes()
+    return buffer
+
+
+def constant_bytes(op: Any) -> bytes:
+    """The raw stored bytes of a `coreai.constant`, as the runtime reads them."""
+    return bytes(constant_array(op))

@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._ir import constant_bytes, constant_ops, element_bits, element_name, mlir_module, tensor_shape
+if TYPE_CHECKING:
+    import torch
+
+from ._ir import (
+    constant_array,
+    constant_bytes,
+    constant_ops,
+    element_bits,
+    element_name,
+    mlir_module,
+    tensor_shape,
+)
 
 # Ops that take a weight, and which operand is the weight.
 WEIGHT_CONSUMERS = {
@@ -62,6 +73,18 @@ def constant_name(op: Any) -> str:
         start = text.index(marker) + len(marker)
         return text[start : text.index('"', start)]
     return f"const@{hash(text) & 0xFFFF:04x}"
+
+
+def read_weight(op: Any) -> torch.Tensor:
+    """A float constant as a tensor of its own dtype (f32, f16 or bf16), without conversion."""
+    import torch
+
+    dtypes = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+    element = element_name(op.result.type)
+    if element not in dtypes:
+        raise ValueError(f"cannot read a {element} constant as floats")
+    raw = torch.from_numpy(constant_array(op))
+    return raw.view(dtypes[element]).reshape(tensor_shape(op.result.type))
 
 
 def read_constant(op: Any) -> np.ndarray:
@@ -203,7 +226,7 @@ class Rewriter:
 
             from tcast import pack_codes
 
-            data = pack_codes(torch.from_numpy(np.asarray(bits_or_values, dtype=np.int64)), bits).numpy()
+            data = pack_codes(torch.from_numpy(np.ascontiguousarray(bits_or_values)), bits).numpy()
         else:
             data = np.ascontiguousarray(bits_or_values).view(np.uint8).reshape(-1)
         self._buffers.append(data)

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +44,33 @@ def _specs(names: list[str], describe: Callable[[str], object]) -> tuple[TensorS
     return tuple(out)
 
 
+_CHATTER = (b"ODIE [default]: Loading function",)
+
+
+@contextlib.contextmanager
+def _native_stderr_filtered() -> Iterator[None]:
+    """The runtime's native code logs every function load on fd 2; pass on everything else."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield  # no real stderr (an embedding host): nothing to filter
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().splitlines(keepends=True) if not line.startswith(_CHATTER)]
+            if kept:
+                os.write(fd, b"".join(kept))
+
+
 def run_asset(path: Path, inputs_for: InputsFor, function: str = "main") -> RunResult:
     """Lower the asset, build its inputs from its descriptors with `inputs_for`, run it once.
 
@@ -68,4 +99,5 @@ def run_asset(path: Path, inputs_for: InputsFor, function: str = "main") -> RunR
             values = {spec.name: result[spec.name].numpy().copy() for spec in outs}
             return RunResult(ins, outs, values)
 
-    return asyncio.run(go())
+    with _native_stderr_filtered():
+        return asyncio.run(go())

@@ -9,7 +9,6 @@ small fp16 weight underflows fp16 (the peer's zero-scale bug).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 
 import tcast
+from coreai_opt._agreement import snr_db
 from coreai_opt._coreai import _rewrite as rw
 from coreai_opt._coreai._ir import constant_nbytes, stored_nbytes
 from coreai_opt.inspection import weight_encoding
@@ -26,10 +26,10 @@ from ._options import CompressionGranularity, DType, QScheme
 from ._results import CompressionReport, Progress, WeightResult
 
 _STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
-_FP = {
-    DType.FP8_E4M3FN: ("e4m3fn", "f8E4M3FN", ml_dtypes.float8_e4m3fn, 8),
-    DType.FP8_E5M2: ("e5m2", "f8E5M2", ml_dtypes.float8_e5m2, 15),
-    DType.FP4_E2M1FN: ("e2m1fnuz", "f4E2M1FN", ml_dtypes.float4_e2m1fn, 2),
+_FP = {  # tcast code, Core AI element, emax
+    DType.FP8_E4M3FN: ("e4m3fn", "f8E4M3FN", 8),
+    DType.FP8_E5M2: ("e5m2", "f8E5M2", 15),
+    DType.FP4_E2M1FN: ("e2m1fnuz", "f4E2M1FN", 2),
 }
 
 
@@ -85,125 +85,166 @@ def _scale_shape(site: rw.WeightSite, plan: _Plan) -> tuple[int, ...] | str:
     return tuple(d // plan.block_size if i == site.input_axis else d for i, d in enumerate(shape))
 
 
-def _blocks(w: np.ndarray, scale_shape: tuple[int, ...]) -> np.ndarray:
-    """View w as [s0, b0, s1, b1, ...] so that reducing the odd axes gives one value per scale."""
-    interleaved = []
-    for size, blocks in zip(w.shape, scale_shape, strict=True):
-        interleaved += [blocks, size // blocks]
-    return w.reshape(interleaved)
+class _Groups:
+    """A weight viewed as [s0, b0, s1, b1, ...]: the odd axes run inside one scale group.
+
+    Per-group values live in the broadcast shape [s0, 1, s1, 1, ...], so no full-size scale
+    tensor is ever built.
+    """
+
+    def __init__(self, shape: tuple[int, ...], scale_shape: tuple[int, ...]) -> None:
+        self.view_shape: list[int] = []
+        self.group_shape: list[int] = []
+        for size, groups in zip(shape, scale_shape, strict=True):
+            self.view_shape += [groups, size // groups]
+            self.group_shape += [groups, 1]
+        self.inner = tuple(range(1, 2 * len(shape), 2))
+        self.scale_shape = scale_shape
+
+    def amin_amax(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Exact per-group minimum and maximum, as float64 arrays of the group shape."""
+        return (
+            x.amin(dim=self.inner, keepdim=True).double().numpy(),
+            x.amax(dim=self.inner, keepdim=True).double().numpy(),
+        )
+
+    def broadcast(self, per_group: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(per_group)).reshape(self.group_shape).to(dtype)
+
+    def stored(self, per_group: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(per_group).reshape(self.scale_shape)
 
 
-def _reduce(w: np.ndarray, scale_shape: tuple[int, ...], fn: Callable[..., np.ndarray]) -> np.ndarray:
-    axes = tuple(range(1, 2 * w.ndim, 2))
-    return fn(_blocks(w, scale_shape), axis=axes).reshape(scale_shape)
+def _work_dtype(element: str) -> torch.dtype:
+    """float32 for 16-bit weights, float64 for f32 ones: the quotient w / scale then rounds to the
+    same integer as the exact quotient. (fp16 w and scale carry 11-bit significands and the quotient
+    is below 2**8, so an inexact quotient is at least 2**-20 relative away from any half-integer;
+    float32 division errs by at most 2**-24. The same argument with 24-bit significands needs float64.)
+    """
+    return torch.float32 if element in ("f16", "bf16") else torch.float64
 
 
-def _expand(per_scale: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    out = per_scale
-    for axis, (size, blocks) in enumerate(zip(shape, per_scale.shape, strict=True)):
-        out = np.repeat(out, size // blocks, axis=axis)
-    return out
+def _error_energy(approx: torch.Tensor, x: torch.Tensor) -> float:
+    """Sum of squared differences; overwrites `approx` (a temporary) with the difference."""
+    diff = approx.sub_(x).reshape(-1)
+    return float(torch.dot(diff, diff))
 
 
 def _stored_positive(values: np.ndarray, storage: Any) -> np.ndarray:
     """Scales rounded to their storage dtype, never zero, inf or NaN there."""
-    info = np.finfo(storage)
+    info = ml_dtypes.finfo(storage)  # numpy's finfo does not know bfloat16
     safe = np.where(np.isfinite(values) & (values > 0), values, 1.0)
     return np.clip(safe, float(info.smallest_normal), float(info.max)).astype(storage)
 
 
+def _int_codes(q: torch.Tensor, bits: int, signed: bool) -> torch.Tensor:
+    """Stored integers as the unsigned bit patterns the constant builder takes."""
+    if bits == 8:
+        return q.to(torch.int8) if signed else q.to(torch.uint8)
+    return q.to(torch.int8).view(torch.uint8) & (2**bits - 1)
+
+
 def _quantize_int(
-    w: np.ndarray, site: rw.WeightSite, plan: _Plan, rewriter: rw.Rewriter
-) -> tuple[Any, np.ndarray]:
+    w: torch.Tensor, site: rw.WeightSite, plan: _Plan, rewriter: rw.Rewriter
+) -> tuple[Any, float, float]:
     dtype, shape = plan.dtype, site.shape
     scale_shape = _scale_shape(site, plan)
     assert isinstance(scale_shape, tuple)
+    groups = _Groups(shape, scale_shape)
     storage = _STORAGE[site.element]
-    bits = dtype.bits
-    w64 = w.astype(np.float64)
+    bits, work = dtype.bits, _work_dtype(site.element)
+    x = w.to(work).reshape(groups.view_shape)
+    lo, hi = groups.amin_amax(x)
     if plan.qscheme is QScheme.SYMMETRIC:
         qmax = 2 ** (bits - 1) - 1
-        amax = _reduce(np.abs(w64), scale_shape, np.max)
-        scale = _stored_positive(amax / qmax, storage)
-        zero = np.zeros(scale_shape, np.int64)
-        scale_full = _expand(scale.astype(np.float64), shape)
-        codes = np.clip(np.rint(w64 / scale_full), -qmax, qmax)
+        scale = _stored_positive(np.maximum(hi, -lo) / qmax, storage)
+        zero = np.zeros(lo.shape, np.int64)
+        low, high = -qmax, qmax
     else:
         levels = 2**bits - 1
-        lo = np.minimum(_reduce(w64, scale_shape, np.min), 0.0)
-        hi = np.maximum(_reduce(w64, scale_shape, np.max), 0.0)
+        lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
         scale = _stored_positive((hi - lo) / levels, storage)
         zero = np.clip(np.rint(-lo / scale.astype(np.float64)), 0, levels).astype(np.int64)
-        scale_full, zero_full = _expand(scale.astype(np.float64), shape), _expand(zero, shape)
-        # codes relative to the zero point, in [-zero, levels - zero]
-        codes = np.clip(np.rint(w64 / scale_full) + zero_full, 0, levels) - zero_full
-    # stored data: signed types hold codes + offset directly; unsigned types shift by 2^(bits-1) (sym) or zero
+        low, high = 0, levels  # codes + zero point
+    # stored = codes + offset: signed types hold the codes (asym: shifted by -2^(bits-1));
+    # unsigned types shift symmetric codes by 2^(bits-1)
     if dtype.signed:
-        shift = 0 if plan.qscheme is QScheme.SYMMETRIC else -(2 ** (bits - 1))
-        offset = zero + shift
-        stored = codes + _expand(offset, shape)
-        element = f"si{bits}"
-        as_bits = (stored.astype(np.int64) & (2**bits - 1)) if bits < 8 else stored.astype(np.int8)
-        offset_bits = (offset & (2**bits - 1)) if bits < 8 else offset.astype(np.int8)
+        offset = zero - (0 if plan.qscheme is QScheme.SYMMETRIC else 2 ** (bits - 1))
     else:
-        offset = (
-            zero if plan.qscheme is QScheme.ASYMMETRIC else np.full(scale_shape, 2 ** (bits - 1), np.int64)
-        )
-        stored = codes + _expand(offset, shape)
-        element = f"ui{bits}"
-        as_bits = stored.astype(np.uint8) if bits == 8 else stored.astype(np.int64)
-        offset_bits = offset.astype(np.uint8) if bits == 8 else offset
-    dequantized = (codes * scale_full).astype(np.float32)
+        offset = zero if plan.qscheme is QScheme.ASYMMETRIC else np.full(lo.shape, 2 ** (bits - 1), np.int64)
+    s = groups.broadcast(scale.astype(np.float64), work)
+    q = torch.div(x, s).round_()  # half to even, like np.rint
+    if plan.qscheme is QScheme.ASYMMETRIC:
+        q.add_(groups.broadcast(zero.astype(np.float64), work))
+    q.clamp_(low, high)
+    shift = offset - (zero if plan.qscheme is QScheme.ASYMMETRIC else 0)  # from the clamped form to stored
+    if np.any(shift):
+        q.add_(groups.broadcast(shift.astype(np.float64), work))
+    data = _int_codes(q, bits, dtype.signed)
+    q.sub_(groups.broadcast(offset.astype(np.float64), work)).mul_(s)  # dequantized
+    noise, signal = _error_energy(q, x), float(torch.dot(x.reshape(-1), x.reshape(-1)))
+    element = f"{'si' if dtype.signed else 'ui'}{bits}"
+    offset_bits = offset & (2**bits - 1) if bits < 8 else offset.astype(np.int8 if dtype.signed else np.uint8)
 
     def build() -> Any:
-        data = rewriter.constant(site, as_bits, element, shape)
-        scale_c = rewriter.constant(site, scale, site.element, scale_shape)
+        data_c = rewriter.constant(site, data.reshape(shape).numpy(), element, shape)
+        scale_c = rewriter.constant(site, groups.stored(scale), site.element, scale_shape)
         if np.any(offset):
-            offset1 = rewriter.constant(site, offset_bits, element, scale_shape)
+            offset1 = rewriter.constant(site, groups.stored(offset_bits), element, scale_shape)
         else:
             offset1 = rewriter.zeros(element, scale_shape)
         offset2 = rewriter.zeros(site.element, scale_shape)
-        return rw.blockwise_shift_scale(data, scale_c, offset1, offset2)
+        return rw.blockwise_shift_scale(data_c, scale_c, offset1, offset2)
 
-    return build, dequantized
+    return build, signal, noise
+
+
+def _fp_codes(on_grid: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """Bit patterns of values already on the format's grid (so every conversion here is exact)."""
+    if dtype is DType.FP8_E4M3FN:
+        return on_grid.to(torch.float8_e4m3fn).view(torch.uint8)
+    if dtype is DType.FP8_E5M2:
+        return on_grid.to(torch.float8_e5m2).view(torch.uint8)
+    # e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 are codes 0..7: 2m below 2, then m + 2 (6 -> 7)
+    magnitude = on_grid.abs()
+    index = torch.where(magnitude < 2, magnitude * 2, (magnitude + 2).clamp_(max=7))
+    index.add_(torch.signbit(on_grid).to(index.dtype), alpha=8)
+    return index.to(torch.uint8)
 
 
 def _quantize_fp(
-    w: np.ndarray, site: rw.WeightSite, plan: _Plan, rewriter: rw.Rewriter
-) -> tuple[Any, np.ndarray]:
+    w: torch.Tensor, site: rw.WeightSite, plan: _Plan, rewriter: rw.Rewriter
+) -> tuple[Any, float, float]:
     shape = site.shape
     scale_shape = _scale_shape(site, plan)
     assert isinstance(scale_shape, tuple)
-    code, element, np_type, emax = _FP[plan.dtype]
-    spec = tcast.number(code)
-    amax = _reduce(np.abs(w.astype(np.float64)), scale_shape, np.max)
+    groups = _Groups(shape, scale_shape)
+    code, element, emax = _FP[plan.dtype]
+    x = w.to(torch.float32).reshape(groups.view_shape)
+    lo, hi = groups.amin_amax(x)
+    amax = np.maximum(hi, -lo)
     if plan.scale_dtype is DType.FP8_E8M0FNU or plan.dtype is DType.FP4_E2M1FN:
         # OCP MX: 2^(floor(log2 amax) - emax), picked first; the data is then rounded with it
         _, exponent = np.frexp(np.where(amax > 0, amax, 2.0**-126))
         exponent = np.clip(exponent - 1 - emax, -127, 127).astype(np.int64)
         scale_values = np.ldexp(1.0, exponent)
-        scale_bits = (exponent + 127).astype(np.uint8)
-        scale_element = "f8E8M0FNU"
-        scale_store = scale_bits
+        scale_element, scale_store = "f8E8M0FNU", (exponent + 127).astype(np.uint8)
     else:
-        scale_values = _stored_positive(amax / float(spec.max), np.float32).astype(np.float64)
-        scale_element = "f32"
-        scale_store = scale_values.astype(np.float32)
-    scale_full = _expand(scale_values, shape)
-    normalized = torch.from_numpy((w.astype(np.float64) / scale_full).astype(np.float32))
-    on_grid = tcast.cast(normalized, code).numpy()  # tcast rounds; saturates at the format's max
-    codes = on_grid.astype(np_type)  # exact: every value is already representable
-    dequantized = (on_grid.astype(np.float64) * scale_full).astype(np.float32)
-    data_bits = codes.view(np.uint8) & (0xF if plan.dtype is DType.FP4_E2M1FN else 0xFF)
+        scale_values = _stored_positive(amax / float(tcast.number(code).max), np.float32).astype(np.float64)
+        scale_element, scale_store = "f32", scale_values.astype(np.float32)
+    s = groups.broadcast(scale_values, torch.float32)
+    on_grid = tcast.cast(torch.div(x, s), code)  # tcast rounds (ties to even) and saturates
+    data = _fp_codes(on_grid, plan.dtype)
+    noise, signal = _error_energy(on_grid.mul_(s), x), float(torch.dot(x.reshape(-1), x.reshape(-1)))
 
     def build() -> Any:
-        data = rewriter.constant(site, data_bits, element, shape)
-        scale_c = rewriter.constant(site, scale_store, scale_element, scale_shape)
+        data_c = rewriter.constant(site, data.reshape(shape).numpy(), element, shape)
+        scale_c = rewriter.constant(site, groups.stored(scale_store), scale_element, scale_shape)
         offset1 = rewriter.zeros(element, scale_shape)
         offset2 = rewriter.zeros(site.element, scale_shape)
-        return rw.blockwise_shift_scale(data, scale_c, offset1, offset2)
+        return rw.blockwise_shift_scale(data_c, scale_c, offset1, offset2)
 
-    return build, dequantized
+    return build, signal, noise
 
 
 def quantize_program(
@@ -230,13 +271,13 @@ def quantize_program(
         if isinstance(scale_shape, str):
             report.skipped.append(rw.Skipped(site.name, site.shape, scale_shape, rw.SkipKind.LAYOUT))
         else:
-            w = rw.read_constant(site.op)
+            w = rw.read_weight(site.op)
             quantizer = _quantize_int if dtype.is_int else _quantize_fp
-            build, dequantized = quantizer(w, site, plan, rewriter)
+            build, signal, noise = quantizer(w, site, plan, rewriter)
             before = constant_nbytes(site.op)
             new = rewriter.replace(site, build)
             after, encoding = stored_nbytes(new), weight_encoding(new)
-            snr = tcast.sqnr_db(torch.from_numpy(w), torch.from_numpy(dequantized))
+            snr = snr_db(signal, noise)
             report.weights.append(WeightResult(site.name, site.shape, encoding, before, after, snr))
         if progress is not None:
             progress(done, len(sites), site.name)
