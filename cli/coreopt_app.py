@@ -216,7 +216,7 @@ def quantize(
     dtype: QuantDType = typer.Option(QuantDType.int8, "--dtype", help="Element type of the stored weights."),
     scheme: Scheme = typer.Option(Scheme.sym, "--scheme", help="sym, or asym (integers: with a zero point)."),
     granularity: Granularity | None = typer.Option(
-        None, "--granularity", help="Scale per tensor, channel or block [default: channel; block for mxfp4]."
+        None, "--granularity", help="Scale per tensor, channel or block (default: channel; block for mxfp4)."
     ),
     block_size: int = typer.Option(32, "--block-size", help="Block length along the input axis."),
     scale_dtype: ScaleDType | None = typer.Option(
