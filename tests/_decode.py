@@ -61,27 +61,58 @@ def _blockwise(param: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def decode_lut(op: Any) -> np.ndarray:
+    """lut_to_dense as its documentation defines it: block-wise LUTs, vectors inserted along `axis`."""
+    indices = decode_constant(op.operands[0].owner).astype(np.int64)
+    lut = decode_value(op.operands[1])
+    axis = int(decode_constant(op.operands[2].owner))
+    rank = indices.ndim
+    entries, vector = lut.shape[-2], lut.shape[-1]
+    block = [a // b for a, b in zip(indices.shape, lut.shape[:rank], strict=True)]
+    grids = np.meshgrid(
+        *[np.arange(n) // blk for n, blk in zip(indices.shape, block, strict=True)], indexing="ij"
+    )
+    assert entries == lut.shape[-2]
+    picked = lut[(*grids, indices)]  # indices.shape + (V,)
+    out = np.moveaxis(picked, -1, axis + 1)  # the V entries follow their position along `axis`
+    shape = list(indices.shape)
+    shape[axis] *= vector
+    return out.reshape(shape)
+
+
 def decode_blockwise(op: Any) -> np.ndarray:
-    """scale * (data - offset1) + offset2 in float64 for a blockwise_shift_scale over constants."""
-    data, scale, offset1, offset2 = (decode_constant(v.owner) for v in op.operands)
+    """scale * (data - offset1) + offset2 in float64 for a blockwise_shift_scale."""
+    data, scale, offset1, offset2 = (decode_value(v) for v in op.operands)
     shape = data.shape
     return _blockwise(scale, shape) * (data - _blockwise(offset1, shape)) + _blockwise(offset2, shape)
 
 
+def decode_value(value: Any) -> np.ndarray:
+    owner = value.owner
+    if owner.name == "coreai.constant":
+        return decode_constant(owner)
+    if owner.name == "coreai.lut_to_dense":
+        return decode_lut(owner)
+    if owner.name == "coreai.blockwise_shift_scale":
+        return decode_blockwise(owner)
+    raise AssertionError(f"cannot decode {owner.name}")
+
+
 def densify(program: Any) -> int:
-    """Replace every blockwise_shift_scale over constants by its dense value; returns how many."""
+    """Replace every decompressed weight (blockwise_shift_scale / lut_to_dense trees over constants)
+    by its dense value; returns how many."""
     from coreai._compiler import ir
     from coreai._compiler.dialects import coreai as dialect
 
     module = _coreai.mlir_module(program)
-    ops = [
+    decompress = ("coreai.blockwise_shift_scale", "coreai.lut_to_dense")
+    ops = [  # outermost decompression ops: their result feeds a compute op
         op
         for op in _coreai.walk_ops(module)
-        if op.name == "coreai.blockwise_shift_scale"
-        and all(v.owner.name == "coreai.constant" for v in op.operands)
+        if op.name in decompress and any(use.owner.name not in decompress for use in op.result.uses)
     ]
     for op in ops:
-        dense = decode_blockwise(op)
+        dense = decode_value(op.result)
         out_type = op.result.type
         values = dense.astype(_FLOATS[_coreai.element_name(out_type)])
         with module.context, op.location, ir.InsertionPoint(op):

@@ -218,7 +218,9 @@ def constant_array(op: Any) -> Any:
     import numpy as np
     from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import copy_constant_value_to_array
 
-    buffer = np.zeros(storage_nbytes(op.result.type), dtype=np.uint8)  # the copy leaves sub-byte padding bits as they are
+    buffer = np.zeros(
+        storage_nbytes(op.result.type), dtype=np.uint8
+    )  # the copy leaves sub-byte padding bits as they are
     copy_constant_value_to_array(constant_op=op, destination=buffer)
     return buffer
 

@@ -22,6 +22,7 @@ class WeightResult:
     bytes_before: int
     bytes_after: int
     snr_db: float
+    luts: int | None = None  # palettized weights: how many look-up tables
 
     @property
     def bits_per_weight(self) -> float:
