@@ -274,7 +274,7 @@ def _palettize_one(
 
     index_shape = (channels // dim, *moved_shape[1:])
     indices = index.reshape(index_shape).movedim(0, axis).contiguous().to(torch.uint8)
-    lut_shape = tuple(groups if a == axis else 1 for a in range(len(shape))) + (entries, dim)
+    lut_shape = (*tuple(groups if a == axis else 1 for a in range(len(shape))), entries, dim)
     param_shape = tuple((channels if per_channel else groups) if a == axis else 1 for a in range(len(shape)))
     index_dims = tuple(indices.shape)
 
