@@ -68,7 +68,11 @@ def _fp_reference(w: np.ndarray, dtype: DType, block: int | None, e8m0: bool) ->
         for j in range(rows.shape[1]):
             v = rows[i, j].astype(np.float64)
             amax = np.abs(v).max()
-            scale = 2.0 ** (np.floor(np.log2(amax)) - emax) if e8m0 else float(np.float32(amax / fmax))
+            if e8m0:
+                scale = 2.0 ** (np.floor(np.log2(amax)) - emax)
+            else:  # float32, rounded up
+                scale = np.float32(amax / fmax)
+                scale = float(np.nextafter(scale, np.float32(np.inf)) if scale < amax / fmax else scale)
             x = np.clip(v / scale, -fmax, fmax).astype(np.float32)
             out[i, j] = x.astype(np_type).astype(np.float64) * scale
     return out.reshape(w.shape).astype(np.float32)
@@ -236,3 +240,28 @@ def test_fp_codes_of_every_value_match_ml_dtypes(dtype: DType) -> None:
     finite = np.isfinite(values)
     got = _fp_codes(torch.from_numpy(values[finite]), dtype).numpy()
     np.testing.assert_array_equal(got, codes[finite])
+
+
+@pytest.mark.parametrize("dtype", [DType.FP8_E4M3FN, DType.FP8_E5M2], ids=lambda d: d.value)
+@pytest.mark.parametrize("magnitude", [1.0, 1e-4], ids=["unit", "tiny"])
+def test_fp8_on_fp16_weights_runs_finite_and_exact(dtype: DType, magnitude: float, tmp_path: Path) -> None:
+    """fp16 weights take fp16 scales (f32 ones make the runtime return inf/NaN); tiny weights put
+    the scale among fp16 subnormals, rounded up so that nothing saturates and nothing is zero."""
+    from _decode import densify
+
+    w = (torch.randn(48, 64, dtype=torch.float64) * magnitude).to(torch.float16)
+    path = _half_probe(tmp_path, w)
+    program = load_aimodel(path)
+    report = quantize_program(program, dtype, QScheme.SYMMETRIC, G.PER_CHANNEL)
+    assert report.weights[0].encoding.endswith("f16 scale per channel")
+    out = save_aimodel(program, tmp_path / "q.aimodel")
+    dense = load_aimodel(out)
+    densify(dense)
+    dense_path = save_aimodel(dense, tmp_path / "d.aimodel")
+    eye = {inspect_model(out).inputs[0].name: np.eye(64, dtype=np.float16)}
+    got = next(iter(run_aimodel(out, eye).values())).astype(np.float64)
+    want = next(iter(run_aimodel(dense_path, eye).values())).astype(np.float64)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
+    relative = np.abs(got.T - w.double().numpy()).max() / np.abs(w.double().numpy()).max()
+    assert relative < (0.07 if dtype is DType.FP8_E4M3FN else 0.13)  # half a step of 3 / 2 mantissa bits

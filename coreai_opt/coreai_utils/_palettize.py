@@ -29,7 +29,8 @@ from coreai_opt.inspection import weight_encoding
 
 from ._kmeans import kmeans_1d
 from ._options import CompressionGranularity, DType
-from ._quantize import _fp_codes
+from ._quantize import _STORAGE as _NUMPY
+from ._quantize import _fp_codes, _stored_positive
 from ._results import CompressionReport, Progress, WeightResult
 
 G = CompressionGranularity
@@ -256,7 +257,10 @@ def _palettize_one(
     # one scale per channel (or per LUT) folds the per-channel scale and the LUT's own scale
     per_channel = plan.per_channel_scale
     group_of = np.arange(channels) // (channels // groups)
-    scale = channel_scale * lut_scale[group_of] if per_channel else lut_scale
+    # stored in the weight's dtype: the runtime mis-computes fp16 outputs from f32 scales
+    scale = _stored_positive(
+        channel_scale * lut_scale[group_of] if per_channel else lut_scale, _NUMPY[site.element]
+    )
     zero = lut_zero[group_of] if per_channel else lut_zero
     needs_scale = per_channel or plan.lut_dtype is not None
 
@@ -267,7 +271,8 @@ def _palettize_one(
     ]  # [rows, cols, V]
     dense = dense.permute(0, 2, 1).reshape(channels, cols)
     if needs_scale:
-        dense = dense * torch.from_numpy(scale if per_channel else lut_scale[group_of])[:, None]
+        per_row = scale.astype(np.float64) if per_channel else scale.astype(np.float64)[group_of]
+        dense = dense * torch.from_numpy(per_row)[:, None]
     reference = moved.reshape(channels, -1).double()
     noise = float(((dense - reference) ** 2).sum())
     signal = float((reference * reference).sum())
@@ -286,7 +291,7 @@ def _palettize_one(
         out = dialect.LutToDenseOp(idx_c, lut_c, _axis_constant(axis)).result
         if not needs_scale:
             return out
-        scale_c = rewriter.constant(site, scale.astype(np.float32).reshape(param_shape), "f32", param_shape)
+        scale_c = rewriter.constant(site, scale.reshape(param_shape), site.element, param_shape)
         if np.any(zero):
             offset1 = rewriter.constant(
                 site, zero.astype(np.uint8).reshape(param_shape), lut_element, param_shape

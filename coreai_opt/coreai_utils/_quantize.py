@@ -2,8 +2,10 @@
 
 Scales are computed in float64 from the weights, rounded to the dtype they are stored in, and only
 then used to quantize the data, so the stored data matches the stored scale exactly. FP8/FP4 element
-rounding and E8M0 scales go through tcast. FP8 float scales are stored as f32: amax / 57344 of a
-small fp16 weight underflows fp16 (the peer's zero-scale bug).
+rounding and E8M0 scales go through tcast. FP8 float scales are stored in the weight's dtype (the
+runtime computes fp16 outputs wrongly, or aborts, with f32 scales) and rounded up: amax / 57344
+of a small fp16 weight may fall among fp16 subnormals, but never to zero (the peer's bug) and
+never below the ideal scale, so no element saturates.
 """
 
 from __future__ import annotations
@@ -137,6 +139,20 @@ def _stored_positive(values: np.ndarray, storage: Any) -> np.ndarray:
     return np.clip(safe, float(info.smallest_normal), float(info.max)).astype(storage)
 
 
+def _scale_up(ideal: np.ndarray, storage: Any) -> np.ndarray:
+    """Scales in their storage dtype, rounded up (never below `ideal`, never zero): data divided
+    by the stored scale then never exceeds the format's range, even where a tiny fp16 scale
+    lands on a coarse subnormal step."""
+    info = ml_dtypes.finfo(storage)
+    safe = np.where(np.isfinite(ideal) & (ideal > 0), ideal, 1.0)
+    safe = np.clip(safe, float(info.smallest_subnormal), float(info.max))
+    stored = np.ascontiguousarray(safe.astype(storage))
+    low = stored.astype(np.float64) < safe
+    bits = stored.view(np.uint16 if stored.itemsize == 2 else np.uint32)
+    bits[low] += 1  # the next larger value of a positive float
+    return stored
+
+
 def _int_codes(q: torch.Tensor, bits: int, signed: bool) -> torch.Tensor:
     """Stored integers as the unsigned bit patterns the constant builder takes."""
     if bits == 8:
@@ -230,8 +246,9 @@ def _quantize_fp(
         scale_values = np.ldexp(1.0, exponent)
         scale_element, scale_store = "f8E8M0FNU", (exponent + 127).astype(np.uint8)
     else:
-        scale_values = _stored_positive(amax / float(tcast.number(code).max), np.float32).astype(np.float64)
-        scale_element, scale_store = "f32", scale_values.astype(np.float32)
+        # the weight's own dtype: the runtime rejects (f32 scale, fp16 output) with inf/NaN or a crash
+        scale_store = _scale_up(amax / float(tcast.number(code).max), _STORAGE[site.element])
+        scale_element, scale_values = site.element, scale_store.astype(np.float64)
     s = groups.broadcast(scale_values, torch.float32)
     on_grid = tcast.cast(torch.div(x, s), code)  # tcast rounds (ties to even) and saturates
     data = _fp_codes(on_grid, plan.dtype)

@@ -1,0 +1,175 @@
+"""palettize_weights on real Core AI programs, checked on the runtime against an independent decoding."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _decode import densify
+from conftest import SAMPLES, run_aimodel
+
+from coreai_opt.conversion import convert_exported_program
+from coreai_opt.coreai_utils import (
+    CompressionGranularity,
+    DType,
+    PalettizePlan,
+    palettize_program,
+    palettize_weights,
+)
+from coreai_opt.inspection import inspect_model
+from coreai_opt.io import load_aimodel, save_aimodel
+
+G = CompressionGranularity
+THRESHOLD = 256
+
+PLANS = {
+    "4b-tensor": PalettizePlan(4),
+    "4b-channel": PalettizePlan(4, granularity=G.PER_CHANNEL),
+    "3b-grouped16": PalettizePlan(3, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
+    "6b-channel-int8lut-scale": PalettizePlan(6, DType.INT8, G.PER_CHANNEL, per_channel_scale=True),
+    "2b-tensor-uint8lut-scale": PalettizePlan(2, DType.UINT8, per_channel_scale=True),
+    "4b-grouped8-fp8lut": PalettizePlan(4, DType.FP8_E4M3FN, G.PER_GROUPED_CHANNEL, group_size=8),
+    "4b-channel-e5m2lut": PalettizePlan(4, DType.FP8_E5M2, G.PER_CHANNEL),
+    "2b-vector2-tensor": PalettizePlan(2, cluster_dim=2),
+    "4b-vector4-grouped8-int8-scale": PalettizePlan(4, DType.INT8, G.PER_GROUPED_CHANNEL, 8, 4, True),
+    "8b-tensor-fast": PalettizePlan(8, fast=True, rounding_precision=3),
+    "1b-tensor": PalettizePlan(1),
+    "4b-channel-2workers": PalettizePlan(4, granularity=G.PER_CHANNEL, workers=2),
+}
+
+
+def _inputs(path: Path) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    out = {}
+    for spec in inspect_model(path).inputs:
+        if spec.dtype.startswith("si"):
+            out[spec.name] = rng.integers(1, 50, spec.shape).astype(np.int32)
+        else:
+            out[spec.name] = rng.standard_normal(spec.shape).astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("sample", ["mlp", "cnn", "transformer"])
+@pytest.mark.parametrize("plan_id", sorted(PLANS))
+def test_runtime_equals_numpy_decoding(plan_id: str, sample: str, tmp_path: Path) -> None:
+    plan = PLANS[plan_id]
+    program = load_aimodel(SAMPLES / f"{sample}.aimodel")
+    report = palettize_program(program, plan, THRESHOLD)
+    assert report.weights
+    path = save_aimodel(program, tmp_path / "p.aimodel")
+    # inspect sees what the report says, and the bytes add up from the format
+    inspected = inspect_model(path)
+    lut_weights = sorted((w.shape, w.encoding, w.nbytes) for w in inspected.weights if "LUT" in w.encoding)
+    assert lut_weights == sorted((w.shape, w.encoding, w.bytes_after) for w in report.weights)
+    entries = 2**plan.n_bits
+    for w in report.weights:
+        assert w.encoding.startswith(f"ui{plan.n_bits} LUT({entries} x ")
+        channels = w.shape[0]  # every sample weight has its output channels on axis 0
+        expected_luts = {G.PER_TENSOR: 1, G.PER_CHANNEL: channels}.get(
+            plan.granularity, channels // plan.group_size
+        )
+        assert w.luts == expected_luts
+        index_bytes = math.ceil(math.prod(w.shape) // plan.cluster_dim * plan.n_bits / 8)
+        lut_bytes = expected_luts * entries * plan.cluster_dim * (4 if plan.lut_dtype is None else 1)
+        assert w.bytes_after >= index_bytes + lut_bytes + 2  # + the axis scalar (+ scales)
+        if plan.lut_dtype is None and not plan.per_channel_scale:
+            assert w.bytes_after == index_bytes + lut_bytes + 2
+    for skipped in report.skipped:
+        assert skipped.kind.value in ("small", "not-a-weight", "layout")
+    # the runtime decompresses exactly what the numpy decoding of the stored bytes gives
+    dense = load_aimodel(path)
+    assert densify(dense) == len(report.weights)
+    dense_path = save_aimodel(dense, tmp_path / "dense.aimodel")
+    inputs = _inputs(path)
+    got, want = run_aimodel(path, inputs), run_aimodel(dense_path, inputs)
+    for name in got:
+        assert np.isfinite(got[name]).all()
+        scale = max(1.0, float(np.abs(want[name]).max()))
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_4_bit_per_channel_transformer_keeps_cosine(tmp_path: Path) -> None:
+    program = palettize_weights(load_aimodel(SAMPLES / "transformer.aimodel"), 4, granularity=G.PER_CHANNEL)
+    path = save_aimodel(program, tmp_path / "t4.aimodel")
+    inputs = {
+        "input_ids": np.arange(16, dtype=np.int32)[None] * 7 % 256,
+        "attention_mask": np.ones((1, 16), np.int32),
+    }
+    ref = next(iter(run_aimodel(SAMPLES / "transformer.aimodel", inputs).values())).astype(np.float64).ravel()
+    got = next(iter(run_aimodel(path, inputs).values())).astype(np.float64).ravel()
+    assert ref @ got / np.linalg.norm(ref) / np.linalg.norm(got) >= 0.99
+
+
+def _fp16_probe(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """fp16 linear layer whose weights include values near 7.0 and 300.0 (beyond fp16 rounding's 6.55)."""
+    import coreai_torch
+
+    rng = np.random.default_rng(3)
+    weight = rng.standard_normal((48, 64)) * 0.5
+    weight[::5, 3] = 7.0 + rng.standard_normal(10) * 0.01
+    weight[::7, 9] = 300.0 + rng.standard_normal(7)
+    layer = torch.nn.Linear(64, 48, bias=False).eval().half()
+    with torch.no_grad():
+        layer.weight.copy_(torch.from_numpy(weight))
+        program = torch.export.export(layer, (torch.eye(64, dtype=torch.float16),))
+        program = program.run_decompositions(coreai_torch.get_decomp_table())
+    return save_aimodel(convert_exported_program(program), tmp_path / "big.aimodel"), weight
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        PalettizePlan(4),
+        PalettizePlan(4, fast=True),
+        PalettizePlan(4, fast=True, rounding_precision=0),
+        PalettizePlan(4, granularity=G.PER_CHANNEL, fast=True),
+        PalettizePlan(4, DType.INT8, G.PER_GROUPED_CHANNEL, 16, per_channel_scale=True, fast=True),
+        PalettizePlan(4, DType.FP8_E4M3FN, fast=True),
+        PalettizePlan(2, cluster_dim=2),
+    ],
+    ids=["exact", "fast", "fast-0dp", "fast-channel", "fast-grouped-int8-scale", "fast-fp8", "vector"],
+)
+def test_large_fp16_weights_never_become_nan(plan: PalettizePlan, tmp_path: Path) -> None:
+    path, _ = _fp16_probe(tmp_path)
+    program = load_aimodel(path)
+    report = palettize_program(program, plan, 0)
+    assert len(report.weights) == 1 and np.isfinite(report.weights[0].snr_db)
+    out = save_aimodel(program, tmp_path / "p.aimodel")
+    got = next(
+        iter(run_aimodel(out, {inspect_model(out).inputs[0].name: np.eye(64, dtype=np.float16)}).values())
+    )
+    assert np.isfinite(got).all()
+    assert np.abs(got).max() > 250  # the 300s survive as a cluster of their own
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "rule"),
+    [
+        ({"n_bits": 5}, "n_bits must be one of"),
+        ({"lut_dtype": DType.INT4}, "lut_dtype is None"),
+        ({"granularity": G.PER_BLOCK}, "per-grouped-channel granularity"),
+        ({"cluster_dim": 2, "granularity": G.PER_CHANNEL}, "use per-tensor or grouped"),
+        (
+            {"cluster_dim": 3, "granularity": G.PER_GROUPED_CHANNEL, "group_size": 8},
+            "multiple of cluster_dim",
+        ),
+        ({"num_kmeans_workers": 0}, "num_kmeans_workers"),
+    ],
+)
+def test_invalid_options_name_the_rule(kwargs: dict, rule: str) -> None:
+    with pytest.raises(ValueError, match=rule):
+        palettize_weights(load_aimodel(SAMPLES / "mlp.aimodel"), **kwargs)
+
+
+def test_ungroupable_channels_are_skipped_with_a_reason() -> None:
+    report = palettize_program(
+        load_aimodel(SAMPLES / "transformer.aimodel"),
+        PalettizePlan(4, granularity=G.PER_GROUPED_CHANNEL, group_size=48),
+        256,
+    )
+    reasons = [s.reason for s in report.skipped if s.kind.value == "layout"]
+    assert reasons and all("not a multiple of group_size 48" in r for r in reasons)
+    assert {w.shape[0] % 48 for w in report.weights} == {0}
