@@ -164,13 +164,16 @@ def render_compression(result: CompressionFileResult) -> None:
         )
     )
     if report.weights:
+        luts = any(w.luts is not None for w in report.weights)
         table = Table(title="Weights", title_justify="left")
-        for column in ("name", "shape", "encoding", "bytes before -> after", "bits/w", "SNR dB"):
-            table.add_column(column, justify="right" if column in ("bits/w", "SNR dB") else "left")
+        columns = ("name", "shape", "encoding", *(("LUTs",) if luts else ()), "bytes before -> after", "bits/w",
+                   "SNR dB")  # fmt: skip
+        for column in columns:
+            table.add_column(column, justify="right" if column in ("LUTs", "bits/w", "SNR dB") else "left")
         for w in report.weights:
             table.add_row(
-                w.name, _shape(w.shape), w.encoding, f"{w.bytes_before:,} -> {w.bytes_after:,}",
-                f"{w.bits_per_weight:.2f}", _db(w.snr_db),
+                w.name, _shape(w.shape), w.encoding, *((f"{w.luts:,}",) if luts else ()),
+                f"{w.bytes_before:,} -> {w.bytes_after:,}", f"{w.bits_per_weight:.2f}", _db(w.snr_db),
             )  # fmt: skip
         console.print(table)
     from coreai_opt.coreai_utils import SkipKind

@@ -260,6 +260,90 @@ def quantize(
         render_compression(result)
 
 
+class PaletteGranularity(enum.StrEnum):
+    tensor = "tensor"
+    channel = "channel"
+    grouped = "grouped"
+
+
+class LutDType(enum.StrEnum):
+    int8 = "int8"
+    uint8 = "uint8"
+    fp8e4m3 = "fp8e4m3"
+    fp8e5m2 = "fp8e5m2"
+
+
+@app.command()
+def palettize(
+    model: Path = typer.Argument(..., help="The .aimodel to compress (it is never modified)."),
+    nbits: int = typer.Option(
+        4, "--nbits", help="Index width: 1, 2, 3, 4, 6 or 8 (a LUT of 2^nbits entries)."
+    ),
+    granularity: PaletteGranularity = typer.Option(
+        PaletteGranularity.tensor,
+        "--granularity",
+        help="One LUT per tensor, per channel or per group of channels.",
+    ),
+    group_size: int = typer.Option(32, "--group-size", help="Channels per LUT with --granularity grouped."),
+    lut_dtype: LutDType | None = typer.Option(
+        None, "--lut-dtype", help="Quantize LUT entries (one scale per LUT)."
+    ),
+    per_channel_scale: bool = typer.Option(
+        False, "--per-channel-scale", help="Normalize each channel by its max |w| before clustering."
+    ),
+    cluster_dim: int = typer.Option(
+        1, "--cluster-dim", help="Vector length along the output channels (>1: vectors)."
+    ),
+    threshold: int = typer.Option(1024, "--threshold", help="Skip weights with this many elements or fewer."),
+    workers: int = typer.Option(0, "--workers", help="k-means threads (0: one per CPU)."),
+    fast: bool = typer.Option(False, "--fast", help="Round values to --rounding-precision decimals first."),
+    rounding_precision: int = typer.Option(4, "--rounding-precision", help="Decimals kept by --fast."),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="Output .aimodel (default: model.lut<nbits>.aimodel beside the input)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+) -> None:
+    """Palettize weights with exact optimal k-means look-up tables and report every weight.
+
+    Example: coreopt palettize sample_models/transformer.aimodel --nbits 4 -o build/t.lut4.aimodel
+
+    Example: coreopt palettize model.aimodel --nbits 4 --granularity grouped --group-size 16 --lut-dtype int8
+
+    Example: coreopt palettize model.aimodel --nbits 2 --cluster-dim 2 --per-channel-scale --json
+    """
+    import os
+
+    from coreai_opt.coreai_utils import CompressionGranularity, DType, PalettizePlan, palettize_file
+
+    from ._render import render_compression
+
+    grains = {
+        PaletteGranularity.tensor: CompressionGranularity.PER_TENSOR,
+        PaletteGranularity.channel: CompressionGranularity.PER_CHANNEL,
+        PaletteGranularity.grouped: CompressionGranularity.PER_GROUPED_CHANNEL,
+    }
+    with user_errors(), _weight_progress(not as_json, "palettizing") as progress:
+        plan = PalettizePlan(
+            n_bits=nbits,
+            lut_dtype=DType(lut_dtype.value) if lut_dtype is not None else None,
+            granularity=grains[granularity],
+            group_size=group_size,
+            cluster_dim=cluster_dim,
+            per_channel_scale=per_channel_scale,
+            workers=workers or os.cpu_count() or 1,
+            fast=fast,
+            rounding_precision=rounding_precision,
+        )
+        result = palettize_file(
+            model, output, plan=plan, weight_num_threshold=threshold, force=force, progress=progress
+        )
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_compression(result)
+
+
 @app.command()
 def compare(
     reference: Path = typer.Argument(..., help="The reference .aimodel (e.g. before compression)."),

@@ -173,3 +173,41 @@ def test_ungroupable_channels_are_skipped_with_a_reason() -> None:
     reasons = [s.reason for s in report.skipped if s.kind.value == "layout"]
     assert reasons and all("not a multiple of group_size 48" in r for r in reasons)
     assert {w.shape[0] % 48 for w in report.weights} == {0}
+
+
+def test_16_bit_histogram_path_equals_the_sorting_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-tensor fp16 groups of >= 65,536 weights are histogrammed by bit pattern: same LUT, same indices."""
+    import coreai_torch
+    from conftest import constant_records
+
+    from coreai_opt.coreai_utils import _palettize
+
+    layer = torch.nn.Linear(256, 512, bias=False).eval().half()
+    with torch.no_grad():
+        program = torch.export.export(layer, (torch.randn(2, 256, dtype=torch.float16),))
+        program = program.run_decompositions(coreai_torch.get_decomp_table())
+    path = save_aimodel(convert_exported_program(program), tmp_path / "wide.aimodel")
+    histogram = load_aimodel(path)
+    calls = []
+    original = _palettize._clusters_16_bit
+    monkeypatch.setattr(_palettize, "_clusters_16_bit", lambda *a: calls.append(1) or original(*a))
+    palettize_program(histogram, PalettizePlan(4), 0)
+    assert calls, "the histogram path ran"
+    monkeypatch.setattr(_palettize, "_MAX_HISTOGRAM_BINS", 0)
+    sorting = load_aimodel(path)
+    palettize_program(sorting, PalettizePlan(4), 0)
+    assert len(calls) == 1
+    assert constant_records(histogram) == constant_records(sorting)
+    out = save_aimodel(histogram, tmp_path / "h.aimodel")
+    dense = load_aimodel(out)
+    densify(dense)
+    x = {
+        inspect_model(out).inputs[0].name: np.random.default_rng(0)
+        .standard_normal((2, 256))
+        .astype(np.float16)
+    }
+    got = next(iter(run_aimodel(out, x).values()))
+    want = next(iter(run_aimodel(save_aimodel(dense, tmp_path / "d.aimodel"), x).values()))
+    np.testing.assert_array_equal(got, want)

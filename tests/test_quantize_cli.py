@@ -178,3 +178,40 @@ def test_compare_integer_inputs_follow_int_range(coreopt) -> None:  # type: igno
                         "--int-range", "0:40", "--json"))  # fmt: skip
     assert doc["inputs"][0]["dtype"] == "int32"
     assert "integers in [0, 40)" in doc["inputs_source"]
+
+
+def test_palettize_then_compare(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    source = copy_sample("transformer", "aimodel", tmp_path)
+    digest = tree_digest(source)
+    out = tmp_path / "t.lut4.aimodel"
+    doc = _json(coreopt("palettize", source, "--nbits", "4", "--granularity", "channel", "-o", out, "--json"))
+    assert tree_digest(source) == digest
+    report = doc["report"]
+    assert len(report["weights"]) == 9
+    assert all(
+        w["luts"] == w["shape"][0] and w["encoding"].startswith("ui4 LUT(16 x f32)")
+        for w in report["weights"]
+    )
+    inspected = _json(coreopt("inspect", out, "--json"))
+    stored = sorted((tuple(w["shape"]), w["nbytes"]) for w in inspected["weights"] if "LUT" in w["encoding"])
+    assert stored == sorted((tuple(w["shape"]), w["bytes_after"]) for w in report["weights"])
+    compared = _json(coreopt("compare", source, out, "--min-cosine", "0.99", "--json"))
+    assert compared["ok"] is True
+
+
+def test_palettize_options_and_errors(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    args = ("--nbits", "3", "--granularity", "grouped", "--group-size", "16", "--lut-dtype", "int8",
+            "--per-channel-scale", "--fast", "-o", tmp_path / "m.aimodel")  # fmt: skip
+    doc = _json(coreopt("palettize", SAMPLES / "mlp.aimodel", *args, "--json"))
+    encodings = {w["encoding"] for w in doc["report"]["weights"]}
+    assert encodings == {"ui3 LUT(8 x si8) x 8 LUTs + f32 scale per channel"}  # 128 channels / 16
+    assert [s["reason"] for s in doc["report"]["skipped"] if s["kind"] == "layout"] == [
+        "10 output channels are not a multiple of group_size 16 (lut_to_dense needs equal groups)"
+    ]
+    bad = coreopt("palettize", SAMPLES / "mlp.aimodel", "--nbits", "5", "-o", tmp_path / "x.aimodel")
+    assert (
+        bad.exit_code == 1 and "n_bits must be one of" in bad.stderr and not (tmp_path / "x.aimodel").exists()
+    )
+    vector = coreopt("palettize", SAMPLES / "mlp.aimodel", "--cluster-dim", "2", "--granularity", "channel")
+    assert vector.exit_code == 1 and "use per-tensor or grouped" in vector.stderr
+    assert coreopt("palettize", SAMPLES / "mlp.aimodel", "--granularity", "block").exit_code == 2

@@ -2,7 +2,7 @@
 
 from coreai_opt._coreai._rewrite import SkipKind, Skipped
 
-from ._file import CompressionFileResult, quantize_file
+from ._file import CompressionFileResult, palettize_file, quantize_file
 from ._options import CompressionGranularity, DType, QScheme
 from ._palettize import PalettizePlan, palettize_program, palettize_weights
 from ._quantize import quantize_program, quantize_weights
@@ -19,6 +19,7 @@ __all__ = [
     "SkipKind",
     "Skipped",
     "WeightResult",
+    "palettize_file",
     "palettize_program",
     "palettize_weights",
     "quantize_file",

@@ -11,6 +11,7 @@ from typing import Any
 from coreai_opt.io import ModelFormat, check_output, load_aimodel, model_format, save_aimodel
 
 from ._options import CompressionGranularity, DType, QScheme
+from ._palettize import PalettizePlan, palettize_program
 from ._quantize import quantize_program, validate
 from ._results import CompressionReport, Progress
 
@@ -117,4 +118,47 @@ def quantize_file(
     )  # a bad combination fails before loading
     return compress_file(
         source, output, method="quantize", tag=dtype.value, options=options, compress=compress, force=force
+    )
+
+
+def palettize_file(
+    source: Path | str,
+    output: Path | str | None = None,
+    *,
+    plan: PalettizePlan | None = None,
+    weight_num_threshold: int = 1024,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> CompressionFileResult:
+    """`coreopt palettize`: k-means palettize an asset's weights into a new asset."""
+    plan = plan or PalettizePlan()
+    plan.validate()
+    if weight_num_threshold < 0:
+        raise ValueError("weight_num_threshold must be 0 or more")
+    options = {
+        "n_bits": plan.n_bits,
+        "granularity": plan.granularity.value,
+        "group_size": plan.group_size
+        if plan.granularity is CompressionGranularity.PER_GROUPED_CHANNEL
+        else None,
+        "lut_dtype": plan.lut_dtype.value if plan.lut_dtype is not None else None,
+        "per_channel_scale": plan.per_channel_scale,
+        "cluster_dim": plan.cluster_dim,
+        "fast_kmeans": plan.fast,
+        "rounding_precision": plan.rounding_precision if plan.fast else None,
+        "workers": plan.workers,
+        "weight_num_threshold": weight_num_threshold,
+    }
+
+    def compress(program: Any) -> CompressionReport:
+        return palettize_program(program, plan, weight_num_threshold, progress)
+
+    return compress_file(
+        source,
+        output,
+        method="palettize",
+        tag=f"lut{plan.n_bits}",
+        options=options,
+        compress=compress,
+        force=force,
     )

@@ -21,8 +21,8 @@ def cost(p0: Any, p1: Any, p2: Any, j: int, i: int) -> float:
 
 
 @jit
-def dc_layer(prev: Any, cur: Any, arg: Any, p0: Any, p1: Any, p2: Any, r0: int, r1: int, stack: Any,
-             lower: Any) -> None:  # fmt: skip
+def dc_layer(prev: Any, cur: Any, arg: Any, p0: Any, p1: Any, p2: Any, r0: int, r1: int, c0: int,
+             stack: Any, lower: Any) -> None:  # fmt: skip
     """Leftmost row minima of A[i][j] = prev[j-1] + cost(j, i), rows r0..r1, by divide and conquer.
 
     The argmin is monotone in i (A is Monge), so the middle row's argmin bounds the columns of
@@ -32,7 +32,7 @@ def dc_layer(prev: Any, cur: Any, arg: Any, p0: Any, p1: Any, p2: Any, r0: int, 
     """
     stack[0, 0] = r0
     stack[0, 1] = r1
-    stack[0, 2] = r0  # columns: the last cluster of row i starts in [clo, min(i, chi)]
+    stack[0, 2] = c0  # columns: the last cluster of row i starts in [clo, min(i, chi)]
     stack[0, 3] = r1
     top = 1
     while top > 0:
@@ -94,11 +94,12 @@ def one_group(x: Any, w: Any, k: int, upper: Any, centroid: Any) -> int:
     dstack = np.empty((136, 4), np.int64)  # depth <= 2 log2(n) + 2
     lower = np.zeros(n, np.int64)
     for q in range(1, k):
-        # cluster q (0-based) ends at rows q..n-1-(k-1-q) and starts at columns q..
-        r0 = q
-        nrows = n - (k - 1 - q) - q
+        # cluster q (0-based) ends at rows q..n-1-(k-1-q) and starts at columns q..; the last
+        # cluster only ever ends at the last point
+        r0 = q if q < k - 1 else n - 1
+        nrows = n - (k - 1 - q) - q if q < k - 1 else 1
         cur[:] = np.inf
-        dc_layer(prev, cur, arg, p0, p1, p2, r0, r0 + nrows - 1, dstack, lower)
+        dc_layer(prev, cur, arg, p0, p1, p2, r0, r0 + nrows - 1, q, dstack, lower)
         for i in range(r0, r0 + nrows):
             split[q, i] = arg[i]
             lower[i] = arg[i]
@@ -151,3 +152,17 @@ def runs(keys: Any, values: Any, x: Any, w: Any, bin_keys: Any, offsets: Any) ->
             i = j
         offsets[g + 1] = count
     return count
+
+
+@jit
+def assign(sorted_keys: Any, order: Any, bounds: Any, index: Any, first: int, last: int) -> None:
+    """index[g, order[g, i]] = cluster of the i-th smallest key of row g (bounds: each cluster's
+    largest key), in one sweep per row instead of a binary search per element."""
+    for g in range(first, last):
+        c = 0
+        limit = bounds.shape[1]
+        for i in range(sorted_keys.shape[1]):
+            key = sorted_keys[g, i]
+            while c < limit and key > bounds[g, c]:
+                c += 1
+            index[g, order[g, i]] = c

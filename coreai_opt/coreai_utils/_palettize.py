@@ -107,8 +107,8 @@ def _keys(values: torch.Tensor, plan: PalettizePlan, exact: bool) -> torch.Tenso
     return values if exact else _round_11_bits(values)
 
 
-def _bins(keys: torch.Tensor, values: torch.Tensor) -> tuple[np.ndarray, ...]:
-    """Histogram each row of keys: (bin means, counts, bin keys, offsets)."""
+def _bins(keys: torch.Tensor, values: torch.Tensor) -> tuple[Any, ...]:
+    """Histogram each row of keys: (bin means, counts, bin keys, offsets, sorted keys, order)."""
     from ._kmeans_kernels import runs
 
     sorted_keys, order = torch.sort(keys, dim=1)
@@ -118,23 +118,79 @@ def _bins(keys: torch.Tensor, values: torch.Tensor) -> tuple[np.ndarray, ...]:
     bin_keys = np.empty(count, np.float32)
     offsets = np.empty(keys.shape[0] + 1, np.int64)
     used = runs(sorted_keys.numpy(), sorted_values.double().numpy(), x, w, bin_keys, offsets)
-    return x[:used], w[:used], bin_keys[:used], offsets
+    return x[:used], w[:used], bin_keys[:used], offsets, sorted_keys.numpy(), order.numpy()
 
 
-def _scalar_clusters(rows: torch.Tensor, exact: bool, plan: PalettizePlan) -> tuple[np.ndarray, torch.Tensor]:
-    """rows [G, m] -> centroids [G, P] (float64) and the index of every element [G, m]."""
+def _finish(
+    x: np.ndarray, w: np.ndarray, bin_keys: np.ndarray, offsets: np.ndarray, plan: PalettizePlan
+) -> tuple[np.ndarray, np.ndarray]:
+    """k-means of every group's bins -> centroids [G, P] and cluster upper-bound keys [G, P-1]."""
     entries = 2**plan.n_bits
-    keys = _keys(rows, plan, exact)
-    x, w, bin_keys, offsets = _bins(keys, rows)
     uppers, centroids, found = kmeans_1d(x, w, offsets, entries, plan.workers)
-    groups = rows.shape[0]
+    groups = len(offsets) - 1
     bounds = np.full((groups, max(entries - 1, 1)), np.inf, np.float32)
     for g in range(groups):  # the key of each cluster's last bin; searchsorted gives the index
         last = offsets[g] + uppers[g, : found[g] - 1]
         bounds[g, : found[g] - 1] = bin_keys[last]
         centroids[g, found[g] :] = centroids[g, found[g] - 1]  # unused entries repeat the last
-    index = torch.searchsorted(torch.from_numpy(bounds), keys.contiguous(), side="left")
-    return centroids, index
+    return centroids, bounds
+
+
+_PATTERNS = 1 << 16
+_MAX_HISTOGRAM_BINS = 1 << 26  # groups x 65,536 counters for the 16-bit histogram path
+
+
+def _clusters_16_bit(rows: torch.Tensor, plan: PalettizePlan) -> tuple[np.ndarray, torch.Tensor]:
+    """Exact 16-bit weights in few large groups: histogram every bit pattern, no sorting.
+
+    Every element's cluster is then a table lookup by its bit pattern.
+    """
+    groups = rows.shape[0]
+    patterns = rows.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+    keyed = patterns + (torch.arange(groups)[:, None] * _PATTERNS)
+    counts = (
+        torch.bincount(keyed.reshape(-1), minlength=groups * _PATTERNS).reshape(groups, _PATTERNS).numpy()
+    )
+    every_value = torch.arange(_PATTERNS, dtype=torch.int32).to(torch.int16).view(rows.dtype).double().numpy()
+    xs, ws, offsets = [], [], [0]
+    for g in range(groups):
+        used = np.flatnonzero(counts[g])
+        values, inverse = np.unique(every_value[used], return_inverse=True)  # +0 and -0 share a bin
+        xs.append(values)
+        ws.append(np.bincount(inverse, weights=counts[g, used]))
+        offsets.append(offsets[-1] + len(values))
+    x = np.concatenate(xs)
+    centroids, bounds = _finish(x, np.concatenate(ws), x.astype(np.float32), np.array(offsets), plan)
+    table = torch.searchsorted(
+        torch.from_numpy(bounds),
+        torch.from_numpy(every_value.astype(np.float32)).expand(groups, -1).contiguous(),
+    )
+    return centroids, table.reshape(-1)[keyed]
+
+
+def _scalar_clusters(
+    rows: torch.Tensor, native: torch.Tensor | None, plan: PalettizePlan
+) -> tuple[np.ndarray, torch.Tensor]:
+    """rows [G, m] (float32) -> centroids [G, P] (float64) and the index of every element [G, m].
+
+    `native` holds the same rows in their 16-bit dtype when their values are clustered exactly.
+    """
+    from ._kmeans_kernels import assign
+
+    groups, size = rows.shape
+    if (
+        native is not None
+        and not plan.fast
+        and size >= _PATTERNS
+        and groups * _PATTERNS <= _MAX_HISTOGRAM_BINS
+    ):
+        return _clusters_16_bit(native, plan)  # the histogram is smaller than the data: no sort
+    keys = _keys(rows, plan, native is not None)
+    x, w, bin_keys, offsets, sorted_keys, order = _bins(keys, rows)
+    centroids, bounds = _finish(x, w, bin_keys, offsets, plan)
+    index = np.empty((groups, size), np.int64)
+    assign(sorted_keys, order, bounds, index, 0, groups)
+    return centroids, torch.from_numpy(index)
 
 
 def _vector_clusters(vectors: torch.Tensor, plan: PalettizePlan) -> tuple[np.ndarray, torch.Tensor]:
@@ -235,7 +291,8 @@ def _palettize_one(
         matrix = matrix / torch.from_numpy(channel_scale).float()[:, None]
     cols = matrix.shape[1]
     if dim == 1:
-        centroids, index = _scalar_clusters(matrix.reshape(groups, -1), exact, plan)
+        native = moved.reshape(groups, -1) if exact else None
+        centroids, index = _scalar_clusters(matrix.reshape(groups, -1), native, plan)
         centroids = centroids[:, :, None]  # [G, P, 1]
         index = index.reshape(channels, cols)
     else:
