@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a bundled sample model: inspect the export, cast it to 16-bit, convert it, inspect the
-# asset, quantize its weights to int8 and compare the quantized asset with it on the Core AI runtime.
+# asset, quantize its weights to int8 and palettize them to 4-bit LUTs, and compare each with it on the
+# Core AI runtime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${DEMO_OUT:-build/demo}"
@@ -24,3 +25,9 @@ coreopt quantize "$out/transformer.aimodel" --dtype int8 -o "$out/transformer.in
 
 echo "== coreopt compare $out/transformer.aimodel $out/transformer.int8.aimodel --min-cosine 0.999"
 coreopt compare "$out/transformer.aimodel" "$out/transformer.int8.aimodel" --min-cosine 0.999
+
+echo "== coreopt palettize $out/transformer.aimodel --nbits 4 --granularity channel"
+coreopt palettize "$out/transformer.aimodel" --nbits 4 --granularity channel -o "$out/transformer.lut4.aimodel" --force
+
+echo "== coreopt compare $out/transformer.aimodel $out/transformer.lut4.aimodel --min-cosine 0.99"
+coreopt compare "$out/transformer.aimodel" "$out/transformer.lut4.aimodel" --min-cosine 0.99
