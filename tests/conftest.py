@@ -96,6 +96,20 @@ def constant_records(program) -> list[tuple[str, bytes]]:  # type: ignore[no-unt
     return [(str(op.result.type), _coreai.constant_bytes(op)) for op in _coreai.constant_ops(module)]
 
 
+def sample_inputs(path: Path) -> dict[str, np.ndarray]:
+    """Seeded inputs for an asset: integers in [1, 50) (valid ids for every sample), floats N(0, 1)."""
+    from coreai_opt.inspection import inspect_model
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for spec in inspect_model(path).inputs:
+        if spec.dtype.startswith("si"):
+            out[spec.name] = rng.integers(1, 50, spec.shape).astype(np.int32)
+        else:
+            out[spec.name] = rng.standard_normal(spec.shape).astype(np.float32)
+    return out
+
+
 def run_aimodel(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run the `main` function of an asset on the Core AI CPU runtime."""
     from coreai.authoring import AIModelAsset

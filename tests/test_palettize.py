@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from _decode import densify
-from conftest import SAMPLES, run_aimodel
+from conftest import SAMPLES, run_aimodel, sample_inputs
 
 from coreai_opt.conversion import convert_exported_program
 from coreai_opt.coreai_utils import (
@@ -39,17 +39,6 @@ PLANS = {
     "1b-tensor": PalettizePlan(1),
     "4b-channel-2workers": PalettizePlan(4, granularity=G.PER_CHANNEL, workers=2),
 }
-
-
-def _inputs(path: Path) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    out = {}
-    for spec in inspect_model(path).inputs:
-        if spec.dtype.startswith("si"):
-            out[spec.name] = rng.integers(1, 50, spec.shape).astype(np.int32)
-        else:
-            out[spec.name] = rng.standard_normal(spec.shape).astype(np.float32)
-    return out
 
 
 @pytest.mark.parametrize("sample", ["mlp", "cnn", "transformer"])
@@ -83,7 +72,7 @@ def test_runtime_equals_numpy_decoding(plan_id: str, sample: str, tmp_path: Path
     dense = load_aimodel(path)
     assert densify(dense) == len(report.weights)
     dense_path = save_aimodel(dense, tmp_path / "dense.aimodel")
-    inputs = _inputs(path)
+    inputs = sample_inputs(path)
     got, want = run_aimodel(path, inputs), run_aimodel(dense_path, inputs)
     for name in got:
         assert np.isfinite(got[name]).all()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _decode import densify
-from conftest import SAMPLE_NAMES, SAMPLES, run_aimodel
+from conftest import SAMPLE_NAMES, SAMPLES, run_aimodel, sample_inputs
 
 from coreai_opt.coreai_utils import CompressionGranularity, DType, QScheme, quantize_program
 from coreai_opt.inspection import inspect_model
@@ -83,17 +83,6 @@ def _granularity_words(shape: tuple[int, ...], grain: CompressionGranularity) ->
     return f"per block {BLOCK} (axis 1)"
 
 
-def _inputs(path: Path) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    out = {}
-    for spec in inspect_model(path).inputs:
-        if spec.dtype.startswith("si"):
-            out[spec.name] = rng.integers(1, 50, spec.shape).astype(np.int32)
-        else:
-            out[spec.name] = rng.standard_normal(spec.shape).astype(np.float32)
-    return out
-
-
 @pytest.mark.parametrize("sample", SAMPLE_NAMES)
 @pytest.mark.parametrize("combo", COMBOS, ids=_combo_id)
 def test_quantized_sample_matches_its_numpy_decoding(
@@ -136,7 +125,7 @@ def test_quantized_sample_matches_its_numpy_decoding(
     dense = load_aimodel(path)
     assert densify(dense) == len(report.weights)
     dense_path = save_aimodel(dense, tmp_path / "dense.aimodel")
-    inputs = _inputs(path)
+    inputs = sample_inputs(path)
     got, want = run_aimodel(path, inputs), run_aimodel(dense_path, inputs)
     assert got.keys() == want.keys()
     for name in got:

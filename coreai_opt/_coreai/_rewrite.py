@@ -87,18 +87,6 @@ def read_weight(op: Any) -> torch.Tensor:
     return raw.view(dtypes[element]).reshape(tensor_shape(op.result.type))
 
 
-def read_constant(op: Any) -> np.ndarray:
-    """The values of a float constant as float32 (bf16 decoded as bf16, not as raw bytes)."""
-    import ml_dtypes
-
-    element = element_name(op.result.type)
-    dtypes = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
-    if element not in dtypes:
-        raise ValueError(f"cannot read a {element} constant as floats")
-    raw = np.frombuffer(constant_bytes(op), dtype=dtypes[element])
-    return raw.reshape(tensor_shape(op.result.type)).astype(np.float32)
-
-
 def _consumer(op: Any) -> tuple[str, int, int] | None:
     """(consumer op, output axis, input axis) of a weight constant, looking through one transpose."""
     uses = list(op.result.uses)
@@ -249,6 +237,26 @@ class Rewriter:
         else:
             zero = ir.FloatAttr.get(element_type, 0.0)
         return dialect.ConstantOp(value=ir.DenseElementsAttr.get_splat(tensor_type, zero)).result
+
+    def shift_scale(
+        self,
+        site: WeightSite,
+        data: Any,
+        scale: np.ndarray,
+        scale_element: str,
+        shape: tuple[int, ...],
+        offset: np.ndarray | None = None,
+        offset_element: str = "",
+    ) -> Any:
+        """blockwise_shift_scale(data, scale, offset1, 0): offset1 a real constant only when some
+        offset is nonzero (else a zero splat, which FP8/FP4 verifiers demand); the output takes
+        the weight's dtype."""
+        scale_c = self.constant(site, scale, scale_element, shape)
+        if offset is not None and np.any(offset):
+            offset1 = self.constant(site, offset, offset_element, shape)
+        else:
+            offset1 = self.zeros(offset_element, shape)
+        return blockwise_shift_scale(data, scale_c, offset1, self.zeros(site.element, shape))
 
     def replace(self, site: WeightSite, build: Any) -> Any:
         """Run `build()` at the weight's position; its result replaces the weight and is returned."""

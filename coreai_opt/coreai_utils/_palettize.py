@@ -348,14 +348,10 @@ def _palettize_one(
         out = dialect.LutToDenseOp(idx_c, lut_c, _axis_constant(axis)).result
         if not needs_scale:
             return out
-        scale_c = rewriter.constant(site, scale.reshape(param_shape), site.element, param_shape)
-        if np.any(zero):
-            offset1 = rewriter.constant(
-                site, zero.astype(np.uint8).reshape(param_shape), lut_element, param_shape
-            )
-        else:
-            offset1 = rewriter.zeros(lut_element, param_shape)
-        return rw.blockwise_shift_scale(out, scale_c, offset1, rewriter.zeros(site.element, param_shape))
+        return rewriter.shift_scale(
+            site, out, scale.reshape(param_shape), site.element, param_shape,
+            zero.astype(np.uint8).reshape(param_shape), lut_element,
+        )  # fmt: skip
 
     return build, signal, noise, groups
 

@@ -204,13 +204,9 @@ def _quantize_int(
 
     def build() -> Any:
         data_c = rewriter.constant(site, data.reshape(shape).numpy(), element, shape)
-        scale_c = rewriter.constant(site, groups.stored(scale), site.element, scale_shape)
-        if np.any(offset):
-            offset1 = rewriter.constant(site, groups.stored(offset_bits), element, scale_shape)
-        else:
-            offset1 = rewriter.zeros(element, scale_shape)
-        offset2 = rewriter.zeros(site.element, scale_shape)
-        return rw.blockwise_shift_scale(data_c, scale_c, offset1, offset2)
+        return rewriter.shift_scale(
+            site, data_c, groups.stored(scale), site.element, scale_shape, groups.stored(offset_bits), element
+        )
 
     return build, signal, noise
 
@@ -256,10 +252,9 @@ def _quantize_fp(
 
     def build() -> Any:
         data_c = rewriter.constant(site, data.reshape(shape).numpy(), element, shape)
-        scale_c = rewriter.constant(site, groups.stored(scale_store), scale_element, scale_shape)
-        offset1 = rewriter.zeros(element, scale_shape)
-        offset2 = rewriter.zeros(site.element, scale_shape)
-        return rw.blockwise_shift_scale(data_c, scale_c, offset1, offset2)
+        return rewriter.shift_scale(
+            site, data_c, groups.stored(scale_store), scale_element, scale_shape, offset_element=element
+        )
 
     return build, signal, noise
 
