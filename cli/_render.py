@@ -165,14 +165,17 @@ def render_compression(result: CompressionFileResult) -> None:
     )
     if report.weights:
         luts = any(w.luts is not None for w in report.weights)
+        zeros = any(w.sparsity is not None for w in report.weights)
         table = Table(title="Weights", title_justify="left")
-        columns = ("name", "shape", "encoding", *(("LUTs",) if luts else ()), "bytes before -> after", "bits/w",
-                   "SNR dB")  # fmt: skip
+        columns = ("name", "shape", "encoding", *(("LUTs",) if luts else ()), *(("zeros",) if zeros else ()),
+                   "bytes before -> after", "bits/w", "SNR dB")  # fmt: skip
         for column in columns:
-            table.add_column(column, justify="right" if column in ("LUTs", "bits/w", "SNR dB") else "left")
+            right = column in ("LUTs", "zeros", "bits/w", "SNR dB")
+            table.add_column(column, justify="right" if right else "left")
         for w in report.weights:
             table.add_row(
                 w.name, _shape(w.shape), w.encoding, *((f"{w.luts:,}",) if luts else ()),
+                *((f"{w.sparsity:.1%}" if w.sparsity is not None else "",) if zeros else ()),
                 f"{w.bytes_before:,} -> {w.bytes_after:,}", f"{w.bits_per_weight:.2f}", _db(w.snr_db),
             )  # fmt: skip
         console.print(table)

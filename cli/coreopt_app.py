@@ -344,6 +344,72 @@ def palettize(
         render_compression(result)
 
 
+def _n_m_ratio(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise typer.BadParameter(f"expected N:M such as 2:4, not {text!r}", param_hint="--nm")
+    return int(parts[0]), int(parts[1])
+
+
+@app.command()
+def sparsify(
+    model: Path = typer.Argument(..., help="The .aimodel to compress (it is never modified)."),
+    sparsity: float | None = typer.Option(
+        None, "--sparsity", help="Fraction of weights zeroed, smallest |w| first (default 0.5)."
+    ),
+    nm: str | None = typer.Option(
+        None, "--nm", help="N:M structured sparsity: keep the N largest of every M along the input axis."
+    ),
+    block_size: int | None = typer.Option(
+        None, "--block-size", help="Prune blocks of this many output channels, ranked by L2 norm."
+    ),
+    quantize: LutDType | None = typer.Option(None, "--quantize", help="Quantize the kept values too."),
+    palettize: int | None = typer.Option(
+        None, "--palettize", help="Palettize the kept values with a 2^N-entry k-means LUT."
+    ),
+    threshold: int = typer.Option(1024, "--threshold", help="Skip weights with this many elements or fewer."),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="Output .aimodel (default: model.sparse<..>.aimodel beside the input)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+) -> None:
+    """Prune weights to a bitmask-sparse form (optionally quantized or palettized) and report every weight.
+
+    Example: coreopt sparsify sample_models/transformer.aimodel --sparsity 0.5 -o build/t.sparse.aimodel
+
+    Example: coreopt sparsify model.aimodel --nm 2:4 --quantize int8
+
+    Example: coreopt sparsify model.aimodel --sparsity 0.75 --block-size 4 --palettize 4 --json
+    """
+    from coreai_opt.coreai_utils import DType, SparsifyPlan, sparsify_file
+
+    from ._render import render_compression
+
+    ratio = _n_m_ratio(nm)
+    if ratio is not None and sparsity is not None:
+        raise typer.BadParameter("give --sparsity or --nm, not both", param_hint="--nm")
+    if quantize is not None and palettize is not None:
+        raise typer.BadParameter("give --quantize or --palettize, not both", param_hint="--palettize")
+    with user_errors(), _weight_progress(not as_json, "sparsifying") as progress:
+        plan = SparsifyPlan(
+            target_sparsity=None if ratio is not None else (0.5 if sparsity is None else sparsity),
+            block_size=block_size,
+            n_m_ratio=ratio,
+            quantize_dtype=DType(quantize.value) if quantize is not None else None,
+            palettize_nbits=palettize,
+        )
+        result = sparsify_file(
+            model, output, plan=plan, weight_num_threshold=threshold, force=force, progress=progress
+        )
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_compression(result)
+
+
 @app.command()
 def compare(
     reference: Path = typer.Argument(..., help="The reference .aimodel (e.g. before compression)."),

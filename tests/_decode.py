@@ -87,6 +87,26 @@ def decode_blockwise(op: Any) -> np.ndarray:
     return _blockwise(scale, shape) * (data - _blockwise(offset1, shape)) + _blockwise(offset2, shape)
 
 
+def decode_sparse(value: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A bitmask-sparse value as (its nnz values in row-major order, the bool mask)."""
+    owner = value.owner
+    if owner.name == "coreai.build_sparse_with_bitmask":
+        values = decode_value(owner.operands[0])
+        mask = decode_constant(owner.operands[1].owner).astype(bool)
+        assert values.shape == (int(mask.sum()),), (values.shape, int(mask.sum()))
+        return values, mask
+    if owner.name == "coreai.lut_to_sparse_with_bitmask":
+        indices, mask = decode_sparse(owner.operands[0])
+        lut = decode_value(owner.operands[1])
+        assert lut.shape[-1] == 1, "vector LUTs on sparse indices are not decoded here"
+        rank = mask.ndim
+        block = [n // b for n, b in zip(mask.shape, lut.shape[:rank], strict=True)]
+        positions = np.nonzero(mask)  # row-major, the order of the stored values
+        tables = tuple(p // blk for p, blk in zip(positions, block, strict=True))
+        return lut[(*tables, indices.astype(np.int64), 0)], mask
+    raise AssertionError(f"cannot decode {owner.name} as sparse")
+
+
 def decode_value(value: Any) -> np.ndarray:
     owner = value.owner
     if owner.name == "coreai.constant":
@@ -95,17 +115,28 @@ def decode_value(value: Any) -> np.ndarray:
         return decode_lut(owner)
     if owner.name == "coreai.blockwise_shift_scale":
         return decode_blockwise(owner)
+    if owner.name == "coreai.sparse_with_bitmask_to_dense":
+        values, mask = decode_sparse(owner.operands[0])
+        dense = np.zeros(mask.shape)
+        dense[mask] = values
+        return dense
     raise AssertionError(f"cannot decode {owner.name}")
 
 
 def densify(program: Any) -> int:
-    """Replace every decompressed weight (blockwise_shift_scale / lut_to_dense trees over constants)
-    by its dense value; returns how many."""
+    """Replace every decompressed weight (blockwise_shift_scale / lut_to_dense / sparse bitmask trees
+    over constants) by its dense value; returns how many."""
     from coreai._compiler import ir
     from coreai._compiler.dialects import coreai as dialect
 
     module = _coreai.mlir_module(program)
-    decompress = ("coreai.blockwise_shift_scale", "coreai.lut_to_dense")
+    decompress = (
+        "coreai.blockwise_shift_scale",
+        "coreai.lut_to_dense",
+        "coreai.build_sparse_with_bitmask",
+        "coreai.lut_to_sparse_with_bitmask",
+        "coreai.sparse_with_bitmask_to_dense",
+    )
     ops = [  # outermost decompression ops: their result feeds a compute op
         op
         for op in _coreai.walk_ops(module)

@@ -14,6 +14,7 @@ from ._options import CompressionGranularity, DType, QScheme
 from ._palettize import PalettizePlan, palettize_program
 from ._quantize import quantize_program, validate
 from ._results import CompressionReport, Progress
+from ._sparsify import SparsifyPlan, sparsify_program
 
 
 @dataclass
@@ -161,4 +162,36 @@ def palettize_file(
         options=options,
         compress=compress,
         force=force,
+    )
+
+
+def sparsify_file(
+    source: Path | str,
+    output: Path | str | None = None,
+    *,
+    plan: SparsifyPlan | None = None,
+    weight_num_threshold: int = 1024,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> CompressionFileResult:
+    """`coreopt sparsify`: prune an asset's weights (optionally quantizing or palettizing the kept ones)."""
+    plan = plan or SparsifyPlan()
+    plan.validate()
+    if weight_num_threshold < 0:
+        raise ValueError("weight_num_threshold must be 0 or more")
+    ratio = plan.n_m_ratio
+    options = {
+        "sparsity": float(plan.sparsity) if plan.sparsity is not None else None,
+        "n_m": f"{ratio[0]}:{ratio[1]} (n of every m kept)" if ratio is not None else None,
+        "block_size": plan.block_size,
+        "quantize": plan.quantize_dtype.value if plan.quantize_dtype is not None else None,
+        "palettize_nbits": plan.palettize_nbits,
+        "weight_num_threshold": weight_num_threshold,
+    }
+
+    def compress(program: Any) -> CompressionReport:
+        return sparsify_program(program, plan, weight_num_threshold, progress)
+
+    return compress_file(
+        source, output, method="sparsify", tag=plan.tag, options=options, compress=compress, force=force
     )

@@ -36,7 +36,7 @@ _FP = {  # tcast code, Core AI element, emax
 
 
 @dataclass(frozen=True)
-class _Plan:
+class QuantizePlan:
     dtype: DType
     qscheme: QScheme
     granularity: CompressionGranularity
@@ -75,7 +75,7 @@ def validate(
         raise ValueError("block_size must be positive")
 
 
-def _scale_shape(site: rw.WeightSite, plan: _Plan) -> tuple[int, ...] | str:
+def _scale_shape(site: rw.WeightSite, plan: QuantizePlan) -> tuple[int, ...] | str:
     shape = site.shape
     if plan.granularity is CompressionGranularity.PER_TENSOR:
         return tuple(1 for _ in shape)
@@ -85,6 +85,30 @@ def _scale_shape(site: rw.WeightSite, plan: _Plan) -> tuple[int, ...] | str:
     if length % plan.block_size:
         return f"input axis length {length} is not a multiple of block_size {plan.block_size}"
     return tuple(d // plan.block_size if i == site.input_axis else d for i, d in enumerate(shape))
+
+
+@dataclass
+class QuantizedCodes:
+    """A weight as stored codes plus the blockwise_shift_scale parameters that decode them.
+
+    `noise` and `signal` are the squared error of the decoding and the squared weight, summed.
+    Symmetric integer and FP codes of zero are zero, so sparse forms may store only some codes.
+    """
+
+    codes: np.ndarray  # the weight's shape; unsigned bit patterns for sub-byte and FP types
+    element: str
+    scale: np.ndarray  # scale_shape, in scale_element's storage
+    scale_element: str
+    scale_shape: tuple[int, ...]
+    offset: np.ndarray | None  # offset1 in `element`'s storage (None: zero)
+    noise: float
+    signal: float
+
+    def decode(self, rewriter: rw.Rewriter, site: rw.WeightSite, data: Any) -> Any:
+        """blockwise_shift_scale of `data` (a value holding these codes, dense) to the weight's dtype."""
+        return rewriter.shift_scale(
+            site, data, self.scale, self.scale_element, self.scale_shape, self.offset, self.element
+        )
 
 
 class _Groups:
@@ -160,9 +184,7 @@ def _int_codes(q: torch.Tensor, bits: int, signed: bool) -> torch.Tensor:
     return q.to(torch.int8).view(torch.uint8) & (2**bits - 1)
 
 
-def _quantize_int(
-    w: torch.Tensor, site: rw.WeightSite, plan: _Plan, rewriter: rw.Rewriter
-) -> tuple[Any, float, float]:
+def _quantize_int(w: torch.Tensor, site: rw.WeightSite, plan: QuantizePlan) -> QuantizedCodes:
     dtype, shape = plan.dtype, site.shape
     scale_shape = _scale_shape(site, plan)
     assert isinstance(scale_shape, tuple)
@@ -201,14 +223,10 @@ def _quantize_int(
     noise, signal = _error_energy(q, x), float(torch.dot(x.reshape(-1), x.reshape(-1)))
     element = f"{'si' if dtype.signed else 'ui'}{bits}"
     offset_bits = offset & (2**bits - 1) if bits < 8 else offset.astype(np.int8 if dtype.signed else np.uint8)
-
-    def build() -> Any:
-        data_c = rewriter.constant(site, data.reshape(shape).numpy(), element, shape)
-        return rewriter.shift_scale(
-            site, data_c, groups.stored(scale), site.element, scale_shape, groups.stored(offset_bits), element
-        )
-
-    return build, signal, noise
+    return QuantizedCodes(
+        data.reshape(shape).numpy(), element, groups.stored(scale), site.element, scale_shape,
+        groups.stored(offset_bits), noise, signal,
+    )  # fmt: skip
 
 
 def _fp_codes(on_grid: torch.Tensor, dtype: DType) -> torch.Tensor:
@@ -224,9 +242,7 @@ def _fp_codes(on_grid: torch.Tensor, dtype: DType) -> torch.Tensor:
     return index.to(torch.uint8)
 
 
-def _quantize_fp(
-    w: torch.Tensor, site: rw.WeightSite, plan: _Plan, rewriter: rw.Rewriter
-) -> tuple[Any, float, float]:
+def _quantize_fp(w: torch.Tensor, site: rw.WeightSite, plan: QuantizePlan) -> QuantizedCodes:
     shape = site.shape
     scale_shape = _scale_shape(site, plan)
     assert isinstance(scale_shape, tuple)
@@ -249,14 +265,15 @@ def _quantize_fp(
     on_grid = tcast.cast(torch.div(x, s), code)  # tcast rounds (ties to even) and saturates
     data = _fp_codes(on_grid, plan.dtype)
     noise, signal = _error_energy(on_grid.mul_(s), x), float(torch.dot(x.reshape(-1), x.reshape(-1)))
+    return QuantizedCodes(
+        data.reshape(shape).numpy(), element, groups.stored(scale_store), scale_element, scale_shape,
+        None, noise, signal,
+    )  # fmt: skip
 
-    def build() -> Any:
-        data_c = rewriter.constant(site, data.reshape(shape).numpy(), element, shape)
-        return rewriter.shift_scale(
-            site, data_c, groups.stored(scale_store), scale_element, scale_shape, offset_element=element
-        )
 
-    return build, signal, noise
+def quantize_codes(w: torch.Tensor, site: rw.WeightSite, plan: QuantizePlan) -> QuantizedCodes:
+    """Codes and scales of one weight (its layout must suit the plan: see `_scale_shape`)."""
+    return (_quantize_int if plan.dtype.is_int else _quantize_fp)(w, site, plan)
 
 
 def quantize_program(
@@ -274,7 +291,7 @@ def quantize_program(
     `progress(done, total, name)` is called after each weight (for progress bars).
     """
     validate(dtype, qscheme, granularity, block_size, scale_dtype, weight_num_threshold)
-    plan = _Plan(dtype, qscheme, granularity, block_size, scale_dtype)
+    plan = QuantizePlan(dtype, qscheme, granularity, block_size, scale_dtype)
     sites, skipped = rw.weight_sites(program, weight_num_threshold)
     report = CompressionReport(skipped=list(skipped))
     rewriter = rw.Rewriter(program)
@@ -283,13 +300,16 @@ def quantize_program(
         if isinstance(scale_shape, str):
             report.skipped.append(rw.Skipped(site.name, site.shape, scale_shape, rw.SkipKind.LAYOUT))
         else:
-            w = rw.read_weight(site.op)
-            quantizer = _quantize_int if dtype.is_int else _quantize_fp
-            build, signal, noise = quantizer(w, site, plan, rewriter)
+            coded = quantize_codes(rw.read_weight(site.op), site, plan)
+
+            def build(site: rw.WeightSite = site, coded: QuantizedCodes = coded) -> Any:
+                data = rewriter.constant(site, coded.codes, coded.element, site.shape)
+                return coded.decode(rewriter, site, data)
+
             before = constant_nbytes(site.op)
             new = rewriter.replace(site, build)
             after, encoding = stored_nbytes(new), weight_encoding(new)
-            snr = snr_db(signal, noise)
+            snr = snr_db(coded.signal, coded.noise)
             report.weights.append(WeightResult(site.name, site.shape, encoding, before, after, snr))
         if progress is not None:
             progress(done, len(sites), site.name)

@@ -23,6 +23,7 @@ class WeightResult:
     bytes_after: int
     snr_db: float
     luts: int | None = None  # palettized weights: how many look-up tables
+    sparsity: float | None = None  # sparsified weights: the fraction stored as zeros
 
     @property
     def bits_per_weight(self) -> float:

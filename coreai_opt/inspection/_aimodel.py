@@ -81,7 +81,7 @@ class _Walker:
     @staticmethod
     def _describe(op: Any, parts: list[_Stored]) -> str:
         name = op.name.removeprefix("coreai.")
-        if name == "lut_to_dense" and len(parts) >= 2:
+        if name in ("lut_to_dense", "lut_to_sparse_with_bitmask") and len(parts) >= 2:
             indices, lut = parts[0], parts[1]
             entries, vector = lut.shape[-2], lut.shape[-1]
             luts = math.prod(lut.shape[:-2])
