@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._datatype import ALIASES, PREDEFINED, DataType, datatype, lookup
+from ._engine import Support, supports
 from ._modes import CastMode, ComputeMode, RoundMode, ScaleMode, defaults, initialize
 from ._number import InfNaN, Kind, NumberSpec, number
 from ._pack import pack_codes, packed_nbytes, sqnr_db, unpack_codes
@@ -34,6 +35,7 @@ __all__ = [
     "RoundMode",
     "ScaleMode",
     "ScaleSpec",
+    "Support",
     "Tensor",
     "Tile",
     "__version__",
@@ -48,6 +50,7 @@ __all__ = [
     "scale",
     "sparse",
     "sqnr_db",
+    "supports",
     "unpack_codes",
     "upcast",
 ]
@@ -81,31 +84,71 @@ def cast(
     seed: int | None = None,
     generator: Any = None,
     out_dtype: Any = None,
+    computemode: Any = None,
 ) -> Any:
     """Cast a float32/float16/bfloat16 tensor to a tcast DataType.
 
     castmode "virtual" (default) returns a tensor of the input's dtype (or `out_dtype`) holding
     the representable values; "actual" returns a `tcast.Tensor` of packed codes and scales.
-    Stochastic rounding is reproducible with `seed` or a `generator`. The input is never modified.
+    Stochastic rounding is reproducible with `seed` or a `generator` (the Triton engine draws its
+    own Philox stream from them). computemode auto (default) runs TritonCast on CUDA tensors it
+    supports (see `tcast.supports`), else TorchCast. The input is never modified.
     """
     from . import _torchcast
-    from ._modes import resolve_cast, resolve_round, resolve_scale
+    from ._engine import use_triton
+    from ._modes import resolve_cast, resolve_compute, resolve_round, resolve_scale
 
     datatype_ = _as_datatype(dtype)
     round_ = resolve_round(roundmode)
     scale_ = resolve_scale(scalemode)
+    actual = resolve_cast(castmode) is CastMode.ACTUAL
+    _torchcast._check_input(x)
+    if use_triton(x, datatype_, resolve_compute(computemode)):
+        from . import _tritoncast
+
+        kernel_seed = 0
+        if round_ is RoundMode.STOCHASTIC:
+            kernel_seed = _kernel_seed(x, seed, generator)
+        return _tritoncast.cast(
+            x, datatype_, round_, scale_, kernel_seed, not actual, None if actual else out_dtype
+        )
     gen = _generator(x, seed, generator)
-    if resolve_cast(castmode) is CastMode.ACTUAL:
+    if actual:
         return _torchcast.actual_cast(x, datatype_, round_, scale_, gen)
     return _torchcast.virtual_cast(x, datatype_, round_, scale_, gen, out_dtype)
 
 
-def upcast(t: Tensor, torch_dtype: Any = None) -> Any:
+def _kernel_seed(x: Any, seed: int | None, generator: Any) -> int:
+    """The Philox key of a stochastic Triton cast: `seed`, else drawn from the generator."""
+    if seed is not None:
+        return int(seed) & 0x7FFFFFFF
+    import torch
+
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.randint(0, 2**31 - 1, (1,), generator=generator, device=device))
+
+
+def upcast(t: Tensor, torch_dtype: Any = None, computemode: Any = None) -> Any:
     """Values of an actual cast, in `torch_dtype` (default: the dtype that was cast)."""
     from . import _torchcast
+    from ._engine import interpreting
+    from ._modes import resolve_compute
 
     if not isinstance(t, Tensor):
         raise TypeError(f"upcast takes a tcast.Tensor, got {type(t).__name__}")
+    mode = resolve_compute(computemode)
+    if mode is not ComputeMode.TORCH:
+        support = supports(t.dtype)
+        on_device = t.codes.is_cuda or (mode is ComputeMode.TRITON and interpreting())
+        if support and on_device:
+            from . import _tritoncast
+
+            return _tritoncast.upcast(t, torch_dtype)
+        if mode is ComputeMode.TRITON:
+            reason = (
+                support.reason or "a CPU tensor (Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1)"
+            )
+            raise ValueError(f"computemode triton cannot upcast {t.dtype.name}: {reason}")
     return _torchcast.upcast(t, torch_dtype)
 
 

@@ -113,8 +113,14 @@ def cast_file(
     force: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> list[TensorCastResult]:
-    """Cast the float tensors of a safetensors file (those matching `only`); copy the rest."""
+    """Cast the float tensors of a safetensors file (those matching `only`); copy the rest.
+
+    With a CUDA device present each tensor is cast there (TritonCast where it supports the type);
+    results come back to the CPU and are the same bits either way.
+    """
     from . import cast, upcast
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
 
     source, output = Path(source), Path(output)
     if output.resolve() == source.resolve():
@@ -134,13 +140,13 @@ def cast_file(
             results.append(TensorCastResult(name, tuple(tensor.shape), math.nan, math.nan, math.nan, reason))
             continue
         if castmode == "actual":
-            packed = cast(tensor, dtype, roundmode=roundmode, castmode="actual")
-            values = upcast(packed)
-            written[f"{name}.codes"] = packed.codes
+            packed = cast(tensor.to(device), dtype, roundmode=roundmode, castmode="actual")
+            values = upcast(packed).cpu()
+            written[f"{name}.codes"] = packed.codes.cpu()
             if packed.scales is not None:
-                written[f"{name}.scales"] = packed.scales
+                written[f"{name}.scales"] = packed.scales.cpu()
             if packed.zeros is not None:
-                written[f"{name}.zeros"] = packed.zeros
+                written[f"{name}.zeros"] = packed.zeros.cpu()
             layout[name] = {
                 "nspec": dtype.nspec.code,
                 "sspec": dtype.sspec.code if dtype.sspec else None,
@@ -151,7 +157,7 @@ def cast_file(
             }
             bits = packed.bits_per_value
         else:
-            values = cast(tensor, dtype, roundmode=roundmode)
+            values = cast(tensor.to(device), dtype, roundmode=roundmode).cpu()
             written[name] = values
             bits = dtype.bits_per_value() or float(dtype.nspec.bits)
         sqnr, max_err = _sqnr(tensor, values)

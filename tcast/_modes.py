@@ -77,5 +77,9 @@ def resolve_scale(value: Any) -> ScaleMode:
     return defaults().scalemode if value is None else _coerce(ScaleMode, value)
 
 
+def resolve_compute(value: Any) -> ComputeMode:
+    return defaults().computemode if value is None else _coerce(ComputeMode, value)
+
+
 def resolve_cast(value: Any) -> CastMode:
     return CastMode.VIRTUAL if value is None else _coerce(CastMode, value)

@@ -161,7 +161,7 @@ def encode(q: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
         return q.to(torch.int64)
     nan = torch.isnan(q)
     if nspec.is_int:
-        k = torch.round(torch.ldexp(torch.nan_to_num(q), torch.tensor(nspec.mbits))).to(torch.int64)
+        k = torch.round(torch.nan_to_num(q) * 2.0**nspec.mbits).to(torch.int64)  # exact: a power of two
         codes = k & ((1 << nspec.bits) - 1)
         return torch.where(nan, torch.full_like(codes, _nan_code(nspec)), codes)
     a = torch.nan_to_num(q.abs(), posinf=0.0)

@@ -262,7 +262,9 @@ def _quantize_fp(w: torch.Tensor, site: rw.WeightSite, plan: QuantizePlan) -> Qu
         scale_store = _scale_up(amax / float(tcast.number(code).max), _STORAGE[site.element])
         scale_element, scale_values = site.element, scale_store.astype(np.float64)
     s = groups.broadcast(scale_values, torch.float32)
-    on_grid = tcast.cast(torch.div(x, s), code)  # tcast rounds (ties to even) and saturates
+    # tcast rounds (ties to even) and saturates; on a CUDA device through its Triton engine
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_grid = tcast.cast(torch.div(x, s).to(device), code).cpu()
     data = _fp_codes(on_grid, plan.dtype)
     noise, signal = _error_energy(on_grid.mul_(s), x), float(torch.dot(x.reshape(-1), x.reshape(-1)))
     return QuantizedCodes(

@@ -1,0 +1,205 @@
+"""TritonCast on a CUDA GPU: bit-exactness against TorchCast, then bandwidth of every MX format.
+
+    python bench/tcast_gpu.py                 # check + tables for 16M, 256M and 1G elements
+    python bench/tcast_gpu.py --sweep         # launch-configuration sweep at 256M elements
+    python bench/tcast_gpu.py --sizes 16M --json out.json
+
+Times are medians of `triton.testing.do_bench` through the public API (`tcast.cast` /
+`tcast.upcast` with computemode triton). GB/s counts bytes read plus bytes written, beside a
+device-to-device copy of the input measured in the same run. When torchao is importable its
+`triton_to_mxfp8_dim0` (floor scaling, as OCP MX; bf16 input only) runs on the same input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tcast
+from tcast import _tritoncast
+
+MX = ("mxfp8e4", "mxfp8e5", "mxfp6e3", "mxfp6e2", "mxfp4e2", "mxint8", "mxint4", "bfp16")
+SIZES = {"16M": 1 << 24, "256M": 1 << 28, "1G": 1 << 30}
+COLS = 4096
+
+
+def _bench(fn) -> float:  # type: ignore[no-untyped-def]
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def _input(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(n // COLS, COLS, device="cuda", dtype=torch.float32, generator=g)
+    return x.mul_(torch.logspace(-4, 4, COLS, device="cuda")).to(dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    na, nb = torch.isnan(a.float()), torch.isnan(b.float())
+    if not torch.equal(na, nb):
+        return False
+    as_int = {4: torch.int32, 2: torch.int16}[a.element_size()]
+    return torch.equal(a.view(as_int)[~na], b.view(as_int)[~nb])
+
+
+def check(n: int = 1 << 22) -> list[dict]:
+    """Bit-exact TritonCast vs TorchCast on the GPU at 4M elements: every MX format, each round and
+    scale mode once (tests/test_tritoncast.py crosses them all on small tensors)."""
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        x = _input(n, dtype, seed=1)
+        x.view(-1)[::100_003] = float("nan")
+        x.view(-1)[7::200_003] = float("inf")
+        x[5, :64] = 0
+        for name in MX:
+            for rm, sm in (("even", "max"), ("nearest", "midmax"), ("zero", "ceil")):
+                modes = {"roundmode": rm, "scalemode": sm}
+                vt = tcast.cast(x, name, computemode="torch", **modes)
+                vg = tcast.cast(x, name, computemode="triton", **modes)
+                at = tcast.cast(x, name, castmode="actual", computemode="torch", **modes)
+                ag = tcast.cast(x, name, castmode="actual", computemode="triton", **modes)
+                up = tcast.upcast(ag, computemode="triton")
+                ok = (
+                    _same(vt, vg)
+                    and torch.equal(at.codes, ag.codes)
+                    and torch.equal(at.scales, ag.scales)
+                    and _same(up, vt)
+                )
+                rows.append({"dtype": str(dtype)[6:], "format": name, "round": rm, "scale": sm, "exact": ok})
+    return rows
+
+
+def sweep(n: int = SIZES["256M"]) -> list[dict]:
+    """Time launch configurations of the cast and upcast kernels."""
+    rows = []
+    x = _input(n, torch.bfloat16)
+    for name in ("mxfp8e4", "mxfp4e2", "mxfp6e2"):
+        dt = tcast.lookup(name)
+        for elements in (2048, 4096, 8192, 16384):
+            for warps in (4, 8, 16):
+                cfg = _tritoncast.LaunchConfig(elements, warps)
+
+                def act(cfg=cfg, dt=dt):  # type: ignore[no-untyped-def]
+                    return _tritoncast.cast(
+                        x, dt, tcast.RoundMode.EVEN, tcast.ScaleMode.MAX, 0, False, config=cfg
+                    )
+
+                t = act()
+                out_bytes = t.codes.numel() + t.scales.numel()
+                ms_a = _bench(act)
+                ms_u = _bench(lambda cfg=cfg, t=t: _tritoncast.upcast(t, config=cfg))
+                rows.append(
+                    {
+                        "format": name, "elements": elements, "warps": warps,
+                        "actual_ms": ms_a, "actual_GBps": (2 * n + out_bytes) / ms_a / 1e6,
+                        "upcast_ms": ms_u, "upcast_GBps": (2 * n + out_bytes) / ms_u / 1e6,
+                    }
+                )  # fmt: skip
+                print(f"{name:8} {elements:6} x{warps:<3} actual {rows[-1]['actual_GBps']:7.0f} GB/s  "
+                      f"upcast {rows[-1]['upcast_GBps']:7.0f} GB/s", flush=True)  # fmt: skip
+    return rows
+
+
+def _torchao() -> object | None:
+    try:
+        from torchao.prototype.mx_formats.kernels import triton_to_mxfp8_dim0
+
+        return triton_to_mxfp8_dim0
+    except Exception as exc:  # not installed, or built for another torch
+        print(f"torchao unavailable: {type(exc).__name__}: {exc}", flush=True)
+        return None
+
+
+def bandwidth(sizes: list[str]) -> list[dict]:
+    rows = []
+    torchao_mx = _torchao()
+    for size in sizes:
+        n = SIZES[size]
+        for dtype in (torch.bfloat16, torch.float32):
+            x = _input(n, dtype)
+            es = x.element_size()
+            y = torch.empty_like(x)
+            copy_ms = _bench(lambda x=x, y=y: y.copy_(x))
+            copy_gbps = 2 * n * es / copy_ms / 1e6
+            del y
+
+            context = {"size": size, "dtype": str(dtype)[6:], "copy_GBps": copy_gbps}
+
+            def row(fmt: str, op: str, ms: float, nbytes: int, context: dict = context) -> None:
+                gbps = nbytes / ms / 1e6
+                share = gbps / context["copy_GBps"]
+                rows.append(context | {"format": fmt, "op": op, "ms": ms, "GBps": gbps, "of_copy": share})
+                print(f"{context['size']:5} {context['dtype']:9} {fmt:9} {op:8} {ms:9.4f} ms "
+                      f"{gbps:7.0f} GB/s {share:6.1%} of copy", flush=True)  # fmt: skip
+
+            row("copy", "copy", copy_ms, 2 * n * es)
+            for name in MX:
+                ms = _bench(lambda x=x, name=name: tcast.cast(x, name, computemode="triton"))
+                row(name, "virtual", ms, 2 * n * es)
+                t = tcast.cast(x, name, castmode="actual", computemode="triton")
+                packed = t.codes.numel() + t.scales.numel()
+                ms = _bench(
+                    lambda x=x, name=name: tcast.cast(x, name, castmode="actual", computemode="triton")
+                )
+                row(name, "actual", ms, n * es + packed)
+                ms = _bench(lambda t=t: tcast.upcast(t, computemode="triton"))
+                row(name, "upcast", ms, packed + n * es)
+                del t
+            if torchao_mx is not None and dtype is torch.bfloat16:
+                try:
+                    out, scale = torchao_mx(x, 32, "floor")
+                    ms = _bench(lambda x=x: torchao_mx(x, 32, "floor"))
+                    row("torchao", "mxfp8", ms, n * es + out.numel() + scale.numel())
+                    ours = tcast.cast(x, "mxfp8e4", castmode="actual", computemode="triton")
+                    same = torch.equal(out.view(torch.uint8).reshape(-1), ours.codes) and torch.equal(
+                        scale.view(torch.uint8).reshape(-1), ours.scales
+                    )
+                    print(f"torchao floor mxfp8 codes and scales equal ours: {same}", flush=True)
+                    del out, scale, ours
+                except Exception as exc:
+                    print(f"torchao failed: {type(exc).__name__}: {exc}", flush=True)
+            del x
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="16M,256M,1G")
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/tcast_gpu.py needs a CUDA GPU")
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    print(
+        f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}"
+    )
+    result: dict = {"device": props.name, "torch": torch.__version__, "triton": triton.__version__}
+    if not args.no_check:
+        rows = check()
+        bad = [r for r in rows if not r["exact"]]
+        print(f"bit-exact vs TorchCast on the GPU: {len(rows) - len(bad)}/{len(rows)} cases", flush=True)
+        for r in bad:
+            print("  MISMATCH", r)
+        result["check"] = rows
+    if args.sweep:
+        result["sweep"] = sweep()
+    else:
+        result["bandwidth"] = bandwidth([s for s in args.sizes.split(",") if s])
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

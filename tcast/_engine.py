@@ -1,0 +1,97 @@
+"""Which engine runs a cast: TorchCast everywhere, TritonCast where its kernels apply.
+
+`computemode` auto takes Triton for CUDA tensors whose request it supports, else Torch; `triton`
+insists (a ValueError says why it cannot); `torch` never uses Triton. CPU tensors run the Triton
+kernels only when asked explicitly and TRITON_INTERPRET=1 is set (how CI checks them).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ._datatype import DataType
+from ._modes import ComputeMode
+from ._number import NumberSpec
+
+_TRITON_BITS = (4, 6, 8)
+_TILES = (8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Support:
+    """Whether the Triton engine takes a request; `reason` says why not."""
+
+    ok: bool
+    reason: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def _element_support(nspec: NumberSpec) -> str:
+    if nspec.is_uint or nspec.is_exponent:
+        return f"element format {nspec.code}: Triton casts signed float and int formats"
+    if nspec.bits not in _TRITON_BITS:
+        return f"element format {nspec.code} has {nspec.bits} bits; Triton packs 4, 6 or 8"
+    if not nspec.is_int and (nspec.emin - nspec.mbits < -126 or nspec.emax > 100):
+        return f"element format {nspec.code} reaches beyond float32's normal range"
+    return ""
+
+
+def supports(dtype: DataType, x: Any = None) -> Support:
+    """Can TritonCast run this cast (of tensor `x`, when given)? The reason when it cannot."""
+    if not _triton_importable():
+        return Support(False, "triton is not installed")
+    problem = _element_support(dtype.nspec)
+    if problem:
+        return Support(False, problem)
+    sspec = dtype.sspec
+    if sspec is not None:
+        if not sspec.is_exponent or sspec.scale.code != "e8m0" or sspec.zero is not None:
+            return Support(False, f"scale {sspec.code}: Triton takes E8M0 exponent scales")
+        if len(sspec.tiles) != 1 or sspec.is_channel:
+            return Support(False, f"scale {sspec.code}: Triton takes one tile along the last dim")
+        tile = sspec.tiles[0]
+        if tile.size not in _TILES:
+            return Support(False, f"tile {tile.size}: Triton takes tiles of 8 to 256")
+        if dtype.nspec.bits == 6 and tile.size % 4:
+            return Support(False, "6-bit codes need tiles of a multiple of 4")
+    if x is not None:
+        import torch
+
+        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            return Support(False, f"input dtype {x.dtype}")
+        if sspec is not None:
+            rank = x.dim()
+            if rank == 0:
+                return Support(False, "a tile scale needs a tensor of rank >= 1")
+            if sspec.tiles[0].dim not in (-1, rank - 1):
+                return Support(False, f"tile along dim {sspec.tiles[0].dim}, not the last dim")
+        if not x.is_cuda and not interpreting():
+            return Support(False, "a CPU tensor (Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1)")
+    return Support(True)
+
+
+def use_triton(x: Any, dtype: DataType, computemode: ComputeMode) -> bool:
+    """Pick the engine; a Triton request that cannot run raises ValueError with the reason."""
+    if computemode is ComputeMode.TORCH:
+        return False
+    support = supports(dtype, x)
+    if computemode is ComputeMode.TRITON:
+        if not support:
+            raise ValueError(f"computemode triton cannot cast to {dtype.name}: {support.reason}")
+        return True
+    return support.ok and bool(x.is_cuda)

@@ -1,0 +1,210 @@
+"""TritonCast against TorchCast, bit for bit: every MX format x round mode x scale mode, corner
+values, shapes the tile does not divide, packing, upcast, and engine dispatch.
+
+On a machine without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, small
+tensors); with CUDA they run on the GPU with larger ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first defined
+
+import tcast  # noqa: E402
+
+pytest.importorskip("triton")
+# the interpreter evaluates both sides of every tl.where in numpy, NaN lanes included
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+
+DEVICE = "cuda" if CUDA else "cpu"
+MX = ("mxfp8e4", "mxfp8e5", "mxfp6e3", "mxfp6e2", "mxfp4e2", "mxint8", "mxint4", "bfp16")
+ROUNDS = ("even", "nearest", "zero")
+SCALES = ("max", "midmax", "ceil")
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal dtype, shape and bits, every NaN matched by a NaN."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    nan_a, nan_b = torch.isnan(a.float()), torch.isnan(b.float())
+    if not torch.equal(nan_a, nan_b):
+        return False
+    as_int = {4: torch.int32, 2: torch.int16}[a.element_size()]
+    return torch.equal(a.view(as_int)[~nan_a], b.view(as_int)[~nan_b])
+
+
+def corner_input(dtype: torch.dtype, rows: int = 4, cols: int = 70) -> torch.Tensor:
+    """Values over 12 binades, a NaN, +-Inf, an all-zero tile, -0, subnormals, exact ties, saturation."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, cols, generator=g) * torch.logspace(-6, 6, cols)
+    x[0, 5] = float("nan")
+    x[1, 40] = float("inf")
+    x[3, 1] = float("-inf")
+    x[2, :32] = 0.0
+    x[2, 33] = -0.0
+    x[2, 34:40] = torch.tensor([1e-40, -3e-39, 2.0**-149, 2.5, -0.75, 1.25])  # subnormals and ties
+    x[2, 40:64] = torch.tensor([1.0, 7.0, 448.0, 500.0, 57344.0, 60000.0] * 4)  # saturation
+    return x.to(dtype).to(DEVICE)
+
+
+def _both(x: torch.Tensor, dtype: object, **kwargs: object) -> tuple[object, object]:
+    return (
+        tcast.cast(x, dtype, computemode="torch", **kwargs),
+        tcast.cast(x, dtype, computemode="triton", **kwargs),
+    )
+
+
+@pytest.mark.parametrize("name", MX)
+@pytest.mark.parametrize("source", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
+def test_every_mx_format_round_and_scale_mode_is_bit_exact(name: str, source: torch.dtype) -> None:
+    x = corner_input(source)
+    for roundmode in ROUNDS:
+        for scalemode in SCALES:
+            modes = {"roundmode": roundmode, "scalemode": scalemode}
+            virtual_torch, virtual_triton = _both(x, name, **modes)
+            assert same_bits(virtual_torch, virtual_triton), (roundmode, scalemode)
+            actual_torch, actual_triton = _both(x, name, castmode="actual", **modes)
+            assert torch.equal(actual_torch.codes, actual_triton.codes), (roundmode, scalemode)
+            assert torch.equal(actual_torch.scales, actual_triton.scales)
+            assert actual_triton.numel_padded == actual_torch.numel_padded
+            # upcast(actual) == virtual, by either engine, for either engine's codes
+            assert same_bits(tcast.upcast(actual_triton, computemode="triton"), virtual_torch)
+            assert same_bits(tcast.upcast(actual_triton, computemode="torch"), virtual_torch)
+            upcast32 = tcast.upcast(actual_torch, torch.float32, computemode="triton")
+            assert same_bits(upcast32, tcast.upcast(actual_torch, torch.float32, computemode="torch"))
+
+
+@pytest.mark.parametrize(
+    ("element", "scale"),
+    [
+        ("e4m3fn", "e8m0_t8"),
+        ("e5m2", "e8m0_t256"),
+        ("e2m1fnuz", "e8m0_t16"),
+        ("e2m3fnuz", "e8m0_t128"),
+        ("int8", "e8m0_t64"),
+        ("e4m3fn", None),
+        ("e5m2", None),
+        ("e3m2fnuz", None),
+        ("e2m1fnuz", None),
+    ],
+)
+@pytest.mark.parametrize("shape", [(5,), (2, 3, 37), (4, 256), (1, 1)])
+def test_tiles_8_to_256_unscaled_formats_and_any_leading_shape(
+    element: str, scale: str | None, shape: tuple[int, ...]
+) -> None:
+    dtype = tcast.datatype(element, scale)
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(2)) * 3).to(DEVICE)
+    flat = x.view(-1)
+    flat[0] = -0.0
+    if flat.numel() > 3:
+        flat[2], flat[3] = float("-inf"), 1e-42
+    for source in (torch.float32, torch.bfloat16):
+        xs = x.to(source)
+        virtual_torch, virtual_triton = _both(xs, dtype)
+        assert same_bits(virtual_torch, virtual_triton)
+        actual_torch, actual_triton = _both(xs, dtype, castmode="actual")
+        assert torch.equal(actual_torch.codes, actual_triton.codes)
+        assert (actual_torch.scales is None) == (actual_triton.scales is None)
+        if actual_torch.scales is not None:
+            assert torch.equal(actual_torch.scales, actual_triton.scales)
+        assert same_bits(tcast.upcast(actual_triton, computemode="triton"), virtual_torch)
+
+
+def test_every_code_of_mxfp6_and_mxfp4_round_trips_through_the_packing() -> None:
+    """Each 6- and 4-bit code value at every position of a 4-code group survives pack and unpack."""
+    for name, bits in (("mxfp6e2", 6), ("mxfp6e3", 6), ("mxfp4e2", 4)):
+        table = tcast._torchcast._decode_table_cpu(tcast.lookup(name).nspec.code)
+        finite = torch.nonzero(torch.isfinite(table)).reshape(-1)
+        values = table[finite].float()
+        x = values.repeat(8)[: 32 * (len(values) * 8 // 32)].reshape(-1, 32).clone()
+        x[:, 0] = values.abs().max()  # every tile at unit scale: the codes are the table's
+        x = x.to(DEVICE)
+        actual = tcast.cast(x, name, castmode="actual", computemode="triton")
+        reference = tcast.cast(x, name, castmode="actual", computemode="torch")
+        assert torch.equal(actual.codes, reference.codes)
+        codes = tcast.unpack_codes(actual.codes.cpu(), bits, actual.numel_padded)
+        assert set(codes.tolist()) == set(finite.tolist())  # every code but NaN, at every lane
+        assert same_bits(tcast.upcast(actual, computemode="triton"), tcast.cast(x, name, computemode="torch"))
+
+
+def test_stochastic_rounding_is_reproducible_and_unbiased() -> None:
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    first = tcast.cast(x, "mxfp4e2", "stochastic", seed=3, computemode="triton")
+    assert torch.equal(first, tcast.cast(x, "mxfp4e2", "stochastic", seed=3, computemode="triton"))
+    assert not torch.equal(first, tcast.cast(x, "mxfp4e2", "stochastic", seed=4, computemode="triton"))
+    for name in ("mxfp4e2", "mxfp6e3", "mxint8"):  # actual and virtual draw the same number per element
+        virtual = tcast.cast(x, name, "stochastic", seed=5, computemode="triton")
+        actual = tcast.cast(x, name, "stochastic", castmode="actual", seed=5, computemode="triton")
+        assert same_bits(tcast.upcast(actual, computemode="triton"), virtual)
+    # 0.3 in a tile of 0.3s: scale 2^-4, element 4.8 between grid points 4 and 6; the mean is 4.8
+    flat = torch.full((64, 256), 0.3, device=DEVICE)
+    draws = torch.stack(
+        [tcast.cast(flat, "mxfp4e2", "stochastic", seed=k, computemode="triton") for k in range(16)]
+    )
+    assert set(torch.unique(draws).tolist()) == {0.25, 0.375}
+    n = draws.numel()
+    share_up = float((draws == 0.375).double().mean())
+    assert abs(share_up - 0.4) < 4 * (0.4 * 0.6 / n) ** 0.5  # four standard errors
+    # same generator state, same bits
+    g1, g2 = (torch.Generator(device=DEVICE).manual_seed(9) for _ in range(2))
+    a = tcast.cast(x, "mxint8", "stochastic", generator=g1, computemode="triton")
+    assert torch.equal(a, tcast.cast(x, "mxint8", "stochastic", generator=g2, computemode="triton"))
+
+
+def test_the_input_is_never_modified() -> None:
+    x = corner_input(torch.float32)
+    before = x.clone()
+    tcast.cast(x, "mxfp4e2", computemode="triton")
+    tcast.cast(x, "mxfp8e4", castmode="actual", computemode="triton")
+    assert same_bits(x, before)
+
+
+def test_supports_says_why_and_dispatch_falls_back() -> None:
+    assert tcast.supports(tcast.mxfp8e4)
+    cases = {
+        tcast.datatype("e4m3fn", "e8m0_t32d0"): "not the last dim",
+        tcast.datatype("e4m3fn", "e8m0_t512"): "tiles of 8 to 256",
+        tcast.lookup("int8_f_t32"): "E8M0 exponent scales",
+        tcast.datatype("e3m3", "e8m0_t32"): "Triton packs 4, 6 or 8",
+        tcast.lookup("uint8_ff"): "signed float and int formats",
+    }
+    x = torch.randn(4, 64)
+    for dtype, reason in cases.items():
+        support = tcast.supports(dtype, x)
+        assert not support and reason in support.reason, (dtype, support)
+        with pytest.raises(ValueError, match="computemode triton cannot"):
+            tcast.cast(x, dtype, computemode="triton")
+        tcast.cast(x, dtype)  # auto falls back to TorchCast
+    assert "input dtype" in tcast.supports(tcast.mxfp8e4, x.double()).reason
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU fallback rule")
+def test_auto_runs_torch_on_cpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tcast import _tritoncast
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("auto must not run Triton on a CPU tensor")
+
+    monkeypatch.setattr(_tritoncast, "cast", refuse)
+    tcast.cast(torch.randn(4, 64), "mxfp8e4")  # auto: TorchCast
+    with tcast_defaults(computemode="torch"):
+        tcast.cast(torch.randn(4, 64), "mxfp8e4")
+
+
+@contextlib.contextmanager
+def tcast_defaults(**modes: str) -> Iterator[None]:
+    saved = tcast.defaults()
+    tcast.initialize(**modes)
+    try:
+        yield
+    finally:
+        tcast.initialize(saved.roundmode, saved.scalemode, saved.computemode)
