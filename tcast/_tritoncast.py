@@ -366,17 +366,8 @@ def _upcast_kernel(
     EVEN: tl.constexpr,
     BITS: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    block = pid.to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    j = tl.arange(0, TILE)
-    if EVEN:
-        offsets = block[:, None] * TILE + j[None, :]
-        valid = (block < n_blocks)[:, None] & (j < TILE)[None, :]
-    else:
-        row = block // blocks_per_row
-        col = (block % blocks_per_row)[:, None] * TILE + j[None, :]
-        offsets = row[:, None] * cols + col
-        valid = (block < n_blocks)[:, None] & (col < cols)
+    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    offsets, valid, _ = _offsets(block, 0, n_blocks, blocks_per_row, cols, TILE, 1, EVEN)
     code = _load_codes(codes_ptr, block, code_bytes, TILE, BLOCKS, BITS)
     values = tl.load(table_ptr + code)
     if HAS_SCALE:

@@ -153,3 +153,20 @@ def densify(program: Any) -> int:
         op.erase()
     module.operation.verify()
     return len(ops)
+
+
+def assert_runtime_matches_decoding(path: Any, weights: int, scratch: Any) -> None:
+    """Run a compressed asset and its numpy-densified copy on the runtime: the same outputs."""
+    from conftest import run_aimodel, sample_inputs
+
+    from coreai_opt.io import load_aimodel, save_aimodel
+
+    dense = load_aimodel(path)
+    assert densify(dense) == weights
+    dense_path = save_aimodel(dense, scratch / "dense.aimodel")
+    inputs = sample_inputs(path)
+    got, want = run_aimodel(path, inputs), run_aimodel(dense_path, inputs)
+    for name in got:
+        assert np.isfinite(got[name]).all()
+        scale = max(1.0, float(np.abs(want[name]).max()))
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5 * scale)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _decode import densify
-from conftest import SAMPLES, run_aimodel, sample_inputs
+from _decode import assert_runtime_matches_decoding, densify
+from conftest import SAMPLES, run_aimodel
 
 from coreai_opt.conversion import convert_exported_program
 from coreai_opt.coreai_utils import (
@@ -69,15 +69,7 @@ def test_runtime_equals_numpy_decoding(plan_id: str, sample: str, tmp_path: Path
     for skipped in report.skipped:
         assert skipped.kind.value in ("small", "not-a-weight", "layout")
     # the runtime decompresses exactly what the numpy decoding of the stored bytes gives
-    dense = load_aimodel(path)
-    assert densify(dense) == len(report.weights)
-    dense_path = save_aimodel(dense, tmp_path / "dense.aimodel")
-    inputs = sample_inputs(path)
-    got, want = run_aimodel(path, inputs), run_aimodel(dense_path, inputs)
-    for name in got:
-        assert np.isfinite(got[name]).all()
-        scale = max(1.0, float(np.abs(want[name]).max()))
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5 * scale)
+    assert_runtime_matches_decoding(path, len(report.weights), tmp_path)
 
 
 def test_4_bit_per_channel_transformer_keeps_cosine(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _decode import decode_value, densify
-from conftest import SAMPLES, copy_sample, run_aimodel, sample_inputs, tree_digest
+from _decode import assert_runtime_matches_decoding, decode_value
+from conftest import SAMPLES, copy_sample, run_aimodel, tree_digest
 
 from coreai_opt import _coreai
 from coreai_opt._coreai import _rewrite as rw
@@ -76,15 +76,7 @@ def test_runtime_equals_numpy_decoding(plan_id: str, sample: str, tmp_path: Path
         else:
             assert abs(w.sparsity - plan.target_sparsity) <= 32 * (plan.block_size or 1) / count + 1e-9
     # the runtime decompresses exactly what the numpy decoding of the stored bytes gives
-    dense = load_aimodel(path)
-    assert densify(dense) == len(report.weights)
-    dense_path = save_aimodel(dense, tmp_path / "dense.aimodel")
-    inputs = sample_inputs(path)
-    got, want = run_aimodel(path, inputs), run_aimodel(dense_path, inputs)
-    for name in got:
-        assert np.isfinite(got[name]).all()
-        scale = max(1.0, float(np.abs(want[name]).max()))
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5 * scale)
+    assert_runtime_matches_decoding(path, len(report.weights), tmp_path)
 
 
 @pytest.mark.parametrize("sample", ["mlp", "transformer"])

@@ -22,16 +22,14 @@ import numpy as np
 import torch
 
 import tcast
-from coreai_opt._agreement import snr_db
 from coreai_opt._coreai import _rewrite as rw
-from coreai_opt._coreai._ir import constant_nbytes, stored_nbytes
-from coreai_opt.inspection import weight_encoding
 
+from ._driver import Compressed, compress_sites
 from ._kmeans import kmeans_1d
 from ._options import CompressionGranularity, DType
 from ._quantize import _STORAGE as _NUMPY
 from ._quantize import _fp_codes, _stored_positive
-from ._results import CompressionReport, Progress, WeightResult
+from ._results import CompressionReport, Progress
 
 G = CompressionGranularity
 N_BITS = (1, 2, 3, 4, 6, 8)
@@ -272,7 +270,7 @@ def _axis_constant(axis: int) -> Any:
 
 def _palettize_one(
     w: torch.Tensor, site: rw.WeightSite, plan: PalettizePlan, rewriter: rw.Rewriter
-) -> tuple[Any, float, float, int] | str:
+) -> Compressed | str:
     axis, shape, dim = site.output_axis, site.shape, plan.cluster_dim
     channels = shape[axis]
     groups = _lut_groups(channels, plan)
@@ -353,7 +351,7 @@ def _palettize_one(
             zero.astype(np.uint8).reshape(param_shape), lut_element,
         )  # fmt: skip
 
-    return build, signal, noise, groups
+    return Compressed(build, signal, noise, luts=groups)
 
 
 def palettize_program(
@@ -364,29 +362,9 @@ def palettize_program(
 ) -> CompressionReport:
     """Palettize every eligible weight of `program` in place and report each one."""
     plan.validate()
-    if weight_num_threshold < 0:
-        raise ValueError("weight_num_threshold must be 0 or more")
-    sites, skipped = rw.weight_sites(program, weight_num_threshold)
-    report = CompressionReport(skipped=list(skipped))
-    rewriter = rw.Rewriter(program)
-    for done, site in enumerate(sites, 1):
-        outcome = _palettize_one(rw.read_weight(site.op), site, plan, rewriter)
-        if isinstance(outcome, str):
-            report.skipped.append(rw.Skipped(site.name, site.shape, outcome, rw.SkipKind.LAYOUT))
-        else:
-            build, signal, noise, luts = outcome
-            before = constant_nbytes(site.op)
-            new = rewriter.replace(site, build)
-            report.weights.append(
-                WeightResult(
-                    site.name, site.shape, weight_encoding(new), before, stored_nbytes(new),
-                    snr_db(signal, noise), luts,
-                )
-            )  # fmt: skip
-        if progress is not None:
-            progress(done, len(sites), site.name)
-    rewriter.verify()
-    return report
+    return compress_sites(
+        program, weight_num_threshold, lambda w, site, rw_: _palettize_one(w, site, plan, rw_), progress
+    )
 
 
 def palettize_weights(

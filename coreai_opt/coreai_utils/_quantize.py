@@ -19,13 +19,11 @@ import numpy as np
 import torch
 
 import tcast
-from coreai_opt._agreement import snr_db
 from coreai_opt._coreai import _rewrite as rw
-from coreai_opt._coreai._ir import constant_nbytes, stored_nbytes
-from coreai_opt.inspection import weight_encoding
 
+from ._driver import Compressed, compress_sites
 from ._options import CompressionGranularity, DType, QScheme
-from ._results import CompressionReport, Progress, WeightResult
+from ._results import CompressionReport, Progress
 
 _STORAGE = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 _FP = {  # tcast code, Core AI element, emax
@@ -294,29 +292,20 @@ def quantize_program(
     """
     validate(dtype, qscheme, granularity, block_size, scale_dtype, weight_num_threshold)
     plan = QuantizePlan(dtype, qscheme, granularity, block_size, scale_dtype)
-    sites, skipped = rw.weight_sites(program, weight_num_threshold)
-    report = CompressionReport(skipped=list(skipped))
-    rewriter = rw.Rewriter(program)
-    for done, site in enumerate(sites, 1):
+
+    def one(w: torch.Tensor, site: rw.WeightSite, rewriter: rw.Rewriter) -> Compressed | str:
         scale_shape = _scale_shape(site, plan)
         if isinstance(scale_shape, str):
-            report.skipped.append(rw.Skipped(site.name, site.shape, scale_shape, rw.SkipKind.LAYOUT))
-        else:
-            coded = quantize_codes(rw.read_weight(site.op), site, plan)
+            return scale_shape
+        coded = quantize_codes(w, site, plan)
 
-            def build(site: rw.WeightSite = site, coded: QuantizedCodes = coded) -> Any:
-                data = rewriter.constant(site, coded.codes, coded.element, site.shape)
-                return coded.decode(rewriter, site, data)
+        def build() -> Any:
+            data = rewriter.constant(site, coded.codes, coded.element, site.shape)
+            return coded.decode(rewriter, site, data)
 
-            before = constant_nbytes(site.op)
-            new = rewriter.replace(site, build)
-            after, encoding = stored_nbytes(new), weight_encoding(new)
-            snr = snr_db(coded.signal, coded.noise)
-            report.weights.append(WeightResult(site.name, site.shape, encoding, before, after, snr))
-        if progress is not None:
-            progress(done, len(sites), site.name)
-    rewriter.verify()
-    return report
+        return Compressed(build, coded.signal, coded.noise)
+
+    return compress_sites(program, weight_num_threshold, one, progress)
 
 
 def quantize_weights(

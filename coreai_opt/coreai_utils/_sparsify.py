@@ -30,15 +30,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from coreai_opt._agreement import snr_db
 from coreai_opt._coreai import _rewrite as rw
-from coreai_opt._coreai._ir import constant_nbytes, stored_nbytes
-from coreai_opt.inspection import weight_encoding
 
+from ._driver import Compressed, compress_sites
 from ._options import CompressionGranularity, DType, QScheme
 from ._palettize import N_BITS, PalettizePlan, _axis_constant, _scalar_clusters
 from ._quantize import QuantizedCodes, QuantizePlan, quantize_codes
-from ._results import CompressionReport, Progress, WeightResult
+from ._results import CompressionReport, Progress
 
 JOINT_DTYPES = (DType.INT8, DType.UINT8, DType.FP8_E4M3FN, DType.FP8_E5M2)
 _UINT8_BLOCK = 32
@@ -259,7 +257,7 @@ def _to_dense(values: Any, mask: Any) -> Any:
 
 def _sparsify_one(
     w: torch.Tensor, site: rw.WeightSite, plan: SparsifyPlan, rewriter: rw.Rewriter
-) -> tuple[_Sparse, float, float] | str:
+) -> Compressed | str:
     mask = sparsity_mask(w, site, plan)
     if isinstance(mask, str):
         return mask
@@ -273,7 +271,8 @@ def _sparsify_one(
         return sparse
     x = w.double()
     pruned_energy = float(x[~mask].square().sum())
-    return sparse, float(x.square().sum()), sparse.noise + pruned_energy
+    zeros = 1.0 - sparse.kept / math.prod(site.shape)
+    return Compressed(sparse.build, float(x.square().sum()), sparse.noise + pruned_energy, sparsity=zeros)
 
 
 def sparsify_program(
@@ -284,30 +283,9 @@ def sparsify_program(
 ) -> CompressionReport:
     """Sparsify every eligible weight of `program` in place and report each one."""
     plan.validate()
-    if weight_num_threshold < 0:
-        raise ValueError("weight_num_threshold must be 0 or more")
-    sites, skipped = rw.weight_sites(program, weight_num_threshold)
-    report = CompressionReport(skipped=list(skipped))
-    rewriter = rw.Rewriter(program)
-    for done, site in enumerate(sites, 1):
-        outcome = _sparsify_one(rw.read_weight(site.op), site, plan, rewriter)
-        if isinstance(outcome, str):
-            report.skipped.append(rw.Skipped(site.name, site.shape, outcome, rw.SkipKind.LAYOUT))
-        else:
-            sparse, signal, noise = outcome
-            before = constant_nbytes(site.op)
-            new = rewriter.replace(site, sparse.build)
-            count = math.prod(site.shape)
-            report.weights.append(
-                WeightResult(
-                    site.name, site.shape, weight_encoding(new), before, stored_nbytes(new),
-                    snr_db(signal, noise), sparsity=1.0 - sparse.kept / count,
-                )
-            )  # fmt: skip
-        if progress is not None:
-            progress(done, len(sites), site.name)
-    rewriter.verify()
-    return report
+    return compress_sites(
+        program, weight_num_threshold, lambda w, site, rw_: _sparsify_one(w, site, plan, rw_), progress
+    )
 
 
 def sparsify_weights(
