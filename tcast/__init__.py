@@ -103,7 +103,7 @@ def cast(
     scale_ = resolve_scale(scalemode)
     actual = resolve_cast(castmode) is CastMode.ACTUAL
     _torchcast._check_input(x)
-    if use_triton(x, datatype_, resolve_compute(computemode)):
+    if use_triton(datatype_, resolve_compute(computemode), tuple(x.shape), x.dtype, x.is_cuda, "cast to"):
         from . import _tritoncast
 
         kernel_seed = 0
@@ -131,24 +131,16 @@ def _kernel_seed(x: Any, seed: int | None, generator: Any) -> int:
 def upcast(t: Tensor, torch_dtype: Any = None, computemode: Any = None) -> Any:
     """Values of an actual cast, in `torch_dtype` (default: the dtype that was cast)."""
     from . import _torchcast
-    from ._engine import interpreting
+    from ._engine import use_triton
     from ._modes import resolve_compute
 
     if not isinstance(t, Tensor):
         raise TypeError(f"upcast takes a tcast.Tensor, got {type(t).__name__}")
     mode = resolve_compute(computemode)
-    if mode is not ComputeMode.TORCH:
-        support = supports(t.dtype)
-        on_device = t.codes.is_cuda or (mode is ComputeMode.TRITON and interpreting())
-        if support and on_device:
-            from . import _tritoncast
+    if use_triton(t.dtype, mode, t.shape, t.source_dtype, t.codes.is_cuda, "upcast"):
+        from . import _tritoncast
 
-            return _tritoncast.upcast(t, torch_dtype)
-        if mode is ComputeMode.TRITON:
-            reason = (
-                support.reason or "a CPU tensor (Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1)"
-            )
-            raise ValueError(f"computemode triton cannot upcast {t.dtype.name}: {reason}")
+        return _tritoncast.upcast(t, torch_dtype)
     return _torchcast.upcast(t, torch_dtype)
 
 

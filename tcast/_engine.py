@@ -51,8 +51,11 @@ def _element_support(nspec: NumberSpec) -> str:
     return ""
 
 
-def supports(dtype: DataType, x: Any = None) -> Support:
-    """Can TritonCast run this cast (of tensor `x`, when given)? The reason when it cannot."""
+_CPU_REASON = "a CPU tensor (Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1)"
+
+
+def _check(dtype: DataType, shape: tuple[int, ...] | None, source: Any, on_cuda: bool | None) -> Support:
+    """Every rule, for a dtype alone or for a tensor of `shape`, float dtype `source`, on a device."""
     if not _triton_importable():
         return Support(False, "triton is not installed")
     problem = _element_support(dtype.nspec)
@@ -69,29 +72,38 @@ def supports(dtype: DataType, x: Any = None) -> Support:
             return Support(False, f"tile {tile.size}: Triton takes tiles of 8 to 256")
         if dtype.nspec.bits == 6 and tile.size % 4:
             return Support(False, "6-bit codes need tiles of a multiple of 4")
-    if x is not None:
+    if source is not None:
         import torch
 
-        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            return Support(False, f"input dtype {x.dtype}")
-        if sspec is not None:
-            rank = x.dim()
-            if rank == 0:
-                return Support(False, "a tile scale needs a tensor of rank >= 1")
-            if sspec.tiles[0].dim not in (-1, rank - 1):
-                return Support(False, f"tile along dim {sspec.tiles[0].dim}, not the last dim")
-        if not x.is_cuda and not interpreting():
-            return Support(False, "a CPU tensor (Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1)")
+        if source not in (torch.float32, torch.float16, torch.bfloat16):
+            return Support(False, f"input dtype {source}")
+    if shape is not None and sspec is not None:
+        if not shape:
+            return Support(False, "a tile scale needs a tensor of rank >= 1")
+        if sspec.tiles[0].dim not in (-1, len(shape) - 1):
+            return Support(False, f"tile along dim {sspec.tiles[0].dim}, not the last dim")
+    if on_cuda is False and not interpreting():
+        return Support(False, _CPU_REASON)
     return Support(True)
 
 
-def use_triton(x: Any, dtype: DataType, computemode: ComputeMode) -> bool:
-    """Pick the engine; a Triton request that cannot run raises ValueError with the reason."""
+def supports(dtype: DataType, x: Any = None) -> Support:
+    """Can TritonCast run this cast (of tensor `x`, when given)? The reason when it cannot."""
+    if x is None:
+        return _check(dtype, None, None, None)
+    return _check(dtype, tuple(x.shape), x.dtype, bool(x.is_cuda))
+
+
+def use_triton(
+    dtype: DataType, computemode: ComputeMode, shape: tuple[int, ...], source: Any, on_cuda: bool, what: str
+) -> bool:
+    """Pick the engine for a cast (or an upcast) of a tensor; a Triton request that cannot run
+    raises ValueError with the reason. Auto takes Triton on CUDA only."""
     if computemode is ComputeMode.TORCH:
         return False
-    support = supports(dtype, x)
+    support = _check(dtype, shape, source, on_cuda)
     if computemode is ComputeMode.TRITON:
         if not support:
-            raise ValueError(f"computemode triton cannot cast to {dtype.name}: {support.reason}")
+            raise ValueError(f"computemode triton cannot {what} {dtype.name}: {support.reason}")
         return True
-    return support.ok and bool(x.is_cuda)
+    return support.ok and on_cuda

@@ -64,16 +64,15 @@ def _round(y, noise, ROUND: tl.constexpr):
         # float32 addition of 2**23 rounds y to an integer, ties to even; subtracting it is exact
         # (no fast-math reassociation and no FMA contraction in these kernels)
         return (y + 8388608.0) - 8388608.0
-    whole = y.to(tl.int32)  # truncation: y >= 0
-    whole_f = whole.to(tl.float32)
-    fraction = y - whole_f  # exact
-    if ROUND == 1:
+    whole = y.to(tl.int32).to(tl.float32)  # truncation: y >= 0
+    if ROUND == 2:
+        return whole
+    fraction = y - whole  # exact
+    if ROUND == 1:  # noqa: SIM108  (constexpr branches)
         up = fraction >= 0.5
-    elif ROUND == 2:
-        up = fraction < 0.0  # never
     else:
         up = noise < fraction
-    return whole_f + up.to(tl.float32)
+    return whole + up.to(tl.float32)
 
 
 @triton.jit

@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,13 +168,8 @@ def _native(values: torch.Tensor) -> np.ndarray:
     return values.numpy()
 
 
-@dataclass
-class _Sparse:
-    """One weight's sparse form: what to emit, and its error."""
-
-    build: Any
-    kept: int
-    noise: float  # squared error over kept values (the pruned energy is added by the caller)
+# A sparse form: the builder of its ops, and the squared error over the kept values it stores.
+_Sparse = tuple[Callable[[], Any], float]
 
 
 def _plain(w: torch.Tensor, mask: torch.Tensor, site: rw.WeightSite, rewriter: rw.Rewriter) -> _Sparse:
@@ -183,7 +179,7 @@ def _plain(w: torch.Tensor, mask: torch.Tensor, site: rw.WeightSite, rewriter: r
         data = rewriter.constant(site, values, site.element, (values.size,))
         return _to_dense(data, _mask_constant(rewriter, site, mask))
 
-    return _Sparse(build, values.size, 0.0)
+    return build, 0.0
 
 
 def _quantized(
@@ -205,7 +201,7 @@ def _quantized(
             data = rewriter.constant(line, coded.codes, coded.element, (kept,))
             return _to_dense(coded.decode(rewriter, line, data), _mask_constant(rewriter, site, mask))
 
-        return _Sparse(build_uint8, kept, coded.noise)
+        return build_uint8, coded.noise
     pruned = torch.where(mask, w, torch.zeros((), dtype=w.dtype))
     q_plan = QuantizePlan(dtype, QScheme.SYMMETRIC, CompressionGranularity.PER_CHANNEL, 32, None)
     coded: QuantizedCodes = quantize_codes(pruned, site, q_plan)
@@ -215,7 +211,7 @@ def _quantized(
         data = rewriter.constant(site, codes, coded.element, (kept,))
         return coded.decode(rewriter, site, _to_dense(data, _mask_constant(rewriter, site, mask)))
 
-    return _Sparse(build, kept, coded.noise)
+    return build, coded.noise
 
 
 def _palettized(
@@ -242,7 +238,7 @@ def _palettized(
         sparse = dialect.lut_to_sparse_with_bitmask(sparse_idx, lut_c, _axis_constant(site.output_axis))
         return dialect.sparse_with_bitmask_to_dense(sparse)
 
-    return _Sparse(build, indices.size, noise)
+    return build, noise
 
 
 def _mask_constant(rewriter: rw.Rewriter, site: rw.WeightSite, mask: torch.Tensor) -> Any:
@@ -271,8 +267,9 @@ def _sparsify_one(
         return sparse
     x = w.double()
     pruned_energy = float(x[~mask].square().sum())
-    zeros = 1.0 - sparse.kept / math.prod(site.shape)
-    return Compressed(sparse.build, float(x.square().sum()), sparse.noise + pruned_energy, sparsity=zeros)
+    build, kept_noise = sparse
+    zeros = 1.0 - int(mask.sum()) / math.prod(site.shape)
+    return Compressed(build, float(x.square().sum()), kept_noise + pruned_energy, sparsity=zeros)
 
 
 def sparsify_program(
