@@ -73,6 +73,61 @@ def test_equals_brute_force_on_tiny_inputs() -> None:
     assert checked == 150
 
 
+def _full_programme(x: np.ndarray, w: np.ndarray, k: int) -> float:
+    """The textbook O(k n^2) dynamic programme over every state, vectorised (no bounds, no
+    pruning); returns the squared error of its clustering, summed directly."""
+    n = len(x)
+    d = x - (w * x).sum() / w.sum()
+    p0, p1, p2 = (np.concatenate([[0.0], np.cumsum(v)]) for v in (w, w * d, w * d * d))
+    j, i = np.arange(n)[None, :], np.arange(n)[:, None]
+    with np.errstate(all="ignore"):
+        cost = (p2[i + 1] - p2[j]) - (p1[i + 1] - p1[j]) ** 2 / (p0[i + 1] - p0[j])
+    cost = np.where(j <= i, np.maximum(cost, 0.0), np.inf)
+    best, starts = cost[:, 0], []
+    for _ in range(1, k):
+        total = np.concatenate([[np.inf], best[:-1]])[None, :] + cost
+        starts.append(total.argmin(axis=1))
+        best = total.min(axis=1)
+    uppers, end = [], n - 1
+    for start in reversed(starts):
+        uppers.append(end)
+        end = start[end] - 1
+    uppers = np.array([end, *reversed(uppers)])
+    centroids = [
+        np.average(x[a : b + 1], weights=w[a : b + 1])
+        for a, b in zip([0, *(uppers[:-1] + 1)], uppers, strict=True)
+    ]
+    return _sse(x, w, uppers, np.array(centroids), k)
+
+
+def _shapes(rng: np.random.Generator, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Point sets that stress the cost bound and the meeting of the two halves: tight clumps
+    (the Lloyd bound is loose there), an even grid (many equal-cost optima), one far outlier,
+    heavy tails and fp16-like Gaussian rows."""
+    clumps = np.unique(np.concatenate([c + 1e-3 * rng.standard_normal(n // 5) for c in (-9, -1, 0, 4, 30)]))
+    grid = np.arange(float(n))
+    outlier = np.unique(np.append(rng.standard_normal(n - 1), 1e4))
+    heavy = np.unique(np.round(rng.standard_t(1.2, n) * 3, 4))
+    fp16 = np.unique((0.02 * rng.standard_normal(n)).astype(np.float16).astype(np.float64))
+    return {
+        name: (v, rng.integers(1, 9, len(v)).astype(np.float64) if name != "grid" else np.ones(len(v)))
+        for name, v in [("clumps", clumps), ("grid", grid), ("outlier", outlier), ("heavy", heavy), ("fp16", fp16)]
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 16, 33])
+def test_equals_the_full_programme_on_every_shape(k: int) -> None:
+    rng = np.random.default_rng(k)
+    for name, (x, w) in _shapes(rng, 300).items():
+        uppers, centroids, found = kmeans_1d(x, w, np.array([0, len(x)]), k, workers=1)
+        assert found[0] == k, name
+        assert np.all(np.diff(uppers[0]) > 0) and uppers[0, -1] == len(x) - 1, name
+        got = _sse(x, w, uppers[0], centroids[0], k)
+        # both programmes compare costs from prefix sums: they agree to rounding of the total
+        spread = float((w * (x - np.average(x, weights=w)) ** 2).sum())
+        assert got == pytest.approx(_full_programme(x, w, k), rel=1e-9, abs=1e-14 * spread), name
+
+
 @pytest.mark.parametrize("heavy", [False, True], ids=["gaussian", "heavy-tailed"])
 def test_never_worse_than_lloyd(heavy: bool) -> None:
     rng = np.random.default_rng(1)

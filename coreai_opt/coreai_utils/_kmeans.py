@@ -10,10 +10,13 @@ Costs come in O(1) from prefix sums of the points less their weighted mean (whic
 differences of prefix sums accurate). The matrix of each layer is Monge, so its row argmins are
 monotone: each layer is solved by divide and conquer over rows, every row scanning only the
 columns between its neighbours' argmins and above its own argmin one layer earlier -
-O(k n log n) evaluations in tight loops. An iterative SMAWK (O(k n), Wu 1991; Gronlund et al.
-2017) was measured here too and was 5-7x slower at every size that palettization meets (768 to
-24,000 points, k 4 to 256): its REDUCE step's data-dependent branches cost more than the log
-factor saves. See docs/benchmarks.md.
+O(k n log n) evaluations in tight loops. Two exact cuts halve the work again: the programme runs
+k//2 layers over prefixes and the rest over (mirrored) suffixes and the halves meet at the best
+cut, and any state costing more than a quick Lloyd clustering (an upper bound on the optimum)
+is dropped with every longer prefix of its layer - few clusters over many points never pay.
+An iterative SMAWK (O(k n), Wu 1991; Gronlund et al. 2017) was measured here too and was 5-7x
+slower at every size that palettization meets (768 to 24,000 points, k 4 to 256): its REDUCE
+step's data-dependent branches cost more than the log factor saves. See docs/benchmarks.md.
 
 The kernels are compiled by numba on first use (nogil, so threads run groups in parallel) and
 cached on disk; importing this module compiles nothing.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -54,18 +58,32 @@ def kmeans_1d(
     x = np.ascontiguousarray(x, np.float64)
     w = np.ascontiguousarray(w, np.float64)
     offsets = np.ascontiguousarray(offsets, np.int64)
-    workers = workers or os.cpu_count() or 1
     # chunks balanced by points, several per worker so uneven groups even out
-    chunks = max(1, min(count, workers * 8))
-    cuts = np.searchsorted(offsets, np.linspace(0, offsets[-1], chunks + 1)).clip(0, count)
+    cuts = np.searchsorted(offsets, np.linspace(0, offsets[-1], _chunks(count, workers) + 1))
+    in_threads(lambda a, b: kernel(x, w, offsets, k, a, b, uppers, centroids, found), count, workers, cuts)
+    return uppers, centroids, found
+
+
+def _chunks(count: int, workers: int) -> int:
+    return max(1, min(count, (workers or os.cpu_count() or 1) * 8))
+
+
+def in_threads(
+    task: Callable[[int, int], Any], count: int, workers: int = 0, cuts: np.ndarray | None = None
+) -> None:
+    """Run task(first, last) over spans covering range(count) on `workers` threads (0: one per
+    CPU); the tasks are numba kernels or numpy calls that release the GIL. `cuts` (ascending,
+    from 0 to count) overrides the default of several equal spans per worker."""
+    workers = workers or os.cpu_count() or 1
+    if cuts is None:
+        cuts = np.linspace(0, count, _chunks(count, workers) + 1).round()
+    cuts = np.asarray(cuts, np.int64).clip(0, count)
     cuts[0], cuts[-1] = 0, count
     spans = [(int(a), int(b)) for a, b in itertools.pairwise(cuts) if b > a]
-    if workers == 1 or len(spans) == 1:
-        kernel(x, w, offsets, k, 0, count, uppers, centroids, found)
-    else:
-        with ThreadPoolExecutor(workers) as pool:
-            for future in [
-                pool.submit(kernel, x, w, offsets, k, a, b, uppers, centroids, found) for a, b in spans
-            ]:
-                future.result()
-    return uppers, centroids, found
+    if workers == 1 or len(spans) <= 1:
+        for a, b in spans:
+            task(a, b)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        for future in [pool.submit(task, a, b) for a, b in spans]:
+            future.result()

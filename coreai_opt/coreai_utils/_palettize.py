@@ -25,7 +25,7 @@ import tcast
 from coreai_opt._coreai import _rewrite as rw
 
 from ._driver import Compressed, compress_sites
-from ._kmeans import kmeans_1d
+from ._kmeans import in_threads, kmeans_1d
 from ._options import CompressionGranularity, DType
 from ._quantize import _STORAGE as _NUMPY
 from ._quantize import _fp_codes, _stored_positive
@@ -105,18 +105,16 @@ def _keys(values: torch.Tensor, plan: PalettizePlan, exact: bool) -> torch.Tenso
     return values if exact else _round_11_bits(values)
 
 
-def _bins(keys: torch.Tensor, values: torch.Tensor) -> tuple[Any, ...]:
-    """Histogram each row of keys: (bin means, counts, bin keys, offsets, sorted keys, order)."""
+def _bins(sorted_keys: np.ndarray, sorted_values: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Histogram rows sorted by key: (bin means, counts, bin keys, offsets)."""
     from ._kmeans_kernels import runs
 
-    sorted_keys, order = torch.sort(keys, dim=1)
-    sorted_values = values.gather(1, order) if values is not keys else sorted_keys
-    count = keys.numel()
+    count = sorted_keys.size
     x, w = np.empty(count), np.empty(count)
     bin_keys = np.empty(count, np.float32)
-    offsets = np.empty(keys.shape[0] + 1, np.int64)
-    used = runs(sorted_keys.numpy(), sorted_values.double().numpy(), x, w, bin_keys, offsets)
-    return x[:used], w[:used], bin_keys[:used], offsets, sorted_keys.numpy(), order.numpy()
+    offsets = np.empty(sorted_keys.shape[0] + 1, np.int64)
+    used = runs(sorted_keys, sorted_values, x, w, bin_keys, offsets)
+    return x[:used], w[:used], bin_keys[:used], offsets
 
 
 def _finish(
@@ -125,13 +123,14 @@ def _finish(
     """k-means of every group's bins -> centroids [G, P] and cluster upper-bound keys [G, P-1]."""
     entries = 2**plan.n_bits
     uppers, centroids, found = kmeans_1d(x, w, offsets, entries, plan.workers)
-    groups = len(offsets) - 1
-    bounds = np.full((groups, max(entries - 1, 1)), np.inf, np.float32)
-    for g in range(groups):  # the key of each cluster's last bin; searchsorted gives the index
-        last = offsets[g] + uppers[g, : found[g] - 1]
-        bounds[g, : found[g] - 1] = bin_keys[last]
-        centroids[g, found[g] :] = centroids[g, found[g] - 1]  # unused entries repeat the last
-    return centroids, bounds
+    # each cluster's bound is the key of its last bin (inf past the clusters found); unused
+    # entries repeat the last centroid
+    inner = np.arange(entries - 1)[None, :] < (found - 1)[:, None]
+    last = np.where(inner, offsets[:-1, None] + uppers[:, : entries - 1], 0)
+    bounds = np.where(inner, bin_keys[last], np.float32(np.inf)).astype(np.float32)
+    unused = np.arange(entries)[None, :] >= found[:, None]
+    final = centroids[np.arange(len(found)), found - 1][:, None]
+    return np.where(unused, final, centroids), bounds
 
 
 _PATTERNS = 1 << 16
@@ -183,11 +182,16 @@ def _scalar_clusters(
         and groups * _PATTERNS <= _MAX_HISTOGRAM_BINS
     ):
         return _clusters_16_bit(native, plan)  # the histogram is smaller than the data: no sort
-    keys = _keys(rows, plan, native is not None)
-    x, w, bin_keys, offsets, sorted_keys, order = _bins(keys, rows)
+    # every key function here is monotone, so sorting the values sorts their keys too; numpy's
+    # vectorised sort of values alone is several times faster than an argsort
+    sorted_values = rows.numpy().copy()
+    in_threads(lambda a, b: sorted_values[a:b].sort(axis=1), groups, plan.workers)
+    sorted_keys = _keys(torch.from_numpy(sorted_values), plan, native is not None).numpy()
+    x, w, bin_keys, offsets = _bins(sorted_keys, sorted_values.astype(np.float64))
     centroids, bounds = _finish(x, w, bin_keys, offsets, plan)
+    keys = _keys(rows, plan, native is not None).contiguous().numpy()
     index = np.empty((groups, size), np.int64)
-    assign(sorted_keys, order, bounds, index, 0, groups)
+    in_threads(lambda a, b: assign(keys, bounds, index, a, b), groups, plan.workers)
     return centroids, torch.from_numpy(index)
 
 
