@@ -84,17 +84,27 @@ def _grid(
     EMAX: tl.constexpr,
     IS_INT: tl.constexpr,
     ROUND: tl.constexpr,
+    BOUNDED: tl.constexpr,
 ):
-    """|v| rounded onto the element grid, before saturation: value = r * 2**(e - MBITS), r integer."""
+    """|v| rounded onto the element grid, before saturation: value = r * 2**(e - MBITS), r integer.
+
+    BOUNDED: tile-scaled values, below 2**(EMAX + 1) by the choice of scale, and a NaN or Inf
+    among them is overwritten with its whole tile - so no clamping and no NaN cleaning here.
+    """
     a = tl.abs(v)
-    a = tl.where(a == a, a, 0.0)  # NaN is restored by the caller
+    if not BOUNDED:
+        a = tl.where(a == a, a, 0.0)  # NaN is restored by the caller
     if IS_INT:
         e = tl.zeros_like(a.to(tl.int32))
-        y = tl.minimum(a * (2.0**MBITS), 2.0 ** (MBITS + 2))
+        y = a * (2.0**MBITS)
     else:
         field = a.to(tl.int32, bitcast=True) >> 23
-        e = tl.minimum(tl.maximum(field - 127, EMIN), EMAX + 1)
-        y = tl.minimum(a * _pow2_normal(MBITS - e), 2.0 ** (MBITS + 2))
+        e = tl.maximum(field - 127, EMIN)
+        if not BOUNDED:
+            e = tl.minimum(e, EMAX + 1)
+        y = a * _pow2_normal(MBITS - e)
+    if not BOUNDED:
+        y = tl.minimum(y, 2.0 ** (MBITS + 2))
     return _round(y, noise, ROUND), e
 
 
@@ -120,12 +130,32 @@ def _tile_exponent(amax, LIMIT: tl.constexpr, EMAX: tl.constexpr, SCALE_MODE: tl
 
 @triton.jit
 def _tile_stats(x):
-    """Per-tile (has a NaN or Inf, amax of the finite values) of [BLOCKS, n] float32 values."""
-    magnitude = tl.abs(x)
-    nonfinite = (magnitude != magnitude) | (magnitude == float("inf"))
-    bad = tl.max(nonfinite.to(tl.int32), axis=1)
-    amax = tl.max(tl.where(nonfinite, 0.0, magnitude), axis=1)
-    return bad, amax
+    """Per-tile (has a NaN or Inf, amax) of [BLOCKS, n] float32 values, from the magnitude bits:
+    positive floats order as integers, and NaN/Inf patterns are the largest (the amax of such a
+    tile is never used: its scale is NaN)."""
+    top = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+    return (top >= 0x7F800000).to(tl.int32), top.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _widen(raw):
+    """Loaded values as float32; bfloat16 arrives as its int16 bits and widens by a shift (exact,
+    where the interpreter's bf16 conversion mangles subnormals)."""
+    if raw.dtype == tl.int16:
+        return (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return raw.to(tl.float32)
+
+
+@triton.jit
+def _narrow(values, out_ptr):
+    """float32 values in the output's dtype. An int16 output holds bfloat16 bits, rounded to
+    nearest even by integer arithmetic (launched so under the interpreter, whose bf16 conversion
+    does not round to nearest even; a GPU's conversion instruction does)."""
+    if out_ptr.dtype.element_ty == tl.int16:
+        bits = values.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return tl.where(values != values, 0x7FC0, rounded).to(tl.int16)
+    return values.to(out_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -167,10 +197,11 @@ def _virtual_kernel(
     HAS_INF: tl.constexpr,
     SCALE_MODE: tl.constexpr,
     ROUND: tl.constexpr,
+    HW_FP8: tl.constexpr,
 ):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     offsets, valid, index = _offsets(block, 0, n_blocks, blocks_per_row, cols, TILE, 1, EVEN)
-    x = tl.load(x_ptr + offsets, mask=valid, other=0.0).to(tl.float32)
+    x = _widen(tl.load(x_ptr + offsets, mask=valid, other=0))
     if HAS_SCALE:
         bad, amax = _tile_stats(x)
         exponent = _tile_exponent(amax, LIMIT, EMAX, SCALE_MODE)
@@ -181,24 +212,28 @@ def _virtual_kernel(
         noise = tl.rand(seed, index.to(tl.int32))
     else:
         noise = 0.0
-    r, e = _grid(v, noise, MBITS, EMIN, EMAX, IS_INT, ROUND)
-    q = _magnitude(r, e, MBITS, MAXV, IS_INT)
-    negative = v.to(tl.int32, bitcast=True) < 0
-    if FNUZ or IS_INT:  # no negative zero
-        negative = negative & (q > 0.0)
-    # the sign bit set directly: Triton negates as 0 - q, which loses -0
-    signed = (q.to(tl.int32, bitcast=True) | (negative.to(tl.int32) << 31)).to(tl.float32, bitcast=True)
-    if HAS_INF:
-        signed = tl.where(tl.abs(v) == float("inf"), v, signed)
-    signed = tl.where(v != v, v, signed)
+    if HW_FP8 != 0:
+        signed = _to_fp8(v, HW_FP8).to(tl.float32)
+    else:
+        r, e = _grid(v, noise, MBITS, EMIN, EMAX, IS_INT, ROUND, HAS_SCALE)
+        q = _magnitude(r, e, MBITS, MAXV, IS_INT)
+        sign = v.to(tl.int32, bitcast=True) & -2147483648
+        if FNUZ or IS_INT:  # no negative zero
+            sign = tl.where(q > 0.0, sign, 0)
+        # the sign bit set directly: Triton negates as 0 - q, which loses -0
+        signed = (q.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    if not HAS_SCALE:  # (scaled: a NaN or Inf makes its whole tile NaN below)
+        if HAS_INF:
+            signed = tl.where(tl.abs(v) == float("inf"), v, signed)
+        signed = tl.where(v != v, v, signed)
     if HAS_SCALE:
         signed = signed * _pow2(exponent)[:, None]
         signed = tl.where((bad > 0)[:, None], float("nan"), signed)
-    tl.store(out_ptr + offsets, signed.to(out_ptr.dtype.element_ty), mask=valid)
+    tl.store(out_ptr + offsets, _narrow(signed, out_ptr), mask=valid)
 
 
 @triton.jit
-def _lane_codes(
+def _codes(
     x,
     to_grid,
     bad,
@@ -209,41 +244,80 @@ def _lane_codes(
     MBITS: tl.constexpr,
     EMIN: tl.constexpr,
     EMAX: tl.constexpr,
-    MAXV: tl.constexpr,
     MAX_CODE: tl.constexpr,
     IS_INT: tl.constexpr,
     FNUZ: tl.constexpr,
     HAS_INF: tl.constexpr,
     NAN_CODE: tl.constexpr,
     ROUND: tl.constexpr,
+    HW_FP8: tl.constexpr,
 ):
-    """Codes of one lane of elements: integer arithmetic on the grid point, no decoding of floats."""
+    """Codes by integer arithmetic on the grid point, no decoding of floats - or, for OCP fp8
+    elements rounded to nearest even (HW_FP8), by the GPU's saturating conversion instruction."""
     v = x * to_grid[:, None] if HAS_SCALE else x
+    if HW_FP8 != 0:
+        code = _to_fp8(v, HW_FP8).to(tl.uint8, bitcast=True).to(tl.int32)
+        return tl.where((bad > 0)[:, None], NAN_CODE, code)
     if ROUND == 3:  # noqa: SIM108
         noise = tl.rand(seed, index.to(tl.int32))
     else:
         noise = 0.0
-    r, e = _grid(v, noise, MBITS, EMIN, EMAX, IS_INT, ROUND)
+    r, e = _grid(v, noise, MBITS, EMIN, EMAX, IS_INT, ROUND, HAS_SCALE)
     k = r.to(tl.int32)
-    sign = v.to(tl.int32, bitcast=True) < 0
     if IS_INT:
         k = tl.minimum(k, MAX_CODE)
-        code = tl.where(sign, -k, k) & ((1 << BITS) - 1)
+        code = tl.where(v < 0.0, -k, k) & ((1 << BITS) - 1)
     else:
         # a grid point r * 2**(e - m) with e >= emin has the code (e - emin) * 2**m + r (subnormals,
-        # normals and a carry into the next binade alike); beyond max it saturates
-        over = r * _pow2_normal(e - MBITS) > MAXV
-        magnitude = tl.where(over, MAX_CODE, ((e - EMIN) << MBITS) + k)
+        # normals and a carry into the next binade alike); codes order as values, so saturation
+        # is a min with the code of the largest value
+        magnitude = tl.minimum(((e - EMIN) << MBITS) + k, MAX_CODE)
+        sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
         if FNUZ:
-            sign = sign & (magnitude > 0)
-        code = magnitude | (sign.to(tl.int32) << (BITS - 1))
-        if HAS_INF:
-            inf_code = (((1 << (BITS - 1 - MBITS)) - 1) << MBITS) | (sign.to(tl.int32) << (BITS - 1))
+            sign = tl.where(magnitude > 0, sign, 0)
+        code = magnitude | (sign << (BITS - 1))
+        if HAS_INF and not HAS_SCALE:
+            inf_code = (((1 << (BITS - 1 - MBITS)) - 1) << MBITS) | (sign << (BITS - 1))
             code = tl.where(tl.abs(v) == float("inf"), inf_code, code)
-    code = tl.where(v != v, NAN_CODE, code)
-    if HAS_SCALE:
+    if HAS_SCALE:  # noqa: SIM108  (constexpr branches) a NaN or Inf anywhere in a tile: the whole tile is NaN
         code = tl.where((bad > 0)[:, None], NAN_CODE, code)
+    else:
+        code = tl.where(v != v, NAN_CODE, code)
     return code
+
+
+@triton.jit
+def _to_fp8(v, HW_FP8: tl.constexpr):
+    """float32 -> e4m3fn (1) or e5m2 (2), round to nearest even, saturating to the largest finite
+    value (cvt.rn.satfinite on sm_89 and later): TorchCast's rounding of in-range scaled values."""
+    if HW_FP8 == 1:
+        return v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    return v.to(tl.float8e5, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def _store_codes(
+    codes_ptr, code, block, code_bytes, TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr
+):
+    """Pack [BLOCKS, TILE] codes little-endian, low bits first: neighbours are split apart in
+    registers and OR-ed, so the loads and stores stay contiguous."""
+    if BITS == 8:
+        offsets = block[:, None] * TILE + tl.arange(0, TILE)[None, :]
+        tl.store(codes_ptr + offsets, code.to(tl.uint8), mask=offsets < code_bytes)
+    elif BITS == 4:
+        even, odd = tl.split(tl.reshape(code, (BLOCKS, TILE // 2, 2)))
+        offsets = block[:, None] * (TILE // 2) + tl.arange(0, TILE // 2)[None, :]
+        tl.store(codes_ptr + offsets, (even | (odd << 4)).to(tl.uint8), mask=offsets < code_bytes)
+    else:  # 6 bits: four codes in three bytes
+        first, second = tl.split(tl.reshape(code, (BLOCKS, TILE // 4, 2, 2)))
+        c0, c2 = tl.split(first)
+        c1, c3 = tl.split(second)
+        base = block[:, None] * (TILE // 4 * 3) + tl.arange(0, TILE // 4)[None, :] * 3
+        tl.store(codes_ptr + base, ((c0 | (c1 << 6)) & 0xFF).to(tl.uint8), mask=base < code_bytes)
+        tl.store(
+            codes_ptr + base + 1, (((c1 >> 2) | (c2 << 4)) & 0xFF).to(tl.uint8), mask=base + 1 < code_bytes
+        )
+        tl.store(codes_ptr + base + 2, ((c2 >> 4) | (c3 << 2)).to(tl.uint8), mask=base + 2 < code_bytes)
 
 
 @triton.jit
@@ -273,59 +347,24 @@ def _actual_kernel(
     NAN_CODE: tl.constexpr,
     SCALE_MODE: tl.constexpr,
     ROUND: tl.constexpr,
+    HW_FP8: tl.constexpr,
 ):
-    """Codes in lanes: one lane per code of a packed byte group (8-bit: 1, 4-bit: 2, 6-bit: 4), so
-    packing is elementwise arithmetic with no data reshuffling between threads."""
-    LANES: tl.constexpr = 1 if BITS == 8 else (2 if BITS == 4 else 4)
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    o0, m0, i0 = _offsets(block, 0, n_blocks, blocks_per_row, cols, TILE, LANES, EVEN)
-    x0 = tl.load(x_ptr + o0, mask=m0, other=0.0).to(tl.float32)
-    bad, amax = _tile_stats(x0)
-    if LANES >= 2:
-        o1, m1, i1 = _offsets(block, 1, n_blocks, blocks_per_row, cols, TILE, LANES, EVEN)
-        x1 = tl.load(x_ptr + o1, mask=m1, other=0.0).to(tl.float32)
-        bad1, amax1 = _tile_stats(x1)
-        bad, amax = tl.maximum(bad, bad1), tl.maximum(amax, amax1)
-    if LANES == 4:
-        o2, m2, i2 = _offsets(block, 2, n_blocks, blocks_per_row, cols, TILE, LANES, EVEN)
-        o3, m3, i3 = _offsets(block, 3, n_blocks, blocks_per_row, cols, TILE, LANES, EVEN)
-        x2 = tl.load(x_ptr + o2, mask=m2, other=0.0).to(tl.float32)
-        x3 = tl.load(x_ptr + o3, mask=m3, other=0.0).to(tl.float32)
-        bad2, amax2 = _tile_stats(x2)
-        bad3, amax3 = _tile_stats(x3)
-        bad, amax = tl.maximum(bad, tl.maximum(bad2, bad3)), tl.maximum(amax, tl.maximum(amax2, amax3))
+    offsets, valid, index = _offsets(block, 0, n_blocks, blocks_per_row, cols, TILE, 1, EVEN)
+    x = _widen(tl.load(x_ptr + offsets, mask=valid, other=0))
     if HAS_SCALE:
+        bad, amax = _tile_stats(x)
         exponent = _tile_exponent(amax, LIMIT, EMAX, SCALE_MODE)
         to_grid = _pow2(-exponent)
         tl.store(
             scales_ptr + block, tl.where(bad > 0, 255, exponent + 127).to(tl.uint8), mask=block < n_blocks
         )
     else:
-        to_grid = amax
-    c0 = _lane_codes(x0, to_grid, bad, i0, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAXV, MAX_CODE,
-                     IS_INT, FNUZ, HAS_INF, NAN_CODE, ROUND)  # fmt: skip
-    groups = tl.arange(0, TILE // LANES)
-    if LANES == 1:
-        offsets = block[:, None] * TILE + groups[None, :]
-        tl.store(codes_ptr + offsets, c0.to(tl.uint8), mask=offsets < code_bytes)
-    elif LANES == 2:
-        c1 = _lane_codes(x1, to_grid, bad, i1, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAXV, MAX_CODE,
-                         IS_INT, FNUZ, HAS_INF, NAN_CODE, ROUND)  # fmt: skip
-        offsets = block[:, None] * (TILE // 2) + groups[None, :]
-        tl.store(codes_ptr + offsets, (c0 | (c1 << 4)).to(tl.uint8), mask=offsets < code_bytes)
-    else:
-        c1 = _lane_codes(x1, to_grid, bad, i1, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAXV, MAX_CODE,
-                         IS_INT, FNUZ, HAS_INF, NAN_CODE, ROUND)  # fmt: skip
-        c2 = _lane_codes(x2, to_grid, bad, i2, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAXV, MAX_CODE,
-                         IS_INT, FNUZ, HAS_INF, NAN_CODE, ROUND)  # fmt: skip
-        c3 = _lane_codes(x3, to_grid, bad, i3, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAXV, MAX_CODE,
-                         IS_INT, FNUZ, HAS_INF, NAN_CODE, ROUND)  # fmt: skip
-        base = block[:, None] * (TILE // 4 * 3) + groups[None, :] * 3
-        tl.store(codes_ptr + base, ((c0 | (c1 << 6)) & 0xFF).to(tl.uint8), mask=base < code_bytes)
-        tl.store(
-            codes_ptr + base + 1, (((c1 >> 2) | (c2 << 4)) & 0xFF).to(tl.uint8), mask=base + 1 < code_bytes
-        )
-        tl.store(codes_ptr + base + 2, ((c2 >> 4) | (c3 << 2)).to(tl.uint8), mask=base + 2 < code_bytes)
+        bad = 0
+        to_grid = 1.0
+    code = _codes(x, to_grid, bad, index, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ,
+                  HAS_INF, NAN_CODE, ROUND, HW_FP8)  # fmt: skip
+    _store_codes(codes_ptr, code, block, code_bytes, TILE, BLOCKS, BITS)
 
 
 @triton.jit
@@ -373,7 +412,7 @@ def _upcast_kernel(
         scale_code = tl.load(scales_ptr + block, mask=block < n_blocks, other=127).to(tl.int32)
         values = values * _pow2(scale_code - 127)[:, None]
         values = tl.where((scale_code == 255)[:, None], float("nan"), values)
-    tl.store(out_ptr + offsets, values.to(out_ptr.dtype.element_ty), mask=valid)
+    tl.store(out_ptr + offsets, _narrow(values, out_ptr), mask=valid)
 
 
 # ----- launching ---------------------------------------------------------------------------------
@@ -423,6 +462,35 @@ def _element_params(nspec: NumberSpec, virtual: bool) -> dict[str, object]:
     return params
 
 
+def _as_bits(t: torch.Tensor, loading: bool = False) -> torch.Tensor:
+    """bfloat16 tensors travel as int16 bits: always when loaded (the kernels widen them by a
+    shift), and when stored only under the interpreter (see _narrow)."""
+    from ._engine import interpreting
+
+    if t.dtype is torch.bfloat16 and (loading or interpreting()):
+        return t.view(torch.int16)
+    return t
+
+
+def _hardware_fp8(nspec: NumberSpec, roundmode: RoundMode, has_scale: bool, device: torch.device) -> int:
+    """1 (e4m3fn) or 2 (e5m2) where the GPU's fp8 conversion gives TorchCast's codes: round to
+    nearest even of tile-scaled values (in range, so saturation is all that overflow needs; a
+    NaN or Inf anywhere makes the tile NaN), on sm_89 or later; else 0 (integer arithmetic).
+    Never under the interpreter, whose fp8 conversion is not the hardware's."""
+    from ._engine import interpreting
+
+    if not has_scale or roundmode is not RoundMode.EVEN or device.type != "cuda" or interpreting():
+        return 0
+    if _capability(device.index if device.index is not None else torch.cuda.current_device()) < (8, 9):
+        return 0
+    return {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(nspec.torch_dtype, 0)
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Elements one program handles and its warps (tuned on an H100: see docs/benchmarks.md)."""
@@ -463,15 +531,17 @@ def cast(
         common |= {"LIMIT": float(limit), "SCALE_MODE": _SCALE[scalemode]}
     else:
         common |= {"LIMIT": 0.0, "SCALE_MODE": 0}
+    common["HW_FP8"] = _hardware_fp8(nspec, roundmode, has_scale, x.device)
+    source = _as_bits(x, loading=True)
     if virtual:
         out = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
         if blocks:
-            _virtual_kernel[grid](x, out, blocks, per_row, cols, seed, **common)
+            _virtual_kernel[grid](source, _as_bits(out), blocks, per_row, cols, seed, **common)
         return out
     codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
     scales = torch.empty(blocks if has_scale else 0, dtype=torch.uint8, device=x.device)
     if blocks:
-        _actual_kernel[grid](x, codes, scales, blocks, per_row, cols, code_bytes, seed, **common)
+        _actual_kernel[grid](source, codes, scales, blocks, per_row, cols, code_bytes, seed, **common)
     return Tensor(
         dtype=dtype,
         shape=shape,
@@ -497,7 +567,7 @@ def upcast(
     per_program = config.blocks(tile)
     if blocks:
         _upcast_kernel[(triton.cdiv(blocks, per_program),)](
-            t.codes, t.scales if has_scale else t.codes, table, out, blocks, per_row, cols,
+            t.codes, t.scales if has_scale else t.codes, table, _as_bits(out), blocks, per_row, cols,
             t.codes.numel(), TILE=tile, BLOCKS=per_program, HAS_SCALE=has_scale,
             EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, num_warps=config.num_warps,
             enable_fp_fusion=False,
