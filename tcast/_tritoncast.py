@@ -213,7 +213,7 @@ def _virtual_kernel(
     else:
         noise = 0.0
     if HW_FP8 != 0:
-        signed = _to_fp8(v, HW_FP8).to(tl.float32)
+        signed = _fp8_value(_fp8_code(v, HW_FP8), HW_FP8)
     else:
         r, e = _grid(v, noise, MBITS, EMIN, EMAX, IS_INT, ROUND, HAS_SCALE)
         q = _magnitude(r, e, MBITS, MAXV, IS_INT)
@@ -256,7 +256,7 @@ def _codes(
     elements rounded to nearest even (HW_FP8), by the GPU's saturating conversion instruction."""
     v = x * to_grid[:, None] if HAS_SCALE else x
     if HW_FP8 != 0:
-        code = _to_fp8(v, HW_FP8).to(tl.uint8, bitcast=True).to(tl.int32)
+        code = _fp8_code(v, HW_FP8).to(tl.int32)
         return tl.where((bad > 0)[:, None], NAN_CODE, code)
     if ROUND == 3:  # noqa: SIM108
         noise = tl.rand(seed, index.to(tl.int32))
@@ -287,20 +287,43 @@ def _codes(
 
 
 @triton.jit
-def _to_fp8(v, HW_FP8: tl.constexpr):
-    """float32 -> e4m3fn (1) or e5m2 (2), round to nearest even, saturating to the largest finite
-    value (cvt.rn.satfinite on sm_89 and later): TorchCast's rounding of in-range scaled values."""
+def _fp8_code(v, HW_FP8: tl.constexpr):
+    """float32 -> e4m3fn (1) or e5m2 (2) bits, round to nearest even, saturating to the largest
+    finite value (cvt.rn.satfinite on sm_89 and later): TorchCast's rounding of in-range scaled
+    values."""
     if HW_FP8 == 1:
-        return v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
-    return v.to(tl.float8e5, fp_downcast_rounding="rtne")
+        code = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        code = v.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    return code
+
+
+@triton.jit
+def _fp8_value(code, HW_FP8: tl.constexpr):
+    if HW_FP8 == 1:
+        value = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        value = code.to(tl.float8e5, bitcast=True).to(tl.float32)
+    return value
+
+
+@triton.jit
+def _split4(t):
+    """The four parts of a [.., 2, 2] tensor, in flat order of its last two dims."""
+    low, high = tl.split(t)
+    e0, e2 = tl.split(low)
+    e1, e3 = tl.split(high)
+    return e0, e1, e2, e3
 
 
 @triton.jit
 def _store_codes(
-    codes_ptr, code, block, code_bytes, TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr
-):
+    codes_ptr, code, block, n_blocks, code_bytes,
+    TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
+):  # fmt: skip
     """Pack [BLOCKS, TILE] codes little-endian, low bits first: neighbours are split apart in
-    registers and OR-ed, so the loads and stores stay contiguous."""
+    registers and OR-ed, so the loads and stores stay contiguous. WORDS: whole tiles of 6-bit
+    codes end on 32-bit boundaries, so they are stored a word at a time."""
     if BITS == 8:
         offsets = block[:, None] * TILE + tl.arange(0, TILE)[None, :]
         tl.store(codes_ptr + offsets, code.to(tl.uint8), mask=offsets < code_bytes)
@@ -308,6 +331,21 @@ def _store_codes(
         even, odd = tl.split(tl.reshape(code, (BLOCKS, TILE // 2, 2)))
         offsets = block[:, None] * (TILE // 2) + tl.arange(0, TILE // 2)[None, :]
         tl.store(codes_ptr + offsets, (even | (odd << 4)).to(tl.uint8), mask=offsets < code_bytes)
+    elif TILE >= 16 and WORDS:  # 6 bits, sixteen codes in three little-endian 32-bit words
+        parts = _split4(tl.reshape(code, (BLOCKS, TILE // 16, 2, 2, 2, 2)))  # codes 4m + j, j = 0..3
+        c0, c4, c8, c12 = _split4(parts[0])
+        c1, c5, c9, c13 = _split4(parts[1])
+        c2, c6, c10, c14 = _split4(parts[2])
+        c3, c7, c11, c15 = _split4(parts[3])
+        w0 = c0 | (c1 << 6) | (c2 << 12) | (c3 << 18) | (c4 << 24) | (c5 << 30)
+        w1 = (c5 >> 2) | (c6 << 4) | (c7 << 10) | (c8 << 16) | (c9 << 22) | (c10 << 28)
+        w2 = (c10 >> 4) | (c11 << 2) | (c12 << 8) | (c13 << 14) | (c14 << 20) | (c15 << 26)
+        words = codes_ptr.to(tl.pointer_type(tl.int32))
+        base = block[:, None] * (TILE // 16 * 3) + tl.arange(0, TILE // 16)[None, :] * 3
+        inside = (block < n_blocks)[:, None]
+        tl.store(words + base, w0, mask=inside)
+        tl.store(words + base + 1, w1, mask=inside)
+        tl.store(words + base + 2, w2, mask=inside)
     else:  # 6 bits: four codes in three bytes
         first, second = tl.split(tl.reshape(code, (BLOCKS, TILE // 4, 2, 2)))
         c0, c2 = tl.split(first)
@@ -364,11 +402,20 @@ def _actual_kernel(
         to_grid = 1.0
     code = _codes(x, to_grid, bad, index, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ,
                   HAS_INF, NAN_CODE, ROUND, HW_FP8)  # fmt: skip
-    _store_codes(codes_ptr, code, block, code_bytes, TILE, BLOCKS, BITS)
+    _store_codes(codes_ptr, code, block, n_blocks, code_bytes, TILE, BLOCKS, BITS, HAS_SCALE)
 
 
 @triton.jit
-def _load_codes(codes_ptr, block, code_bytes, TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr):
+def _join4(e0, e1, e2, e3):
+    """The inverse of _split4: a [.., 2, 2] tensor whose flat order is e0, e1, e2, e3."""
+    return tl.join(tl.join(e0, e2), tl.join(e1, e3))
+
+
+@triton.jit
+def _load_codes(
+    codes_ptr, block, n_blocks, code_bytes,
+    TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
+):  # fmt: skip
     if BITS == 8:
         offsets = block[:, None] * TILE + tl.arange(0, TILE)[None, :]
         return tl.load(codes_ptr + offsets, mask=offsets < code_bytes, other=0).to(tl.int32)
@@ -376,6 +423,18 @@ def _load_codes(codes_ptr, block, code_bytes, TILE: tl.constexpr, BLOCKS: tl.con
         offsets = block[:, None] * (TILE // 2) + tl.arange(0, TILE // 2)[None, :]
         byte = tl.load(codes_ptr + offsets, mask=offsets < code_bytes, other=0).to(tl.int32)
         return tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCKS, TILE))
+    elif TILE >= 16 and WORDS:  # sixteen 6-bit codes in three 32-bit words
+        words = codes_ptr.to(tl.pointer_type(tl.int32))
+        base = block[:, None] * (TILE // 16 * 3) + tl.arange(0, TILE // 16)[None, :] * 3
+        inside = (block < n_blocks)[:, None]
+        w0 = tl.load(words + base, mask=inside, other=0)
+        w1 = tl.load(words + base + 1, mask=inside, other=0)
+        w2 = tl.load(words + base + 2, mask=inside, other=0)
+        parts0 = _join4(w0 & 63, (w0 >> 24) & 63, (w1 >> 16) & 63, (w2 >> 8) & 63)  # codes 0, 4, 8, 12
+        parts1 = _join4((w0 >> 6) & 63, ((w0 >> 30) & 3) | ((w1 & 15) << 2), (w1 >> 22) & 63, (w2 >> 14) & 63)
+        parts2 = _join4((w0 >> 12) & 63, (w1 >> 4) & 63, ((w1 >> 28) & 15) | ((w2 & 3) << 4), (w2 >> 20) & 63)
+        parts3 = _join4((w0 >> 18) & 63, (w1 >> 10) & 63, (w2 >> 2) & 63, (w2 >> 26) & 63)
+        return tl.reshape(_join4(parts0, parts1, parts2, parts3), (BLOCKS, TILE))
     else:
         base = block[:, None] * (TILE // 4 * 3) + tl.arange(0, TILE // 4)[None, :] * 3
         b0 = tl.load(codes_ptr + base, mask=base < code_bytes, other=0).to(tl.int32)
@@ -386,6 +445,32 @@ def _load_codes(codes_ptr, block, code_bytes, TILE: tl.constexpr, BLOCKS: tl.con
         c2 = (b1 >> 4) | ((b2 & 3) << 4)
         c3 = b2 >> 2
         return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (BLOCKS, TILE))
+
+
+@triton.jit
+def _decode(
+    code, table_ptr,
+    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, NAN_CODE: tl.constexpr, DECODE: tl.constexpr,
+):  # fmt: skip
+    """float32 values of codes: 0 a table lookup, 1/2 the GPU's fp8 conversion (e4m3fn/e5m2),
+    3 signed fixed point, 4 fnuz floats (no Inf, the negative-zero code is NaN) from their fields."""
+    if DECODE == 0:
+        values = tl.load(table_ptr + code)
+    elif DECODE == 1 or DECODE == 2:
+        values = _fp8_value(code.to(tl.uint8), DECODE)
+    elif DECODE == 3:
+        signed = (code << (32 - BITS)) >> (32 - BITS)
+        values = tl.where(code == NAN_CODE, float("nan"), signed.to(tl.float32) * (2.0**-MBITS))
+    else:
+        magnitude = code & ((1 << (BITS - 1)) - 1)
+        field = magnitude >> MBITS
+        mantissa = magnitude & ((1 << MBITS) - 1)
+        normal = (((field + (EMIN + 126)) << 23) | (mantissa << (23 - MBITS))).to(tl.float32, bitcast=True)
+        values = tl.where(field > 0, normal, mantissa.to(tl.float32) * (2.0 ** (EMIN - MBITS)))
+        sign = ((code >> (BITS - 1)) & 1) << 31
+        values = (values.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        values = tl.where(code == NAN_CODE, float("nan"), values)
+    return values
 
 
 @triton.jit
@@ -403,11 +488,15 @@ def _upcast_kernel(
     HAS_SCALE: tl.constexpr,
     EVEN: tl.constexpr,
     BITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    NAN_CODE: tl.constexpr,
+    DECODE: tl.constexpr,
 ):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     offsets, valid, _ = _offsets(block, 0, n_blocks, blocks_per_row, cols, TILE, 1, EVEN)
-    code = _load_codes(codes_ptr, block, code_bytes, TILE, BLOCKS, BITS)
-    values = tl.load(table_ptr + code)
+    code = _load_codes(codes_ptr, block, n_blocks, code_bytes, TILE, BLOCKS, BITS, HAS_SCALE)
+    values = _decode(code, table_ptr, BITS, MBITS, EMIN, NAN_CODE, DECODE)
     if HAS_SCALE:
         scale_code = tl.load(scales_ptr + block, mask=block < n_blocks, other=127).to(tl.int32)
         values = values * _pow2(scale_code - 127)[:, None]
@@ -475,15 +564,33 @@ def _as_bits(t: torch.Tensor, loading: bool = False) -> torch.Tensor:
 def _hardware_fp8(nspec: NumberSpec, roundmode: RoundMode, has_scale: bool, device: torch.device) -> int:
     """1 (e4m3fn) or 2 (e5m2) where the GPU's fp8 conversion gives TorchCast's codes: round to
     nearest even of tile-scaled values (in range, so saturation is all that overflow needs; a
-    NaN or Inf anywhere makes the tile NaN), on sm_89 or later; else 0 (integer arithmetic).
-    Never under the interpreter, whose fp8 conversion is not the hardware's."""
+    NaN or Inf anywhere makes the tile NaN); else 0 (integer arithmetic)."""
+    if not has_scale or roundmode is not RoundMode.EVEN:
+        return 0
+    return _fp8_instruction(nspec, device)
+
+
+def _fp8_instruction(nspec: NumberSpec, device: torch.device) -> int:
+    """1 (e4m3fn) or 2 (e5m2) on sm_89 or later, else 0. Never under the interpreter, whose fp8
+    conversion is not the hardware's."""
     from ._engine import interpreting
 
-    if not has_scale or roundmode is not RoundMode.EVEN or device.type != "cuda" or interpreting():
+    if device.type != "cuda" or interpreting():
         return 0
     if _capability(device.index if device.index is not None else torch.cuda.current_device()) < (8, 9):
         return 0
     return {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(nspec.torch_dtype, 0)
+
+
+def _decoding(nspec: NumberSpec, device: torch.device) -> int:
+    """How the upcast kernel decodes (see _decode)."""
+    if fp8 := _fp8_instruction(nspec, device):
+        return fp8
+    if nspec.is_int and not nspec.is_uint:
+        return 3
+    if nspec.infnan is InfNaN.FNUZ and not nspec.is_uint and not nspec.is_exponent:
+        return 4
+    return 0
 
 
 @functools.lru_cache(maxsize=16)
@@ -556,7 +663,7 @@ def cast(
 def upcast(
     t: Tensor, torch_dtype: torch.dtype | None = None, config: LaunchConfig = LaunchConfig()
 ) -> torch.Tensor:
-    from ._torchcast import _decode_table_cpu
+    from ._torchcast import _decode_table_cpu, _nan_code
 
     nspec = t.dtype.nspec
     device = t.codes.device
@@ -569,7 +676,8 @@ def upcast(
         _upcast_kernel[(triton.cdiv(blocks, per_program),)](
             t.codes, t.scales if has_scale else t.codes, table, _as_bits(out), blocks, per_row, cols,
             t.codes.numel(), TILE=tile, BLOCKS=per_program, HAS_SCALE=has_scale,
-            EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, num_warps=config.num_warps,
+            EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, MBITS=nspec.mbits, EMIN=nspec.emin,
+            NAN_CODE=_nan_code(nspec), DECODE=_decoding(nspec, device), num_warps=config.num_warps,
             enable_fp_fusion=False,
         )  # fmt: skip
     return out

@@ -158,6 +158,25 @@ def test_every_code_of_mxfp6_and_mxfp4_round_trips_through_the_packing() -> None
         assert same_bits(tcast.upcast(actual, computemode="triton"), tcast.cast(x, name, computemode="torch"))
 
 
+@pytest.mark.parametrize("name", MX)
+@pytest.mark.parametrize("out", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_upcast_decodes_every_code_and_scale_like_torchcast(name: str, out: torch.dtype) -> None:
+    """Every code (NaN codes included) at every lane of a packed group, under unit, tiny, huge
+    and NaN scales: the upcast kernel's decoding (table, fp8 instruction, fixed point or fnuz
+    fields) against TorchCast's table."""
+    dtype = tcast.lookup(name)
+    bits, tile = dtype.nspec.bits, dtype.sspec.tiles[0].size
+    every = torch.arange(1 << bits).repeat_interleave(3)  # neighbours differ at every lane
+    count = -(-len(every) // tile) * tile
+    codes = torch.cat([every, every[: count - len(every)]]).reshape(-1, tile)
+    scales = torch.tensor([127, 0, 1, 254, 255, 100, 140]).repeat(len(codes))[: len(codes)]
+    t = tcast.Tensor(
+        dtype=dtype, shape=(len(codes), tile), source_dtype=out, codes=tcast.pack_codes(codes, bits).to(DEVICE),
+        scales=scales.to(torch.uint8).to(DEVICE), zeros=None, numel_padded=codes.numel(),
+    )  # fmt: skip
+    assert same_bits(tcast.upcast(t, computemode="triton"), tcast.upcast(t, computemode="torch"))
+
+
 def test_stochastic_rounding_is_reproducible_and_unbiased() -> None:
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     first = tcast.cast(x, "mxfp4e2", "stochastic", seed=3, computemode="triton")
