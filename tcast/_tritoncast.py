@@ -406,16 +406,7 @@ def _actual_kernel(
 
 
 @triton.jit
-def _join4(e0, e1, e2, e3):
-    """The inverse of _split4: a [.., 2, 2] tensor whose flat order is e0, e1, e2, e3."""
-    return tl.join(tl.join(e0, e2), tl.join(e1, e3))
-
-
-@triton.jit
-def _load_codes(
-    codes_ptr, block, n_blocks, code_bytes,
-    TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
-):  # fmt: skip
+def _load_codes(codes_ptr, block, code_bytes, TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr):
     if BITS == 8:
         offsets = block[:, None] * TILE + tl.arange(0, TILE)[None, :]
         return tl.load(codes_ptr + offsets, mask=offsets < code_bytes, other=0).to(tl.int32)
@@ -423,18 +414,6 @@ def _load_codes(
         offsets = block[:, None] * (TILE // 2) + tl.arange(0, TILE // 2)[None, :]
         byte = tl.load(codes_ptr + offsets, mask=offsets < code_bytes, other=0).to(tl.int32)
         return tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCKS, TILE))
-    elif TILE >= 16 and WORDS:  # sixteen 6-bit codes in three 32-bit words
-        words = codes_ptr.to(tl.pointer_type(tl.int32))
-        base = block[:, None] * (TILE // 16 * 3) + tl.arange(0, TILE // 16)[None, :] * 3
-        inside = (block < n_blocks)[:, None]
-        w0 = tl.load(words + base, mask=inside, other=0)
-        w1 = tl.load(words + base + 1, mask=inside, other=0)
-        w2 = tl.load(words + base + 2, mask=inside, other=0)
-        parts0 = _join4(w0 & 63, (w0 >> 24) & 63, (w1 >> 16) & 63, (w2 >> 8) & 63)  # codes 0, 4, 8, 12
-        parts1 = _join4((w0 >> 6) & 63, ((w0 >> 30) & 3) | ((w1 & 15) << 2), (w1 >> 22) & 63, (w2 >> 14) & 63)
-        parts2 = _join4((w0 >> 12) & 63, (w1 >> 4) & 63, ((w1 >> 28) & 15) | ((w2 & 3) << 4), (w2 >> 20) & 63)
-        parts3 = _join4((w0 >> 18) & 63, (w1 >> 10) & 63, (w2 >> 2) & 63, (w2 >> 26) & 63)
-        return tl.reshape(_join4(parts0, parts1, parts2, parts3), (BLOCKS, TILE))
     else:
         base = block[:, None] * (TILE // 4 * 3) + tl.arange(0, TILE // 4)[None, :] * 3
         b0 = tl.load(codes_ptr + base, mask=base < code_bytes, other=0).to(tl.int32)
@@ -445,32 +424,6 @@ def _load_codes(
         c2 = (b1 >> 4) | ((b2 & 3) << 4)
         c3 = b2 >> 2
         return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (BLOCKS, TILE))
-
-
-@triton.jit
-def _decode(
-    code, table_ptr,
-    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, NAN_CODE: tl.constexpr, DECODE: tl.constexpr,
-):  # fmt: skip
-    """float32 values of codes: 0 a table lookup, 1/2 the GPU's fp8 conversion (e4m3fn/e5m2),
-    3 signed fixed point, 4 fnuz floats (no Inf, the negative-zero code is NaN) from their fields."""
-    if DECODE == 0:
-        values = tl.load(table_ptr + code)
-    elif DECODE == 1 or DECODE == 2:
-        values = _fp8_value(code.to(tl.uint8), DECODE)
-    elif DECODE == 3:
-        signed = (code << (32 - BITS)) >> (32 - BITS)
-        values = tl.where(code == NAN_CODE, float("nan"), signed.to(tl.float32) * (2.0**-MBITS))
-    else:
-        magnitude = code & ((1 << (BITS - 1)) - 1)
-        field = magnitude >> MBITS
-        mantissa = magnitude & ((1 << MBITS) - 1)
-        normal = (((field + (EMIN + 126)) << 23) | (mantissa << (23 - MBITS))).to(tl.float32, bitcast=True)
-        values = tl.where(field > 0, normal, mantissa.to(tl.float32) * (2.0 ** (EMIN - MBITS)))
-        sign = ((code >> (BITS - 1)) & 1) << 31
-        values = (values.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-        values = tl.where(code == NAN_CODE, float("nan"), values)
-    return values
 
 
 @triton.jit
@@ -488,15 +441,11 @@ def _upcast_kernel(
     HAS_SCALE: tl.constexpr,
     EVEN: tl.constexpr,
     BITS: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    NAN_CODE: tl.constexpr,
-    DECODE: tl.constexpr,
 ):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     offsets, valid, _ = _offsets(block, 0, n_blocks, blocks_per_row, cols, TILE, 1, EVEN)
-    code = _load_codes(codes_ptr, block, n_blocks, code_bytes, TILE, BLOCKS, BITS, HAS_SCALE)
-    values = _decode(code, table_ptr, BITS, MBITS, EMIN, NAN_CODE, DECODE)
+    code = _load_codes(codes_ptr, block, code_bytes, TILE, BLOCKS, BITS)
+    values = tl.load(table_ptr + code)  # a gather from a tiny cached table beat decoding by arithmetic
     if HAS_SCALE:
         scale_code = tl.load(scales_ptr + block, mask=block < n_blocks, other=127).to(tl.int32)
         values = values * _pow2(scale_code - 127)[:, None]
@@ -582,17 +531,6 @@ def _fp8_instruction(nspec: NumberSpec, device: torch.device) -> int:
     return {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(nspec.torch_dtype, 0)
 
 
-def _decoding(nspec: NumberSpec, device: torch.device) -> int:
-    """How the upcast kernel decodes (see _decode)."""
-    if fp8 := _fp8_instruction(nspec, device):
-        return fp8
-    if nspec.is_int and not nspec.is_uint:
-        return 3
-    if nspec.infnan is InfNaN.FNUZ and not nspec.is_uint and not nspec.is_exponent:
-        return 4
-    return 0
-
-
 @functools.lru_cache(maxsize=16)
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
@@ -663,7 +601,7 @@ def cast(
 def upcast(
     t: Tensor, torch_dtype: torch.dtype | None = None, config: LaunchConfig = LaunchConfig()
 ) -> torch.Tensor:
-    from ._torchcast import _decode_table_cpu, _nan_code
+    from ._torchcast import _decode_table_cpu
 
     nspec = t.dtype.nspec
     device = t.codes.device
@@ -676,8 +614,7 @@ def upcast(
         _upcast_kernel[(triton.cdiv(blocks, per_program),)](
             t.codes, t.scales if has_scale else t.codes, table, _as_bits(out), blocks, per_row, cols,
             t.codes.numel(), TILE=tile, BLOCKS=per_program, HAS_SCALE=has_scale,
-            EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, MBITS=nspec.mbits, EMIN=nspec.emin,
-            NAN_CODE=_nan_code(nspec), DECODE=_decoding(nspec, device), num_warps=config.num_warps,
+            EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, num_warps=config.num_warps,
             enable_fp_fusion=False,
         )  # fmt: skip
     return out

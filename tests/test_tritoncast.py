@@ -162,8 +162,7 @@ def test_every_code_of_mxfp6_and_mxfp4_round_trips_through_the_packing() -> None
 @pytest.mark.parametrize("out", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_upcast_decodes_every_code_and_scale_like_torchcast(name: str, out: torch.dtype) -> None:
     """Every code (NaN codes included) at every lane of a packed group, under unit, tiny, huge
-    and NaN scales: the upcast kernel's decoding (table, fp8 instruction, fixed point or fnuz
-    fields) against TorchCast's table."""
+    and NaN scales: the upcast kernel's unpacking and scaling against TorchCast's."""
     dtype = tcast.lookup(name)
     bits, tile = dtype.nspec.bits, dtype.sspec.tiles[0].size
     every = torch.arange(1 << bits).repeat_interleave(3)  # neighbours differ at every lane
