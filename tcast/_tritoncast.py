@@ -78,15 +78,14 @@ def _round(y, noise, ROUND: tl.constexpr):
 @triton.jit
 def _grid(
     v,
-    noise,
     MBITS: tl.constexpr,
     EMIN: tl.constexpr,
     EMAX: tl.constexpr,
     IS_INT: tl.constexpr,
-    ROUND: tl.constexpr,
     BOUNDED: tl.constexpr,
 ):
-    """|v| rounded onto the element grid, before saturation: value = r * 2**(e - MBITS), r integer.
+    """(y, e): |v| = y * 2**(e - MBITS), so rounding y to an integer puts v on the element grid
+    (before saturation).
 
     BOUNDED: tile-scaled values, below 2**(EMAX + 1) by the choice of scale, and a NaN or Inf
     among them is overwritten with its whole tile - so no clamping and no NaN cleaning here.
@@ -105,7 +104,16 @@ def _grid(
         y = a * _pow2_normal(MBITS - e)
     if not BOUNDED:
         y = tl.minimum(y, 2.0 ** (MBITS + 2))
-    return _round(y, noise, ROUND), e
+    return y, e
+
+
+@triton.jit
+def _round_to_int(y, noise, ROUND: tl.constexpr):
+    """_round as an int32. Ties to even reads the integer from the bits of y + 2**23 (one integer
+    subtraction; a float-to-int conversion runs at a quarter of the ALU rate)."""
+    if ROUND == 0:
+        return (y + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    return _round(y, noise, ROUND).to(tl.int32)
 
 
 @triton.jit
@@ -215,8 +223,8 @@ def _virtual_kernel(
     if HW_FP8 != 0:
         signed = _fp8_value(_fp8_code(v, HW_FP8), HW_FP8)
     else:
-        r, e = _grid(v, noise, MBITS, EMIN, EMAX, IS_INT, ROUND, HAS_SCALE)
-        q = _magnitude(r, e, MBITS, MAXV, IS_INT)
+        y, e = _grid(v, MBITS, EMIN, EMAX, IS_INT, HAS_SCALE)
+        q = _magnitude(_round(y, noise, ROUND), e, MBITS, MAXV, IS_INT)
         sign = v.to(tl.int32, bitcast=True) & -2147483648
         if FNUZ or IS_INT:  # no negative zero
             sign = tl.where(q > 0.0, sign, 0)
@@ -262,8 +270,8 @@ def _codes(
         noise = tl.rand(seed, index.to(tl.int32))
     else:
         noise = 0.0
-    r, e = _grid(v, noise, MBITS, EMIN, EMAX, IS_INT, ROUND, HAS_SCALE)
-    k = r.to(tl.int32)
+    y, e = _grid(v, MBITS, EMIN, EMAX, IS_INT, HAS_SCALE)
+    k = _round_to_int(y, noise, ROUND)
     if IS_INT:
         k = tl.minimum(k, MAX_CODE)
         code = tl.where(v < 0.0, -k, k) & ((1 << BITS) - 1)
@@ -272,12 +280,12 @@ def _codes(
         # normals and a carry into the next binade alike); codes order as values, so saturation
         # is a min with the code of the largest value
         magnitude = tl.minimum(((e - EMIN) << MBITS) + k, MAX_CODE)
-        sign = (v.to(tl.int32, bitcast=True) >> 31) & 1
+        sign = (v.to(tl.int32, bitcast=True) >> (32 - BITS)) & (1 << (BITS - 1))  # the sign bit, in place
         if FNUZ:
             sign = tl.where(magnitude > 0, sign, 0)
-        code = magnitude | (sign << (BITS - 1))
+        code = magnitude | sign
         if HAS_INF and not HAS_SCALE:
-            inf_code = (((1 << (BITS - 1 - MBITS)) - 1) << MBITS) | (sign << (BITS - 1))
+            inf_code = (((1 << (BITS - 1 - MBITS)) - 1) << MBITS) | sign
             code = tl.where(tl.abs(v) == float("inf"), inf_code, code)
     if HAS_SCALE:  # noqa: SIM108  (constexpr branches) a NaN or Inf anywhere in a tile: the whole tile is NaN
         code = tl.where((bad > 0)[:, None], NAN_CODE, code)
