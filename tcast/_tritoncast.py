@@ -330,11 +330,19 @@ def _store_codes(
     TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
 ):  # fmt: skip
     """Pack [BLOCKS, TILE] codes little-endian, low bits first: neighbours are split apart in
-    registers and OR-ed, so the loads and stores stay contiguous. WORDS: whole tiles of 6-bit
-    codes end on 32-bit boundaries, so they are stored a word at a time."""
+    registers and OR-ed, so the loads and stores stay contiguous. WORDS: whole tiles (of at least
+    8 codes, 16 for 6 bits) end on 32-bit boundaries, so they are stored a word at a time."""
     if BITS == 8:
         offsets = block[:, None] * TILE + tl.arange(0, TILE)[None, :]
         tl.store(codes_ptr + offsets, code.to(tl.uint8), mask=offsets < code_bytes)
+    elif BITS == 4 and WORDS:  # eight codes to a 32-bit word
+        low, high = tl.split(tl.reshape(code, (BLOCKS, TILE // 8, 2, 2, 2)))  # codes 2i and 2i + 1
+        c0, c2, c4, c6 = _split4(low)
+        c1, c3, c5, c7 = _split4(high)
+        word = c0 | (c1 << 4) | (c2 << 8) | (c3 << 12) | (c4 << 16) | (c5 << 20) | (c6 << 24) | (c7 << 28)
+        words = codes_ptr.to(tl.pointer_type(tl.int32))
+        offsets = block[:, None] * (TILE // 8) + tl.arange(0, TILE // 8)[None, :]
+        tl.store(words + offsets, word, mask=(block < n_blocks)[:, None])
     elif BITS == 4:
         even, odd = tl.split(tl.reshape(code, (BLOCKS, TILE // 2, 2)))
         offsets = block[:, None] * (TILE // 2) + tl.arange(0, TILE // 2)[None, :]
