@@ -235,8 +235,8 @@ def _virtual_kernel(
             signed = tl.where(tl.abs(v) == float("inf"), v, signed)
         signed = tl.where(v != v, v, signed)
     if HAS_SCALE:
-        signed = signed * _pow2(exponent)[:, None]
-        signed = tl.where((bad > 0)[:, None], float("nan"), signed)
+        # a NaN multiplier makes a tile with a NaN or Inf all NaN: one select per tile, not per element
+        signed = signed * tl.where(bad > 0, float("nan"), _pow2(exponent))[:, None]
     tl.store(out_ptr + offsets, _narrow(signed, out_ptr), mask=valid)
 
 
@@ -464,8 +464,8 @@ def _upcast_kernel(
     values = tl.load(table_ptr + code)  # a gather from a tiny cached table beat decoding by arithmetic
     if HAS_SCALE:
         scale_code = tl.load(scales_ptr + block, mask=block < n_blocks, other=127).to(tl.int32)
-        values = values * _pow2(scale_code - 127)[:, None]
-        values = tl.where((scale_code == 255)[:, None], float("nan"), values)
+        # the NaN scale code multiplies its tile by NaN: one select per tile, not per element
+        values = values * tl.where(scale_code == 255, float("nan"), _pow2(scale_code - 127))[:, None]
     tl.store(out_ptr + offsets, _narrow(values, out_ptr), mask=valid)
 
 
