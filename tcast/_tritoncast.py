@@ -167,11 +167,9 @@ def _narrow(values, out_ptr):
 
 
 @triton.jit
-def _offsets(
-    block, lane, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, STEP: tl.constexpr, EVEN: tl.constexpr
-):
-    """Element offsets and mask of positions lane, lane + STEP, ... of each tile."""
-    j = tl.arange(0, TILE // STEP) * STEP + lane
+def _offsets(block, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, EVEN: tl.constexpr):
+    """Element offsets, mask and padded positions of every element of these tiles."""
+    j = tl.arange(0, TILE)
     if EVEN:  # tiles cover the rows exactly: the data is one contiguous run
         offsets = block[:, None] * TILE + j[None, :]
         valid = (block < n_blocks)[:, None] & (j < TILE)[None, :]
@@ -208,7 +206,7 @@ def _virtual_kernel(
     HW_FP8: tl.constexpr,
 ):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    offsets, valid, index = _offsets(block, 0, n_blocks, blocks_per_row, cols, TILE, 1, EVEN)
+    offsets, valid, index = _offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
     x = _widen(tl.load(x_ptr + offsets, mask=valid, other=0))
     if HAS_SCALE:
         bad, amax = _tile_stats(x)
@@ -404,7 +402,7 @@ def _actual_kernel(
     HW_FP8: tl.constexpr,
 ):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    offsets, valid, index = _offsets(block, 0, n_blocks, blocks_per_row, cols, TILE, 1, EVEN)
+    offsets, valid, index = _offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
     x = _widen(tl.load(x_ptr + offsets, mask=valid, other=0))
     if HAS_SCALE:
         bad, amax = _tile_stats(x)
@@ -459,7 +457,7 @@ def _upcast_kernel(
     BITS: tl.constexpr,
 ):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    offsets, valid, _ = _offsets(block, 0, n_blocks, blocks_per_row, cols, TILE, 1, EVEN)
+    offsets, valid, _ = _offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
     code = _load_codes(codes_ptr, block, code_bytes, TILE, BLOCKS, BITS)
     values = tl.load(table_ptr + code)  # a gather from a tiny cached table beat decoding by arithmetic
     if HAS_SCALE:
