@@ -16,8 +16,12 @@ from coreai_opt.coreai_utils import (
     CompressionGranularity,
     DType,
     PalettizePlan,
+    SkipKind,
+    SparsifyPlan,
     palettize_program,
     palettize_weights,
+    quantize_program,
+    sparsify_program,
 )
 from coreai_opt.inspection import inspect_model
 from coreai_opt.io import load_aimodel, save_aimodel
@@ -124,6 +128,40 @@ def test_large_fp16_weights_never_become_nan(plan: PalettizePlan, tmp_path: Path
     )
     assert np.isfinite(got).all()
     assert np.abs(got).max() > 250  # the 300s survive as a cluster of their own
+
+
+@pytest.mark.parametrize("special", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
+def test_a_weight_with_nan_or_inf_is_left_alone_by_every_pass(special: float, tmp_path: Path) -> None:
+    """No scale, LUT or mask carries a NaN or Inf: every pass skips the weight with the count of bad
+    values, and the program still computes exactly what it did."""
+    _, weight = _fp16_probe(tmp_path)
+    compress = {
+        "quantize": lambda p: quantize_program(p, DType.INT8, weight_num_threshold=0),
+        "palettize": lambda p: palettize_program(p, PalettizePlan(4), 0),
+        "sparsify": lambda p: sparsify_program(p, SparsifyPlan(), 0),
+    }
+    import coreai_torch
+
+    layer = torch.nn.Linear(64, 48, bias=False).eval().half()
+    with torch.no_grad():
+        bad = torch.from_numpy(weight).half()
+        bad[5, 7], bad[40, 1] = special, special
+        layer.weight.copy_(bad)
+        exported = torch.export.export(layer, (torch.eye(64, dtype=torch.float16),))
+        exported = exported.run_decompositions(coreai_torch.get_decomp_table())
+    source = save_aimodel(convert_exported_program(exported), tmp_path / "bad.aimodel")
+    probe = {inspect_model(source).inputs[0].name: np.eye(64, dtype=np.float16)}
+    reference = next(iter(run_aimodel(source, probe).values()))
+    for name, run in compress.items():
+        program = load_aimodel(source)
+        report = run(program)
+        assert not report.weights, name
+        assert [(s.kind, s.reason) for s in report.skipped] == [
+            (SkipKind.NON_FINITE, "2 NaN or Inf values: left uncompressed")
+        ], name
+        out = save_aimodel(program, tmp_path / f"{name}.aimodel")
+        got = next(iter(run_aimodel(out, probe).values()))
+        np.testing.assert_array_equal(got, reference)
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,7 @@ class SkipKind(enum.Enum):
     SMALL = "small"  # at or below the element-count threshold
     NOT_A_WEIGHT = "not-a-weight"  # not consumed as a conv/matmul/gather weight
     LAYOUT = "layout"  # a weight, but its shape does not fit the requested granularity
+    NON_FINITE = "non-finite"  # a weight holding NaN or Inf: no scale, LUT or mask represents it
 
 
 @dataclass(frozen=True)

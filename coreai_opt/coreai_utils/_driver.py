@@ -41,8 +41,10 @@ def compress_sites(
     report = CompressionReport(skipped=list(skipped))
     rewriter = rw.Rewriter(program)
     for done, site in enumerate(sites, 1):
-        outcome = compress_one(rw.read_weight(site.op), site, rewriter)
-        if isinstance(outcome, str):
+        w = rw.read_weight(site.op)
+        if (reason := _non_finite(w)) is not None:
+            report.skipped.append(rw.Skipped(site.name, site.shape, reason, rw.SkipKind.NON_FINITE))
+        elif isinstance(outcome := compress_one(w, site, rewriter), str):
             report.skipped.append(rw.Skipped(site.name, site.shape, outcome, rw.SkipKind.LAYOUT))
         else:
             before = constant_nbytes(site.op)
@@ -57,3 +59,9 @@ def compress_sites(
             progress(done, len(sites), site.name)
     rewriter.verify()
     return report
+
+
+def _non_finite(w: torch.Tensor) -> str | None:
+    """Why a weight holding NaN or Inf stays as it is (no scale, LUT or mask can carry it), or None."""
+    bad = int((~torch.isfinite(w)).sum())
+    return f"{bad} NaN or Inf value{'s' * (bad > 1)}: left uncompressed" if bad else None

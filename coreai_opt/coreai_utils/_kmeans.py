@@ -50,6 +50,8 @@ def kmeans_1d(
     the number of clusters found [G] (fewer than k only when a group has fewer points).
     `workers` threads share the groups (0: one per CPU); the result does not depend on it.
     """
+    if not (np.isfinite(x).all() and np.isfinite(w).all() and (w > 0).all()):
+        raise ValueError("kmeans_1d needs finite points and finite positive weights")
     kernel = _kernels()
     count = len(offsets) - 1
     uppers = np.zeros((count, k), np.int64)
