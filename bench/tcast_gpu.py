@@ -83,7 +83,7 @@ def sweep(n: int = SIZES["256M"]) -> list[dict]:
     for name in ("mxfp8e4", "mxfp4e2", "mxfp6e2"):
         dt = tcast.lookup(name)
         for elements in (2048, 4096, 8192, 16384):
-            for warps in (4, 8, 16):
+            for warps in (2, 4, 8):
                 cfg = _tritoncast.LaunchConfig(elements, warps)
 
                 def act(cfg=cfg, dt=dt):  # type: ignore[no-untyped-def]
