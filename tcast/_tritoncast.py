@@ -6,8 +6,11 @@ round mode and writes either the fake-quantized values (virtual) or packed codes
 codes (actual). The upcast kernel reads codes and scales and writes values. Every operation
 mirrors TorchCast's arithmetic: powers of two are built from their bits, scaling multiplies are
 single float32 roundings, rounding works on exact integer/fraction splits, and contraction into
-FMAs is disabled, so both engines give the same bits. Stochastic rounding draws Philox numbers
-in the kernel (keyed by a seed): reproducible, but not TorchCast's stream.
+FMAs is disabled, so both engines give the same bits; e4m3fn/e5m2 round-to-even of scaled tiles
+uses the GPU's saturating conversion instead, which rounds the same way (checked on every finite
+bf16 value). Codes are packed in registers and stored whole bytes or 32-bit words at a time.
+Stochastic rounding draws Philox numbers in the kernel (keyed by a seed): reproducible, but not
+TorchCast's stream.
 
 Imported only when a Triton cast is asked for (it imports triton).
 """
