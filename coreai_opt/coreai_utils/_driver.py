@@ -31,12 +31,16 @@ class Compressed:
 CompressOne = Callable[[torch.Tensor, rw.WeightSite, rw.Rewriter], "Compressed | str"]
 
 
+def check_threshold(weight_num_threshold: int) -> None:
+    if weight_num_threshold < 0:
+        raise ValueError("weight_num_threshold must be 0 or more")
+
+
 def compress_sites(
     program: Any, weight_num_threshold: int, compress_one: CompressOne, progress: Progress | None
 ) -> CompressionReport:
     """Rewrite every eligible weight of `program` in place with `compress_one` and report each one."""
-    if weight_num_threshold < 0:
-        raise ValueError("weight_num_threshold must be 0 or more")
+    check_threshold(weight_num_threshold)
     sites, skipped = rw.weight_sites(program, weight_num_threshold)
     report = CompressionReport(skipped=list(skipped))
     rewriter = rw.Rewriter(program)

@@ -10,6 +10,7 @@ from typing import Any
 
 from coreai_opt.io import ModelFormat, check_output, load_aimodel, model_format, save_aimodel
 
+from ._driver import check_threshold
 from ._options import CompressionGranularity, DType, QScheme
 from ._palettize import PalettizePlan, palettize_program
 from ._quantize import quantize_program, validate
@@ -58,9 +59,12 @@ def compress_file(
     tag: str,
     options: dict[str, Any],
     compress: Callable[[Any], CompressionReport],
+    weight_num_threshold: int,
     force: bool = False,
 ) -> CompressionFileResult:
-    """Check paths first (so bad input fails before any work), compress, save atomically."""
+    """Check the threshold and paths first (so bad input fails before any work), compress, save
+    atomically."""
+    check_threshold(weight_num_threshold)
     source = Path(source)
     model_format(source, (ModelFormat.AIMODEL,))
     out = Path(output) if output is not None else default_output(source, tag)
@@ -114,12 +118,11 @@ def quantize_file(
             program, dtype, qscheme, granularity, block_size, weight_num_threshold, scale, progress
         )
 
-    validate(
-        dtype, qscheme, granularity, block_size, scale, weight_num_threshold
-    )  # a bad combination fails before loading
+    validate(dtype, qscheme, granularity, block_size, scale)  # a bad combination fails before loading
     return compress_file(
-        source, output, method="quantize", tag=dtype.value, options=options, compress=compress, force=force
-    )
+        source, output, method="quantize", tag=dtype.value, options=options, compress=compress,
+        weight_num_threshold=weight_num_threshold, force=force,
+    )  # fmt: skip
 
 
 def palettize_file(
@@ -134,8 +137,6 @@ def palettize_file(
     """`coreopt palettize`: k-means palettize an asset's weights into a new asset."""
     plan = plan or PalettizePlan()
     plan.validate()
-    if weight_num_threshold < 0:
-        raise ValueError("weight_num_threshold must be 0 or more")
     options = {
         "n_bits": plan.n_bits,
         "granularity": plan.granularity.value,
@@ -155,14 +156,9 @@ def palettize_file(
         return palettize_program(program, plan, weight_num_threshold, progress)
 
     return compress_file(
-        source,
-        output,
-        method="palettize",
-        tag=f"lut{plan.n_bits}",
-        options=options,
-        compress=compress,
-        force=force,
-    )
+        source, output, method="palettize", tag=f"lut{plan.n_bits}", options=options, compress=compress,
+        weight_num_threshold=weight_num_threshold, force=force,
+    )  # fmt: skip
 
 
 def sparsify_file(
@@ -177,8 +173,6 @@ def sparsify_file(
     """`coreopt sparsify`: prune an asset's weights (optionally quantizing or palettizing the kept ones)."""
     plan = plan or SparsifyPlan()
     plan.validate()
-    if weight_num_threshold < 0:
-        raise ValueError("weight_num_threshold must be 0 or more")
     ratio = plan.n_m_ratio
     options = {
         "sparsity": float(plan.sparsity) if plan.sparsity is not None else None,
@@ -193,5 +187,6 @@ def sparsify_file(
         return sparsify_program(program, plan, weight_num_threshold, progress)
 
     return compress_file(
-        source, output, method="sparsify", tag=plan.tag, options=options, compress=compress, force=force
-    )
+        source, output, method="sparsify", tag=plan.tag, options=options, compress=compress,
+        weight_num_threshold=weight_num_threshold, force=force,
+    )  # fmt: skip

@@ -48,11 +48,8 @@ def validate(
     granularity: CompressionGranularity,
     block_size: int,
     scale_dtype: DType | None,
-    weight_num_threshold: int = 0,
 ) -> None:
     """Raise ValueError naming the rule a combination breaks."""
-    if weight_num_threshold < 0:
-        raise ValueError("weight_num_threshold must be 0 or more")
     if dtype is DType.FP8_E8M0FNU:
         raise ValueError("FP8_E8M0FNU is a scale dtype, not a weight dtype")
     if granularity is CompressionGranularity.PER_GROUPED_CHANNEL:
@@ -290,7 +287,7 @@ def quantize_program(
 
     `progress(done, total, name)` is called after each weight (for progress bars).
     """
-    validate(dtype, qscheme, granularity, block_size, scale_dtype, weight_num_threshold)
+    validate(dtype, qscheme, granularity, block_size, scale_dtype)
     plan = QuantizePlan(dtype, qscheme, granularity, block_size, scale_dtype)
 
     def one(w: torch.Tensor, site: rw.WeightSite, rewriter: rw.Rewriter) -> Compressed | str:
