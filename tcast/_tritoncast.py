@@ -185,6 +185,26 @@ def _offsets(block, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, EVEN: tl
 
 
 @triton.jit
+def _load_tiles(
+    x_ptr, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr
+):
+    """This program's tiles: (tile indices, element offsets, mask, padded positions, float32 values)."""
+    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    offsets, valid, index = _offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
+    return block, offsets, valid, index, _widen(tl.load(x_ptr + offsets, mask=valid, other=0))
+
+
+@triton.jit
+def _noise(seed, index, ROUND: tl.constexpr):
+    """Stochastic rounding's uniform draws, keyed by seed and padded position (none otherwise)."""
+    if ROUND == 3:  # noqa: SIM108  (a constexpr branch: the noise exists only when used)
+        noise = tl.rand(seed, index.to(tl.int32))
+    else:
+        noise = 0.0
+    return noise
+
+
+@triton.jit
 def _virtual_kernel(
     x_ptr,
     out_ptr,
@@ -208,19 +228,14 @@ def _virtual_kernel(
     ROUND: tl.constexpr,
     HW_FP8: tl.constexpr,
 ):
-    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    offsets, valid, index = _offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
-    x = _widen(tl.load(x_ptr + offsets, mask=valid, other=0))
+    _, offsets, valid, index, x = _load_tiles(x_ptr, n_blocks, blocks_per_row, cols, TILE, BLOCKS, EVEN)
     if HAS_SCALE:
         bad, amax = _tile_stats(x)
         exponent = _tile_exponent(amax, LIMIT, EMAX, SCALE_MODE)
         v = x * _pow2(-exponent)[:, None]
     else:
         v = x
-    if ROUND == 3:  # noqa: SIM108  (a constexpr branch: the noise exists only when used)
-        noise = tl.rand(seed, index.to(tl.int32))
-    else:
-        noise = 0.0
+    noise = _noise(seed, index, ROUND)
     if HW_FP8 != 0:
         signed = _fp8_value(_fp8_code(v, HW_FP8), HW_FP8)
     else:
@@ -267,10 +282,7 @@ def _codes(
     if HW_FP8 != 0:
         code = _fp8_code(v, HW_FP8).to(tl.int32)
         return tl.where((bad > 0)[:, None], NAN_CODE, code)
-    if ROUND == 3:  # noqa: SIM108
-        noise = tl.rand(seed, index.to(tl.int32))
-    else:
-        noise = 0.0
+    noise = _noise(seed, index, ROUND)
     y, e = _grid(v, MBITS, EMIN, EMAX, IS_INT, HAS_SCALE)
     k = _round_to_int(y, noise, ROUND)
     if IS_INT:
@@ -393,7 +405,6 @@ def _actual_kernel(
     MBITS: tl.constexpr,
     EMIN: tl.constexpr,
     EMAX: tl.constexpr,
-    MAXV: tl.constexpr,
     MAX_CODE: tl.constexpr,
     LIMIT: tl.constexpr,
     IS_INT: tl.constexpr,
@@ -404,9 +415,7 @@ def _actual_kernel(
     ROUND: tl.constexpr,
     HW_FP8: tl.constexpr,
 ):
-    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    offsets, valid, index = _offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
-    x = _widen(tl.load(x_ptr + offsets, mask=valid, other=0))
+    block, _, _, index, x = _load_tiles(x_ptr, n_blocks, blocks_per_row, cols, TILE, BLOCKS, EVEN)
     if HAS_SCALE:
         bad, amax = _tile_stats(x)
         exponent = _tile_exponent(amax, LIMIT, EMAX, SCALE_MODE)
@@ -507,12 +516,13 @@ def _element_params(nspec: NumberSpec, virtual: bool) -> dict[str, object]:
         "MBITS": nspec.mbits,
         "EMIN": nspec.emin,
         "EMAX": nspec.emax,
-        "MAXV": float(nspec.max),
         "IS_INT": nspec.is_int,
         "FNUZ": nspec.infnan is InfNaN.FNUZ,
         "HAS_INF": nspec.has_inf,
     }
-    if not virtual:
+    if virtual:  # saturation on values; the actual kernel saturates codes
+        params["MAXV"] = float(nspec.max)
+    else:
         params |= {"BITS": nspec.bits, "MAX_CODE": _max_code(nspec), "NAN_CODE": _nan_code(nspec)}
     return params
 
@@ -530,18 +540,11 @@ def _as_bits(t: torch.Tensor, loading: bool = False) -> torch.Tensor:
 def _hardware_fp8(nspec: NumberSpec, roundmode: RoundMode, has_scale: bool, device: torch.device) -> int:
     """1 (e4m3fn) or 2 (e5m2) where the GPU's fp8 conversion gives TorchCast's codes: round to
     nearest even of tile-scaled values (in range, so saturation is all that overflow needs; a
-    NaN or Inf anywhere makes the tile NaN); else 0 (integer arithmetic)."""
-    if not has_scale or roundmode is not RoundMode.EVEN:
-        return 0
-    return _fp8_instruction(nspec, device)
-
-
-def _fp8_instruction(nspec: NumberSpec, device: torch.device) -> int:
-    """1 (e4m3fn) or 2 (e5m2) on sm_89 or later, else 0. Never under the interpreter, whose fp8
-    conversion is not the hardware's."""
+    NaN or Inf anywhere makes the tile NaN) on sm_89 or later; else 0 (integer arithmetic).
+    Never under the interpreter, whose fp8 conversion is not the hardware's."""
     from ._engine import interpreting
 
-    if device.type != "cuda" or interpreting():
+    if not has_scale or roundmode is not RoundMode.EVEN or device.type != "cuda" or interpreting():
         return 0
     if _capability(device.index if device.index is not None else torch.cuda.current_device()) < (8, 9):
         return 0
