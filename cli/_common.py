@@ -68,3 +68,11 @@ def version_option(name: str, version: str) -> Any:
             raise typer.Exit(EXIT_OK)
 
     return typer.Option(False, "--version", callback=show, is_eager=True, help="Show the version and exit.")
+
+
+def json_option() -> Any:
+    return typer.Option(False, "--json", help="Print one JSON document instead of tables.")
+
+
+def force_option() -> Any:
+    return typer.Option(False, "--force", help="Overwrite an existing output.")

@@ -6,16 +6,16 @@ import contextlib
 import enum
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from coreai_opt import __version__
 
-from ._common import err_console, print_json, user_errors, version_option
+from ._common import err_console, force_option, json_option, print_json, user_errors, version_option
 
 if TYPE_CHECKING:
-    from coreai_opt.coreai_utils import Progress
+    from coreai_opt.coreai_utils import CompressionFileResult, Progress
 
 app = typer.Typer(
     name="coreopt",
@@ -35,7 +35,7 @@ def _root(version: bool = version_option("coreopt", __version__)) -> None:
 @app.command()
 def inspect(
     model: Path = typer.Argument(..., help="A .pt2 (torch.export) or .aimodel (Core AI) file."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    as_json: bool = json_option(),
 ) -> None:
     """Show inputs, outputs, an op histogram and how every weight is stored.
 
@@ -61,8 +61,8 @@ def convert(
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Output .aimodel (default: beside the input)."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    force: bool = force_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Convert a torch.export program to a Core AI asset through coreai-torch.
 
@@ -127,8 +127,8 @@ def cast(
         help="safetensors file with one tensor per user input (by input name) for the check.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random check inputs."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    force: bool = force_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Cast a torch.export program to 16 bits and report every dtype it changed.
 
@@ -191,6 +191,19 @@ class ScaleDType(enum.StrEnum):
     e8m0 = "e8m0"
 
 
+def _threshold_option() -> Any:
+    return typer.Option(1024, "--threshold", help="Skip weights with this many elements or fewer.")
+
+
+def _show_compression(result: CompressionFileResult, as_json: bool) -> None:
+    from ._render import render_compression
+
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_compression(result)
+
+
 @contextlib.contextmanager
 def _weight_progress(enabled: bool, what: str) -> Iterator[Progress | None]:
     """A progress bar over weights on stderr (none with --json, so stdout stays one document)."""
@@ -222,12 +235,12 @@ def quantize(
     scale_dtype: ScaleDType | None = typer.Option(
         None, "--scale-dtype", help="e8m0: power-of-two scales (fp8 / mxfp4 data only)."
     ),
-    threshold: int = typer.Option(1024, "--threshold", help="Skip weights with this many elements or fewer."),
+    threshold: int = _threshold_option(),
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Output .aimodel (default: model.<dtype>.aimodel beside the input)."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    force: bool = force_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Quantize the weights of a Core AI asset and report every weight.
 
@@ -238,8 +251,6 @@ def quantize(
     Example: coreopt quantize model.aimodel --dtype fp8e4m3 --scale-dtype e8m0
     """
     from coreai_opt.coreai_utils import quantize_file
-
-    from ._render import render_compression
 
     with user_errors(), _weight_progress(not as_json, "quantizing") as progress:
         result = quantize_file(
@@ -254,10 +265,7 @@ def quantize(
             force=force,
             progress=progress,
         )
-    if as_json:
-        print_json(result.to_dict())
-    else:
-        render_compression(result)
+    _show_compression(result, as_json)
 
 
 class PaletteGranularity(enum.StrEnum):
@@ -294,15 +302,15 @@ def palettize(
     cluster_dim: int = typer.Option(
         1, "--cluster-dim", help="Vector length along the output channels (>1: vectors)."
     ),
-    threshold: int = typer.Option(1024, "--threshold", help="Skip weights with this many elements or fewer."),
+    threshold: int = _threshold_option(),
     workers: int = typer.Option(0, "--workers", help="k-means threads (0: one per CPU)."),
     fast: bool = typer.Option(False, "--fast", help="Round values to --rounding-precision decimals first."),
     rounding_precision: int = typer.Option(4, "--rounding-precision", help="Decimals kept by --fast."),
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Output .aimodel (default: model.lut<nbits>.aimodel beside the input)."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    force: bool = force_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Palettize weights with exact optimal k-means look-up tables and report every weight.
 
@@ -315,8 +323,6 @@ def palettize(
     import os
 
     from coreai_opt.coreai_utils import CompressionGranularity, DType, PalettizePlan, palettize_file
-
-    from ._render import render_compression
 
     grains = {
         PaletteGranularity.tensor: CompressionGranularity.PER_TENSOR,
@@ -338,10 +344,7 @@ def palettize(
         result = palettize_file(
             model, output, plan=plan, weight_num_threshold=threshold, force=force, progress=progress
         )
-    if as_json:
-        print_json(result.to_dict())
-    else:
-        render_compression(result)
+    _show_compression(result, as_json)
 
 
 def _n_m_ratio(text: str | None) -> tuple[int, int] | None:
@@ -369,12 +372,12 @@ def sparsify(
     palettize: int | None = typer.Option(
         None, "--palettize", help="Palettize the kept values with a 2^N-entry k-means LUT."
     ),
-    threshold: int = typer.Option(1024, "--threshold", help="Skip weights with this many elements or fewer."),
+    threshold: int = _threshold_option(),
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Output .aimodel (default: model.sparse<..>.aimodel beside the input)."
     ),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    force: bool = force_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Prune weights to a bitmask-sparse form (optionally quantized or palettized) and report every weight.
 
@@ -385,8 +388,6 @@ def sparsify(
     Example: coreopt sparsify model.aimodel --sparsity 0.75 --block-size 4 --palettize 4 --json
     """
     from coreai_opt.coreai_utils import DType, SparsifyPlan, sparsify_file
-
-    from ._render import render_compression
 
     ratio = _n_m_ratio(nm)
     if ratio is not None and sparsity is not None:
@@ -404,10 +405,7 @@ def sparsify(
         result = sparsify_file(
             model, output, plan=plan, weight_num_threshold=threshold, force=force, progress=progress
         )
-    if as_json:
-        print_json(result.to_dict())
-    else:
-        render_compression(result)
+    _show_compression(result, as_json)
 
 
 @app.command()
@@ -424,7 +422,7 @@ def compare(
     min_cosine: float | None = typer.Option(
         None, "--min-cosine", help="Exit 1 when any output's cosine falls below this (for CI)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    as_json: bool = json_option(),
 ) -> None:
     """Run two Core AI assets on the same inputs; per output cosine, SNR and max abs error.
 

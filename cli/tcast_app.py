@@ -12,7 +12,7 @@ from rich.table import Table
 
 from tcast import __version__
 
-from ._common import console, err_console, print_json, user_errors, version_option
+from ._common import console, err_console, force_option, json_option, print_json, user_errors, version_option
 
 app = typer.Typer(
     name="tcast",
@@ -50,7 +50,7 @@ def inspect(
     name: str = typer.Argument(
         ..., help="A predefined datatype (mxfp4e2, int8_f, ...) or a number code (e4m3fn)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    as_json: bool = json_option(),
 ) -> None:
     """Every property of a format; for formats of 8 bits or fewer, a table of every code.
 
@@ -91,7 +91,7 @@ def inspect(
 @app.command("list")
 def list_types(
     filter_: str = typer.Option("", "--filter", help="Only names containing this text."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    as_json: bool = json_option(),
 ) -> None:
     """Every predefined datatype with element format, scale, tile and bits per value.
 
@@ -138,8 +138,8 @@ def cast(
     ),
     roundmode: str = typer.Option("even", "--round", help="even, nearest, zero or stochastic."),
     only: str | None = typer.Option(None, "--only", help="Cast only tensors whose name matches this regex."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    force: bool = force_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Cast every float tensor of a safetensors file and report the error of each.
 
@@ -200,7 +200,7 @@ def cast(
 def upcast(
     source: Path = typer.Argument(..., help="A file written by `tcast cast --mode actual`."),
     output: Path = typer.Option(..., "-o", "--output", help="Output .safetensors file of floats."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing output."),
+    force: bool = force_option(),
 ) -> None:
     """Restore float tensors from codes and scales.
 
