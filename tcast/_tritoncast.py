@@ -3,10 +3,11 @@
 One pass per tensor: each program loads a run of whole tiles along the last dim, finds every
 tile's amax, picks its E8M0 exponent (the scale modes of TorchCast), rounds the elements in any
 round mode and writes either the fake-quantized values (virtual) or packed codes plus uint8 scale
-codes (actual). The upcast kernel reads codes and scales and writes values. Every operation
-mirrors TorchCast's arithmetic: powers of two are built from their bits, scaling multiplies are
-single float32 roundings, rounding works on exact integer/fraction splits, and contraction into
-FMAs is disabled, so both engines give the same bits; e4m3fn/e5m2 round-to-even of scaled tiles
+codes (actual). The upcast kernel reads codes and scales and writes values, decoding codes by
+bit arithmetic. Every operation mirrors TorchCast's arithmetic: powers of two are built from
+their bits, scaling multiplies are single float32 roundings, rounding works on exact
+integer/fraction splits (or, for 16-bit inputs, on a float32 addition that rounds on the
+binade's grid), and contraction into FMAs is disabled, so both engines give the same bits; e4m3fn/e5m2 round-to-even of scaled tiles
 uses the GPU's saturating conversion instead, which rounds the same way (checked on every finite
 bf16 value). Codes are packed in registers and stored whole bytes or 32-bit words at a time.
 Stochastic rounding draws Philox numbers in the kernel (keyed by a seed): reproducible, but not
@@ -144,7 +145,14 @@ def _tile_stats(x):
     """Per-tile (has a NaN or Inf, amax) of [BLOCKS, n] float32 values, from the magnitude bits:
     positive floats order as integers, and NaN/Inf patterns are the largest (the amax of such a
     tile is never used: its scale is NaN)."""
-    top = tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+    # doubled magnitudes (the sign shifted out) order as unsigned integers: a shift runs on the FMA
+    # pipe, where a mask would take the ALU pipe that bounds bf16 streams
+    doubled = tl.max(x.to(tl.uint32, bitcast=True) << 1, axis=1)
+    return _tile_stats_bits((doubled >> 1).to(tl.int32))
+
+
+@triton.jit
+def _tile_stats_bits(top):
     return (top >= 0x7F800000).to(tl.int32), top.to(tl.float32, bitcast=True)
 
 
@@ -275,12 +283,19 @@ def _codes(
     NAN_CODE: tl.constexpr,
     ROUND: tl.constexpr,
     HW_FP8: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     """Codes by integer arithmetic on the grid point, no decoding of floats - or, for OCP fp8
     elements rounded to nearest even (HW_FP8), by the GPU's saturating conversion instruction."""
     v = x * to_grid[:, None] if HAS_SCALE else x
     if HW_FP8 != 0:
         code = _fp8_code(v, HW_FP8).to(tl.int32)
+        return tl.where((bad > 0)[:, None], NAN_CODE, code)
+    if FAST:
+        # the sign from the scaled product: read from x itself, the compiler goes back to the 16-bit
+        # input and spends an extra operation extracting it
+        signed = (x * to_grid[:, None]).to(tl.int32, bitcast=True)
+        code = _fnuz_codes_even(tl.abs(x), signed, to_grid, BITS, MBITS, EMIN, MAX_CODE)
         return tl.where((bad > 0)[:, None], NAN_CODE, code)
     noise = _noise(seed, index, ROUND)
     y, e = _grid(v, MBITS, EMIN, EMAX, IS_INT, HAS_SCALE)
@@ -305,6 +320,27 @@ def _codes(
     else:
         code = tl.where(v != v, NAN_CODE, code)
     return code
+
+
+@triton.jit
+def _fnuz_codes_even(
+    magnitude, sign_bits, to_grid,
+    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr,
+):  # fmt: skip
+    """Codes of tile-scaled values in an fnuz float format, rounded to nearest even, in few ALU
+    operations (the ALU pipe bounds a bf16 stream): adding 2**(e + 23 - m) rounds |v| on its
+    binade's grid (e clamped at emin, so subnormals too) and leaves the count of grid steps in
+    the low bits; the sign joins only nonzero magnitudes (fnuz has no -0) through an unsigned
+    min with magnitude << (bits - 1), which is below the shifted sign field only when zero.
+    `magnitude`: |x| unscaled; `sign_bits`: int32 with x's sign in bit 31. A NaN or Inf tile is
+    left to the caller."""
+    a = magnitude * to_grid[:, None]
+    field = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)
+    magic = (field + (23 - MBITS)) << 23
+    steps = (a + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
+    code = tl.minimum(((field - (EMIN + 127)) << MBITS) + steps, MAX_CODE)
+    sign_field = (sign_bits.to(tl.uint32, bitcast=True) >> (32 - BITS)).to(tl.int32)
+    return code | (tl.minimum(sign_field, code << (BITS - 1)) & (1 << (BITS - 1)))
 
 
 @triton.jit
@@ -414,6 +450,7 @@ def _actual_kernel(
     SCALE_MODE: tl.constexpr,
     ROUND: tl.constexpr,
     HW_FP8: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     block, _, _, index, x = _load_tiles(x_ptr, n_blocks, blocks_per_row, cols, TILE, BLOCKS, EVEN)
     if HAS_SCALE:
@@ -427,17 +464,27 @@ def _actual_kernel(
         bad = 0
         to_grid = 1.0
     code = _codes(x, to_grid, bad, index, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ,
-                  HAS_INF, NAN_CODE, ROUND, HW_FP8)  # fmt: skip
+                  HAS_INF, NAN_CODE, ROUND, HW_FP8, FAST)  # fmt: skip
     _store_codes(codes_ptr, code, block, n_blocks, code_bytes, TILE, BLOCKS, BITS, HAS_SCALE)
 
 
 @triton.jit
-def _load_codes(codes_ptr, block, code_bytes, TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr):
+def _load_codes(
+    codes_ptr,
+    block,
+    code_bytes,
+    TILE: tl.constexpr,
+    BLOCKS: tl.constexpr,
+    BITS: tl.constexpr,
+    VEC: tl.constexpr,
+):
     if BITS == 8:
-        offsets = block[:, None] * TILE + tl.arange(0, TILE)[None, :]
+        j = tl.arange(0, TILE)
+        offsets = block[:, None] * TILE + ((j // VEC) * VEC + j % VEC)[None, :]
         return tl.load(codes_ptr + offsets, mask=offsets < code_bytes, other=0).to(tl.int32)
     elif BITS == 4:
-        offsets = block[:, None] * (TILE // 2) + tl.arange(0, TILE // 2)[None, :]
+        j = tl.arange(0, TILE // 2)
+        offsets = block[:, None] * (TILE // 2) + ((j // (VEC // 2)) * (VEC // 2) + j % (VEC // 2))[None, :]
         byte = tl.load(codes_ptr + offsets, mask=offsets < code_bytes, other=0).to(tl.int32)
         return tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCKS, TILE))
     else:
@@ -450,6 +497,36 @@ def _load_codes(codes_ptr, block, code_bytes, TILE: tl.constexpr, BLOCKS: tl.con
         c2 = (b1 >> 4) | ((b2 & 3) << 4)
         c3 = b2 >> 2
         return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (BLOCKS, TILE))
+
+
+@triton.jit
+def _decode(
+    code, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, IS_INT: tl.constexpr,
+    FNUZ: tl.constexpr, HAS_INF: tl.constexpr,
+):  # fmt: skip
+    """float32 values of int32 codes by bit arithmetic (no table gather). Floats: the magnitude
+    field shifted into float32's place reads as 2**(1 - emin - 127) times the value - a float32
+    subnormal exactly where the code is one - so one multiply restores it; the sign bit is moved
+    to bit 31. Ints: two's complement codes through the 2**23 float trick, times 2**-mbits."""
+    SIGN: tl.constexpr = 1 << (BITS - 1)
+    if BITS == 8 and MBITS == 2 and EMIN == -14 and HAS_INF:  # e5m2 is the top byte of a float16
+        return (code << 8).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if IS_INT:
+        biased = ((code ^ SIGN) | 0x4B000000).to(tl.float32, bitcast=True)  # 2**23 + SIGN + signed code
+        values = (biased - (8388608.0 + SIGN)) * (2.0**-MBITS)
+        return tl.where(code == SIGN, float("nan"), values)
+    magnitude = code & (SIGN - 1)
+    bits = (magnitude << (23 - MBITS)) | ((code << (32 - BITS)) & -2147483648)
+    values = bits.to(tl.float32, bitcast=True) * (2.0 ** (126 + EMIN))
+    if FNUZ:
+        values = tl.where(code == SIGN, float("nan"), values)
+    elif HAS_INF:
+        top: tl.constexpr = ((1 << (BITS - 1 - MBITS)) - 1) << MBITS  # the code of +inf
+        infinity = tl.where((code & SIGN) != 0, float("-inf"), float("inf"))
+        values = tl.where(magnitude >= top, tl.where(magnitude == top, infinity, float("nan")), values)
+    else:  # fn: the all-ones magnitude is NaN
+        values = tl.where(magnitude == SIGN - 1, float("nan"), values)
+    return values
 
 
 @triton.jit
@@ -467,11 +544,21 @@ def _upcast_kernel(
     HAS_SCALE: tl.constexpr,
     EVEN: tl.constexpr,
     BITS: tl.constexpr,
+    DECODE: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    IS_INT: tl.constexpr,
+    FNUZ: tl.constexpr,
+    HAS_INF: tl.constexpr,
+    VEC: tl.constexpr,
 ):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     offsets, valid, _ = _offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
-    code = _load_codes(codes_ptr, block, code_bytes, TILE, BLOCKS, BITS)
-    values = tl.load(table_ptr + code)  # a gather from a tiny cached table beat decoding by arithmetic
+    code = _load_codes(codes_ptr, block, code_bytes, TILE, BLOCKS, BITS, VEC)
+    if DECODE:  # noqa: SIM108  (constexpr branches)
+        values = _decode(code, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF)
+    else:
+        values = tl.load(table_ptr + code)
     if HAS_SCALE:
         scale_code = tl.load(scales_ptr + block, mask=block < n_blocks, other=127).to(tl.int32)
         # the NaN scale code multiplies its tile by NaN: one select per tile, not per element
@@ -562,6 +649,11 @@ class LaunchConfig:
 
     elements: int = _ELEMENTS_PER_PROGRAM
     num_warps: int = 4
+    # upcast: decode codes by arithmetic (else gather from a value table copied to the device)
+    decode: bool = True
+    # upcast: codes one thread loads at a time (None: as many as one 16-byte store of the output
+    # holds, so loads and stores share a layout and need no exchange through shared memory)
+    code_vector: int | None = None
 
     def blocks(self, tile: int) -> int:
         return max(1, self.elements // tile)
@@ -605,8 +697,14 @@ def cast(
         return out
     codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
     scales = torch.empty(blocks if has_scale else 0, dtype=torch.uint8, device=x.device)
+    fast = (
+        has_scale and x.element_size() == 2 and roundmode is RoundMode.EVEN
+        and nspec.infnan is InfNaN.FNUZ and not nspec.is_int
+    )  # fmt: skip
     if blocks:
-        _actual_kernel[grid](source, codes, scales, blocks, per_row, cols, code_bytes, seed, **common)
+        _actual_kernel[grid](
+            source, codes, scales, blocks, per_row, cols, code_bytes, seed, FAST=fast, **common
+        )
     return Tensor(
         dtype=dtype,
         shape=shape,
@@ -627,14 +725,18 @@ def upcast(
     device = t.codes.device
     tile, per_row, cols, blocks = _geometry(t.shape, t.dtype)
     has_scale = t.scales is not None
-    table = _decode_table_cpu(nspec.code).to(device=device, dtype=torch.float32)
+    decode = config.decode and (nspec.is_int or nspec.emin <= 1)  # (2**(126 + emin) must be a float32)
+    table = t.codes if decode else _decode_table_cpu(nspec.code).to(device=device, dtype=torch.float32)
     out = torch.empty(t.shape, dtype=torch_dtype or t.source_dtype, device=device)
     per_program = config.blocks(tile)
     if blocks:
         _upcast_kernel[(triton.cdiv(blocks, per_program),)](
             t.codes, t.scales if has_scale else t.codes, table, _as_bits(out), blocks, per_row, cols,
             t.codes.numel(), TILE=tile, BLOCKS=per_program, HAS_SCALE=has_scale,
-            EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, num_warps=config.num_warps,
+            EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, DECODE=decode, MBITS=nspec.mbits,
+            EMIN=nspec.emin, IS_INT=nspec.is_int, FNUZ=nspec.infnan is InfNaN.FNUZ, HAS_INF=nspec.has_inf,
+            VEC=min(tile, config.code_vector or 16 // out.element_size()),
+            num_warps=config.num_warps,
             enable_fp_fusion=False,
         )  # fmt: skip
     return out
