@@ -147,12 +147,7 @@ def _tile_stats(x):
     tile is never used: its scale is NaN)."""
     # doubled magnitudes (the sign shifted out) order as unsigned integers: a shift runs on the FMA
     # pipe, where a mask would take the ALU pipe that bounds bf16 streams
-    doubled = tl.max(x.to(tl.uint32, bitcast=True) << 1, axis=1)
-    return _tile_stats_bits((doubled >> 1).to(tl.int32))
-
-
-@triton.jit
-def _tile_stats_bits(top):
+    top = (tl.max(x.to(tl.uint32, bitcast=True) << 1, axis=1) >> 1).to(tl.int32)
     return (top >= 0x7F800000).to(tl.int32), top.to(tl.float32, bitcast=True)
 
 
@@ -292,10 +287,7 @@ def _codes(
         code = _fp8_code(v, HW_FP8).to(tl.int32)
         return tl.where((bad > 0)[:, None], NAN_CODE, code)
     if FAST:
-        # the sign from the scaled product: read from x itself, the compiler goes back to the 16-bit
-        # input and spends an extra operation extracting it
-        signed = (x * to_grid[:, None]).to(tl.int32, bitcast=True)
-        code = _fnuz_codes_even(tl.abs(x), signed, to_grid, BITS, MBITS, EMIN, MAX_CODE)
+        code = _fnuz_codes_even(x, v, to_grid, BITS, MBITS, EMIN, MAX_CODE)
         return tl.where((bad > 0)[:, None], NAN_CODE, code)
     noise = _noise(seed, index, ROUND)
     y, e = _grid(v, MBITS, EMIN, EMAX, IS_INT, HAS_SCALE)
@@ -324,7 +316,7 @@ def _codes(
 
 @triton.jit
 def _fnuz_codes_even(
-    magnitude, sign_bits, to_grid,
+    x, v, to_grid,
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr,
 ):  # fmt: skip
     """Codes of tile-scaled values in an fnuz float format, rounded to nearest even, in few ALU
@@ -332,14 +324,15 @@ def _fnuz_codes_even(
     binade's grid (e clamped at emin, so subnormals too) and leaves the count of grid steps in
     the low bits; the sign joins only nonzero magnitudes (fnuz has no -0) through an unsigned
     min with magnitude << (bits - 1), which is below the shifted sign field only when zero.
-    `magnitude`: |x| unscaled; `sign_bits`: int32 with x's sign in bit 31. A NaN or Inf tile is
-    left to the caller."""
-    a = magnitude * to_grid[:, None]
+    `v` is x * to_grid: its sign is read from it, since read from x the compiler goes back to a
+    16-bit input and spends an operation extracting it; |x| * to_grid folds the abs into the
+    multiply. A NaN or Inf tile is left to the caller."""
+    a = tl.abs(x) * to_grid[:, None]
     field = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)
     magic = (field + (23 - MBITS)) << 23
     steps = (a + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
     code = tl.minimum(((field - (EMIN + 127)) << MBITS) + steps, MAX_CODE)
-    sign_field = (sign_bits.to(tl.uint32, bitcast=True) >> (32 - BITS)).to(tl.int32)
+    sign_field = (v.to(tl.uint32, bitcast=True) >> (32 - BITS)).to(tl.int32)
     return code | (tl.minimum(sign_field, code << (BITS - 1)) & (1 << (BITS - 1)))
 
 
@@ -478,6 +471,9 @@ def _load_codes(
     BITS: tl.constexpr,
     VEC: tl.constexpr,
 ):
+    """[BLOCKS, TILE] int32 codes. 8- and 4-bit codes are loaded VEC per thread (as many as one
+    16-byte store of the output holds), so loads and stores share a layout and need no exchange
+    through shared memory."""
     if BITS == 8:
         j = tl.arange(0, TILE)
         offsets = block[:, None] * TILE + ((j // VEC) * VEC + j % VEC)[None, :]
@@ -649,11 +645,6 @@ class LaunchConfig:
 
     elements: int = _ELEMENTS_PER_PROGRAM
     num_warps: int = 4
-    # upcast: decode codes by arithmetic (else gather from a value table copied to the device)
-    decode: bool = True
-    # upcast: codes one thread loads at a time (None: as many as one 16-byte store of the output
-    # holds, so loads and stores share a layout and need no exchange through shared memory)
-    code_vector: int | None = None
 
     def blocks(self, tile: int) -> int:
         return max(1, self.elements // tile)
@@ -725,7 +716,8 @@ def upcast(
     device = t.codes.device
     tile, per_row, cols, blocks = _geometry(t.shape, t.dtype)
     has_scale = t.scales is not None
-    decode = config.decode and (nspec.is_int or nspec.emin <= 1)  # (2**(126 + emin) must be a float32)
+    # codes decode by arithmetic where 2**(126 + emin) is a float32; else gather from a value table
+    decode = nspec.is_int or nspec.emin <= 1
     table = t.codes if decode else _decode_table_cpu(nspec.code).to(device=device, dtype=torch.float32)
     out = torch.empty(t.shape, dtype=torch_dtype or t.source_dtype, device=device)
     per_program = config.blocks(tile)
@@ -735,7 +727,7 @@ def upcast(
             t.codes.numel(), TILE=tile, BLOCKS=per_program, HAS_SCALE=has_scale,
             EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, DECODE=decode, MBITS=nspec.mbits,
             EMIN=nspec.emin, IS_INT=nspec.is_int, FNUZ=nspec.infnan is InfNaN.FNUZ, HAS_INF=nspec.has_inf,
-            VEC=min(tile, config.code_vector or 16 // out.element_size()),
+            VEC=min(tile, 16 // out.element_size()),
             num_warps=config.num_warps,
             enable_fp_fusion=False,
         )  # fmt: skip
