@@ -175,7 +175,12 @@ def _narrow(values, out_ptr):
 @triton.jit
 def _offsets(block, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, EVEN: tl.constexpr):
     """Element offsets, mask and padded positions of every element of these tiles."""
-    j = tl.arange(0, TILE)
+    return _offsets_at(block, tl.arange(0, TILE), n_blocks, blocks_per_row, cols, TILE, EVEN)
+
+
+@triton.jit
+def _offsets_at(block, j, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, EVEN: tl.constexpr):
+    """Element offsets, mask and padded positions of the elements at positions j of these tiles."""
     if EVEN:  # tiles cover the rows exactly: the data is one contiguous run
         offsets = block[:, None] * TILE + j[None, :]
         valid = (block < n_blocks)[:, None] & (j < TILE)[None, :]
@@ -188,13 +193,38 @@ def _offsets(block, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, EVEN: tl
 
 
 @triton.jit
+def _runs_of_16(a, b, BLOCKS: tl.constexpr, TILE: tl.constexpr):
+    """[BLOCKS, TILE] from two [BLOCKS, TILE / 2] halves holding elements 16m + 0..7 (a) and
+    16m + 8..15 (b): joined in registers, so each thread holds 16 consecutive elements."""
+    joined = tl.reshape(tl.join(a, b), (BLOCKS, TILE // 16, 8, 2))
+    return tl.reshape(tl.permute(joined, (0, 1, 3, 2)), (BLOCKS, TILE))
+
+
+@triton.jit
 def _load_tiles(
-    x_ptr, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr
-):
-    """This program's tiles: (tile indices, element offsets, mask, padded positions, float32 values)."""
+    x_ptr, n_blocks, blocks_per_row, cols,
+    TILE: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr, RUNS16: tl.constexpr = False,
+):  # fmt: skip
+    """This program's tiles: (tile indices, element offsets, mask, padded positions, float32 values).
+    RUNS16 (16-bit inputs, TILE >= 16): every thread holds 16 consecutive elements rather than
+    the 8 of one 16-byte load - as two loads joined in registers - so 6-bit codes pack into
+    whole words without an exchange through shared memory (offsets and mask are then those of
+    the first halves: only for callers that store no values)."""
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    offsets, valid, index = _offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
-    return block, offsets, valid, index, _widen(tl.load(x_ptr + offsets, mask=valid, other=0))
+    if RUNS16:
+        i = tl.arange(0, TILE // 2)
+        j = (i // 8) * 16 + i % 8
+        offsets_a, valid_a, index_a = _offsets_at(block, j, n_blocks, blocks_per_row, cols, TILE, EVEN)
+        offsets_b, valid_b, index_b = _offsets_at(block, j + 8, n_blocks, blocks_per_row, cols, TILE, EVEN)
+        x_a = _widen(tl.load(x_ptr + offsets_a, mask=valid_a, other=0))
+        x_b = _widen(tl.load(x_ptr + offsets_b, mask=valid_b, other=0))
+        offsets, valid = offsets_a, valid_a  # not an element's: unused by the actual kernel
+        index = _runs_of_16(index_a, index_b, BLOCKS, TILE)
+        x = _runs_of_16(x_a, x_b, BLOCKS, TILE)
+    else:
+        offsets, valid, index = _offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
+        x = _widen(tl.load(x_ptr + offsets, mask=valid, other=0))
+    return block, offsets, valid, index, x
 
 
 @triton.jit
@@ -398,12 +428,14 @@ def _store_codes(
         w0 = c0 | (c1 << 6) | (c2 << 12) | (c3 << 18) | (c4 << 24) | (c5 << 30)
         w1 = (c5 >> 2) | (c6 << 4) | (c7 << 10) | (c8 << 16) | (c9 << 22) | (c10 << 28)
         w2 = (c10 >> 4) | (c11 << 2) | (c12 << 8) | (c13 << 14) | (c14 << 20) | (c15 << 26)
+        # flat: a [BLOCKS * TILE / 16] layout is the one the stores are given (no exchange)
+        n: tl.constexpr = BLOCKS * TILE // 16
         words = codes_ptr.to(tl.pointer_type(tl.int32))
-        base = block[:, None] * (TILE // 16 * 3) + tl.arange(0, TILE // 16)[None, :] * 3
-        inside = (block < n_blocks)[:, None]
-        tl.store(words + base, w0, mask=inside)
-        tl.store(words + base + 1, w1, mask=inside)
-        tl.store(words + base + 2, w2, mask=inside)
+        group = tl.reshape(block[:, None] * (TILE // 16) + tl.arange(0, TILE // 16)[None, :], (n,))
+        inside = group < n_blocks * (TILE // 16)
+        tl.store(words + group * 3, tl.reshape(w0, (n,)), mask=inside)
+        tl.store(words + group * 3 + 1, tl.reshape(w1, (n,)), mask=inside)
+        tl.store(words + group * 3 + 2, tl.reshape(w2, (n,)), mask=inside)
     else:  # 6 bits: four codes in three bytes
         first, second = tl.split(tl.reshape(code, (BLOCKS, TILE // 4, 2, 2)))
         c0, c2 = tl.split(first)
@@ -444,8 +476,9 @@ def _actual_kernel(
     ROUND: tl.constexpr,
     HW_FP8: tl.constexpr,
     FAST: tl.constexpr,
+    RUNS16: tl.constexpr,
 ):
-    block, _, _, index, x = _load_tiles(x_ptr, n_blocks, blocks_per_row, cols, TILE, BLOCKS, EVEN)
+    block, _, _, index, x = _load_tiles(x_ptr, n_blocks, blocks_per_row, cols, TILE, BLOCKS, EVEN, RUNS16)
     if HAS_SCALE:
         bad, amax = _tile_stats(x)
         exponent = _tile_exponent(amax, LIMIT, EMAX, SCALE_MODE)
@@ -692,9 +725,11 @@ def cast(
         has_scale and x.element_size() == 2 and roundmode is RoundMode.EVEN
         and nspec.infnan is InfNaN.FNUZ and not nspec.is_int
     )  # fmt: skip
+    # 6-bit codes of 16-bit inputs pack 16 to three words from 16-element runs per thread
+    runs16 = nspec.bits == 6 and x.element_size() == 2 and has_scale and tile >= 16
     if blocks:
         _actual_kernel[grid](
-            source, codes, scales, blocks, per_row, cols, code_bytes, seed, FAST=fast, **common
+            source, codes, scales, blocks, per_row, cols, code_bytes, seed, FAST=fast, RUNS16=runs16, **common
         )
     return Tensor(
         dtype=dtype,

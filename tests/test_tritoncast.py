@@ -8,6 +8,7 @@ tensors); with CUDA they run on the GPU with larger ones.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator
 
@@ -141,15 +142,17 @@ def test_tiles_8_to_256_unscaled_formats_and_any_leading_shape(
         assert same_bits(tcast.upcast(actual_triton, computemode="triton"), virtual_torch)
 
 
-def test_every_code_of_mxfp6_and_mxfp4_round_trips_through_the_packing() -> None:
-    """Each 6- and 4-bit code value at every position of a 4-code group survives pack and unpack."""
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_every_code_of_mxfp6_and_mxfp4_round_trips_through_the_packing(source: torch.dtype) -> None:
+    """Each 6- and 4-bit code value at every position of a 32-code tile but the first (the tile's
+    max) survives pack and unpack (bf16 inputs pack 6-bit codes from 16-element runs)."""
     for name, bits in (("mxfp6e2", 6), ("mxfp6e3", 6), ("mxfp4e2", 4)):
         table = tcast._torchcast._decode_table_cpu(tcast.lookup(name).nspec.code)
         finite = torch.nonzero(torch.isfinite(table)).reshape(-1)
         values = table[finite].float()
-        x = values.repeat(8)[: 32 * (len(values) * 8 // 32)].reshape(-1, 32).clone()
+        x = values.repeat(32).reshape(-1, 32)  # len(values) is odd: each lands on every position
         x[:, 0] = values.abs().max()  # every tile at unit scale: the codes are the table's
-        x = x.to(DEVICE)
+        x = x.to(source).to(DEVICE)  # (every fp6/fp4 value is a bf16)
         actual = tcast.cast(x, name, castmode="actual", computemode="triton")
         reference = tcast.cast(x, name, castmode="actual", computemode="torch")
         assert torch.equal(actual.codes, reference.codes)
@@ -181,10 +184,12 @@ def test_stochastic_rounding_is_reproducible_and_unbiased() -> None:
     first = tcast.cast(x, "mxfp4e2", "stochastic", seed=3, computemode="triton")
     assert torch.equal(first, tcast.cast(x, "mxfp4e2", "stochastic", seed=3, computemode="triton"))
     assert not torch.equal(first, tcast.cast(x, "mxfp4e2", "stochastic", seed=4, computemode="triton"))
-    for name in ("mxfp4e2", "mxfp6e3", "mxint8"):  # actual and virtual draw the same number per element
-        virtual = tcast.cast(x, name, "stochastic", seed=5, computemode="triton")
-        actual = tcast.cast(x, name, "stochastic", castmode="actual", seed=5, computemode="triton")
-        assert same_bits(tcast.upcast(actual, computemode="triton"), virtual)
+    # actual and virtual draw the same number per element (bf16 -> 6 bits: loaded in 16-element runs)
+    for name, source in itertools.product(("mxfp4e2", "mxfp6e3", "mxint8"), (torch.float32, torch.bfloat16)):
+        xs = x.to(source)
+        virtual = tcast.cast(xs, name, "stochastic", seed=5, computemode="triton")
+        actual = tcast.cast(xs, name, "stochastic", castmode="actual", seed=5, computemode="triton")
+        assert same_bits(tcast.upcast(actual, computemode="triton"), virtual), (name, source)
     # 0.3 in a tile of 0.3s: scale 2^-4, element 4.8 between grid points 4 and 6; the mean is 4.8
     flat = torch.full((64, 256), 0.3, device=DEVICE)
     draws = torch.stack(
