@@ -7,7 +7,8 @@
 Times are medians of `triton.testing.do_bench` through the public API (`tcast.cast` /
 `tcast.upcast` with computemode triton). GB/s counts bytes read plus bytes written, beside a
 device-to-device copy of the input measured in the same run. When torchao is importable its
-`triton_to_mxfp8_dim0` (floor scaling, as OCP MX; bf16 input only) runs on the same input.
+`triton_to_mxfp8_dim0` (floor scaling, as OCP MX; bf16 input only) and
+`triton_mxfp8_dequant_dim0` run on the same input (see _torchao for Hopper).
 """
 
 from __future__ import annotations
@@ -107,14 +108,59 @@ def sweep(n: int = SIZES["256M"]) -> list[dict]:
     return rows
 
 
-def _torchao() -> object | None:
-    try:
-        from torchao.prototype.mx_formats.kernels import triton_to_mxfp8_dim0
+def _torchao() -> tuple | None:
+    """torchao's Triton mxfp8 kernels (cast along dim0, dequant along dim0), or None.
 
-        return triton_to_mxfp8_dim0
+    torchao 0.18 defines them only on sm_100+ and leaves stubs elsewhere; its gate is the
+    architecture, while these two kernels need only the fp8 conversion of sm_89+. On such an
+    older GPU the gate is lifted for the import, so both engines run on the same input here."""
+    try:
+        import importlib
+
+        import torchao.utils as tao_utils
+
+        gate = tao_utils.is_sm_at_least_100
+        lift = not gate() and torch.cuda.get_device_capability() >= (8, 9)
+        if lift:
+            tao_utils.is_sm_at_least_100 = lambda: True
+        try:
+            from torchao.prototype.mx_formats import kernels
+
+            if lift and not kernels._triton_kernels_available:  # imported earlier with the gate
+                kernels = importlib.reload(kernels)
+        finally:
+            tao_utils.is_sm_at_least_100 = gate
+        import torchao
+
+        note = " (sm_100 gate lifted for this sm_89+ GPU)" if lift else ""
+        print(f"torchao {torchao.__version__}{note}", flush=True)
+        return kernels.triton_to_mxfp8_dim0, kernels.triton_mxfp8_dequant_dim0
     except Exception as exc:  # not installed, or built for another torch
         print(f"torchao unavailable: {type(exc).__name__}: {exc}", flush=True)
         return None
+
+
+def _vs_torchao(torchao_mx: tuple, x: torch.Tensor, row) -> None:  # type: ignore[no-untyped-def]
+    """torchao's mxfp8 cast (floor scaling: OCP MX, our max mode) and dequant on x, beside ours."""
+    quantize, dequantize = torchao_mx
+    n = x.numel()
+    try:
+        out, scale = quantize(x, 32, "floor")
+        ms = _bench(lambda: quantize(x, 32, "floor"))
+        row("torchao", "actual", ms, n * x.element_size() + out.numel() + scale.numel())
+        ours = tcast.cast(x, "mxfp8e4", castmode="actual", computemode="triton")
+        same = torch.equal(out.view(torch.uint8).reshape(-1), ours.codes) and torch.equal(
+            scale.view(torch.uint8).reshape(-1), ours.scales
+        )
+        print(f"torchao floor mxfp8 codes and scales equal ours: {same}", flush=True)
+        # scale bits, as torchao's own callers pass them (its .to(uint8) of e8m0 converts values)
+        scale_bits = scale.view(torch.uint8)
+        back = dequantize(out, scale_bits, x.dtype, 32)
+        ms = _bench(lambda: dequantize(out, scale_bits, x.dtype, 32))
+        row("torchao", "upcast", ms, out.numel() + scale.numel() + n * x.element_size())
+        print(f"torchao mxfp8 dequant equals our upcast: {_same(back, tcast.upcast(ours))}", flush=True)
+    except Exception as exc:
+        print(f"torchao failed: {type(exc).__name__}: {exc}", flush=True)
 
 
 def bandwidth(sizes: list[str]) -> list[dict]:
@@ -153,18 +199,7 @@ def bandwidth(sizes: list[str]) -> list[dict]:
                 row(name, "upcast", ms, packed + n * es)
                 del t
             if torchao_mx is not None and dtype is torch.bfloat16:
-                try:
-                    out, scale = torchao_mx(x, 32, "floor")
-                    ms = _bench(lambda x=x: torchao_mx(x, 32, "floor"))
-                    row("torchao", "mxfp8", ms, n * es + out.numel() + scale.numel())
-                    ours = tcast.cast(x, "mxfp8e4", castmode="actual", computemode="triton")
-                    same = torch.equal(out.view(torch.uint8).reshape(-1), ours.codes) and torch.equal(
-                        scale.view(torch.uint8).reshape(-1), ours.scales
-                    )
-                    print(f"torchao floor mxfp8 codes and scales equal ours: {same}", flush=True)
-                    del out, scale, ours
-                except Exception as exc:
-                    print(f"torchao failed: {type(exc).__name__}: {exc}", flush=True)
+                _vs_torchao(torchao_mx, x, row)
             del x
             torch.cuda.empty_cache()
     return rows
