@@ -208,8 +208,8 @@ def _load_tiles(
     """This program's tiles: (tile indices, element offsets, mask, padded positions, float32 values).
     RUNS16 (16-bit inputs, TILE >= 16): every thread holds 16 consecutive elements rather than
     the 8 of one 16-byte load - as two loads joined in registers - so 6-bit codes pack into
-    whole words without an exchange through shared memory (offsets and mask are then those of
-    the first halves: only for callers that store no values)."""
+    three words with no exchange through shared memory, 4-bit ones into two with a smaller one
+    (offsets and mask are then those of the first halves: only for callers that store no values)."""
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     if RUNS16:
         i = tl.arange(0, TILE // 2)
@@ -725,8 +725,8 @@ def cast(
         has_scale and x.element_size() == 2 and roundmode is RoundMode.EVEN
         and nspec.infnan is InfNaN.FNUZ and not nspec.is_int
     )  # fmt: skip
-    # 6-bit codes of 16-bit inputs pack 16 to three words from 16-element runs per thread
-    runs16 = nspec.bits == 6 and x.element_size() == 2 and has_scale and tile >= 16
+    # 4- and 6-bit codes of 16-bit inputs pack into words from 16-element runs per thread
+    runs16 = nspec.bits in (4, 6) and x.element_size() == 2 and has_scale and tile >= 16
     if blocks:
         _actual_kernel[grid](
             source, codes, scales, blocks, per_row, cols, code_bytes, seed, FAST=fast, RUNS16=runs16, **common
