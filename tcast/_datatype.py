@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,5 +144,12 @@ def lookup(name: str) -> DataType:
     key = ALIASES.get(key, key)
     if key not in PREDEFINED:
         raise ValueError(f"unknown datatype {name!r}; `tcast list` shows the predefined types")
+    return _predefined(key)
+
+
+@functools.cache
+def _predefined(key: str) -> DataType:
+    """Built once per name: DataTypes are immutable, and parsing their codes cost a cast by name
+    tens of microseconds of every call."""
     ncode, scode = PREDEFINED[key]
     return DataType(ncode, scode, key)
