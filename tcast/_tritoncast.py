@@ -33,7 +33,7 @@ from ._tensor import Tensor
 
 _ROUND = {RoundMode.EVEN: 0, RoundMode.NEAREST: 1, RoundMode.ZERO: 2, RoundMode.STOCHASTIC: 3}
 _SCALE = {ScaleMode.MAX: 0, ScaleMode.MIDMAX: 1, ScaleMode.CEIL: 2}
-_ELEMENTS_PER_PROGRAM = 4096
+_PROGRAM_BYTES = 8192  # of the float stream (input of a cast, output of an upcast) per program
 _UNSCALED_TILE = 256  # unscaled casts walk the flat tensor in runs of this many elements
 
 
@@ -674,13 +674,16 @@ def _capability(index: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Elements one program handles and its warps (tuned on an H100: see docs/benchmarks.md)."""
+    """Elements one program handles and its warps (tuned on an H100: see docs/benchmarks.md).
+    elements None: 8 KiB of the float stream, 4,096 16-bit or 2,048 float32 values (with 4,096
+    float32 values ptxas hoists the loads into 116 registers and fp32 -> fp6/fp4 lost 14%)."""
 
-    elements: int = _ELEMENTS_PER_PROGRAM
+    elements: int | None = None
     num_warps: int = 4
 
-    def blocks(self, tile: int) -> int:
-        return max(1, self.elements // tile)
+    def blocks(self, tile: int, element_size: int) -> int:
+        elements = self.elements or _PROGRAM_BYTES // element_size
+        return max(1, elements // tile)
 
 
 def cast(
@@ -701,7 +704,8 @@ def cast(
     has_scale = dtype.sspec is not None
     numel_padded = blocks * tile if has_scale else x.numel()
     code_bytes = packed_nbytes(numel_padded, nspec.bits)
-    per_program = config.blocks(tile)
+    out_size = out_dtype.itemsize if virtual and out_dtype is not None else x.element_size()
+    per_program = config.blocks(tile, max(x.element_size(), out_size))
     grid = (triton.cdiv(blocks, per_program),)
     common = {
         "TILE": tile, "BLOCKS": per_program, "HAS_SCALE": has_scale, "EVEN": has_scale and cols % tile == 0,
@@ -755,7 +759,7 @@ def upcast(
     decode = nspec.is_int or nspec.emin <= 1
     table = t.codes if decode else _decode_table_cpu(nspec.code).to(device=device, dtype=torch.float32)
     out = torch.empty(t.shape, dtype=torch_dtype or t.source_dtype, device=device)
-    per_program = config.blocks(tile)
+    per_program = config.blocks(tile, out.element_size())
     if blocks:
         _upcast_kernel[(triton.cdiv(blocks, per_program),)](
             t.codes, t.scales if has_scale else t.codes, table, _as_bits(out), blocks, per_row, cols,
