@@ -218,7 +218,7 @@ def _load_tiles(
         offsets_b, valid_b, index_b = _offsets_at(block, j + 8, n_blocks, blocks_per_row, cols, TILE, EVEN)
         x_a = _widen(tl.load(x_ptr + offsets_a, mask=valid_a, other=0))
         x_b = _widen(tl.load(x_ptr + offsets_b, mask=valid_b, other=0))
-        offsets, valid = offsets_a, valid_a  # not an element's: unused by the actual kernel
+        offsets, valid = offsets_a, valid_a  # the first halves only: the actual kernel ignores them
         index = _runs_of_16(index_a, index_b, BLOCKS, TILE)
         x = _runs_of_16(x_a, x_b, BLOCKS, TILE)
     else:
