@@ -624,18 +624,24 @@ def _max_code(nspec: NumberSpec) -> int:
 
 
 @functools.lru_cache(maxsize=128)
-def _element_params(nspec: NumberSpec, virtual: bool) -> dict[str, object]:
-    """Kernel constants of an element format (cached: encoding the max value costs torch ops)."""
-    from ._torchcast import _nan_code
-
-    params: dict[str, object] = {
+def _format_params(nspec: NumberSpec) -> dict[str, object]:
+    """The constants every kernel takes of an element format (the upcast's decoding needs no more)."""
+    return {
         "MBITS": nspec.mbits,
         "EMIN": nspec.emin,
-        "EMAX": nspec.emax,
         "IS_INT": nspec.is_int,
         "FNUZ": nspec.infnan is InfNaN.FNUZ,
         "HAS_INF": nspec.has_inf,
     }
+
+
+@functools.lru_cache(maxsize=128)
+def _element_params(nspec: NumberSpec, virtual: bool) -> dict[str, object]:
+    """Kernel constants of an element format for a cast (cached: encoding the max value costs
+    torch ops)."""
+    from ._torchcast import _nan_code
+
+    params = _format_params(nspec) | {"EMAX": nspec.emax}
     if virtual:  # saturation on values; the actual kernel saturates codes
         params["MAXV"] = float(nspec.max)
     else:
@@ -764,10 +770,8 @@ def upcast(
         _upcast_kernel[(triton.cdiv(blocks, per_program),)](
             t.codes, t.scales if has_scale else t.codes, table, _as_bits(out), blocks, per_row, cols,
             t.codes.numel(), TILE=tile, BLOCKS=per_program, HAS_SCALE=has_scale,
-            EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, DECODE=decode, MBITS=nspec.mbits,
-            EMIN=nspec.emin, IS_INT=nspec.is_int, FNUZ=nspec.infnan is InfNaN.FNUZ, HAS_INF=nspec.has_inf,
-            VEC=min(tile, 16 // out.element_size()),
-            num_warps=config.num_warps,
-            enable_fp_fusion=False,
+            EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, DECODE=decode,
+            VEC=min(tile, 16 // out.element_size()), num_warps=config.num_warps, enable_fp_fusion=False,
+            **_format_params(nspec),
         )  # fmt: skip
     return out

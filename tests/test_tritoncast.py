@@ -145,7 +145,7 @@ def test_tiles_8_to_256_unscaled_formats_and_any_leading_shape(
 @pytest.mark.parametrize("source", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_every_code_of_mxfp6_and_mxfp4_round_trips_through_the_packing(source: torch.dtype) -> None:
     """Each 6- and 4-bit code value at every position of a 32-code tile but the first (the tile's
-    max) survives pack and unpack (bf16 inputs pack 6-bit codes from 16-element runs)."""
+    max) survives pack and unpack (bf16 inputs pack from 16-element runs per thread)."""
     for name, bits in (("mxfp6e2", 6), ("mxfp6e3", 6), ("mxfp4e2", 4)):
         table = tcast._torchcast._decode_table_cpu(tcast.lookup(name).nspec.code)
         finite = torch.nonzero(torch.isfinite(table)).reshape(-1)
@@ -184,7 +184,7 @@ def test_stochastic_rounding_is_reproducible_and_unbiased() -> None:
     first = tcast.cast(x, "mxfp4e2", "stochastic", seed=3, computemode="triton")
     assert torch.equal(first, tcast.cast(x, "mxfp4e2", "stochastic", seed=3, computemode="triton"))
     assert not torch.equal(first, tcast.cast(x, "mxfp4e2", "stochastic", seed=4, computemode="triton"))
-    # actual and virtual draw the same number per element (bf16 -> 6 bits: loaded in 16-element runs)
+    # actual and virtual draw the same number per element (bf16 -> 4/6 bits: loaded in 16-element runs)
     for name, source in itertools.product(("mxfp4e2", "mxfp6e3", "mxint8"), (torch.float32, torch.bfloat16)):
         xs = x.to(source)
         virtual = tcast.cast(xs, name, "stochastic", seed=5, computemode="triton")
