@@ -74,5 +74,14 @@ def json_option() -> Any:
     return typer.Option(False, "--json", help="Print one JSON document instead of tables.")
 
 
+def trust_pickle_option() -> Any:
+    return typer.Option(
+        False,
+        "--trust-pickle",
+        help="Let a .pt2 run the pickles and code it holds. Off by default: a .pt2 from someone else "
+        "can run any command when torch loads it; use this only for files you made yourself.",
+    )
+
+
 def force_option() -> Any:
     return typer.Option(False, "--force", help="Overwrite an existing output.")

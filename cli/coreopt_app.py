@@ -12,7 +12,15 @@ import typer
 
 from coreai_opt import __version__
 
-from ._common import err_console, force_option, json_option, print_json, user_errors, version_option
+from ._common import (
+    err_console,
+    force_option,
+    json_option,
+    print_json,
+    trust_pickle_option,
+    user_errors,
+    version_option,
+)
 
 if TYPE_CHECKING:
     from coreai_opt.coreai_utils import CompressionFileResult, Progress
@@ -35,6 +43,7 @@ def _root(version: bool = version_option("coreopt", __version__)) -> None:
 @app.command()
 def inspect(
     model: Path = typer.Argument(..., help="A .pt2 (torch.export) or .aimodel (Core AI) file."),
+    trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Show inputs, outputs, an op histogram and how every weight is stored.
@@ -46,7 +55,7 @@ def inspect(
     from ._render import render_model_report
 
     with user_errors():
-        report = inspect_model(model)
+        report = inspect_model(model, trust_pickle=trust_pickle)
     if as_json:
         print_json(report.to_dict())
     else:
@@ -62,6 +71,7 @@ def convert(
         None, "-o", "--output", help="Output .aimodel (default: beside the input)."
     ),
     force: bool = force_option(),
+    trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Convert a torch.export program to a Core AI asset through coreai-torch.
@@ -79,7 +89,7 @@ def convert(
             if not as_json
             else contextlib.nullcontext()
         ):
-            result = convert_file(model, output, force=force)
+            result = convert_file(model, output, force=force, trust_pickle=trust_pickle)
         report = inspect_model(result.output)
     if as_json:
         print_json(
@@ -128,6 +138,7 @@ def cast(
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random check inputs."),
     force: bool = force_option(),
+    trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Cast a torch.export program to 16 bits and report every dtype it changed.
@@ -155,6 +166,7 @@ def cast(
             inputs=inputs,
             seed=seed,
             force=force,
+            trust_pickle=trust_pickle,
         )
     if as_json:
         print_json(result.to_dict())
@@ -206,19 +218,24 @@ def _show_compression(result: CompressionFileResult, as_json: bool) -> None:
 
 @contextlib.contextmanager
 def _weight_progress(enabled: bool, what: str) -> Iterator[Progress | None]:
-    """A progress bar over weights on stderr (none with --json, so stdout stays one document)."""
-    if not enabled:
+    """A progress bar over weights with an ETA, on a terminal's stderr only (none with --json, so
+    stdout stays one document, and none in logs). It appears with the first weight done, so a
+    command that fails before any work prints nothing but its error line."""
+    if not enabled or not err_console.is_terminal:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
     from rich.progress import Progress as Bar
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Bar(*columns, console=err_console, transient=True) as bar:
-        task = bar.add_task(what, total=None)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with contextlib.ExitStack() as stack:
+        state: dict[str, Any] = {}
 
         def advance(done: int, total: int, name: str) -> None:
-            bar.update(task, completed=done, total=total, description=f"{what} {name}")
+            if "bar" not in state:
+                state["bar"] = stack.enter_context(Bar(*columns, console=err_console, transient=True))
+                state["task"] = state["bar"].add_task(what, total=total)
+            state["bar"].update(state["task"], completed=done, total=total, description=f"{what} {name}")
 
         yield advance
 

@@ -56,29 +56,6 @@ def new_context() -> Any:
     return Context()._mlir_context
 
 
-def parse_bytecode_checked(data: bytes) -> None:
-    """Raise ValueError unless `data` parses as a serialized Core AI asset.
-
-    coreai-core's own loader crashes the interpreter on damaged bytecode; the MLIR parser
-    reports the same damage as an exception, so every load goes through this check first.
-    """
-    if not data.startswith(BYTECODE_MAGIC):
-        raise ValueError("not MLIR bytecode (bad magic number)")
-    from coreai._compiler import ir
-
-    context = new_context()
-    try:
-        with context:
-            module = ir.Module.parse(data)
-            names = [op.operation.name for op in module.body.operations]
-    except Exception as exc:
-        first = str(exc).strip().splitlines()
-        detail = next((line.strip() for line in first[1:] if line.strip()), first[0] if first else "")
-        raise ValueError(f"damaged bytecode ({detail.removeprefix('error: ')})") from exc
-    if not names or not names[0].startswith("aicode.serialization"):
-        raise ValueError("bytecode does not hold a serialized Core AI program")
-
-
 def graph_ops(module: Any) -> list[Any]:
     return [op.operation for op in module.body.operations if op.operation.name == "coreai.graph"]
 

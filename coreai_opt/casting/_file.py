@@ -50,6 +50,7 @@ def cast_file(
     inputs: Path | str | None = None,
     seed: int = 0,
     force: bool = False,
+    trust_pickle: bool = False,
 ) -> CastFileResult:
     source = Path(source)
     target = CastTarget(target)
@@ -58,8 +59,9 @@ def cast_file(
     model_format(out, (ModelFormat.PT2,))
     check_output(out, force=force, inputs=(source,))
     ops = tuple(resolve_op(name) for name in ignored_ops)
-    program = load_pt2(source)
-    original = load_pt2(source) if check else None
+    program = load_pt2(source, trust_pickle=trust_pickle)
+    # a second load, not a deep copy: mapped weights cost no memory until they are read
+    original = load_pt2(source, trust_pickle=trust_pickle) if check else None
     start = time.perf_counter()
     report = cast_program(program, target, ops or None)
     seconds = time.perf_counter() - start

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from coreai_opt._agreement import Agreement, agreement
-from coreai_opt._coreai._runtime import TensorSpec, run_asset
-from coreai_opt.io import ModelFileError, verify_aimodel
+from coreai_opt._coreai._runtime import RunResult, TensorSpec, run_in
+from coreai_opt._coreai._sandbox import AssetWorker
+from coreai_opt.io import ModelFileError, verify_aimodel, worker_errors
 
 from ._inputs import DEFAULT_INT_RANGE, file_inputs, random_inputs
 
@@ -85,6 +86,15 @@ def _pair_outputs(
     return pairs
 
 
+def _run(path: Path, worker: AssetWorker, inputs_for: Any) -> RunResult:
+    """Run a verified asset in its worker; every failure names the asset."""
+    with worker_errors(path):
+        try:
+            return run_in(worker, inputs_for)
+        except ValueError as exc:
+            raise ModelFileError(path, str(exc)) from None
+
+
 def compare_files(
     reference: Path | str,
     candidate: Path | str,
@@ -100,8 +110,6 @@ def compare_files(
     so an fp16 candidate can be compared with its fp32 reference.
     """
     reference, candidate = Path(reference), Path(candidate)
-    verify_aimodel(reference)
-    verify_aimodel(candidate)
     if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
         raise ValueError(f"min_cosine {min_cosine} is not in [-1, 1]")
     start = time.perf_counter()
@@ -124,14 +132,11 @@ def compare_files(
             )
         return chosen
 
-    try:
-        ref_run = run_asset(reference, reference_inputs)
-    except ValueError as exc:
-        raise ModelFileError(reference, str(exc)) from None
-    try:
-        cand_run = run_asset(candidate, candidate_inputs)
-    except ValueError as exc:
-        raise ModelFileError(candidate, str(exc)) from None
+    with AssetWorker(reference) as ref_worker, AssetWorker(candidate) as cand_worker:
+        verify_aimodel(reference, ref_worker)
+        verify_aimodel(candidate, cand_worker)
+        ref_run = _run(reference, ref_worker, reference_inputs)
+        cand_run = _run(candidate, cand_worker, candidate_inputs)
     result = ComparisonResult(reference, candidate, label, ref_run.inputs, min_cosine)
     for ref, cand in _pair_outputs(ref_run.outputs, cand_run.outputs, candidate):
         metrics = agreement(ref_run.values[ref.name], cand_run.values[cand.name])

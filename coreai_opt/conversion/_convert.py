@@ -31,33 +31,46 @@ def convert_exported_program(program: ExportedProgram) -> AIProgram:
     return program
 
 
+class _ConverterFailure(RuntimeError):
+    """coreai-torch raised; the message adds the MLIR diagnostic it printed, if any."""
+
+
 def _convert(program: ExportedProgram) -> tuple[AIProgram, str]:
+    from coreai_opt._coreai._native import first_error, native_stderr
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import coreai_torch
 
         log = io.StringIO()
-        with contextlib.redirect_stdout(log):
-            converter = coreai_torch.TorchConverter()
-            converter.add_exported_program(program)
-            result = converter.to_coreai()
-    return result, log.getvalue().strip()
+        failure = None
+        with contextlib.redirect_stdout(log), native_stderr() as diagnostics:
+            try:
+                converter = coreai_torch.TorchConverter()
+                converter.add_exported_program(program)
+                result = converter.to_coreai()
+            except Exception as exc:
+                failure = exc
+    if failure is not None:
+        message = " ".join(str(failure).split()) or type(failure).__name__
+        detail = first_error(diagnostics)
+        raise _ConverterFailure(f"{message} ({detail})" if detail else message) from failure
+    return result, "\n".join([log.getvalue().strip(), *diagnostics]).strip()
 
 
 def convert_file(
-    source: Path | str, output: Path | str | None = None, *, force: bool = False
+    source: Path | str, output: Path | str | None = None, *, force: bool = False, trust_pickle: bool = False
 ) -> ConversionResult:
     """Convert a `.pt2` file to an `.aimodel` asset beside it (or at `output`)."""
     source = Path(source)
     output = Path(output) if output is not None else source.with_suffix(ModelFormat.AIMODEL.value)
     model_format(output, (ModelFormat.AIMODEL,))
     check_output(output, force=force, inputs=(source,))
-    exported = load_pt2(source)
+    exported = load_pt2(source, trust_pickle=trust_pickle)
     start = time.perf_counter()
     try:
         program, log = _convert(exported)
-    except Exception as exc:
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        raise ConversionError(source, f"coreai-torch could not convert the program: {message}") from exc
+    except _ConverterFailure as exc:
+        raise ConversionError(source, f"coreai-torch could not convert the program: {exc}") from None
     save_aimodel(program, output, force=force, inputs=(source,))
     return ConversionResult(source, output, time.perf_counter() - start, log)

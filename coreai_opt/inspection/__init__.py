@@ -20,12 +20,15 @@ __all__ = [
 ]
 
 
-def inspect_model(path: Path | str) -> ModelReport:
-    """Inspect a `.pt2` or `.aimodel` file; bad files raise `coreai_opt.io.ModelFileError`."""
+def inspect_model(path: Path | str, *, trust_pickle: bool = False) -> ModelReport:
+    """Inspect a `.pt2` or `.aimodel` file; bad files raise `coreai_opt.io.ModelFileError`.
+
+    `trust_pickle` lets a `.pt2` run the pickles it holds (see `coreai_opt.io.load_pt2`).
+    """
     from coreai_opt.io import ModelFormat, load_aimodel, load_pt2, model_format, require_existing
 
     path = Path(path)
     require_existing(path)
     if model_format(path) is ModelFormat.PT2:
-        return inspect_exported_program(load_pt2(path), path)
+        return inspect_exported_program(load_pt2(path, trust_pickle=trust_pickle), path)
     return inspect_ai_program(load_aimodel(path), path)

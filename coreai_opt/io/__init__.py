@@ -1,6 +1,6 @@
 """Model files: load and save `.pt2` and `.aimodel`, atomically, with typed errors."""
 
-from ._aimodel import load_aimodel, save_aimodel, verify_aimodel
+from ._aimodel import load_aimodel, save_aimodel, verify_aimodel, worker_errors
 from ._errors import (
     BadBytecodeError,
     BadMetadataError,
@@ -12,6 +12,7 @@ from ._errors import (
     ModelFileError,
     OutputExistsError,
     SameAsInputError,
+    UnsafeArchiveError,
     UnwritableOutputError,
     WrongSuffixError,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "ModelFormat",
     "OutputExistsError",
     "SameAsInputError",
+    "UnsafeArchiveError",
     "UnwritableOutputError",
     "WrongSuffixError",
     "atomic_output",
@@ -41,5 +43,6 @@ __all__ = [
     "save_aimodel",
     "save_pt2",
     "verify_aimodel",
+    "worker_errors",
     "write_atomically",
 ]

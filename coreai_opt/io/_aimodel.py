@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +14,7 @@ from ._errors import (
     BadMetadataError,
     HashMismatchError,
     IncompleteAssetError,
+    ModelFileError,
     UnwritableOutputError,
 )
 from ._paths import ModelFormat, check_output, model_format, require_existing, write_atomically
@@ -19,18 +22,21 @@ from ._paths import ModelFormat, check_output, model_format, require_existing, w
 if TYPE_CHECKING:
     from coreai.authoring import AIProgram
 
+    from coreai_opt._coreai._sandbox import AssetWorker
+
 BYTECODE_FILE = "main.mlirb"
 HASH_FILE = "main.hash"
 METADATA_FILE = "metadata.json"
+MAX_METADATA_BYTES = 1 << 20
+CRASHED = f"{BYTECODE_FILE} is corrupt (the Core AI library crashed reading it)"
+# Assets a worker read without harm, by the SHA-256 of their bytecode and metadata: the verdict
+# depends on those bytes alone, so this process never pays for the same asset twice.
+_verified: set[tuple[str, str]] = set()
 
 
-def verify_aimodel(path: Path | str) -> dict[str, Any]:
-    """Check an asset's layout, metadata, hash and bytecode; return its metadata.
-
-    Every check runs before coreai-core sees the files, because its loader crashes the
-    interpreter on a damaged asset instead of raising.
-    """
-    path = Path(path)
+def _check_files(path: Path) -> tuple[dict[str, Any], str, str]:
+    """Layout, metadata and hash, checked in Python: (metadata, SHA-256 hex of the bytecode and of
+    the metadata file)."""
     require_existing(path)
     model_format(path, (ModelFormat.AIMODEL,))
     if not path.is_dir():
@@ -38,22 +44,59 @@ def verify_aimodel(path: Path | str) -> dict[str, Any]:
     for name in (BYTECODE_FILE, METADATA_FILE, HASH_FILE):
         if not (path / name).is_file():
             raise IncompleteAssetError(path, f"asset has no {name}")
+    if (path / METADATA_FILE).stat().st_size > MAX_METADATA_BYTES:
+        raise BadMetadataError(path, f"{METADATA_FILE} is larger than any asset's metadata")
+    metadata_bytes = (path / METADATA_FILE).read_bytes()
     try:
-        metadata = json.loads((path / METADATA_FILE).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadMetadataError(path, f"{METADATA_FILE} is not valid JSON ({exc})") from exc
+        metadata = json.loads(metadata_bytes.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadMetadataError(path, f"{METADATA_FILE} is not valid JSON ({exc})") from None
     if not isinstance(metadata, dict):
         raise BadMetadataError(path, f"{METADATA_FILE} is not a JSON object")
-    bytecode = (path / BYTECODE_FILE).read_bytes()
-    stored = (path / HASH_FILE).read_bytes()
-    if stored != hashlib.sha256(bytecode).digest():
+    if not isinstance(metadata.get("assetVersion"), str):
+        raise BadMetadataError(path, f"{METADATA_FILE} has no assetVersion string")
+    digest = hashlib.sha256((path / BYTECODE_FILE).read_bytes())
+    if (path / HASH_FILE).read_bytes() != digest.digest():
         raise HashMismatchError(path, f"{HASH_FILE} does not match the SHA-256 of {BYTECODE_FILE}")
-    from coreai_opt._coreai import parse_bytecode_checked
+    return metadata, digest.hexdigest(), hashlib.sha256(metadata_bytes).hexdigest()
+
+
+@contextlib.contextmanager
+def worker_errors(path: Path) -> Iterator[None]:
+    """What a worker reports about an asset, as the typed one-line error it deserves."""
+    from coreai_opt._coreai._sandbox import WorkerFailure
 
     try:
-        parse_bytecode_checked(bytecode)
-    except ValueError as exc:
-        raise BadBytecodeError(path, f"{BYTECODE_FILE}: {exc}") from exc
+        yield
+    except WorkerFailure as failure:
+        if failure.kind == "crash" and failure.stage == "reading":
+            raise BadBytecodeError(path, CRASHED) from None
+        if failure.kind == "metadata":
+            raise BadMetadataError(path, f"{METADATA_FILE}: {failure}") from None
+        if failure.kind == "bytecode":
+            raise BadBytecodeError(path, str(failure)) from None
+        raise ModelFileError(path, str(failure)) from None
+
+
+def verify_aimodel(path: Path | str, worker: AssetWorker | None = None) -> dict[str, Any]:
+    """Check an asset completely before coreai-core touches it in this process; return its metadata.
+
+    Layout, metadata and hash are checked here; every native step (parse, verify, conversion,
+    reading every constant, printing) runs first in a worker process (`worker`, or a fresh one),
+    because coreai-core crashes the process on some damaged bytecode instead of raising.
+    """
+    from coreai_opt._coreai._sandbox import AssetWorker
+
+    path = Path(path)
+    metadata, digest, metadata_digest = _check_files(path)
+    if (digest, metadata_digest) in _verified:
+        return metadata
+    with worker_errors(path), contextlib.ExitStack() as stack:
+        if worker is None:
+            worker = stack.enter_context(AssetWorker(path))
+        if worker.verify() != digest:
+            raise ModelFileError(path, f"{BYTECODE_FILE} changed while it was being read")
+    _verified.add((digest, metadata_digest))
     return metadata
 
 

@@ -33,6 +33,10 @@ class CorruptArchiveError(ModelFileError):
     """A `.pt2` file is not a readable torch.export archive (not a zip, truncated, foreign zip)."""
 
 
+class UnsafeArchiveError(ModelFileError):
+    """A model file holds something that would run code when loaded (a pickle, compiled code)."""
+
+
 class IncompleteAssetError(ModelFileError):
     """An `.aimodel` directory lacks one of its files, or is not a directory."""
 
@@ -46,7 +50,7 @@ class BadBytecodeError(ModelFileError):
 
 
 class BadMetadataError(ModelFileError):
-    """`metadata.json` is not a JSON object."""
+    """`metadata.json` is not a JSON object, or lacks a supported asset version."""
 
 
 class UnwritableOutputError(ModelFileError):

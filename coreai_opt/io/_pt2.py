@@ -1,9 +1,13 @@
-"""Reading and writing `torch.export` archives (`.pt2`)."""
+"""Reading and writing `torch.export` archives (`.pt2`).
+
+Reading never runs what a file contains unless the caller trusts it (see `_pt2_archive`).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ._errors import CorruptArchiveError
 from ._paths import ModelFormat, check_output, model_format, require_existing, write_atomically
+from ._pt2_archive import Pt2Archive
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -18,49 +23,57 @@ if TYPE_CHECKING:
 
 @contextlib.contextmanager
 def _quiet_torch_export() -> Iterator[None]:
-    """torch.export.load logs a full traceback before raising; the caller reports the error itself."""
-    logger = logging.getLogger("torch.export")
-    previous = logger.level
-    logger.setLevel(logging.CRITICAL)
+    """torch logs tracebacks and warns about its own storage layout while (de)serializing; the
+    caller reports errors itself, and the user can act on neither."""
+    loggers = [logging.getLogger(name) for name in ("torch.export", "torch._export")]
+    previous = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
+            yield
     finally:
-        logger.setLevel(previous)
+        for logger, level in zip(loggers, previous, strict=True):
+            logger.setLevel(level)
 
 
-def _check_archive(path: Path) -> None:
+def _open_archive(path: Path) -> Pt2Archive:
     if path.is_dir():
         raise CorruptArchiveError(path, "is a directory, not a .pt2 archive")
     if path.stat().st_size == 0:
         raise CorruptArchiveError(path, "file is empty")
     if not zipfile.is_zipfile(path):
         raise CorruptArchiveError(path, "not a zip archive (truncated or not a .pt2 file)")
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            broken = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise CorruptArchiveError(path, f"damaged zip archive ({exc})") from exc
-    if broken is not None:
-        raise CorruptArchiveError(path, f"damaged zip archive (bad CRC in {broken})")
-    if not any(name.endswith(".json") and "/models/" in name for name in names):
-        raise CorruptArchiveError(path, "zip archive holds no torch.export program")
+    return Pt2Archive(path)
 
 
-def load_pt2(path: Path | str) -> ExportedProgram:
-    """Load an ExportedProgram, raising a ModelFileError with one clear line on bad input."""
+def load_pt2(path: Path | str, *, trust_pickle: bool = False) -> ExportedProgram:
+    """Load an ExportedProgram; bad or unsafe files raise a ModelFileError with one clear line.
+
+    By default nothing in the file runs: pickled state that imports more than tensors, pickled
+    objects and compiled code are refused (`UnsafeArchiveError`), other pickles go through
+    torch's weights-only unpickler, the sample inputs are not loaded (the program's
+    `example_inputs` is None) and shape expressions are checked before torch evaluates them.
+    `trust_pickle=True` hands the (structurally checked) file to `torch.export.load` as it is,
+    for files the caller made itself.
+    """
     path = Path(path)
     require_existing(path)
     model_format(path, (ModelFormat.PT2,))
-    _check_archive(path)
-    import torch
+    archive = _open_archive(path)
+    if trust_pickle:
+        import torch
 
-    try:
-        with _quiet_torch_export():
-            return torch.export.load(path)
-    except Exception as exc:  # torch raises RuntimeError, KeyError, ... on damaged archives
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CorruptArchiveError(path, f"cannot read torch.export archive ({detail})") from exc
+        try:
+            with _quiet_torch_export():
+                return torch.export.load(path)
+        except Exception as exc:  # torch raises RuntimeError, KeyError, ... on damaged archives
+            detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise CorruptArchiveError(path, f"cannot read torch.export archive ({detail})") from None
+    archive.audit()
+    with _quiet_torch_export():
+        return archive.load_program()
 
 
 def save_pt2(
@@ -72,5 +85,9 @@ def save_pt2(
     check_output(path, force=force, inputs=inputs)
     import torch
 
-    write_atomically(path, lambda tmp: torch.export.save(program, tmp))
+    def write(tmp: Path) -> None:
+        with _quiet_torch_export():
+            torch.export.save(program, tmp)
+
+    write_atomically(path, write)
     return path

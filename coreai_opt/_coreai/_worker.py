@@ -1,0 +1,171 @@
+"""The child process that touches an untrusted asset with coreai-core before the parent does.
+
+coreai-core aborts or segfaults on some damaged bytecode (in the MLIR parser, in the conversion
+out of the serialized form, in the printer), and no check can rule that out. This process does
+every native step the commands take on an asset - parse, verify, convert, walk every op, read
+every constant, print - and, for `compare`, lowers and runs it on the CPU runtime. If it dies,
+only it dies: `_sandbox.AssetWorker` reports the death as a one-line error.
+
+Protocol: one JSON request per line on stdin, one JSON reply per line on stdout. Arrays travel
+as `.npz` files (no pickles) in a directory the parent owns. Requests: verify, signature, run,
+close. Run as `python -m coreai_opt._coreai._worker`; it never imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+BYTECODE_FILE = "main.mlirb"
+
+
+class WorkerError(Exception):
+    """A problem to report to the parent: kind (bytecode, metadata, run) and one line."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    detail = next((line for line in lines[1:] if line), lines[0] if lines else type(exc).__name__)
+    return detail.removeprefix("error: ")
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """Every native step an asset meets in coreopt, on this process's life."""
+    from coreai._compiler import ir
+
+    from ._ir import BYTECODE_MAGIC, constant_array, mlir_module, new_context, walk_ops
+
+    data = (path / BYTECODE_FILE).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if not data.startswith(BYTECODE_MAGIC):
+        raise WorkerError("bytecode", f"{BYTECODE_FILE}: not MLIR bytecode (bad magic number)")
+    try:
+        with new_context():
+            module = ir.Module.parse(data)
+            names = [op.operation.name for op in module.body.operations]
+    except Exception as exc:
+        raise WorkerError("bytecode", f"{BYTECODE_FILE}: damaged bytecode ({_first_line(exc)})") from None
+    if not names or not names[0].startswith("aicode.serialization"):
+        raise WorkerError("bytecode", f"{BYTECODE_FILE}: bytecode does not hold a serialized Core AI program")
+    from coreai.authoring import AIModelAsset
+
+    try:
+        asset = AIModelAsset.load(path)
+    except RuntimeError as exc:
+        raise WorkerError("metadata", _first_line(exc)) from None
+    try:
+        program = asset.program
+    except Exception as exc:
+        raise WorkerError(
+            "bytecode", f"{BYTECODE_FILE}: cannot read the program ({_first_line(exc)})"
+        ) from None
+    module = mlir_module(program)
+    if not module.operation.verify():
+        raise WorkerError("bytecode", f"{BYTECODE_FILE}: the program does not verify")
+    from coreai_opt.inspection._aimodel import inspect_ai_program
+
+    inspect_ai_program(program, path)  # walks every op and decodes every weight's encoding
+    for op in walk_ops(module):
+        str(op.location)
+        if op.name == "coreai.constant":
+            constant_array(op)
+    sink = _Sink()
+    module.operation.write_bytecode(sink)  # the printer, as a save will run it
+    return {"sha256": digest}
+
+
+class _Sink:
+    """A file-like object that counts what it is given (the printer's output is not needed)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        return len(data)
+
+
+def _specs(names: list[str], describe: Any) -> list[dict[str, Any]]:
+    import numpy as np
+
+    specs = []
+    for name in names:
+        desc = describe(name)
+        specs.append({"name": name, "dtype": np.dtype(desc.dtype).str, "shape": [int(s) for s in desc.shape]})
+    return specs
+
+
+async def _serve(path: Path, requests: Any, reply: Any) -> None:
+    """Answer requests until close; the lowered model lives across signature and run."""
+    import contextlib
+
+    import numpy as np
+
+    async with contextlib.AsyncExitStack() as stack:
+        function = None
+        for line in requests:
+            request = json.loads(line)
+            op = request["op"]
+            try:
+                if op == "close":
+                    break
+                if op == "verify":
+                    reply({"ok": True, **verify(path)})
+                elif op in ("signature", "run"):
+                    if function is None:
+                        from coreai.authoring import AIModelAsset
+
+                        model = await stack.enter_async_context(AIModelAsset.load(path).executable())
+                        function = model.load_function(request.get("function", "main"))
+                    desc = function.desc
+                    if op == "signature":
+                        reply({
+                            "ok": True,
+                            "inputs": _specs(list(desc.input_names), desc.input_descriptor),
+                            "outputs": _specs(list(desc.output_names), desc.output_descriptor),
+                        })  # fmt: skip
+                        continue
+                    from coreai.runtime import NDArray
+
+                    with np.load(request["inputs"], allow_pickle=False) as given:
+                        arrays = {name: NDArray(np.ascontiguousarray(given[name])) for name in given.files}
+                    result = await function(arrays)
+                    np.savez(request["outputs"], **{n: result[n].numpy() for n in desc.output_names})
+                    reply({"ok": True})
+                else:
+                    reply({"ok": False, "kind": "protocol", "error": f"unknown request {op!r}"})
+            except WorkerError as exc:
+                reply({"ok": False, "kind": exc.kind, "error": str(exc)})
+            except Exception as exc:
+                reply({"ok": False, "kind": "run", "error": _first_line(exc)})
+    reply({"ok": True})  # to close, after the lowered model is released
+
+
+def main() -> None:
+    path = Path(sys.argv[1])
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # native code that prints to stdout lands on stderr, never in the replies
+    sys.stdout = sys.stderr
+
+    def reply(message: dict[str, Any]) -> None:
+        out.write(json.dumps(message) + "\n")
+        out.flush()
+
+    asyncio.run(_serve(path, sys.stdin, reply))
+    # nothing here needs an orderly shutdown, and tearing down coreai-core's state takes longer
+    # than the work: leave at once
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

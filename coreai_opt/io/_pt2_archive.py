@@ -1,0 +1,294 @@
+"""A `torch.export` archive read without running anything it contains.
+
+`torch.export.load` unpickles weights and constants marked `use_pickle`, opaque objects
+(`pickle.loads`), legacy `.pt` state and the sample inputs (falling back from the weights-only
+unpickler to the full one when the first refuses), loads AOTInductor shared libraries, and
+evaluates the program's shape strings with sympy. `Pt2Archive` reads the same layout itself:
+
+- the zip is audited first (`_zip.audit_zip`: names, sizes, methods, CRCs);
+- JSON configs are parsed as data; tensors are built from the raw records (stored records are
+  memory-mapped copy-on-write, so the file is never written and large weights are not copied);
+- every pickle stream is judged by its opcodes (`_pickles`) and loaded, where it is needed at
+  all, only by torch's weights-only unpickler; custom/opaque objects and compiled code are refused;
+- the sample inputs are never loaded (no program needs them to run, cast or convert);
+- shape expressions and guards are checked (`_expressions`) before torch's deserializer runs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._errors import CorruptArchiveError, UnsafeArchiveError
+from ._expressions import program_text_problem
+from ._pickles import UnreadablePickle, forbidden_globals, torch_save_globals
+from ._zip import ZipEntry, audit_zip, read_entry
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+MODEL = "model"  # torch.export.save writes one program under this name
+MODEL_JSON = f"models/{MODEL}.json"
+WEIGHTS_DIR = "data/weights/"
+CONSTANTS_DIR = "data/constants/"
+WEIGHTS_CONFIG = f"{WEIGHTS_DIR}{MODEL}_weights_config.json"
+CONSTANTS_CONFIG = f"{CONSTANTS_DIR}{MODEL}_constants_config.json"
+SAMPLE_INPUTS = f"data/sample_inputs/{MODEL}.pt"
+LEGACY_STATE = (f"{WEIGHTS_DIR}{MODEL}.pt", f"{CONSTANTS_DIR}{MODEL}.pt")
+ARCHIVE_VERSION = ("archive_version", "0")
+COMPILED_DIRS = ("data/aotinductor/", "data/executorch/", "data/mtia")
+TENSOR_CONSTANT, CUSTOM_OBJECT, OPAQUE_OBJECT = "tensor_", "custom_obj_", "opaque_obj_"
+MAX_JSON_BYTES = 1 << 30
+TRUST_HINT = "load it with --trust-pickle (trust_pickle=True) only if you made it yourself"
+
+
+@dataclass(frozen=True)
+class _Payload:
+    """One weights/constants config entry: where its bytes are and how to read them."""
+
+    fqn: str
+    record: str  # archive-relative entry name
+    is_param: bool
+    use_pickle: bool
+    meta: dict[str, Any] | None
+
+
+class Pt2Archive:
+    """The audited layout of one `.pt2` file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        entries = audit_zip(path, path)
+        roots = {name.split("/", 1)[0] for name in entries}
+        if len(roots) != 1 or any("/" not in name for name in entries):
+            if "serialized_exported_program.json" in entries:
+                raise UnsafeArchiveError(
+                    path, f"a legacy torch.export archive whose state is pickled; {TRUST_HINT}"
+                )
+            raise CorruptArchiveError(path, "zip archive holds no torch.export program")
+        self.root = roots.pop() + "/"
+        self.entries: dict[str, ZipEntry] = {name[len(self.root) :]: e for name, e in entries.items()}
+        if MODEL_JSON not in self.entries:
+            raise CorruptArchiveError(path, "zip archive holds no torch.export program")
+        self._mapped: Any = None
+
+    # ----- raw access ---------------------------------------------------------------------------
+
+    def read(self, name: str) -> bytes:
+        return read_entry(self.path, self.root + name, self.path)
+
+    def read_json(self, name: str) -> Any:
+        if self.entries[name].size > MAX_JSON_BYTES:
+            raise CorruptArchiveError(self.path, f"{name} is larger than any torch.export config")
+        try:
+            return json.loads(self.read(name))
+        except (ValueError, RecursionError) as exc:
+            raise CorruptArchiveError(self.path, f"{name} is not valid JSON ({exc})") from None
+
+    def record_bytes(self, name: str) -> torch.Tensor:
+        """A record's bytes as a uint8 tensor: a copy-on-write map of stored entries, else read."""
+        import numpy as np
+        import torch
+
+        entry = self.entries[name]
+        if entry.size == 0:
+            return torch.zeros(0, dtype=torch.uint8)
+        if not entry.stored:
+            return torch.frombuffer(bytearray(self.read(name)), dtype=torch.uint8)
+        if self._mapped is None:
+            self._mapped = np.memmap(self.path, dtype=np.uint8, mode="c")
+        return torch.from_numpy(self._mapped[entry.data_offset : entry.data_offset + entry.size])
+
+    # ----- what would run on load ---------------------------------------------------------------
+
+    def check_version(self) -> None:
+        name, expected = ARCHIVE_VERSION
+        if name not in self.entries:
+            raise CorruptArchiveError(self.path, f"archive has no {name} (not written by torch.export.save)")
+        found = self.read(name).decode("utf-8", "replace").strip()
+        if found != expected:
+            raise CorruptArchiveError(self.path, f"unsupported torch.export archive version {found[:20]!r}")
+        if "byteorder" in self.entries and self.read("byteorder").strip() != b"little":
+            raise CorruptArchiveError(self.path, "archive was written on a big-endian machine")
+
+    def _refuse_pickle(self, record: str, what: str) -> None:
+        """Raise unless the pickle in `record` imports only what the weights-only loader allows."""
+        try:
+            found = forbidden_globals(torch_save_globals(self.read(record), self.path))
+        except UnreadablePickle as exc:
+            raise UnsafeArchiveError(
+                self.path, f"{record} ({what}) is a pickle with {exc}; {TRUST_HINT}"
+            ) from None
+        if found:
+            shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+            raise UnsafeArchiveError(
+                self.path, f"{record} ({what}) is a pickle that imports {shown}: code that would run on "
+                f"load; {TRUST_HINT}"
+            )  # fmt: skip
+
+    def payloads(self, config: str, directory: str) -> list[_Payload]:
+        if config not in self.entries:
+            raise CorruptArchiveError(self.path, f"archive has no {config}")
+        document = self.read_json(config)
+        entries = document.get("config") if isinstance(document, dict) else None
+        if not isinstance(entries, dict):
+            raise CorruptArchiveError(self.path, f"{config} has no config mapping")
+        payloads = []
+        for fqn, item in entries.items():
+            if not isinstance(item, dict) or not isinstance(item.get("path_name"), str):
+                raise CorruptArchiveError(self.path, f"{config}: entry {fqn!r} has no path_name")
+            record = directory + item["path_name"]
+            if record not in self.entries:
+                raise CorruptArchiveError(self.path, f"{config}: {fqn!r} names {record}, which is missing")
+            meta = item.get("tensor_meta")
+            flags = (item.get("is_param", False), item.get("use_pickle", False))
+            if not all(isinstance(flag, bool) for flag in flags) or not isinstance(meta, (dict, type(None))):
+                raise CorruptArchiveError(self.path, f"{config}: entry {fqn!r} is malformed")
+            payloads.append(_Payload(fqn, record, *flags, meta))
+        return payloads
+
+    def audit(self) -> None:
+        """Refuse every way this archive could run code when torch loads it."""
+        self.check_version()
+        for name in self.entries:
+            if name.startswith(COMPILED_DIRS):
+                raise UnsafeArchiveError(
+                    self.path, f"{name} is compiled code that would be loaded; {TRUST_HINT}"
+                )
+        for legacy in LEGACY_STATE:
+            if legacy in self.entries:
+                self._refuse_pickle(legacy, "legacy pickled state")
+        for payload in self.payloads(WEIGHTS_CONFIG, WEIGHTS_DIR):
+            if payload.use_pickle:
+                self._refuse_pickle(payload.record, f"weight {payload.fqn}")
+        for payload in self.payloads(CONSTANTS_CONFIG, CONSTANTS_DIR):
+            kind = payload.record.removeprefix(CONSTANTS_DIR)
+            if kind.startswith((CUSTOM_OBJECT, OPAQUE_OBJECT)):
+                raise UnsafeArchiveError(
+                    self.path, f"{payload.record} (constant {payload.fqn}) is a pickled object that would "
+                    f"run code on load; {TRUST_HINT}"
+                )  # fmt: skip
+            if not kind.startswith(TENSOR_CONSTANT):
+                raise CorruptArchiveError(self.path, f"{payload.record}: unknown constant kind")
+            if payload.use_pickle:
+                self._refuse_pickle(payload.record, f"constant {payload.fqn}")
+        if SAMPLE_INPUTS in self.entries and self.entries[SAMPLE_INPUTS].size:
+            self._refuse_pickle(SAMPLE_INPUTS, "sample inputs")
+        problem = program_text_problem(self.read_json(MODEL_JSON))
+        if problem:
+            raise UnsafeArchiveError(self.path, f"{MODEL_JSON}: {problem}; {TRUST_HINT}")
+
+    # ----- tensors ------------------------------------------------------------------------------
+
+    def _tensor(self, payload: _Payload, bases: dict[str, torch.Tensor]) -> torch.Tensor:
+        import torch
+
+        if payload.use_pickle:
+            try:
+                value = torch.load(
+                    io.BytesIO(self.read(payload.record)), weights_only=True, map_location="cpu"
+                )
+            except Exception as exc:
+                raise CorruptArchiveError(self.path, f"{payload.record}: {_line(exc)}") from None
+            if not isinstance(value, torch.Tensor):
+                raise CorruptArchiveError(self.path, f"{payload.record} does not hold a tensor")
+            if payload.is_param and not isinstance(value, torch.nn.Parameter):
+                return torch.nn.Parameter(value, requires_grad=value.requires_grad)
+            return value
+        if payload.meta is None:
+            raise CorruptArchiveError(self.path, f"{payload.record} has no tensor_meta")
+        try:
+            dtype, size, stride, offset = _tensor_layout(payload.meta)
+        except ValueError as exc:
+            raise CorruptArchiveError(self.path, f"{payload.fqn}: {exc}") from None
+        base = bases.get(payload.record)
+        if base is None:
+            raw = self.record_bytes(payload.record)
+            element = torch.empty((), dtype=dtype).element_size()
+            if raw.numel() % element:
+                raise CorruptArchiveError(
+                    self.path, f"{payload.record} holds {raw.numel()} bytes, not whole {dtype} elements"
+                )
+            entry = self.entries[payload.record]
+            if entry.stored and entry.data_offset % element:
+                raw = raw.clone()  # keep every element naturally aligned
+            base = raw.view(dtype) if raw.numel() else torch.zeros(0, dtype=dtype)
+            bases[payload.record] = base
+        extent = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) + 1
+        if math.prod(size) and extent > base.numel():
+            raise CorruptArchiveError(
+                self.path,
+                f"{payload.fqn}: shape {list(size)} needs {extent} elements, {payload.record} has {base.numel()}",
+            )
+        if not math.prod(size):
+            tensor = torch.zeros(size, dtype=dtype)
+        else:
+            tensor = torch.as_strided(base, size, stride, offset)
+        if payload.is_param:
+            return torch.nn.Parameter(tensor, requires_grad=bool(payload.meta.get("requires_grad")))
+        return tensor
+
+    def tensors(self, config: str, directory: str) -> dict[str, torch.Tensor]:
+        bases: dict[str, torch.Tensor] = {}
+        tensors = {}
+        for payload in self.payloads(config, directory):
+            try:
+                tensors[payload.fqn] = self._tensor(payload, bases)
+            except (RuntimeError, ValueError, TypeError) as exc:  # torch refusing a lied-about layout
+                raise CorruptArchiveError(self.path, f"{payload.fqn}: {_line(exc)}") from None
+        return tensors
+
+    def load_program(self) -> ExportedProgram:
+        """The program, its weights and tensor constants (call `audit` first)."""
+        from torch._export.serde import schema
+        from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
+
+        state_dict = self.tensors(WEIGHTS_CONFIG, WEIGHTS_DIR)
+        constants = self.tensors(CONSTANTS_CONFIG, CONSTANTS_DIR)
+        document = self.read_json(MODEL_JSON)
+        try:
+            serialized = _dict_to_dataclass(schema.ExportedProgram, document)
+            return ExportedProgramDeserializer(None).deserialize(serialized, state_dict, constants, None)
+        except Exception as exc:  # the deserializer raises any type on malformed programs
+            raise CorruptArchiveError(
+                self.path, f"cannot read the torch.export program ({_line(exc)})"
+            ) from None
+
+
+def _tensor_layout(meta: dict[str, Any]) -> tuple[Any, tuple[int, ...], tuple[int, ...], int]:
+    """dtype, sizes, strides and storage offset of a serialized tensor_meta, validated."""
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
+
+    def ints(values: Any) -> tuple[int, ...]:
+        if not isinstance(values, list):
+            raise ValueError("not a list")
+        out = []
+        for value in values:
+            number = value.get("as_int") if isinstance(value, dict) else None
+            if type(number) is not int or number < 0 or number >= 1 << 62:
+                raise ValueError(f"{value!r} is not a concrete non-negative size")
+            out.append(number)
+        return tuple(out)
+
+    try:
+        dtype = _SERIALIZE_TO_TORCH_DTYPE[schema.ScalarType(meta["dtype"])]
+        size, stride = ints(meta["sizes"]), ints(meta["strides"])
+        (offset,) = ints([meta["storage_offset"]])
+        if len(size) != len(stride):
+            raise ValueError("sizes and strides differ in length")
+        if math.prod(size) >= 1 << 62:
+            raise ValueError("more elements than any tensor holds")
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"bad tensor_meta ({exc})") from None
+    return dtype, size, stride, offset
+
+
+def _line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text or type(exc).__name__)[:300]
