@@ -81,15 +81,14 @@ class BertBase(nn.Module):
         return self.norm(x)
 
 
-def bert_base_asset() -> Path:
-    """Build (once) the fp16 BERT-base-shaped asset."""
-    path = CACHE / "bert_base.aimodel"
-    if path.is_dir():
+def bert_base_program() -> Path:
+    """Build (once) the fp16 BERT-base-shaped `.pt2`, exported with coreai-torch's decompositions."""
+    path = CACHE / "bert_base.pt2"
+    if path.is_file():
         return path
     import coreai_torch
 
-    from coreai_opt.conversion import convert_exported_program
-    from coreai_opt.io import save_aimodel
+    from coreai_opt.io import save_pt2
 
     torch.manual_seed(0)
     model = BertBase().eval().half()
@@ -97,7 +96,17 @@ def bert_base_asset() -> Path:
         program = torch.export.export(model, (torch.randint(0, 30522, (1, 128)),))
         program = program.run_decompositions(coreai_torch.get_decomp_table())
     CACHE.mkdir(parents=True, exist_ok=True)
-    return save_aimodel(convert_exported_program(program), path)
+    return save_pt2(program, path)
+
+
+def bert_base_asset() -> Path:
+    """Build (once) the fp16 BERT-base-shaped asset, converted from `bert_base_program()`."""
+    path = CACHE / "bert_base.aimodel"
+    if path.is_dir():
+        return path
+    from coreai_opt.conversion import convert_file
+
+    return convert_file(bert_base_program(), path).output
 
 
 def _median(run: Callable[[], float], repeat: int) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import importlib.util
 import shutil
 import sys
@@ -76,16 +75,6 @@ def copy_sample(name: str, fmt: str, dest: Path) -> Path:
     else:
         shutil.copy2(source, target)
     return target
-
-
-def tree_digest(path: Path) -> str:
-    """Digest of a file or of every file under a directory (names and bytes)."""
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for file in files:
-        digest.update(str(file.relative_to(path.parent)).encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
 
 
 def constant_records(program) -> list[tuple[str, bytes]]:  # type: ignore[no-untyped-def]

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLES, copy_sample, tree_digest
+from conftest import SAMPLES, copy_sample
+from _hostile import tree_digest
 
 
 def _pt2_text(d: Path) -> Path:

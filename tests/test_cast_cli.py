@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import copy_sample, tree_digest
+from conftest import copy_sample
+from _hostile import tree_digest
 from safetensors.torch import save_file
 
 from coreai_opt.io import load_pt2

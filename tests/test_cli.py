@@ -44,7 +44,7 @@ def test_usage_errors_exit_2(args: list[str], coreopt) -> None:  # type: ignore[
 def test_real_process_reports_one_line_and_exit_1(tmp_path: Path) -> None:
     bad = tmp_path / "broken.aimodel"
     bad.mkdir()
-    (bad / "metadata.json").write_text("{}")
+    (bad / "metadata.json").write_text('{"assetVersion": "2.0"}')
     (bad / "main.hash").write_bytes(b"\0" * 32)
     (bad / "main.mlirb").write_bytes(b"ML\xefR not really")
     env = dict(os.environ, PYTHONWARNINGS="ignore")

@@ -1,0 +1,240 @@
+"""Model files from strangers: nothing they hold runs, nothing crashes us, every refusal is one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import _hostile as h
+import pytest
+import torch
+from conftest import SAMPLES, copy_sample
+
+from coreai_opt.io import (
+    BadBytecodeError,
+    BadMetadataError,
+    CorruptArchiveError,
+    UnsafeArchiveError,
+    load_pt2,
+    verify_aimodel,
+)
+
+
+def test_every_live_vector_runs_its_payload_under_torch_export_load(tmp_path: Path) -> None:
+    """The hostile files are real attacks: plain torch.export.load runs each payload."""
+    vectors = {name: h.PICKLE_VECTORS[name] for name in h.LIVE_AGAINST_TORCH}
+    files = {
+        name: make(tmp_path / f"{name}.pt2", tmp_path / f"{name}.fired") for name, make in vectors.items()
+    }
+    script = textwrap.dedent(
+        """
+        import logging, sys, torch
+        logging.disable(logging.CRITICAL)
+        for path in sys.argv[1:]:
+            try:
+                torch.export.load(path)
+            except Exception:
+                pass
+        """
+    )
+    subprocess.run([sys.executable, "-c", script, *map(str, files.values())], check=True, timeout=300)
+    fired = sorted(name for name in vectors if (tmp_path / f"{name}.fired").exists())
+    assert fired == sorted(vectors)
+
+
+REFUSALS = {
+    "pickled-weight": "data/weights/weight_0 (weight fc1.weight) is a pickle that imports posix.system",
+    "pickled-sample-inputs": "data/sample_inputs/model.pt (sample inputs) is a pickle that imports posix.system",
+    "opaque-constant": "data/constants/opaque_obj_0 (constant evil) is a pickled object",
+    "legacy-weights": "data/weights/model.pt (legacy pickled state) is a pickle that imports posix.system",
+    "sympy-injection": "symbolic shape",
+    "compiled-code": "data/aotinductor/model/model.so is compiled code",
+}
+
+
+@pytest.mark.parametrize("command", ["inspect", "cast", "convert"])
+@pytest.mark.parametrize("vector", sorted(h.PICKLE_VECTORS))
+def test_pickle_vector_is_refused_by_every_pt2_command(
+    vector: str, command: str, tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path / "fired"
+    source = h.PICKLE_VECTORS[vector](tmp_path / "model.pt2", marker)
+    before = h.tree_digest(source)
+    out = {"inspect": [], "cast": ["-o", tmp_path / "out.pt2"], "convert": ["-o", tmp_path / "out.aimodel"]}
+    result = coreopt(command, source, *out[command])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(source) in lines[0], result.stderr
+    assert REFUSALS[vector] in lines[0]
+    assert "--trust-pickle" in lines[0]
+    assert not marker.exists()
+    assert h.tree_digest(source) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt2"]
+
+
+def test_the_library_raises_a_typed_error_and_runs_nothing(tmp_path: Path) -> None:
+    for name, make in h.PICKLE_VECTORS.items():
+        marker = tmp_path / f"{name}.fired"
+        with pytest.raises(UnsafeArchiveError):
+            load_pt2(make(tmp_path / f"{name}.pt2", marker))
+        assert not marker.exists(), name
+
+
+def test_pickled_tensor_weight_loads_through_the_weights_only_unpickler(tmp_path: Path) -> None:
+    """A `use_pickle` weight that is just a tensor is not refused: torch's safe loader reads it."""
+    original = load_pt2(SAMPLES / "mlp.pt2")
+    weight = original.state_dict["fc1.weight"].detach().clone()
+
+    def change(members: dict[str, bytes]) -> None:
+        config = json.loads(members[h.WEIGHTS_CONFIG])
+        entry = config["config"]["fc1.weight"]
+        entry["use_pickle"] = True
+        buffer = io.BytesIO()
+        torch.save(weight, buffer)
+        members["data/weights/" + entry["path_name"]] = buffer.getvalue()
+        members[h.WEIGHTS_CONFIG] = json.dumps(config).encode()
+
+    program = load_pt2(h.rewrite_pt2(SAMPLES / "mlp.pt2", tmp_path / "pickled.pt2", change))
+    assert torch.equal(program.state_dict["fc1.weight"], weight)
+    x = torch.randn(4, weight.shape[1])
+    assert torch.equal(program.module()(x), original.module()(x))
+
+
+def test_trust_pickle_hands_the_file_to_torch(tmp_path: Path) -> None:
+    """Trusted loading is torch.export.load: the sample inputs come back; by default they never load."""
+    trusted = load_pt2(SAMPLES / "transformer.pt2", trust_pickle=True)
+    assert trusted.example_inputs is not None
+    assert load_pt2(SAMPLES / "transformer.pt2").example_inputs is None
+    marker = tmp_path / "fired"
+    with pytest.raises(CorruptArchiveError):  # torch's own loader, which runs the payload first
+        load_pt2(h.pt2_legacy_weights(tmp_path / "model.pt2", marker), trust_pickle=True)
+    assert marker.exists()
+
+
+def test_dynamic_shapes_and_guards_still_load(tmp_path: Path) -> None:
+    """The expression check accepts what torch writes: srepr'd symbols, derived dims, guards."""
+
+    class Halves(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x[:, :2].sum(1) + y.repeat(2)
+
+    b = torch.export.Dim("b", min=3, max=64)
+    program = torch.export.export(
+        Halves(), (torch.randn(8, 3), torch.randn(4)), dynamic_shapes={"x": {0: 2 * b}, "y": {0: b}}
+    )
+    torch.export.save(program, tmp_path / "dynamic.pt2")
+    loaded = load_pt2(tmp_path / "dynamic.pt2")
+    assert len(loaded.range_constraints) == 2
+    x, y = torch.randn(10, 3), torch.randn(5)
+    assert torch.equal(loaded.module()(x, y), program.module()(x, y))
+
+
+ZIP_REFUSALS = {
+    "encrypted": "is encrypted",
+    "method": "unsupported compression method 99",
+    "bomb": "zip bomb",
+    "traversal": "unsafe entry name '../../escape.txt'",
+    "absolute": "unsafe entry name '/etc/escape.txt'",
+    "duplicate": "appears twice",
+    "directory": "lies past the end",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ZIP_REFUSALS))
+def test_zip_level_attacks_get_their_own_message(kind: str, tmp_path: Path) -> None:
+    path = h.pt2_zip_lies(tmp_path / "model.pt2", _rng_choosing(kind))
+    with pytest.raises(CorruptArchiveError, match=re.escape(ZIP_REFUSALS[kind])):
+        load_pt2(path)
+
+
+def _rng_choosing(kind: str) -> random.Random:
+    """A generator whose second choice (after the sample) is the zip attack `kind`."""
+    kinds = ["encrypted", "method", "bomb", "traversal", "duplicate", "absolute", "directory"]
+    for seed in range(10_000):
+        probe = random.Random(seed)
+        probe.choice(h.SAMPLE_NAMES)
+        if probe.choice(kinds) == kind:
+            return random.Random(seed)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "problem"),
+    [
+        ({"producer": "x"}, "metadata.json has no assetVersion string"),
+        ({"producer": "x", "assetVersion": "1.0"}, 'metadata.json: Asset version "1.0" is not supported'),
+        ({"producer": "x", "assetVersion": 2}, "metadata.json has no assetVersion string"),
+        (["a", "list"], "metadata.json is not a JSON object"),
+    ],
+)
+def test_bad_metadata_is_a_typed_error(metadata: object, problem: str, tmp_path: Path) -> None:
+    asset = copy_sample("mlp", "aimodel", tmp_path)
+    (asset / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(BadMetadataError) as caught:
+        verify_aimodel(asset)
+    assert str(caught.value) == f"{asset}: {problem}"
+
+
+# Bit flips (hash recomputed) that MLIR parses but coreai-core aborts on while converting the
+# program out of its serialized form ("LLVM ERROR: unexpected parameters' size for dict attr").
+CRASHING_SEED = 0
+
+
+def _crashing_bit_flips(tmp_path: Path) -> Path:
+    return h.aimodel_bit_flips(tmp_path / "crash.aimodel", random.Random(CRASHING_SEED))
+
+
+@pytest.mark.parametrize("command", ["inspect", "quantize", "palettize", "sparsify", "compare"])
+def test_a_bytecode_that_crashes_coreai_is_reported_not_fatal(command: str, tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    bad = _crashing_bit_flips(tmp_path)
+    argv = {
+        "inspect": [bad], "compare": [SAMPLES / "mlp.aimodel", bad],
+    }.get(command, [bad, "-o", tmp_path / "out.aimodel"])  # fmt: skip
+    result = coreopt(command, *argv)
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: {bad}: main.mlirb is corrupt (the Core AI library crashed reading it)"
+    ]
+    assert not (tmp_path / "out.aimodel").exists()
+
+
+def test_the_crash_is_real(tmp_path: Path) -> None:
+    """coreai-core itself dies on that asset: loading it in a plain child process is fatal."""
+    bad = _crashing_bit_flips(tmp_path)
+    script = "import sys; from coreai.authoring import AIModelAsset; AIModelAsset.load(sys.argv[1]).program"
+    done = subprocess.run([sys.executable, "-c", script, str(bad)], capture_output=True, timeout=120)
+    assert done.returncode < 0  # killed by a signal, not an exception
+    with pytest.raises(BadBytecodeError, match="crashed reading it"):
+        verify_aimodel(bad)
+
+
+# ----- the generated corpus (a seeded sample in CI; bench/bad_inputs.py --full runs all) ---------
+
+_CASE_NAMES = [f"{kind}-{i}" for kind, count in h.CI_COUNTS.items() for i in range(count)] + sorted(
+    h.PICKLE_VECTORS
+)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, h.Case]:
+    folder = tmp_path_factory.mktemp("corpus")
+    return {case.name: case for case in h.corpus(folder, h.CI_SEED, h.CI_COUNTS)}
+
+
+def test_the_corpus_holds_300_files(tmp_path: Path) -> None:
+    cases = h.corpus(tmp_path, h.CI_SEED)
+    assert len(cases) >= 300
+    assert sum(case.kind == "aimodel" for case in cases) >= 200
+
+
+@pytest.mark.parametrize("name", _CASE_NAMES)
+def test_hostile_file_keeps_the_contract_in_every_command(
+    name: str, corpus: dict[str, h.Case], tmp_path: Path
+) -> None:
+    assert h.check_case(corpus[name], tmp_path) == []
