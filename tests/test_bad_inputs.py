@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLES, copy_sample
 from _hostile import tree_digest
+from conftest import SAMPLES, copy_sample
 
 
 def _pt2_text(d: Path) -> Path:

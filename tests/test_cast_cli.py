@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import copy_sample
 from _hostile import tree_digest
+from conftest import copy_sample
 from safetensors.torch import save_file
 
 from coreai_opt.io import load_pt2

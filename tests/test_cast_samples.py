@@ -20,6 +20,8 @@ def test_sample_casts_runs_and_agrees_with_fp32(name: str, target: CastTarget) -
     original, program = load_pt2(SAMPLES / f"{name}.pt2"), load_pt2(SAMPLES / f"{name}.pt2")
     inputs = random_inputs(original, seed=3)
     cast_program(program, target)
+    program.graph.lint()
+    program.validate()
     assert meta_mismatches(program, *inputs) == []
     assert foldable_cast_pairs(program) == []
     check = compare_programs(original, program, inputs, "test")

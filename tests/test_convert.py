@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import SAMPLES, copy_sample, run_aimodel
 from _hostile import tree_digest
+from conftest import SAMPLES, copy_sample, run_aimodel
 
 from coreai_opt.io import load_pt2
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SAMPLES, constant_records, copy_sample
 from _hostile import tree_digest
+from conftest import SAMPLES, constant_records, copy_sample
 
 from coreai_opt import _coreai
 from coreai_opt.io import (

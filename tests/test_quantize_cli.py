@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SAMPLES, copy_sample, run_aimodel
 from _hostile import tree_digest
+from conftest import SAMPLES, copy_sample, run_aimodel
 
 
 def _json(result) -> dict:  # type: ignore[no-untyped-def]

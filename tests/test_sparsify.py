@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from _decode import assert_runtime_matches_decoding, decode_value
-from conftest import SAMPLES, copy_sample, run_aimodel
 from _hostile import tree_digest
+from conftest import SAMPLES, copy_sample, run_aimodel
 
 from coreai_opt import _coreai
 from coreai_opt._coreai import _rewrite as rw

@@ -2,6 +2,7 @@
 
 from ._api import (
     CastTarget,
+    MalformedGraphError,
     cast_fp32_to_fp16,
     cast_int32_to_int16,
     cast_program,
@@ -19,6 +20,7 @@ __all__ = [
     "CastTarget",
     "CheckResult",
     "IOChange",
+    "MalformedGraphError",
     "OpChange",
     "OpOutcome",
     "OutputAgreement",

@@ -39,6 +39,18 @@ def _cast_nodes(ep: ExportedProgram) -> set[Node]:
     return {node for node in ep.graph.nodes if g.is_cast(node)}
 
 
+class MalformedGraphError(RuntimeError):
+    """A pass left a graph that FX's lint rejects: a bug in coreopt, never the user's model."""
+
+
+def _lint(ep: ExportedProgram, stage: str) -> None:
+    """Every pass ends here, so a misordered or dangling graph is never returned."""
+    try:
+        ep.graph.lint()
+    except RuntimeError as exc:
+        raise MalformedGraphError(f"the {stage} left a malformed graph ({exc}); please report this") from exc
+
+
 def cast_program(
     exported_program: ExportedProgram, target: CastTarget = CastTarget.BOTH, ignored_ops: g.OpSelector = None
 ) -> CastReport:
@@ -53,15 +65,20 @@ def cast_program(
     owned: set[Node] = set()
     if target in (CastTarget.FP16, CastTarget.BOTH):
         FP16Pass(ep, owned, report, ignored).run()
+        _lint(ep, "fp32->fp16 pass")
         cleanup(ep.graph, owned)
+        _lint(ep, "cast cleanup after the fp32->fp16 pass")
         report.passes.append("fp32->fp16")
     if target in (CastTarget.INT16, CastTarget.BOTH):
         INT16Pass(ep, owned, report, ignored).run()
+        _lint(ep, "int32/int64->int16 pass")
         cleanup(ep.graph, owned)
         anchor_views(ep.graph, owned)
+        _lint(ep, "cast cleanup after the int32/int64->int16 pass")
         report.passes.append("int32/int64->int16")
     ep.graph.eliminate_dead_code()
     sync_output_names(ep)
+    _lint(ep, "16-bit cast")
     ep.graph_module.recompile()
     casts_after = _cast_nodes(ep)
     report.casts_inserted = len(casts_after - casts_before)

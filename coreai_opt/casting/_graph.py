@@ -178,9 +178,14 @@ def insert_cast(graph: Graph, source: Node, dtype: torch.dtype, before: Node | N
 
 
 def redirect_users(node: Node, replacement: Node) -> None:
-    """Users of `node` read the cast `replacement` instead; other casts keep reading `node` directly."""
+    """Users of `node` read the cast `replacement` instead; other casts keep reading `node`
+    directly, and so do `_assert_tensor_metadata` checks (they assert the value they were
+    written for; `refresh_assert` keeps their dtype in step with it)."""
     node.replace_all_uses_with(
-        replacement, delete_user_cb=lambda user: user is not replacement and not is_pure_cast(user)
+        replacement,
+        delete_user_cb=lambda user: (
+            user is not replacement and not is_pure_cast(user) and user.target != ASSERT_METADATA
+        ),
     )
 
 
@@ -203,11 +208,18 @@ class CastInserter:
         return cast
 
     def after(self, node: Node, dtype: torch.dtype) -> Node:
-        """Users of `node` (other than casts) read it through a cast to `dtype`."""
+        """Users of `node` (other than casts) read it through a cast to `dtype`.
+
+        A cast of `node` to `dtype` the program already has is reused, moved right behind `node`:
+        users that come before it in the graph (the model's own `x.to(dtype)` often follows other
+        users of x) must not read a node defined after them.
+        """
         cast = next((u for u in node.users if is_pure_cast(u) and cast_target_dtype(u) == dtype), None)
         if cast is None:
             cast = insert_cast(self.graph, node, dtype)
             self.owned.add(cast)
+        elif cast.prev is not node:
+            node.append(cast)
         redirect_users(node, cast)
         return cast
 
