@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from rich.panel import Panel
@@ -10,10 +11,12 @@ from rich.table import Table
 from ._common import console, human_bytes
 
 if TYPE_CHECKING:
+    from coreai_opt._agreement import Agreement
     from coreai_opt.casting import CastFileResult
     from coreai_opt.comparison import ComparisonResult
     from coreai_opt.conversion import ConversionResult
     from coreai_opt.coreai_utils import CompressionFileResult
+    from coreai_opt.inputs import InputRule
     from coreai_opt.inspection import ModelReport, TensorInfo
 
 
@@ -135,19 +138,65 @@ def render_cast(result: CastFileResult) -> None:
     console.print(ops)
 
     if result.check is not None:
-        check = Table(title=f"Check on {result.check.inputs}", title_justify="left")
+        _render_policy(result.check.inputs, result.check.rules)
+        check = Table(title="Check", title_justify="left")
         for column in ("output", "dtype", "max abs err", "rel err", "cosine", "verdict"):
             check.add_column(column, justify="left" if column in ("output", "dtype", "verdict") else "right")
         for o in result.check.outputs:
+            m = o.metrics
             check.add_row(
-                o.name, _arrow(o.dtype_before, o.dtype_after), f"{o.max_abs_error:.3g}", f"{o.relative_error:.3g}",
-                f"{o.cosine:.6f}", "[green]ok[/green]" if o.ok else "[red]DIFFERS[/red]",
+                o.name, _arrow(o.dtype_before, o.dtype_after), _number(m.max_abs_error, ".3g"),
+                _number(m.relative_error, ".3g"), _number(m.cosine, ".6f"),
+                "[green]ok[/green]" if o.ok else "[red]DIFFERS[/red]",
             )  # fmt: skip
         console.print(check)
+        _render_nonfinite((o.name, o.metrics) for o in result.check.outputs)
+        overflows = result.check.overflows
+        if overflows:
+            where = ", ".join(f"{o.node} ({o.op})" for o in overflows)
+            console.print(f"[yellow]fp16 overflows first at: {where}[/yellow]", highlight=False)
+            ops = sorted({op for o in overflows for op in o.ignore})
+            if ops:
+                console.print(
+                    "[yellow]run them in fp32: " + " ".join(f"--ignore-op {op}" for op in ops) + "[/yellow]",
+                    highlight=False,
+                )
+            for o in overflows:
+                if o.output:
+                    console.print(
+                        f"[yellow]{o.node}: a program output whose values exceed fp16's range; it cannot "
+                        "be fp16 (scale it inside the model, or cast with --to int16)[/yellow]",
+                        highlight=False,
+                    )
+
+
+def _render_policy(source: str, rules: list[InputRule]) -> None:
+    """Where the inputs came from, and how each was drawn."""
+    lines = [f"inputs: {source}"] + [f"  {r.name}: {r.describe()}" for r in rules]
+    console.print("\n".join(lines), highlight=False)
+
+
+def _number(value: float | None, spec: str) -> str:
+    """A metric, or n/a where nothing finite was measured."""
+    return "n/a" if value is None else format(value, spec)
+
+
+def _render_nonfinite(outputs: Iterable[tuple[str, Agreement]]) -> None:
+    """One line per output that held inf or NaN: where, and how much was left to measure."""
+    for name, metrics in outputs:
+        summary = metrics.nonfinite_summary()
+        if summary:
+            measured = f"metrics over {metrics.finite} of {metrics.positions} positions"
+            if not metrics.measured:
+                measured = "nothing finite to measure: every metric is n/a"
+            console.print(f"[red]{name}: {summary} ({measured})[/red]", highlight=False)
 
 
 def _db(value: float | None) -> str:
-    if value is None or value == float("inf"):
+    """An SNR in dB: n/a when nothing was measured, exact when there was no error."""
+    if value is None:
+        return "n/a"
+    if value == float("inf"):
         return "exact"
     return f"{value:.1f}"
 
@@ -211,23 +260,28 @@ def render_comparison(result: ComparisonResult) -> None:
     console.print(
         Panel.fit(
             f"reference: [bold]{result.reference}[/bold]\ncandidate: [bold]{result.candidate}[/bold]\n"
-            f"inputs: {inputs}\nfrom: {result.inputs_source}",
+            f"inputs: {inputs}",
             title="coreopt compare",
         )
     )
+    _render_policy(result.inputs_source, result.rules)
     table = Table(title="Outputs", title_justify="left")
     for column in ("output", "shape", "dtype", "cosine", "SNR dB", "max abs err", "verdict"):
         table.add_column(column, justify="right" if column in ("cosine", "SNR dB", "max abs err") else "left")
     for o in result.outputs:
+        m = o.metrics
         if o.ok is None:
             verdict = ""
+        elif o.ok:
+            verdict = "[green]ok[/green]"
         else:
-            verdict = "[green]ok[/green]" if o.ok else f"[red]below {result.min_cosine}[/red]"
-        if o.metrics.nonfinite_mismatches:
-            verdict += f" [red]{o.metrics.nonfinite_mismatches} inf/NaN mismatches[/red]"
+            verdict = (
+                f"[red]below {result.min_cosine}[/red]" if m.clean and m.measured else "[red]fails[/red]"
+            )
         name = o.name if o.name == o.candidate_name else f"{o.name} / {o.candidate_name}"
         table.add_row(
-            name, _shape(o.shape), o.dtype, f"{o.metrics.cosine:.6f}", _db(o.metrics.snr_db),
-            f"{o.metrics.max_abs_error:.3g}", verdict,
+            name, _shape(o.shape), o.dtype, _number(m.cosine, ".6f"), _db(m.snr_db),
+            _number(m.max_abs_error, ".3g"), verdict,
         )  # fmt: skip
     console.print(table)
+    _render_nonfinite((o.name, o.metrics) for o in result.outputs)

@@ -433,8 +433,11 @@ def compare(
         None, "--inputs", help="safetensors file with one tensor per model input, by input name."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
-    int_range: str = typer.Option(
-        "0:100", "--int-range", help="Integer inputs are drawn from [LOW, HIGH), e.g. 0:100."
+    int_range: str | None = typer.Option(
+        None,
+        "--int-range",
+        help="Draw every integer input from [LOW, HIGH), e.g. 0:100 (default: ids from the table they "
+        "index, masks and flags from {0, 1}).",
     ),
     min_cosine: float | None = typer.Option(
         None, "--min-cosine", help="Exit 1 when any output's cosine falls below this (for CI)."
@@ -457,7 +460,7 @@ def compare(
             candidate,
             inputs=inputs,
             seed=seed,
-            int_range=parse_int_range(int_range),
+            int_range=parse_int_range(int_range) if int_range is not None else None,
             min_cosine=min_cosine,
         )
     if as_json:

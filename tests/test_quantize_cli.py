@@ -178,7 +178,9 @@ def test_compare_integer_inputs_follow_int_range(coreopt) -> None:  # type: igno
     doc = _json(coreopt("compare", SAMPLES / "int_arith.aimodel", SAMPLES / "int_arith.aimodel",
                         "--int-range", "0:40", "--json"))  # fmt: skip
     assert doc["inputs"][0]["dtype"] == "int32"
-    assert "integers in [0, 40)" in doc["inputs_source"]
+    (rule,) = doc["input_policy"]
+    assert (rule["draw"], rule["low"], rule["high"]) == ("range", 0, 40)
+    assert rule["description"] == "integers in [0, 40) (the range given)"
 
 
 def test_palettize_then_compare(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]

@@ -205,3 +205,63 @@ def constant_array(op: Any) -> Any:
 def constant_bytes(op: Any) -> bytes:
     """The raw stored bytes of a `coreai.constant`, as the runtime reads them."""
     return bytes(constant_array(op))
+
+
+# Ops that move, reshape or re-type values: an index that passes through them is still an index.
+_TRANSPARENT = frozenset(
+    {
+        "coreai.reshape",
+        "coreai.expand_dims",
+        "coreai.squeeze",
+        "coreai.transpose",
+        "coreai.cast",
+        "coreai.broadcast_to",
+        "coreai.slice_by_index",
+        "coreai.slice_by_size",
+    }
+)
+# op -> (operand index of the indices, operand index of the table they index)
+_INDEXING = {"coreai.gather_nd": (1, 0), "coreai.gather": (1, 0)}
+
+
+def main_graph(module: Any) -> Any:
+    from coreai._compiler import ir
+
+    graphs = graph_ops(module)
+    for graph in graphs:
+        if ir.StringAttr(graph.attributes["sym_name"]).value == "main":
+            return graph
+    return graphs[0] if graphs else None
+
+
+def input_usage(module: Any) -> dict[str, tuple[int | None, bool]]:
+    """Per input of `main`: rows of the smallest table it indexes (None: none), and whether it
+    passes through arithmetic first."""
+    graph = main_graph(module)
+    if graph is None:
+        return {}
+    names = [t.name for t in next(s for s in graph_signatures(module) if s.name == "main").inputs]
+    usage = {}
+    for name, argument in zip(names, graph.regions[0].blocks[0].arguments, strict=False):
+        rows: list[int] = []
+        arithmetic = False
+        seen: set[tuple[Any, bool]] = set()  # MLIR values hash and compare by the value they wrap
+        queue = [(argument, False)]
+        while queue:
+            value, changed = queue.pop()
+            for use in value.uses:
+                owner = use.owner
+                index_operand, table_operand = _INDEXING.get(owner.name, (None, None))
+                if use.operand_number == index_operand:
+                    table = owner.operands[table_operand].type
+                    if hasattr(table, "shape") and len(tensor_shape(table)):
+                        rows.append(tensor_shape(table)[0])
+                        arithmetic |= changed
+                    continue
+                for result in owner.results:
+                    state = (result, changed or owner.name not in _TRANSPARENT)
+                    if state not in seen:
+                        seen.add(state)
+                        queue.append(state)
+        usage[name] = (min(rows) if rows else None, arithmetic)
+    return usage

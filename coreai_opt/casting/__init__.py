@@ -9,9 +9,10 @@ from ._api import (
     cast_to_16_bit_precision,
     new_input_dtypes,
 )
-from ._check import CheckResult, OutputAgreement, compare_programs, random_inputs
+from ._check import CheckResult, OutputAgreement, check_inputs, compare_programs, random_inputs
 from ._file import CastFileResult, cast_file, default_output
 from ._graph import resolve_op
+from ._overflow import Overflow, first_overflows
 from ._report import CastReport, IOChange, OpChange, OpOutcome, StateChange, StateOutcome
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "OpChange",
     "OpOutcome",
     "OutputAgreement",
+    "Overflow",
     "StateChange",
     "StateOutcome",
     "cast_file",
@@ -31,8 +33,10 @@ __all__ = [
     "cast_int32_to_int16",
     "cast_program",
     "cast_to_16_bit_precision",
+    "check_inputs",
     "compare_programs",
     "default_output",
+    "first_overflows",
     "new_input_dtypes",
     "random_inputs",
     "resolve_op",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch.fx import Graph, Node
 
+from coreai_opt._fx import VIEW_PACKETS
+
 from . import _dtypes as dt
 from . import _graph as g
 
@@ -25,7 +27,7 @@ def is_int16_anchor(node: Node) -> bool:
     return (
         g.cast_target_dtype(node) == torch.int16
         and bool(node.users)
-        and all(g.packet(u) in g.VIEW_PACKETS for u in node.users)
+        and all(g.packet(u) in VIEW_PACKETS for u in node.users)
     )
 
 

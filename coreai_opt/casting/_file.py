@@ -10,7 +10,7 @@ from typing import Any
 from coreai_opt.io import ModelFileError, ModelFormat, check_output, load_pt2, model_format, save_pt2
 
 from ._api import CastTarget, cast_program
-from ._check import CheckResult, compare_programs, file_inputs, random_inputs
+from ._check import CheckResult, check_inputs, compare_programs
 from ._graph import resolve_op
 from ._report import CastReport
 
@@ -67,12 +67,9 @@ def cast_file(
     seconds = time.perf_counter() - start
     result = None
     if original is not None:
-        if inputs is not None:
-            tensors, label = file_inputs(original, Path(inputs)), str(inputs)
-        else:
-            tensors, label = random_inputs(original, seed), f"seeded random (seed {seed})"
+        tensors, label, rules = check_inputs(original, inputs, seed)
         try:
-            result = compare_programs(original, program, tensors, label)
+            result = compare_programs(original, program, tensors, label, rules)
         except (RuntimeError, IndexError, ValueError) as exc:
             message = " ".join(str(exc).split())[:300]
             hint = "" if inputs is not None else "; pass --inputs with valid example inputs, or --no-check"

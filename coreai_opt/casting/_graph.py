@@ -9,10 +9,9 @@ from typing import Any
 import torch
 from torch.fx import Graph, Node
 
-aten = torch.ops.aten
+from coreai_opt._fx import CAST_PACKETS, packet
 
-# Pure dtype conversions as they appear in exported (and decomposed) programs.
-CAST_PACKETS = frozenset({aten._to_copy, aten.to, torch.ops.prims.convert_element_type})
+aten = torch.ops.aten
 
 # Tensor creation ops whose float output dtype the FP pass sets directly.
 CREATION_PACKETS = frozenset(
@@ -39,31 +38,7 @@ CREATION_PACKETS = frozenset(
     }
 )
 
-VIEW_PACKETS = frozenset(
-    {
-        aten.view,
-        aten.reshape,
-        aten._unsafe_view,
-        aten.permute,
-        aten.transpose,
-        aten.t,
-        aten.slice,
-        aten.select,
-        aten.squeeze,
-        aten.unsqueeze,
-        aten.expand,
-        aten.flatten,
-        aten.unflatten,
-        aten.narrow,
-        aten.alias,
-    }
-)
-
 ASSERT_METADATA = aten._assert_tensor_metadata.default
-
-
-def packet(node: Node) -> Any:
-    return getattr(node.target, "overloadpacket", node.target)
 
 
 def is_cast(node: Node) -> bool:

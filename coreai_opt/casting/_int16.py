@@ -9,46 +9,14 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
+from coreai_opt._fx import ARITHMETIC, VIEW_PACKETS, index_arguments
+
 from . import _dtypes as dt
 from . import _graph as g
 from ._program import user_inputs
 from ._report import CastReport, OpChange, OpOutcome
 
 aten = torch.ops.aten
-
-# op packet -> positions of its index arguments (an int or a list of tensors)
-INDEX_ARGS: dict[object, tuple[int, ...]] = {
-    aten.embedding: (1,),
-    aten.gather: (2,),
-    aten.index_select: (2,),
-    aten.scatter: (2,),
-    aten.scatter_add: (2,),
-    aten.scatter_reduce: (2,),
-    aten.index: (1,),
-    aten.index_put: (1,),
-    aten._unsafe_index: (1,),
-    aten._unsafe_index_put: (1,),
-    aten.index_add: (2,),
-    aten.index_copy: (2,),
-    aten.index_fill: (2,),
-    aten.take_along_dim: (1,),
-    aten.take: (1,),
-}
-ARITHMETIC = frozenset({aten.add, aten.mul, aten.sub})
-
-
-def _index_arguments(node: Node) -> list[Node]:
-    positions = INDEX_ARGS.get(g.packet(node))
-    if not positions:
-        return []
-    found: list[Node] = []
-    for position in positions:
-        if position < len(node.args):
-            torch.fx.node.map_arg(node.args[position], found.append)
-    for key in ("index", "indices"):
-        if key in node.kwargs:
-            torch.fx.node.map_arg(node.kwargs[key], found.append)
-    return found
 
 
 def _is_int_node(node: Node) -> bool:
@@ -89,7 +57,7 @@ class INT16Pass:
         queue: deque[Node] = deque()
         for node in self.graph.nodes:
             if node.op == "call_function":
-                queue.extend(a for a in _index_arguments(node) if _is_int_node(a))
+                queue.extend(a for a in index_arguments(node) if _is_int_node(a))
         while queue:
             node = queue.popleft()
             if node in unsafe:
@@ -178,7 +146,7 @@ class INT16Pass:
 def anchor_views(graph: torch.fx.Graph, owned: set[Node]) -> None:
     """An explicit int16 cast in front of view-like ops on int16 data, so converters keep the dtype."""
     for node in list(graph.nodes):
-        if node.op != "call_function" or g.packet(node) not in g.VIEW_PACKETS:
+        if node.op != "call_function" or g.packet(node) not in VIEW_PACKETS:
             continue
         if g.dtype_of(node) != torch.int16 or not node.args or not isinstance(node.args[0], Node):
             continue

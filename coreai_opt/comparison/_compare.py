@@ -12,9 +12,17 @@ import numpy as np
 from coreai_opt._agreement import Agreement, agreement
 from coreai_opt._coreai._runtime import RunResult, TensorSpec, run_in
 from coreai_opt._coreai._sandbox import AssetWorker
+from coreai_opt.inputs import (
+    Draw,
+    InputRule,
+    InputSpec,
+    Kind,
+    Usage,
+    draw_inputs,
+    input_rules,
+    read_inputs_file,
+)
 from coreai_opt.io import ModelFileError, verify_aimodel, worker_errors
-
-from ._inputs import DEFAULT_INT_RANGE, file_inputs, random_inputs
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ class ComparisonResult:
     inputs_source: str
     inputs: tuple[TensorSpec, ...]
     min_cosine: float | None
+    rules: list[InputRule] = field(default_factory=list)  # how each input was drawn
     outputs: list[OutputComparison] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -49,8 +58,10 @@ class ComparisonResult:
         return all(o.ok for o in self.outputs)
 
     @property
-    def worst_cosine(self) -> float:
-        return min((o.metrics.cosine for o in self.outputs), default=1.0)
+    def worst_cosine(self) -> float | None:
+        """The lowest cosine over the outputs; None when any output was not measured."""
+        cosines = [o.metrics.cosine for o in self.outputs]
+        return None if not cosines or any(c is None for c in cosines) else min(cosines)  # type: ignore[type-var]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -58,6 +69,7 @@ class ComparisonResult:
             "candidate": str(self.candidate),
             "inputs_source": self.inputs_source,
             "inputs": [s.to_dict() for s in self.inputs],
+            "input_policy": [r.to_dict() for r in self.rules],
             "min_cosine": self.min_cosine,
             "ok": self.ok,
             "worst_cosine": self.worst_cosine,
@@ -95,33 +107,76 @@ def _run(path: Path, worker: AssetWorker, inputs_for: Any) -> RunResult:
             raise ModelFileError(path, str(exc)) from None
 
 
+def _policy_inputs(
+    reference: Path,
+    specs: tuple[TensorSpec, ...],
+    inputs: Path | str | None,
+    seed: int,
+    int_range: tuple[int, int] | None,
+) -> tuple[dict[str, np.ndarray], list[InputRule]]:
+    """Inputs for the reference's descriptors: from the file, or drawn by the input policy from
+    what the (verified) reference program does with each input."""
+    wanted = [InputSpec(s.name, Kind.of(s.dtype), s.shape) for s in specs]
+    if inputs is not None:
+        given = read_inputs_file(inputs, wanted)
+        arrays = {name: _numpy(tensor) for name, tensor in given.items()}
+        return arrays, [InputRule(s.name, Draw.FILE, reason=str(inputs)) for s in wanted]
+    from coreai_opt import _coreai
+    from coreai_opt.io import load_aimodel
+
+    found = _coreai.input_usage(_coreai.mlir_module(load_aimodel(reference)))
+    usage = {name: Usage(rows, arithmetic) for name, (rows, arithmetic) in found.items()}
+    rules = input_rules(wanted, usage, int_range)
+    return draw_inputs(wanted, rules, seed), rules
+
+
+def _numpy(tensor: Any) -> np.ndarray:
+    """A file's tensor as numpy (bfloat16, which numpy lacks, as float32)."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        tensor = tensor.float()
+    return tensor.numpy()
+
+
+def _fits(path: Path, arrays: dict[str, np.ndarray], specs: tuple[TensorSpec, ...]) -> None:
+    """Integer inputs must fit the dtype the runtime takes (int64 ids become int32 inputs)."""
+    for spec in specs:
+        value = arrays[spec.name]
+        if np.issubdtype(spec.dtype, np.integer) and value.size:
+            info = np.iinfo(spec.dtype)
+            if value.min() < info.min or value.max() > info.max:
+                raise ModelFileError(path, f"input {spec.name} has values outside {spec.dtype.name}")
+
+
 def compare_files(
     reference: Path | str,
     candidate: Path | str,
     *,
     inputs: Path | str | None = None,
     seed: int = 0,
-    int_range: tuple[int, int] = DEFAULT_INT_RANGE,
+    int_range: tuple[int, int] | None = None,
     min_cosine: float | None = None,
 ) -> ComparisonResult:
     """Run both assets on the Core AI runtime with the same inputs; per output cosine, SNR, max error.
 
-    Inputs follow the reference's descriptors and are converted to each model's own input dtypes,
-    so an fp16 candidate can be compared with its fp32 reference.
+    Inputs follow the reference's descriptors (`coreai_opt.inputs` draws them, or `inputs` names a
+    safetensors file) and are converted to each model's own input dtypes, so an fp16 candidate can
+    be compared with its fp32 reference. `int_range` draws every integer input from [low, high).
     """
     reference, candidate = Path(reference), Path(candidate)
     if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
         raise ValueError(f"min_cosine {min_cosine} is not in [-1, 1]")
     start = time.perf_counter()
     chosen: dict[str, np.ndarray] = {}
-    low, high = int_range
-    label = str(inputs) if inputs is not None else f"seeded random (seed {seed}, integers in [{low}, {high}))"
+    rules: list[InputRule] = []
+    label = str(inputs) if inputs is not None else f"seeded random (seed {seed})"
 
     def reference_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
-        made = (
-            file_inputs(Path(inputs), specs) if inputs is not None else random_inputs(specs, seed, int_range)
-        )
+        made, drawn_by = _policy_inputs(reference, specs, inputs, seed, int_range)
+        _fits(Path(inputs) if inputs is not None else reference, made, specs)
         chosen.update(made)
+        rules.extend(drawn_by)
         return made
 
     def candidate_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
@@ -137,12 +192,10 @@ def compare_files(
         verify_aimodel(candidate, cand_worker)
         ref_run = _run(reference, ref_worker, reference_inputs)
         cand_run = _run(candidate, cand_worker, candidate_inputs)
-    result = ComparisonResult(reference, candidate, label, ref_run.inputs, min_cosine)
+    result = ComparisonResult(reference, candidate, label, ref_run.inputs, min_cosine, rules)
     for ref, cand in _pair_outputs(ref_run.outputs, cand_run.outputs, candidate):
         metrics = agreement(ref_run.values[ref.name], cand_run.values[cand.name])
-        ok = None
-        if min_cosine is not None:
-            ok = metrics.nonfinite_mismatches == 0 and metrics.cosine >= min_cosine
+        ok = metrics.passes(min_cosine) if min_cosine is not None else None
         dtype = ref.dtype.name if ref.dtype == cand.dtype else f"{ref.dtype.name} -> {cand.dtype.name}"
         result.outputs.append(OutputComparison(ref.name, cand.name, ref.shape, dtype, metrics, ok))
     result.seconds = time.perf_counter() - start

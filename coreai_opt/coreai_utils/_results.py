@@ -74,6 +74,7 @@ class CompressionReport:
             entry = plain(w)
             entry["bits_per_weight"] = w.bits_per_weight
             entry["snr_db"] = None if math.isinf(w.snr_db) else w.snr_db
+            entry["exact"] = w.snr_db == math.inf  # no error at all: the SNR is infinite
             weights.append(entry)
         return {
             "weights": weights,

@@ -1,0 +1,99 @@
+"""Facts about ATen ops in exported FX graphs that more than one pass needs.
+
+Which arguments of which ops are indices (the INT16 pass must never narrow them, the input
+policy draws them from the table they index), which ops only move or re-type data (views and
+casts), and the op packet of a node. One place, so a new op is taught to every reader at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+aten = torch.ops.aten
+
+# op packet -> positions of its index arguments (each an int tensor or a list of them)
+INDEX_ARGS: dict[object, tuple[int, ...]] = {
+    aten.embedding: (1,),
+    aten.gather: (2,),
+    aten.index_select: (2,),
+    aten.scatter: (2,),
+    aten.scatter_add: (2,),
+    aten.scatter_reduce: (2,),
+    aten.index: (1,),
+    aten.index_put: (1,),
+    aten._unsafe_index: (1,),
+    aten._unsafe_index_put: (1,),
+    aten.index_add: (2,),
+    aten.index_copy: (2,),
+    aten.index_fill: (2,),
+    aten.take_along_dim: (1,),
+    aten.take: (1,),
+}
+
+# Pure dtype conversions as they appear in exported (and decomposed) programs.
+CAST_PACKETS = frozenset({aten._to_copy, aten.to, torch.ops.prims.convert_element_type})
+
+# Ops that only move, select or broadcast elements.
+VIEW_PACKETS = frozenset(
+    {
+        aten.view,
+        aten.reshape,
+        aten._unsafe_view,
+        aten.permute,
+        aten.transpose,
+        aten.t,
+        aten.slice,
+        aten.select,
+        aten.squeeze,
+        aten.unsqueeze,
+        aten.expand,
+        aten.flatten,
+        aten.unflatten,
+        aten.narrow,
+        aten.alias,
+    }
+)
+
+ARITHMETIC = frozenset({aten.add, aten.mul, aten.sub})
+
+
+def packet(node: Node) -> Any:
+    return getattr(node.target, "overloadpacket", node.target)
+
+
+def index_arguments(node: Node) -> list[Node]:
+    """The nodes `node` uses as indices (empty for ops that take none)."""
+    positions = INDEX_ARGS.get(packet(node))
+    if not positions:
+        return []
+    found: list[Node] = []
+    for position in positions:
+        if position < len(node.args):
+            torch.fx.node.map_arg(node.args[position], found.append)
+    for key in ("index", "indices"):
+        if key in node.kwargs:
+            torch.fx.node.map_arg(node.kwargs[key], found.append)
+    return found
+
+
+def indexed_rows(node: Node) -> int | None:
+    """How many rows the data operand of an index op has along the indexed axis, when known."""
+    data = node.args[0] if node.args else None
+    if packet(node) is aten.embedding:
+        data = node.args[0]
+        axis = 0
+    elif packet(node) in (aten.gather, aten.index_select, aten.scatter, aten.scatter_add, aten.index_add):
+        axis = node.args[1] if len(node.args) > 1 and isinstance(node.args[1], int) else 0
+    else:
+        axis = 0
+    value = data.meta.get("val") if isinstance(data, Node) else None
+    shape = getattr(value, "shape", None)
+    if shape is None or not len(shape):
+        return None
+    try:
+        return int(shape[axis])
+    except (IndexError, TypeError, ValueError):
+        return None
