@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 
 import ml_dtypes
 import numpy as np
@@ -62,7 +63,7 @@ def _values(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", sorted(MX))
 def test_mx_matches_plain_reference_bit_for_bit(name: str) -> None:
-    x = _values(hash(name) % 1000, (96, 256))
+    x = _values(zlib.crc32(name.encode()) % 1000, (96, 256))  # a seed per name, the same in every run
     got = tcast.cast(x, name)
     expected = torch.from_numpy(reference_mx(x.numpy(), name))
     # ml_dtypes' fp4/fp6 give -0 where tcast's fnuz element gives +0: compare values, not zero signs

@@ -66,14 +66,15 @@ class Skipped:
     kind: SkipKind
 
 
-def constant_name(op: Any) -> str:
-    """A readable name: the torch identifier in the op's location metadata, else the op's position."""
+def constant_name(op: Any, index: int) -> str:
+    """A readable name: the torch identifier in the op's location metadata, else `const#<index>`,
+    the constant's position in the program (the same in every process, unlike a hash)."""
     text = str(op.location)
     marker = 'identifiers = ["'
     if marker in text:
         start = text.index(marker) + len(marker)
         return text[start : text.index('"', start)]
-    return f"const@{hash(text) & 0xFFFF:04x}"
+    return f"const#{index}"
 
 
 def read_weight(op: Any) -> torch.Tensor:
@@ -141,14 +142,14 @@ def weight_sites(program: Any, threshold: int) -> tuple[list[WeightSite], list[S
     """Constants a compression pass may rewrite, and every other float constant with the reason why not."""
     module = mlir_module(program)
     sites, skipped = [], []
-    for op in constant_ops(module):
+    for index, op in enumerate(constant_ops(module)):
         mlir_type = op.result.type
         if not hasattr(mlir_type, "shape"):
             continue
         element, shape = element_name(mlir_type), tensor_shape(mlir_type)
         if element not in FLOAT_ELEMENTS:
             continue
-        name = constant_name(op)
+        name = constant_name(op, index)
         count = int(np.prod(shape)) if shape else 1
         if count <= threshold:
             skipped.append(Skipped(name, shape, f"{count} elements <= threshold {threshold}", SkipKind.SMALL))

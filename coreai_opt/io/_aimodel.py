@@ -123,6 +123,21 @@ def save_aimodel(
         except RuntimeError as exc:
             cause = exc.__cause__ or exc
             raise UnwritableOutputError(path, f"coreai-core could not save the program ({cause})") from exc
+        _settle_metadata(tmp / METADATA_FILE)
 
     write_atomically(path, write)
     return path
+
+
+def _settle_metadata(path: Path) -> None:
+    """Rewrite coreai-core's metadata.json with its keys in a fixed order (coreai-core's order
+    varies from run to run) and, with SOURCE_DATE_EPOCH set (reproducible-builds.org), that time as
+    creationDate: the same input then gives a byte-identical asset."""
+    import os
+    import time
+
+    metadata = json.loads(path.read_text(encoding="utf-8"))
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if epoch.isdigit():
+        metadata["creationDate"] = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(int(epoch)))
+    path.write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n", encoding="utf-8")
