@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tcast
-from tcast import _tritoncast
+from tcast import _triton
 
 MX = ("mxfp8e4", "mxfp8e5", "mxfp6e3", "mxfp6e2", "mxfp4e2", "mxint8", "mxint4", "bfp16")
 SIZES = {"16M": 1 << 24, "256M": 1 << 28, "1G": 1 << 30}
@@ -52,7 +52,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def check(n: int = 1 << 22) -> list[dict]:
     """Bit-exact TritonCast vs TorchCast on the GPU at 4M elements: every MX format, each round and
-    scale mode once (tests/test_tritoncast.py crosses them all on small tensors)."""
+    scale mode once (tests/test_triton.py crosses them all on small tensors)."""
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         x = _input(n, dtype, seed=1)
@@ -85,17 +85,17 @@ def sweep(n: int = SIZES["256M"]) -> list[dict]:
         dt = tcast.lookup(name)
         for elements in (2048, 4096, 8192, 16384):
             for warps in (2, 4, 8):
-                cfg = _tritoncast.LaunchConfig(elements, warps)
+                cfg = _triton.LaunchConfig(elements, warps)
 
                 def act(cfg=cfg, dt=dt):  # type: ignore[no-untyped-def]
-                    return _tritoncast.cast(
+                    return _triton.cast(
                         x, dt, tcast.RoundMode.EVEN, tcast.ScaleMode.MAX, 0, False, config=cfg
                     )
 
                 t = act()
                 out_bytes = t.codes.numel() + t.scales.numel()
                 ms_a = _bench(act)
-                ms_u = _bench(lambda cfg=cfg, t=t: _tritoncast.upcast(t, config=cfg))
+                ms_u = _bench(lambda cfg=cfg, t=t: _triton.upcast(t, config=cfg))
                 rows.append(
                     {
                         "format": name, "elements": elements, "warps": warps,

@@ -16,9 +16,7 @@ from ._datatype import ALIASES, PREDEFINED, DataType, datatype, lookup
 from ._engine import Support, supports
 from ._modes import CastMode, ComputeMode, RoundMode, ScaleMode, defaults, initialize
 from ._number import InfNaN, Kind, NumberSpec, number
-from ._pack import pack_codes, packed_nbytes, sqnr_db, unpack_codes
 from ._scale import ScaleSpec, Tile, scale
-from ._sparse import sparse
 from ._tensor import Tensor
 
 __version__ = "0.1.0"
@@ -104,12 +102,12 @@ def cast(
     actual = resolve_cast(castmode) is CastMode.ACTUAL
     _torchcast._check_input(x)
     if use_triton(datatype_, resolve_compute(computemode), tuple(x.shape), x.dtype, x.is_cuda, "cast to"):
-        from . import _tritoncast
+        from . import _triton
 
         kernel_seed = 0
         if round_ is RoundMode.STOCHASTIC:
             kernel_seed = _kernel_seed(x, seed, generator)
-        return _tritoncast.cast(
+        return _triton.cast(
             x, datatype_, round_, scale_, kernel_seed, not actual, None if actual else out_dtype
         )
     gen = _generator(x, seed, generator)
@@ -138,16 +136,32 @@ def upcast(t: Tensor, torch_dtype: Any = None, computemode: Any = None) -> Any:
         raise TypeError(f"upcast takes a tcast.Tensor, got {type(t).__name__}")
     mode = resolve_compute(computemode)
     if use_triton(t.dtype, mode, t.shape, t.source_dtype, t.codes.is_cuda, "upcast"):
-        from . import _tritoncast
+        from . import _triton
 
-        return _tritoncast.upcast(t, torch_dtype)
+        return _triton.upcast(t, torch_dtype)
     return _torchcast.upcast(t, torch_dtype)
 
 
-def __getattr__(name: str) -> DataType:
-    key = ALIASES.get(name, name)
-    if key in PREDEFINED:
+# Functions whose modules import torch: loaded on first use, so `import tcast` (and `tcast --help`,
+# `tcast list`) costs no torch import.
+_LAZY = {
+    "pack_codes": "_pack",
+    "packed_nbytes": "_pack",
+    "unpack_codes": "_pack",
+    "sqnr_db": "_pack",
+    "sparse": "_sparse",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    else:
+        key = ALIASES.get(name, name)
+        if key not in PREDEFINED:
+            raise AttributeError(f"module 'tcast' has no attribute {name!r}")
         value = lookup(key)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tcast' has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -31,11 +31,11 @@ class CodeEntry:
 
 def code_table(nspec: NumberSpec) -> list[CodeEntry]:
     """Every code of a format of 8 bits or fewer, with its value and kind."""
-    from ._torchcast import _decode_table_cpu
+    from ._codes import decode_table
 
     if nspec.bits > 8:
         raise ValueError(f"code tables are for formats of 8 bits or fewer; {nspec.code} has {nspec.bits}")
-    values = _decode_table_cpu(nspec.code).tolist()
+    values = decode_table(nspec.code).tolist()
     entries = []
     for code, value in enumerate(values):
         if math.isnan(value):

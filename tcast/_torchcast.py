@@ -9,13 +9,13 @@ NaN/Inf policy (one rule for every format):
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
 from ._blocks import Blocking, from_blocks, plan, to_blocks
+from ._codes import decode, encode, ldexp_exact, nan_code
 from ._datatype import DataType
 from ._modes import RoundMode, ScaleMode
 from ._number import InfNaN, NumberSpec
@@ -30,12 +30,6 @@ def _compute_dtype(nspec: NumberSpec) -> torch.dtype:
     if nspec.mbits > 20 or nspec.emin - nspec.mbits < -149 or nspec.emax > 126:
         return torch.float64
     return torch.float32
-
-
-def _ldexp(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
-    """x * 2**exponent, exact, for exponents beyond the float32 range of one power of two."""
-    half = torch.div(exponent, 2, rounding_mode="floor")
-    return torch.ldexp(torch.ldexp(x, half), exponent - half)
 
 
 def _round(scaled: torch.Tensor, mode: RoundMode, noise: torch.Tensor | None) -> torch.Tensor:
@@ -126,7 +120,7 @@ def quantize(
     _, ex = torch.frexp(a)
     exponent = torch.clamp(ex.to(torch.int32) - 1, min=nspec.emin)
     shift = nspec.mbits - exponent
-    rounded = _ldexp(_round(_ldexp(a, shift), mode, noise), -shift)
+    rounded = ldexp_exact(_round(ldexp_exact(a, shift), mode, noise), -shift)
     q = torch.clamp(rounded, max=nspec.max)  # saturation; also takes Inf to max
     if nspec.is_exponent:
         q = torch.clamp(q, min=nspec.smallest_normal)
@@ -137,98 +131,6 @@ def quantize(
     if nspec.has_inf:
         result = torch.where(torch.isinf(v), v, result)
     return torch.where(torch.isnan(v), v, result)
-
-
-# ----- codes -------------------------------------------------------------------------------------
-
-
-def _nan_code(nspec: NumberSpec) -> int:
-    bits = nspec.bits
-    if nspec.is_exponent:
-        return (1 << bits) - 1
-    if nspec.is_int:
-        return 1 << (bits - 1)
-    if nspec.infnan is InfNaN.FNUZ:
-        return 1 << (bits - 1)
-    if nspec.infnan is InfNaN.FN:
-        return (1 << (bits - 1)) - 1
-    return (((1 << nspec.ebits) - 1) << nspec.mbits) | ((1 << nspec.mbits) - 1)
-
-
-def encode(q: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
-    """Integer codes (int64) of values already on the format's grid."""
-    if nspec.is_uint:
-        return q.to(torch.int64)
-    nan = torch.isnan(q)
-    if nspec.is_int:
-        k = torch.round(torch.nan_to_num(q) * 2.0**nspec.mbits).to(torch.int64)  # exact: a power of two
-        codes = k & ((1 << nspec.bits) - 1)
-        return torch.where(nan, torch.full_like(codes, _nan_code(nspec)), codes)
-    a = torch.nan_to_num(q.abs(), posinf=0.0)
-    _, ex = torch.frexp(a)
-    exponent = ex.to(torch.int64) - 1
-    if nspec.is_exponent:
-        codes = exponent + nspec.bias
-        return torch.where(nan, torch.full_like(codes, _nan_code(nspec)), codes)
-    normal = a >= nspec.smallest_normal
-    exp_code = torch.where(normal, exponent + nspec.bias, torch.zeros_like(exponent))
-    mant_shift = torch.where(
-        normal, nspec.mbits - exponent, torch.full_like(exponent, nspec.mbits - nspec.emin)
-    )
-    mantissa = _ldexp(a, mant_shift.to(torch.int32)).to(torch.int64)
-    mantissa = torch.where(normal, mantissa - (1 << nspec.mbits), mantissa)
-    sign = torch.signbit(q).to(torch.int64)
-    codes = (sign << (nspec.bits - 1)) | (exp_code << nspec.mbits) | mantissa
-    if nspec.has_inf:
-        inf = torch.isinf(q)
-        inf_code = ((1 << nspec.ebits) - 1) << nspec.mbits
-        codes = torch.where(inf, (sign << (nspec.bits - 1)) | inf_code, codes)
-    if nspec.infnan is InfNaN.FNUZ:
-        codes = torch.where(a == 0, torch.zeros_like(codes), codes)
-    return torch.where(nan, torch.full_like(codes, _nan_code(nspec)), codes)
-
-
-@functools.lru_cache(maxsize=64)
-def _decode_table_cpu(code: str) -> torch.Tensor:
-    nspec = NumberSpec(code)
-    if nspec.bits > 16:
-        raise ValueError(f"actual casts store codes of at most 16 bits, not {nspec.bits} ({code})")
-    codes = torch.arange(1 << nspec.bits, dtype=torch.int64)
-    if nspec.is_uint:
-        return codes.to(torch.float64)
-    if nspec.is_int:
-        signed = torch.where(codes >= 1 << (nspec.bits - 1), codes - (1 << nspec.bits), codes)
-        values = torch.ldexp(signed.to(torch.float64), torch.tensor(-nspec.mbits, dtype=torch.float64))
-        values[_nan_code(nspec)] = math.nan
-        return values
-    if nspec.is_exponent:
-        values = torch.ldexp(
-            torch.ones(codes.shape, dtype=torch.float64), (codes - nspec.bias).to(torch.float64)
-        )
-        values[_nan_code(nspec)] = math.nan
-        return values
-    sign = (codes >> (nspec.bits - 1)) & 1
-    exp_code = (codes >> nspec.mbits) & ((1 << nspec.ebits) - 1)
-    mantissa = codes & ((1 << nspec.mbits) - 1)
-    normal = exp_code > 0
-    significand = torch.where(normal, mantissa + (1 << nspec.mbits), mantissa).to(torch.float64)
-    power = torch.where(normal, exp_code - nspec.bias, torch.full_like(exp_code, nspec.emin)) - nspec.mbits
-    values = torch.ldexp(significand, power.to(torch.float64))
-    values = torch.where(sign == 1, -values, values)
-    top = exp_code == (1 << nspec.ebits) - 1
-    if nspec.infnan is InfNaN.IEEE:
-        values = torch.where(top & (mantissa == 0), torch.where(sign == 1, -math.inf, math.inf), values)
-        values = torch.where(top & (mantissa != 0), math.nan, values)
-    elif nspec.infnan is InfNaN.FN:
-        values = torch.where(top & (mantissa == (1 << nspec.mbits) - 1), math.nan, values)
-    else:
-        values[_nan_code(nspec)] = math.nan
-    return values
-
-
-def decode(codes: torch.Tensor, nspec: NumberSpec, dtype: torch.dtype) -> torch.Tensor:
-    table = _decode_table_cpu(nspec.code).to(device=codes.device, dtype=dtype)
-    return table[codes]
 
 
 # ----- scales ------------------------------------------------------------------------------------
@@ -244,7 +146,7 @@ def _exponent_scale(
     exponent = ex.to(torch.int32) - 1 - nspec.emax
     if mode is not ScaleMode.MAX:
         limit = nspec.midmax if mode is ScaleMode.MIDMAX else nspec.max
-        above = safe > _ldexp(torch.full_like(safe, limit), exponent)
+        above = safe > ldexp_exact(torch.full_like(safe, limit), exponent)
         exponent = exponent + above.to(torch.int32)
     exponent = torch.clamp(exponent, sspec_scale.emin, sspec_scale.emax).to(amax.dtype)
     return torch.where(torch.isnan(amax) | torch.isinf(amax), torch.full_like(amax, math.nan), exponent)
@@ -253,17 +155,17 @@ def _exponent_scale(
 def _exponent_codes(exponent: torch.Tensor, spec: NumberSpec) -> torch.Tensor:
     """E8M0-style codes of per-block exponents (NaN -> the NaN code)."""
     codes = torch.nan_to_num(exponent).to(torch.int64) + spec.bias
-    return torch.where(torch.isnan(exponent), _nan_code(spec), codes).to(torch.uint8)
+    return torch.where(torch.isnan(exponent), nan_code(spec), codes).to(torch.uint8)
 
 
 def _exponents_from_codes(codes: torch.Tensor, spec: NumberSpec, dtype: torch.dtype) -> torch.Tensor:
     exponent = (codes.to(torch.int64) - spec.bias).to(dtype)
-    return torch.where(codes.to(torch.int64) == _nan_code(spec), math.nan, exponent)
+    return torch.where(codes.to(torch.int64) == nan_code(spec), math.nan, exponent)
 
 
 def _pow2(exponent: torch.Tensor) -> torch.Tensor:
     nan = torch.isnan(exponent)
-    values = _ldexp(torch.ones_like(exponent), torch.nan_to_num(exponent).to(torch.int32))
+    values = ldexp_exact(torch.ones_like(exponent), torch.nan_to_num(exponent).to(torch.int32))
     return torch.where(nan, exponent, values)
 
 

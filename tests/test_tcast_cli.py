@@ -128,3 +128,20 @@ def test_bad_input_is_one_line(
     assert len(lines) == 1 and problem in lines[0]
     assert not (tmp_path / "o.safetensors").exists()
     assert weights.read_bytes() == before
+
+
+def test_import_tcast_and_its_cli_load_no_torch() -> None:
+    """`import tcast`, `tcast --help` and `tcast list` never pay for importing torch."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, tcast, cli.tcast_app; from typer.testing import CliRunner;"
+        "r = CliRunner().invoke(cli.tcast_app.app, ['list']); assert r.exit_code == 0, r.output;"
+        "assert 'mxfp4e2' in r.output; assert tcast.mxfp4e2.nspec.bits == 4;"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "False"

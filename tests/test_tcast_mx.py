@@ -171,7 +171,7 @@ def test_bits_per_value_and_packing() -> None:
     t6 = tcast.cast(x, "mxfp6e2", castmode="actual")
     assert t6.codes.numel() == 4 * 64 * 6 // 8  # four 6-bit codes in three bytes
     first = tcast._pack.unpack_codes(t6.codes, 6, 4)
-    direct = tcast._torchcast.encode(
+    direct = tcast._codes.encode(
         tcast.cast(x[0:1, :32], "mxfp6e2").double().reshape(-1)[:4] / 2.0 ** (t6.scales[0].item() - 127),
         tcast.number("e2m3fnuz"),
     )

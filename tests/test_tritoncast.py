@@ -147,7 +147,7 @@ def test_every_code_of_mxfp6_and_mxfp4_round_trips_through_the_packing(source: t
     """Each 6- and 4-bit code value at every position of a 32-code tile but the first (the tile's
     max) survives pack and unpack (bf16 inputs pack from 16-element runs per thread)."""
     for name, bits in (("mxfp6e2", 6), ("mxfp6e3", 6), ("mxfp4e2", 4)):
-        table = tcast._torchcast._decode_table_cpu(tcast.lookup(name).nspec.code)
+        table = tcast._codes.decode_table(tcast.lookup(name).nspec.code)
         finite = torch.nonzero(torch.isfinite(table)).reshape(-1)
         values = table[finite].float()
         x = values.repeat(32).reshape(-1, 32)  # len(values) is odd: each lands on every position
@@ -234,12 +234,12 @@ def test_supports_says_why_and_dispatch_falls_back() -> None:
 
 @pytest.mark.skipif(CUDA, reason="the CPU fallback rule")
 def test_auto_runs_torch_on_cpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tcast import _tritoncast
+    from tcast import _triton
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("auto must not run Triton on a CPU tensor")
 
-    monkeypatch.setattr(_tritoncast, "cast", refuse)
+    monkeypatch.setattr(_triton, "cast", refuse)
     tcast.cast(torch.randn(4, 64), "mxfp8e4")  # auto: TorchCast
     with tcast_defaults(computemode="torch"):
         tcast.cast(torch.randn(4, 64), "mxfp8e4")

@@ -1,0 +1,263 @@
+"""Element math inside the kernels: rounding, grids, codes, tile exponents, fp8, decoding.
+
+Every function mirrors TorchCast's arithmetic (powers of two built from their bits, scaling
+multiplies as single float32 roundings, rounding on exact integer/fraction splits), so both
+engines give the same bits.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def pow2(k):
+    """2**k as float32 for integer k in [-149, 127], built from its bits (subnormals included)."""
+    normal = ((k + 127) << 23).to(tl.float32, bitcast=True)
+    sub = (1 << tl.minimum(tl.maximum(k + 149, 0), 22)).to(tl.float32, bitcast=True)
+    return tl.where(k >= -126, normal, sub)
+
+
+@triton.jit
+def pow2_normal(k):
+    """2**k for integer k in [-126, 127]: one shift (the element paths never leave that range)."""
+    return ((k + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def floor_log2(a):
+    """floor(log2(a)) of positive finite float32 values (subnormals included)."""
+    bits = a.to(tl.int32, bitcast=True)
+    field = bits >> 23
+    mantissa = bits & 0x7FFFFF
+    sub = ((mantissa.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127) - 149
+    return tl.where(field > 0, field - 127, sub)
+
+
+@triton.jit
+def round_values(y, noise, ROUND: tl.constexpr):
+    """Non-negative float32 y < 2**23 to an integer-valued float32 in the given mode."""
+    if ROUND == 0:
+        # float32 addition of 2**23 rounds y to an integer, ties to even; subtracting it is exact
+        # (no fast-math reassociation and no FMA contraction in these kernels)
+        return (y + 8388608.0) - 8388608.0
+    whole = y.to(tl.int32).to(tl.float32)  # truncation: y >= 0
+    if ROUND == 2:
+        return whole
+    fraction = y - whole  # exact
+    if ROUND == 1:  # noqa: SIM108  (constexpr branches)
+        up = fraction >= 0.5
+    else:
+        up = noise < fraction
+    return whole + up.to(tl.float32)
+
+
+@triton.jit
+def grid_values(
+    v,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    BOUNDED: tl.constexpr,
+):
+    """(y, e): |v| = y * 2**(e - MBITS), so rounding y to an integer puts v on the element grid
+    (before saturation).
+
+    BOUNDED: tile-scaled values, below 2**(EMAX + 1) by the choice of scale, and a NaN or Inf
+    among them is overwritten with its whole tile - so no clamping and no NaN cleaning here.
+    """
+    a = tl.abs(v)
+    if not BOUNDED:
+        a = tl.where(a == a, a, 0.0)  # NaN is restored by the caller
+    if IS_INT:
+        e = tl.zeros_like(a.to(tl.int32))
+        y = a * (2.0**MBITS)
+    else:
+        field = a.to(tl.int32, bitcast=True) >> 23
+        e = tl.maximum(field - 127, EMIN)
+        if not BOUNDED:
+            e = tl.minimum(e, EMAX + 1)
+        y = a * pow2_normal(MBITS - e)
+    if not BOUNDED:
+        y = tl.minimum(y, 2.0 ** (MBITS + 2))
+    return y, e
+
+
+@triton.jit
+def round_to_int(y, noise, ROUND: tl.constexpr):
+    """round_values as an int32. Ties to even reads the integer from the bits of y + 2**23 (one integer
+    subtraction; a float-to-int conversion runs at a quarter of the ALU rate)."""
+    if ROUND == 0:
+        return (y + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    return round_values(y, noise, ROUND).to(tl.int32)
+
+
+@triton.jit
+def grid_magnitude(r, e, MBITS: tl.constexpr, MAXV: tl.constexpr, IS_INT: tl.constexpr):
+    """The saturated magnitude of a grid point."""
+    if IS_INT:
+        return tl.minimum(r, MAXV * (2.0**MBITS)) * (2.0**-MBITS)
+    return tl.minimum(r * pow2_normal(e - MBITS), MAXV)
+
+
+@triton.jit
+def tile_exponent(amax, LIMIT: tl.constexpr, EMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
+    """The E8M0 exponent of tiles with this finite amax (TorchCast's scale modes)."""
+    safe = tl.where(amax > 0.0, amax, 2.0**-126)
+    exponent = floor_log2(safe) - EMAX
+    if SCALE_MODE != 0:
+        half = exponent >> 1  # floor division, as TorchCast's ldexp in two steps
+        threshold = (LIMIT * pow2(half)) * pow2(exponent - half)
+        exponent = exponent + (safe > threshold).to(tl.int32)
+    return tl.minimum(tl.maximum(exponent, -127), 127)
+
+
+@triton.jit
+def tile_stats(x):
+    """Per-tile (has a NaN or Inf, amax) of [BLOCKS, n] float32 values, from the magnitude bits:
+    positive floats order as integers, and NaN/Inf patterns are the largest (the amax of such a
+    tile is never used: its scale is NaN)."""
+    # doubled magnitudes (the sign shifted out) order as unsigned integers: a shift runs on the FMA
+    # pipe, where a mask would take the ALU pipe that bounds bf16 streams
+    top = (tl.max(x.to(tl.uint32, bitcast=True) << 1, axis=1) >> 1).to(tl.int32)
+    return (top >= 0x7F800000).to(tl.int32), top.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def draw_noise(seed, index, ROUND: tl.constexpr):
+    """Stochastic rounding's uniform draws, keyed by seed and padded position (none otherwise)."""
+    if ROUND == 3:  # noqa: SIM108  (a constexpr branch: the noise exists only when used)
+        noise = tl.rand(seed, index.to(tl.int32))
+    else:
+        noise = 0.0
+    return noise
+
+
+@triton.jit
+def element_codes(
+    x,
+    to_grid,
+    bad,
+    index,
+    seed,
+    HAS_SCALE: tl.constexpr,
+    BITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    IS_INT: tl.constexpr,
+    FNUZ: tl.constexpr,
+    HAS_INF: tl.constexpr,
+    NAN_CODE: tl.constexpr,
+    ROUND: tl.constexpr,
+    HW_FP8: tl.constexpr,
+    FAST: tl.constexpr,
+):
+    """Codes by integer arithmetic on the grid point, no decoding of floats - or, for OCP fp8
+    elements rounded to nearest even (HW_FP8), by the GPU's saturating conversion instruction."""
+    v = x * to_grid[:, None] if HAS_SCALE else x
+    if HW_FP8 != 0:
+        code = fp8_code(v, HW_FP8).to(tl.int32)
+        return tl.where((bad > 0)[:, None], NAN_CODE, code)
+    if FAST:
+        code = fnuz_codes_even(x, v, to_grid, BITS, MBITS, EMIN, MAX_CODE)
+        return tl.where((bad > 0)[:, None], NAN_CODE, code)
+    noise = draw_noise(seed, index, ROUND)
+    y, e = grid_values(v, MBITS, EMIN, EMAX, IS_INT, HAS_SCALE)
+    k = round_to_int(y, noise, ROUND)
+    if IS_INT:
+        k = tl.minimum(k, MAX_CODE)
+        code = tl.where(v < 0.0, -k, k) & ((1 << BITS) - 1)
+    else:
+        # a grid point r * 2**(e - m) with e >= emin has the code (e - emin) * 2**m + r (subnormals,
+        # normals and a carry into the next binade alike); codes order as values, so saturation
+        # is a min with the code of the largest value
+        magnitude = tl.minimum(((e - EMIN) << MBITS) + k, MAX_CODE)
+        sign = (v.to(tl.int32, bitcast=True) >> (32 - BITS)) & (1 << (BITS - 1))  # the sign bit, in place
+        if FNUZ:
+            sign = tl.where(magnitude > 0, sign, 0)
+        code = magnitude | sign
+        if HAS_INF and not HAS_SCALE:
+            inf_code = (((1 << (BITS - 1 - MBITS)) - 1) << MBITS) | sign
+            code = tl.where(tl.abs(v) == float("inf"), inf_code, code)
+    if HAS_SCALE:  # noqa: SIM108  (constexpr branches) a NaN or Inf anywhere in a tile: the whole tile is NaN
+        code = tl.where((bad > 0)[:, None], NAN_CODE, code)
+    else:
+        code = tl.where(v != v, NAN_CODE, code)
+    return code
+
+
+@triton.jit
+def fnuz_codes_even(
+    x, v, to_grid,
+    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr,
+):  # fmt: skip
+    """Codes of tile-scaled values in an fnuz float format, rounded to nearest even, in few ALU
+    operations (the ALU pipe bounds a bf16 stream): adding 2**(e + 23 - m) rounds |v| on its
+    binade's grid (e clamped at emin, so subnormals too) and leaves the count of grid steps in
+    the low bits; the sign joins only nonzero magnitudes (fnuz has no -0) through an unsigned
+    min with magnitude << (bits - 1), which is below the shifted sign field only when zero.
+    `v` is x * to_grid: its sign is read from it, since read from x the compiler goes back to a
+    16-bit input and spends an operation extracting it; |x| * to_grid folds the abs into the
+    multiply. A NaN or Inf tile is left to the caller."""
+    a = tl.abs(x) * to_grid[:, None]
+    field = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)
+    magic = (field + (23 - MBITS)) << 23
+    steps = (a + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
+    code = tl.minimum(((field - (EMIN + 127)) << MBITS) + steps, MAX_CODE)
+    sign_field = (v.to(tl.uint32, bitcast=True) >> (32 - BITS)).to(tl.int32)
+    return code | (tl.minimum(sign_field, code << (BITS - 1)) & (1 << (BITS - 1)))
+
+
+@triton.jit
+def fp8_code(v, HW_FP8: tl.constexpr):
+    """float32 -> e4m3fn (1) or e5m2 (2) bits, round to nearest even, saturating to the largest
+    finite value (cvt.rn.satfinite on sm_89 and later): TorchCast's rounding of in-range scaled
+    values."""
+    if HW_FP8 == 1:
+        code = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    else:
+        code = v.to(tl.float8e5, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+    return code
+
+
+@triton.jit
+def fp8_value(code, HW_FP8: tl.constexpr):
+    if HW_FP8 == 1:
+        value = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        value = code.to(tl.float8e5, bitcast=True).to(tl.float32)
+    return value
+
+
+@triton.jit
+def decode_codes(
+    code, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, IS_INT: tl.constexpr,
+    FNUZ: tl.constexpr, HAS_INF: tl.constexpr,
+):  # fmt: skip
+    """float32 values of int32 codes by bit arithmetic (no table gather). Floats: the magnitude
+    field shifted into float32's place reads as 2**(1 - emin - 127) times the value - a float32
+    subnormal exactly where the code is one - so one multiply restores it; the sign bit is moved
+    to bit 31. Ints: two's complement codes through the 2**23 float trick, times 2**-mbits."""
+    SIGN: tl.constexpr = 1 << (BITS - 1)
+    if BITS == 8 and MBITS == 2 and EMIN == -14 and HAS_INF:  # e5m2 is the top byte of a float16
+        return (code << 8).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    if IS_INT:
+        biased = ((code ^ SIGN) | 0x4B000000).to(tl.float32, bitcast=True)  # 2**23 + SIGN + signed code
+        values = (biased - (8388608.0 + SIGN)) * (2.0**-MBITS)
+        return tl.where(code == SIGN, float("nan"), values)
+    magnitude = code & (SIGN - 1)
+    bits = (magnitude << (23 - MBITS)) | ((code << (32 - BITS)) & -2147483648)
+    values = bits.to(tl.float32, bitcast=True) * (2.0 ** (126 + EMIN))
+    if FNUZ:
+        values = tl.where(code == SIGN, float("nan"), values)
+    elif HAS_INF:
+        top: tl.constexpr = ((1 << (BITS - 1 - MBITS)) - 1) << MBITS  # the code of +inf
+        infinity = tl.where((code & SIGN) != 0, float("-inf"), float("inf"))
+        values = tl.where(magnitude >= top, tl.where(magnitude == top, infinity, float("nan")), values)
+    else:  # fn: the all-ones magnitude is NaN
+        values = tl.where(magnitude == SIGN - 1, float("nan"), values)
+    return values

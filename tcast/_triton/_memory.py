@@ -1,0 +1,181 @@
+"""Moving data: tile offsets and loads (bf16 widened from its bits), stores, and codes packed
+into bytes and 32-bit words in registers (4-bit: eight a word; 6-bit: sixteen in three words).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def widen(raw):
+    """Loaded values as float32; bfloat16 arrives as its int16 bits and widens by a shift (exact,
+    where the interpreter's bf16 conversion mangles subnormals)."""
+    if raw.dtype == tl.int16:
+        return (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return raw.to(tl.float32)
+
+
+@triton.jit
+def narrow(values, out_ptr):
+    """float32 values in the output's dtype. An int16 output holds bfloat16 bits, rounded to
+    nearest even by integer arithmetic (launched so under the interpreter, whose bf16 conversion
+    does not round to nearest even; a GPU's conversion instruction does)."""
+    if out_ptr.dtype.element_ty == tl.int16:
+        bits = values.to(tl.int32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return tl.where(values != values, 0x7FC0, rounded).to(tl.int16)
+    return values.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
+def tile_offsets(block, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, EVEN: tl.constexpr):
+    """Element offsets, mask and padded positions of every element of these tiles."""
+    return tile_offsets_at(block, tl.arange(0, TILE), n_blocks, blocks_per_row, cols, TILE, EVEN)
+
+
+@triton.jit
+def tile_offsets_at(block, j, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, EVEN: tl.constexpr):
+    """Element offsets, mask and padded positions of the elements at positions j of these tiles."""
+    if EVEN:  # tiles cover the rows exactly: the data is one contiguous run
+        offsets = block[:, None] * TILE + j[None, :]
+        valid = (block < n_blocks)[:, None] & (j < TILE)[None, :]
+    else:
+        row = block // blocks_per_row
+        col = (block % blocks_per_row)[:, None] * TILE + j[None, :]
+        offsets = row[:, None] * cols + col
+        valid = (block < n_blocks)[:, None] & (col < cols)
+    return offsets, valid, block[:, None] * TILE + j[None, :]
+
+
+@triton.jit
+def runs_of_16(a, b, BLOCKS: tl.constexpr, TILE: tl.constexpr):
+    """[BLOCKS, TILE] from two [BLOCKS, TILE / 2] halves holding elements 16m + 0..7 (a) and
+    16m + 8..15 (b): joined in registers, so each thread holds 16 consecutive elements."""
+    joined = tl.reshape(tl.join(a, b), (BLOCKS, TILE // 16, 8, 2))
+    return tl.reshape(tl.permute(joined, (0, 1, 3, 2)), (BLOCKS, TILE))
+
+
+@triton.jit
+def load_tiles(
+    x_ptr, n_blocks, blocks_per_row, cols,
+    TILE: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr, RUNS16: tl.constexpr = False,
+):  # fmt: skip
+    """This program's tiles: (tile indices, element offsets, mask, padded positions, float32 values).
+    RUNS16 (16-bit inputs, TILE >= 16): every thread holds 16 consecutive elements rather than
+    the 8 of one 16-byte load - as two loads joined in registers - so 6-bit codes pack into
+    three words with no exchange through shared memory, 4-bit ones into two with a smaller one
+    (offsets and mask are then those of the first halves: only for callers that store no values)."""
+    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    if RUNS16:
+        i = tl.arange(0, TILE // 2)
+        j = (i // 8) * 16 + i % 8
+        offsets_a, valid_a, index_a = tile_offsets_at(block, j, n_blocks, blocks_per_row, cols, TILE, EVEN)
+        offsets_b, valid_b, index_b = tile_offsets_at(
+            block, j + 8, n_blocks, blocks_per_row, cols, TILE, EVEN
+        )
+        x_a = widen(tl.load(x_ptr + offsets_a, mask=valid_a, other=0))
+        x_b = widen(tl.load(x_ptr + offsets_b, mask=valid_b, other=0))
+        offsets, valid = offsets_a, valid_a  # the first halves only: the actual kernel ignores them
+        index = runs_of_16(index_a, index_b, BLOCKS, TILE)
+        x = runs_of_16(x_a, x_b, BLOCKS, TILE)
+    else:
+        offsets, valid, index = tile_offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
+        x = widen(tl.load(x_ptr + offsets, mask=valid, other=0))
+    return block, offsets, valid, index, x
+
+
+@triton.jit
+def split4(t):
+    """The four parts of a [.., 2, 2] tensor, in flat order of its last two dims."""
+    low, high = tl.split(t)
+    e0, e2 = tl.split(low)
+    e1, e3 = tl.split(high)
+    return e0, e1, e2, e3
+
+
+@triton.jit
+def store_codes(
+    codes_ptr, code, block, n_blocks, code_bytes,
+    TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
+):  # fmt: skip
+    """Pack [BLOCKS, TILE] codes little-endian, low bits first: neighbours are split apart in
+    registers and OR-ed, so the loads and stores stay contiguous. WORDS: whole tiles (of at least
+    8 codes, 16 for 6 bits) end on 32-bit boundaries, so they are stored a word at a time."""
+    if BITS == 8:
+        offsets = block[:, None] * TILE + tl.arange(0, TILE)[None, :]
+        tl.store(codes_ptr + offsets, code.to(tl.uint8), mask=offsets < code_bytes)
+    elif BITS == 4 and WORDS:  # eight codes to a 32-bit word
+        low, high = tl.split(tl.reshape(code, (BLOCKS, TILE // 8, 2, 2, 2)))  # codes 2i and 2i + 1
+        c0, c2, c4, c6 = split4(low)
+        c1, c3, c5, c7 = split4(high)
+        word = c0 | (c1 << 4) | (c2 << 8) | (c3 << 12) | (c4 << 16) | (c5 << 20) | (c6 << 24) | (c7 << 28)
+        words = codes_ptr.to(tl.pointer_type(tl.int32))
+        offsets = block[:, None] * (TILE // 8) + tl.arange(0, TILE // 8)[None, :]
+        tl.store(words + offsets, word, mask=(block < n_blocks)[:, None])
+    elif BITS == 4:
+        even, odd = tl.split(tl.reshape(code, (BLOCKS, TILE // 2, 2)))
+        offsets = block[:, None] * (TILE // 2) + tl.arange(0, TILE // 2)[None, :]
+        tl.store(codes_ptr + offsets, (even | (odd << 4)).to(tl.uint8), mask=offsets < code_bytes)
+    elif TILE >= 16 and WORDS:  # 6 bits, sixteen codes in three little-endian 32-bit words
+        parts = split4(tl.reshape(code, (BLOCKS, TILE // 16, 2, 2, 2, 2)))  # codes 4m + j, j = 0..3
+        c0, c4, c8, c12 = split4(parts[0])
+        c1, c5, c9, c13 = split4(parts[1])
+        c2, c6, c10, c14 = split4(parts[2])
+        c3, c7, c11, c15 = split4(parts[3])
+        w0 = c0 | (c1 << 6) | (c2 << 12) | (c3 << 18) | (c4 << 24) | (c5 << 30)
+        w1 = (c5 >> 2) | (c6 << 4) | (c7 << 10) | (c8 << 16) | (c9 << 22) | (c10 << 28)
+        w2 = (c10 >> 4) | (c11 << 2) | (c12 << 8) | (c13 << 14) | (c14 << 20) | (c15 << 26)
+        # flat: a [BLOCKS * TILE / 16] layout is the one the stores are given (no exchange)
+        n: tl.constexpr = BLOCKS * TILE // 16
+        words = codes_ptr.to(tl.pointer_type(tl.int32))
+        group = tl.reshape(block[:, None] * (TILE // 16) + tl.arange(0, TILE // 16)[None, :], (n,))
+        inside = group < n_blocks * (TILE // 16)
+        tl.store(words + group * 3, tl.reshape(w0, (n,)), mask=inside)
+        tl.store(words + group * 3 + 1, tl.reshape(w1, (n,)), mask=inside)
+        tl.store(words + group * 3 + 2, tl.reshape(w2, (n,)), mask=inside)
+    else:  # 6 bits: four codes in three bytes
+        first, second = tl.split(tl.reshape(code, (BLOCKS, TILE // 4, 2, 2)))
+        c0, c2 = tl.split(first)
+        c1, c3 = tl.split(second)
+        base = block[:, None] * (TILE // 4 * 3) + tl.arange(0, TILE // 4)[None, :] * 3
+        tl.store(codes_ptr + base, ((c0 | (c1 << 6)) & 0xFF).to(tl.uint8), mask=base < code_bytes)
+        tl.store(
+            codes_ptr + base + 1, (((c1 >> 2) | (c2 << 4)) & 0xFF).to(tl.uint8), mask=base + 1 < code_bytes
+        )
+        tl.store(codes_ptr + base + 2, ((c2 >> 4) | (c3 << 2)).to(tl.uint8), mask=base + 2 < code_bytes)
+
+
+@triton.jit
+def load_codes(
+    codes_ptr,
+    block,
+    code_bytes,
+    TILE: tl.constexpr,
+    BLOCKS: tl.constexpr,
+    BITS: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """[BLOCKS, TILE] int32 codes. 8- and 4-bit codes are loaded VEC per thread (as many as one
+    16-byte store of the output holds), so loads and stores share a layout and need no exchange
+    through shared memory."""
+    if BITS == 8:
+        j = tl.arange(0, TILE)
+        offsets = block[:, None] * TILE + ((j // VEC) * VEC + j % VEC)[None, :]
+        return tl.load(codes_ptr + offsets, mask=offsets < code_bytes, other=0).to(tl.int32)
+    elif BITS == 4:
+        j = tl.arange(0, TILE // 2)
+        offsets = block[:, None] * (TILE // 2) + ((j // (VEC // 2)) * (VEC // 2) + j % (VEC // 2))[None, :]
+        byte = tl.load(codes_ptr + offsets, mask=offsets < code_bytes, other=0).to(tl.int32)
+        return tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCKS, TILE))
+    else:
+        base = block[:, None] * (TILE // 4 * 3) + tl.arange(0, TILE // 4)[None, :] * 3
+        b0 = tl.load(codes_ptr + base, mask=base < code_bytes, other=0).to(tl.int32)
+        b1 = tl.load(codes_ptr + base + 1, mask=base + 1 < code_bytes, other=0).to(tl.int32)
+        b2 = tl.load(codes_ptr + base + 2, mask=base + 2 < code_bytes, other=0).to(tl.int32)
+        c0 = b0 & 63
+        c1 = (b0 >> 6) | ((b1 & 15) << 2)
+        c2 = (b1 >> 4) | ((b2 & 3) << 4)
+        c3 = b2 >> 2
+        return tl.reshape(tl.join(tl.join(c0, c2), tl.join(c1, c3)), (BLOCKS, TILE))
