@@ -14,6 +14,7 @@ from typing import Any
 
 from ._datatype import ALIASES, PREDEFINED, DataType, datatype, lookup
 from ._engine import Support, supports
+from ._metrics import snr_db, sqnr_db
 from ._modes import CastMode, ComputeMode, RoundMode, ScaleMode, defaults, initialize
 from ._number import InfNaN, Kind, NumberSpec, number
 from ._scale import ScaleSpec, Tile, scale
@@ -40,12 +41,16 @@ __all__ = [
     "cast",
     "datatype",
     "defaults",
+    "exponent_codes",
+    "exponent_scales",
+    "float_scales",
     "initialize",
     "lookup",
     "number",
     "pack_codes",
     "packed_nbytes",
     "scale",
+    "snr_db",
     "sparse",
     "sqnr_db",
     "supports",
@@ -148,8 +153,10 @@ _LAZY = {
     "pack_codes": "_pack",
     "packed_nbytes": "_pack",
     "unpack_codes": "_pack",
-    "sqnr_db": "_pack",
     "sparse": "_sparse",
+    "exponent_scales": "_scales",
+    "exponent_codes": "_scales",
+    "float_scales": "_scales",
 }
 
 

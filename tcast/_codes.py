@@ -21,12 +21,14 @@ def ldexp_exact(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
 
 
 def nan_code(nspec: NumberSpec) -> int:
+    """The code NaN is stored as: the format's NaN; for signed integers the otherwise unused most
+    negative code; for OCP formats, which have no NaN, the code of -0 (as ml_dtypes stores it)."""
     bits = nspec.bits
     if nspec.is_exponent:
         return (1 << bits) - 1
     if nspec.is_int:
         return 1 << (bits - 1)
-    if nspec.infnan is InfNaN.FNUZ:
+    if nspec.infnan in (InfNaN.FNUZ, InfNaN.OCP):
         return 1 << (bits - 1)
     if nspec.infnan is InfNaN.FN:
         return (1 << (bits - 1)) - 1
@@ -99,7 +101,7 @@ def decode_table(code: str) -> torch.Tensor:
         values = torch.where(top & (mantissa != 0), math.nan, values)
     elif nspec.infnan is InfNaN.FN:
         values = torch.where(top & (mantissa == (1 << nspec.mbits) - 1), math.nan, values)
-    else:
+    elif nspec.infnan is InfNaN.FNUZ:
         values[nan_code(nspec)] = math.nan
     return values
 

@@ -28,10 +28,6 @@ class DataType:
                 raise ValueError(f"unsigned {n.code} needs a zero point in its scale spec")
             if not n.is_uint and s.zero is not None:
                 raise ValueError(f"only unsigned formats take a zero point, not {n.code}")
-            if n.is_float and not s.is_exponent:
-                raise ValueError(
-                    f"float format {n.code} takes an exponent scale (e.g. e8m0), not {s.scale.code}"
-                )
         elif n.is_uint or (n.is_int and n.bits < 16):
             raise ValueError(f"{n.code} needs a scale spec (unscaled integers are not supported)")
         object.__setattr__(self, "nspec", n)

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from ._datatype import DataType
+from ._metrics import sqnr_db
 from ._number import NumberSpec
-from ._pack import sqnr_db
 
 METADATA_KEY = "tcast"
 

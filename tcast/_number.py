@@ -21,11 +21,14 @@ class InfNaN(enum.Enum):
     IEEE = "ieee"  # top exponent reserved for inf and NaN
     FN = "fn"  # no inf; the all-ones pattern is NaN
     FNUZ = "fnuz"  # no inf; negative zero is NaN
+    OCP = (
+        "ocp"  # OCP MX FP6/FP4 elements: no inf, no NaN, signed zero (NaN is stored as -0, as ml_dtypes does)
+    )
 
 
 # Common and torch/ml_dtypes names. Torch's and ml_dtypes' fnuz float8 types use non-default biases.
-# OCP FP6/FP4 have neither inf nor NaN; they are modelled as fnuz (same finite values) so that a
-# NaN keeps a code of its own instead of silently becoming a number.
+# ml_dtypes' OCP FP6/FP4 types (no inf, no NaN, signed zero) are the `ocp` mode; the predefined MX
+# types keep fnuz elements (same finite values, and a NaN keeps a code of its own).
 _ALIASES = {
     "float64": "e11m52",
     "double": "e11m52",
@@ -39,12 +42,12 @@ _ALIASES = {
     "float8_e4m3fnuz": "e4m3b8fnuz",
     "float8_e5m2fnuz": "e5m2b16fnuz",
     "float8_e8m0fnu": "e8m0",
-    "float6_e2m3fn": "e2m3fnuz",
-    "float6_e3m2fn": "e3m2fnuz",
-    "float4_e2m1fn": "e2m1fnuz",
+    "float6_e2m3fn": "e2m3ocp",
+    "float6_e3m2fn": "e3m2ocp",
+    "float4_e2m1fn": "e2m1ocp",
 }
 
-_FLOAT_CODE = re.compile(r"^e(\d+)m(\d+)(?:b(-?\d+))?(fnuz|fn)?$")
+_FLOAT_CODE = re.compile(r"^e(\d+)m(\d+)(?:b(-?\d+))?(fnuz|fn|ocp)?$")
 _INT_CODE = re.compile(r"^(u?)int(\d+)$")
 
 
@@ -58,7 +61,7 @@ def _normalise(code: str) -> str:
 
 @dataclass(frozen=True)
 class NumberSpec:
-    """An element format built from a code: `e4m3fn`, `e5m2b16fnuz`, `int8`, `uint4`, `e8m0`, `float16`, ...
+    """An element format built from a code: `e4m3fn`, `e5m2b16fnuz`, `e2m1ocp`, `int8`, `uint4`, `e8m0`, ...
 
     Derived values follow torch.finfo where they apply. Signed integers are fixed point with one
     integer bit (a float with one exponent bit), so `int8` spans +-1.984375 at unit scale.
@@ -88,7 +91,7 @@ class NumberSpec:
         m = _FLOAT_CODE.match(code)
         if m is None:
             raise ValueError(
-                f"unknown number spec {code!r}: expected eXmY[bZ][fn|fnuz], intK, uintK, eXm0 or a common name"
+                f"unknown number spec {code!r}: expected eXmY[bZ][fn|fnuz|ocp], intK, uintK, eXm0 or a common name"
             )
         ebits, mbits = int(m.group(1)), int(m.group(2))
         bias = int(m.group(3)) if m.group(3) is not None else 2 ** (ebits - 1) - 1
@@ -156,7 +159,12 @@ class NumberSpec:
 
     @property
     def has_nan(self) -> bool:
-        return self.kind in (Kind.FLOAT, Kind.EXPONENT)
+        return self.kind is Kind.EXPONENT or (self.kind is Kind.FLOAT and self.infnan is not InfNaN.OCP)
+
+    @property
+    def signed_zero(self) -> bool:
+        """Whether -0 is a value of its own (IEEE, FN and OCP floats; not fnuz, integers)."""
+        return self.kind is Kind.FLOAT and self.infnan is not InfNaN.FNUZ
 
     @property
     def bits(self) -> int:

@@ -55,16 +55,3 @@ def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
 
 def packed_nbytes(count: int, bits: int) -> int:
     return (count * bits + 7) // 8
-
-
-def sqnr_db(reference: torch.Tensor, approximation: torch.Tensor) -> float:
-    """Signal-to-quantization-noise ratio in dB (inf when exact; a NaN in the approximation is infinite noise)."""
-    import math
-
-    ref = reference.double()
-    err = (approximation.double() - ref).nan_to_num(nan=math.inf)
-    noise = float((err * err).sum())
-    signal = float((ref * ref).sum())
-    if noise == 0:
-        return math.inf
-    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf

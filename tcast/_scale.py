@@ -10,6 +10,7 @@ from typing import Any
 from ._number import NumberSpec, number
 
 _TILE = re.compile(r"^t(\d+)(?:d(-?\d+))?$")
+MAX_TILE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,9 @@ class ScaleSpec:
     """`scale[_zero][_tXdY[_tXdY]]`: e.g. `e8m0_t32`, `float16_t0`, `bfloat16_int8`, `e8m0_t16d0_t16d1`.
 
     No tile segment: one scale for the whole tensor. `t0`: one scale per channel along the dim.
-    `tN`: tiles of N (a power of two, 2..1024) along the dim (default -1). Two tile segments make
-    2D tiles. A length that the tile does not divide is padded internally.
+    `tN`: tiles of N values along the dim (default -1), any size (the OCP MX types use 32; the
+    Triton engine takes powers of two from 8 to 256). Two tile segments make 2D tiles. A length
+    that the tile does not divide is padded internally.
     """
 
     code: str
@@ -49,8 +51,8 @@ class ScaleSpec:
             m = _TILE.match(parts.pop())
             assert m is not None
             size, dim = int(m.group(1)), int(m.group(2)) if m.group(2) is not None else -1
-            if size != 0 and (size < 2 or size > 1024 or size & (size - 1)):
-                raise ValueError(f"tile size must be 0 (channel) or a power of two in 2..1024, got {size}")
+            if size > MAX_TILE:
+                raise ValueError(f"tile size must be 0 (channel) or 1..{MAX_TILE}, got {size}")
             tiles.insert(0, Tile(size, dim))
         if len(tiles) > 2:
             raise ValueError(f"at most two tile segments (a 2D tile), got {len(tiles)} in {self.code!r}")

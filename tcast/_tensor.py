@@ -41,3 +41,38 @@ class Tensor:
         for d in self.shape:
             count *= d
         return 8.0 * self.nbytes / count if count else 0.0
+
+    def unpacked_codes(self) -> torch.Tensor:
+        """The element codes (int64) in the tensor's own shape: the block order of the cast undone,
+        tile padding dropped. Containers that store codes in the weight's layout read these."""
+        from ._blocks import from_blocks, plan
+        from ._pack import unpack_codes
+
+        layout = plan(self.shape, self.dtype.sspec)
+        codes = unpack_codes(self.codes, self.dtype.nspec.bits, self.numel_padded)
+        return from_blocks(codes.reshape(layout.num_scales, layout.per_scale), layout)
+
+    def scale_grid(self) -> torch.Tensor | None:
+        """The scales as stored (E8M0 codes, or float values), shaped like the tensor with every
+        tiled dim replaced by its number of tiles: it broadcasts block-wise against the values."""
+        return self._grid(self.scales)
+
+    def zero_grid(self) -> torch.Tensor | None:
+        """The zero points, on the same grid as `scale_grid`."""
+        return self._grid(self.zeros)
+
+    def _grid(self, per_block: torch.Tensor | None) -> torch.Tensor | None:
+        if per_block is None:
+            return None
+        from ._blocks import plan
+
+        layout = plan(self.shape, self.dtype.sspec)
+        if not layout.tiles:
+            return per_block.reshape((1,) * len(self.shape))
+        tiled = len(layout.tiles)
+        counts = [n // t for n, t in zip(layout.padded[-tiled:], layout.tiles, strict=True)]
+        grid = per_block.reshape(*layout.padded[:-tiled], *counts)
+        inverse = [0] * len(layout.perm)
+        for i, d in enumerate(layout.perm):
+            inverse[d] = i
+        return grid.permute(inverse)

@@ -15,19 +15,26 @@ from dataclasses import dataclass
 import torch
 
 from ._blocks import Blocking, from_blocks, plan, to_blocks
-from ._codes import decode, encode, ldexp_exact, nan_code
+from ._codes import decode, encode, ldexp_exact
 from ._datatype import DataType
 from ._modes import RoundMode, ScaleMode
 from ._number import InfNaN, NumberSpec
 from ._pack import pack_codes, unpack_codes
+from ._scales import exponent_codes, exponent_scales, exponents_from_codes, float_scales, pow2
 from ._tensor import Tensor
 
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _compute_dtype(nspec: NumberSpec) -> torch.dtype:
-    """fp32 holds every grid point and rounding step of formats up to ~21 mantissa bits."""
-    if nspec.mbits > 20 or nspec.emin - nspec.mbits < -149 or nspec.emax > 126:
+def _compute_dtype(dtype: DataType, source: torch.dtype = torch.float32) -> torch.dtype:
+    """float32 holds every grid point and rounding step of formats up to ~21 mantissa bits, and
+    power-of-two scaling is exact in it. Division by a float scale is not: it runs in float64,
+    where the quotient of two float32 numbers rounds to the same element as the exact quotient
+    (in float32 a quotient just off a rounding boundary could land on it)."""
+    nspec, sspec = dtype.nspec, dtype.sspec
+    if nspec.mbits > 20 or nspec.emin - nspec.mbits < -149 or nspec.emax > 126 or source == torch.float64:
+        return torch.float64
+    if sspec is not None and not sspec.is_exponent:
         return torch.float64
     return torch.float32
 
@@ -44,6 +51,11 @@ def _round(scaled: torch.Tensor, mode: RoundMode, noise: torch.Tensor | None) ->
         return whole + (fraction >= 0.5).to(scaled.dtype)
     assert noise is not None, "stochastic rounding needs noise"
     return whole + (noise < fraction).to(scaled.dtype)
+
+
+def _signed_round(values: torch.Tensor, mode: RoundMode, noise: torch.Tensor | None) -> torch.Tensor:
+    """`_round` of values of either sign, symmetric about zero (ties to even stay ties to even)."""
+    return torch.copysign(_round(values.abs(), mode, noise), values)
 
 
 def _round_inplace(scaled: torch.Tensor, mode: RoundMode, noise: torch.Tensor | None) -> torch.Tensor:
@@ -107,13 +119,58 @@ def _quantize_fast(
         a.add_(0.0)  # -0 + 0 is +0 under round-to-nearest: these formats have no negative zero
     if nspec.has_inf:
         a = torch.where(torch.isinf(v), v, a)
+    if nspec.infnan is InfNaN.OCP:
+        a.masked_fill_(torch.isnan(v), -0.0)  # no NaN: stored as -0, as ml_dtypes does
     return a
+
+
+def _bits_path(v: torch.Tensor, nspec: NumberSpec) -> bool:
+    """float32 values onto a format with float32's exponent field and fewer mantissa bits
+    (bfloat16, e8m10, ...): the grid is the float32 bit pattern with its low bits cleared."""
+    return (
+        v.dtype == torch.float32
+        and nspec.is_float
+        and nspec.infnan is InfNaN.IEEE
+        and nspec.ebits == 8
+        and nspec.bias == 127
+        and nspec.mbits < 23
+    )
+
+
+def _quantize_bits(
+    v: torch.Tensor, nspec: NumberSpec, mode: RoundMode, noise: torch.Tensor | None
+) -> torch.Tensor:
+    """`quantize` by integer arithmetic on the float32 bits: keep the top mantissa bits, round up by
+    the dropped remainder as the mode says (the same decisions as the general path: ties to even
+    on the dropped half, stochastic when the draw lies below the remainder's fraction), saturate
+    finite values at max; Inf and NaN stay as they are. Subnormals need no case of their own: the
+    format's subnormal grid is float32's with the same bits dropped."""
+    drop = 23 - nspec.mbits
+    bits = v.view(torch.int32)
+    magnitude = bits & 0x7FFFFFFF
+    remainder = magnitude & ((1 << drop) - 1)
+    half = 1 << (drop - 1)
+    if mode is RoundMode.EVEN:
+        up = (remainder > half) | ((remainder == half) & ((magnitude >> drop) & 1).bool())
+    elif mode is RoundMode.NEAREST:
+        up = remainder >= half
+    elif mode is RoundMode.ZERO:
+        up = torch.zeros_like(remainder, dtype=torch.bool)
+    else:
+        assert noise is not None, "stochastic rounding needs noise"
+        up = noise < remainder.to(torch.float32) * 2.0**-drop  # the fraction, exact in float32
+    rounded = (magnitude - remainder) + (up.to(torch.int32) << drop)
+    top = torch.tensor(nspec.max, dtype=torch.float32).view(torch.int32)
+    rounded = torch.minimum(rounded, top) | (bits & torch.tensor(-(2**31), dtype=torch.int32))
+    return torch.where(torch.isfinite(v), rounded.view(torch.float32), v)
 
 
 def quantize(
     v: torch.Tensor, nspec: NumberSpec, mode: RoundMode, noise: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Values of `v` rounded onto the grid of a float, int (fixed point) or exponent format."""
+    if _bits_path(v, nspec):
+        return _quantize_bits(v, nspec, mode, noise)
     if _fast_path(v, nspec):
         return _quantize_fast(v, nspec, mode, noise)
     a = v.abs()
@@ -130,52 +187,8 @@ def quantize(
         result = torch.where(q == 0, torch.zeros_like(q), result)
     if nspec.has_inf:
         result = torch.where(torch.isinf(v), v, result)
-    return torch.where(torch.isnan(v), v, result)
-
-
-# ----- scales ------------------------------------------------------------------------------------
-
-
-def _exponent_scale(
-    amax: torch.Tensor, nspec: NumberSpec, sspec_scale: NumberSpec, mode: ScaleMode
-) -> torch.Tensor:
-    """Per-block power-of-two exponent (float tensor; NaN where amax is NaN or Inf)."""
-    safe = torch.where(amax > 0, amax, torch.full_like(amax, 2.0**-126))  # all-zero block, as microxcaling
-    safe = torch.nan_to_num(safe, nan=1.0, posinf=1.0)
-    _, ex = torch.frexp(safe)
-    exponent = ex.to(torch.int32) - 1 - nspec.emax
-    if mode is not ScaleMode.MAX:
-        limit = nspec.midmax if mode is ScaleMode.MIDMAX else nspec.max
-        above = safe > ldexp_exact(torch.full_like(safe, limit), exponent)
-        exponent = exponent + above.to(torch.int32)
-    exponent = torch.clamp(exponent, sspec_scale.emin, sspec_scale.emax).to(amax.dtype)
-    return torch.where(torch.isnan(amax) | torch.isinf(amax), torch.full_like(amax, math.nan), exponent)
-
-
-def _exponent_codes(exponent: torch.Tensor, spec: NumberSpec) -> torch.Tensor:
-    """E8M0-style codes of per-block exponents (NaN -> the NaN code)."""
-    codes = torch.nan_to_num(exponent).to(torch.int64) + spec.bias
-    return torch.where(torch.isnan(exponent), nan_code(spec), codes).to(torch.uint8)
-
-
-def _exponents_from_codes(codes: torch.Tensor, spec: NumberSpec, dtype: torch.dtype) -> torch.Tensor:
-    exponent = (codes.to(torch.int64) - spec.bias).to(dtype)
-    return torch.where(codes.to(torch.int64) == nan_code(spec), math.nan, exponent)
-
-
-def _pow2(exponent: torch.Tensor) -> torch.Tensor:
-    nan = torch.isnan(exponent)
-    values = ldexp_exact(torch.ones_like(exponent), torch.nan_to_num(exponent).to(torch.int32))
-    return torch.where(nan, exponent, values)
-
-
-def _float_scale(amax: torch.Tensor, nspec: NumberSpec, scale_spec: NumberSpec) -> torch.Tensor:
-    raw = amax / nspec.max
-    rounded = quantize(raw, scale_spec, RoundMode.EVEN, None)
-    usable = (rounded > 0) & torch.isfinite(rounded)
-    bad = torch.isnan(amax) | torch.isinf(amax)
-    scale = torch.where(usable, rounded, torch.ones_like(rounded))
-    return torch.where(bad, torch.full_like(scale, math.nan), scale)
+    nan = torch.full_like(v, -0.0) if nspec.infnan is InfNaN.OCP else v  # OCP has no NaN: -0
+    return torch.where(torch.isnan(v), nan, result)
 
 
 # ----- the cast ----------------------------------------------------------------------------------
@@ -185,7 +198,7 @@ def _check_input(x: torch.Tensor) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"tcast casts torch tensors, got {type(x).__name__}")
     if x.dtype not in _FLOATS:
-        raise ValueError(f"tcast casts float32, float16 or bfloat16 tensors, got {x.dtype}")
+        raise ValueError(f"tcast casts float64, float32, float16 or bfloat16 tensors, got {x.dtype}")
 
 
 _PIECE = 1 << 18  # elements per elementwise pass: large enough to amortise dispatch, small enough for L2
@@ -218,8 +231,7 @@ def _scaling(blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> _Sc
         assert sspec.zero is not None
         lo, hi = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
         bad = torch.isnan(lo) | torch.isnan(hi) | torch.isinf(lo) | torch.isinf(hi)
-        scale = quantize((hi - lo) / float(nspec.max), sspec.scale, RoundMode.EVEN)
-        scale = torch.where((scale > 0) & torch.isfinite(scale), scale, torch.ones_like(scale))
+        scale = torch.nan_to_num(float_scales(hi - lo, nspec, sspec.scale, scalemode), nan=1.0)
         if sspec.zero.is_float:
             zero = quantize(lo, sspec.zero, RoundMode.EVEN)
         else:
@@ -227,9 +239,9 @@ def _scaling(blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> _Sc
         return _Scaling(scale=torch.where(bad, math.nan, scale), zero=zero, divisor=scale)
     amax = torch.maximum(hi, -lo)
     if sspec.is_exponent:
-        exponent = _exponent_scale(amax, nspec, sspec.scale, scalemode)
-        return _Scaling(scale=exponent, to_grid=_pow2(-exponent))
-    return _Scaling(scale=_float_scale(amax, nspec, sspec.scale))
+        exponent = exponent_scales(amax, nspec, sspec.scale, scalemode)
+        return _Scaling(scale=exponent, to_grid=pow2(-exponent))
+    return _Scaling(scale=float_scales(amax, nspec, sspec.scale, scalemode))
 
 
 def _uint_piece(
@@ -248,7 +260,8 @@ def _uint_piece(
     if sspec.zero.is_float:
         codes = _round(torch.clamp((piece - zero) / scale, 0.0, top), mode, noise)
     else:
-        codes = torch.clamp(_round(torch.clamp(piece / scale + zero, 0.0, top), mode, noise), 0.0, top)
+        # as torch.quantize_per_tensor: round x / scale, then add the integer zero point
+        codes = _signed_round(piece / scale, mode, noise) + zero
     return torch.clamp(torch.nan_to_num(codes), 0.0, top)
 
 
@@ -281,7 +294,7 @@ def _combine_piece(values: torch.Tensor, dtype: DataType, s: _Scaling, rows: sli
         zero = s.zero[rows]
         return values * scale + zero if sspec.zero.is_float else (values - zero) * scale
     if sspec.is_exponent:
-        return values.mul_(_pow2(scale))
+        return values.mul_(pow2(scale))
     return values.mul_(scale)
 
 
@@ -299,7 +312,7 @@ def _run(
     pieces, in place, so no temporary is ever the size of the tensor.
     """
     _check_input(x)
-    work = _compute_dtype(dtype.nspec)
+    work = _compute_dtype(dtype, x.dtype)
     layout = plan(tuple(x.shape), dtype.sspec)
     blocks = to_blocks(x.to(work), layout)
     scaling = _scaling(blocks, dtype, scalemode)
@@ -346,7 +359,7 @@ def actual_cast(
     scales = zeros = None
     if sspec is not None and scale is not None:
         if sspec.is_exponent:
-            scales = _exponent_codes(scale, sspec.scale)
+            scales = exponent_codes(scale, sspec.scale)
         else:
             scales = scale.to(sspec.scale.torch_dtype)
         scales = scales.reshape(-1)
@@ -369,14 +382,14 @@ def upcast(t: Tensor, torch_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Values of an actual cast: equal bit for bit to the virtual cast of the same input."""
     dtype = t.dtype
     nspec, sspec = dtype.nspec, dtype.sspec
-    work = _compute_dtype(nspec)
+    work = _compute_dtype(dtype, t.source_dtype)
     layout = plan(t.shape, sspec)
     codes = unpack_codes(t.codes, nspec.bits, t.numel_padded).reshape(layout.num_scales, layout.per_scale)
     values = decode(codes, nspec, work)
     scaling = _Scaling()
     if sspec is not None and t.scales is not None:
         if sspec.is_exponent:
-            scaling.scale = _exponents_from_codes(t.scales, sspec.scale, work).reshape(-1, 1)
+            scaling.scale = exponents_from_codes(t.scales, sspec.scale, work).reshape(-1, 1)
         else:
             scaling.scale = t.scales.to(work).reshape(-1, 1)
         if t.zeros is not None:

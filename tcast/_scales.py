@@ -1,0 +1,86 @@
+"""Scale rules: which scale each block gets (the rules TorchCast, TritonCast and coreai_opt share).
+
+Power-of-two scales (E8M0 and other exponent formats) follow OCP MX: the exponent of the block's
+largest magnitude less the element format's emax, one higher under `midmax` when the block's
+amax lies above the format's midmax, or the smallest at which nothing saturates under `ceil`.
+Float scales are amax over the element format's max, rounded into the scale format: to nearest
+under `max` (the largest values may saturate by less than half a scale step), up under `ceil`
+(nothing saturates). Either kind is never zero or infinite: a block of zeros gets the smallest
+exponent (as microxcaling does) or a float scale of 1; a block whose amax is NaN or Inf gets a NaN
+scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._codes import decode, encode, ldexp_exact, nan_code
+from ._modes import RoundMode, ScaleMode
+from ._number import NumberSpec
+
+
+def exponent_scales(
+    amax: torch.Tensor, element: NumberSpec, scale: NumberSpec, scalemode: ScaleMode = ScaleMode.MAX
+) -> torch.Tensor:
+    """Per-block power-of-two exponents of `scale` (e.g. E8M0) for blocks of `element` values with
+    largest magnitudes `amax`: a float tensor of exponents, NaN where amax is NaN or Inf."""
+    safe = torch.where(amax > 0, amax, torch.full_like(amax, 2.0**-126))  # all-zero block, as microxcaling
+    safe = torch.nan_to_num(safe, nan=1.0, posinf=1.0)
+    _, ex = torch.frexp(safe)
+    exponent = ex.to(torch.int32) - 1 - element.emax
+    if scalemode is not ScaleMode.MAX:
+        limit = element.midmax if scalemode is ScaleMode.MIDMAX else element.max
+        above = safe > ldexp_exact(torch.full_like(safe, limit), exponent)
+        exponent = exponent + above.to(torch.int32)
+    exponent = torch.clamp(exponent, scale.emin, scale.emax).to(amax.dtype)
+    return torch.where(torch.isnan(amax) | torch.isinf(amax), torch.full_like(amax, math.nan), exponent)
+
+
+def exponent_codes(exponent: torch.Tensor, scale: NumberSpec) -> torch.Tensor:
+    """E8M0-style codes of per-block exponents (NaN -> the NaN code)."""
+    codes = torch.nan_to_num(exponent).to(torch.int64) + scale.bias
+    return torch.where(torch.isnan(exponent), nan_code(scale), codes).to(torch.uint8)
+
+
+def exponents_from_codes(codes: torch.Tensor, scale: NumberSpec, dtype: torch.dtype) -> torch.Tensor:
+    exponent = (codes.to(torch.int64) - scale.bias).to(dtype)
+    return torch.where(codes.to(torch.int64) == nan_code(scale), math.nan, exponent)
+
+
+def pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """2**exponent, exact; NaN stays NaN."""
+    nan = torch.isnan(exponent)
+    values = ldexp_exact(torch.ones_like(exponent), torch.nan_to_num(exponent).to(torch.int32))
+    return torch.where(nan, exponent, values)
+
+
+def _next_up(values: torch.Tensor, scale: NumberSpec) -> torch.Tensor:
+    """The next larger value of the (positive, finite) format: by torch's nextafter where the
+    format is a torch dtype, else the next code."""
+    exact = scale.torch_dtype
+    if exact is not None and exact.is_floating_point and exact.itemsize >= 2:
+        return torch.nextafter(values.to(exact), torch.tensor(math.inf, dtype=exact)).to(values.dtype)
+    return decode(encode(values, scale) + 1, scale, values.dtype)
+
+
+def float_scales(
+    extent: torch.Tensor, element: NumberSpec, scale: NumberSpec, scalemode: ScaleMode = ScaleMode.MAX
+) -> torch.Tensor:
+    """Per-block scales in the float format `scale`: `extent` (the block's amax, or its max - min
+    for unsigned elements) over the element format's max, rounded to nearest (`max`) or up
+    (`ceil`); values are in `extent`'s dtype, exactly representable in `scale`. `midmax` chooses
+    between powers of two: float scales read it as `max`."""
+    from ._torchcast import quantize
+
+    raw = extent / element.max
+    lowest = scale.smallest_subnormal if scale.mbits else scale.smallest_normal
+    clamped = torch.clamp(torch.nan_to_num(raw, nan=1.0, posinf=1.0), min=lowest, max=scale.max)
+    rounded = quantize(clamped, scale, RoundMode.EVEN)
+    if scalemode is ScaleMode.CEIL:
+        below = (rounded < clamped) & (rounded < scale.max)
+        if bool(below.any()):
+            rounded = torch.where(below, _next_up(rounded, scale), rounded)
+    scales = torch.where(extent > 0, rounded, torch.ones_like(rounded))
+    return torch.where(torch.isnan(extent) | torch.isinf(extent), torch.full_like(scales, math.nan), scales)
