@@ -14,7 +14,7 @@ from typing import Any
 
 from ._datatype import ALIASES, PREDEFINED, DataType, datatype, lookup
 from ._engine import Support, supports
-from ._metrics import snr_db, sqnr_db
+from ._metrics import energies, snr_db, sqnr_db
 from ._modes import CastMode, ComputeMode, RoundMode, ScaleMode, defaults, initialize
 from ._number import InfNaN, Kind, NumberSpec, number
 from ._scale import ScaleSpec, Tile, scale
@@ -40,7 +40,9 @@ __all__ = [
     "__version__",
     "cast",
     "datatype",
+    "decode",
     "defaults",
+    "energies",
     "exponent_codes",
     "exponent_scales",
     "float_scales",
@@ -88,11 +90,14 @@ def cast(
     generator: Any = None,
     out_dtype: Any = None,
     computemode: Any = None,
+    measure: bool = False,
 ) -> Any:
     """Cast a float32/float16/bfloat16 tensor to a tcast DataType.
 
     castmode "virtual" (default) returns a tensor of the input's dtype (or `out_dtype`) holding
-    the representable values; "actual" returns a `tcast.Tensor` of packed codes and scales.
+    the representable values; "actual" returns a `tcast.Tensor` of packed codes and scales, with
+    `measure` also the energies of the input and of the cast's error (`Tensor.signal`, `.noise`:
+    what `tcast.energies(x, tcast.upcast(t, t.value_dtype))` gives, at a fraction of the cost).
     Stochastic rounding is reproducible with `seed` or a `generator` (the Triton engine draws its
     own Philox stream from them). computemode auto (default) runs TritonCast on CUDA tensors it
     supports (see `tcast.supports`), else TorchCast. The input is never modified.
@@ -105,6 +110,8 @@ def cast(
     round_ = resolve_round(roundmode)
     scale_ = resolve_scale(scalemode)
     actual = resolve_cast(castmode) is CastMode.ACTUAL
+    if measure and not actual:
+        raise ValueError("measure records the error of an actual cast (castmode='actual')")
     _torchcast._check_input(x)
     if use_triton(datatype_, resolve_compute(computemode), tuple(x.shape), x.dtype, x.is_cuda, "cast to"):
         from . import _triton
@@ -112,12 +119,18 @@ def cast(
         kernel_seed = 0
         if round_ is RoundMode.STOCHASTIC:
             kernel_seed = _kernel_seed(x, seed, generator)
-        return _triton.cast(
+        result = _triton.cast(
             x, datatype_, round_, scale_, kernel_seed, not actual, None if actual else out_dtype
         )
+        if measure:
+            import dataclasses
+
+            signal, noise = energies(x, upcast(result, result.value_dtype))
+            result = dataclasses.replace(result, signal=signal, noise=noise)
+        return result
     gen = _generator(x, seed, generator)
     if actual:
-        return _torchcast.actual_cast(x, datatype_, round_, scale_, gen)
+        return _torchcast.actual_cast(x, datatype_, round_, scale_, gen, measure)
     return _torchcast.virtual_cast(x, datatype_, round_, scale_, gen, out_dtype)
 
 
@@ -155,6 +168,7 @@ _LAZY = {
     "unpack_codes": "_pack",
     "sparse": "_sparse",
     "exponent_scales": "_scales",
+    "decode": "_codes",
     "exponent_codes": "_scales",
     "float_scales": "_scales",
 }

@@ -35,37 +35,98 @@ def nan_code(nspec: NumberSpec) -> int:
     return (((1 << nspec.ebits) - 1) << nspec.mbits) | ((1 << nspec.mbits) - 1)
 
 
-def encode(q: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
-    """Integer codes (int64) of values already on the format's grid."""
-    if nspec.is_uint:
-        return q.to(torch.int64)
+def code_dtype(nspec: NumberSpec) -> torch.dtype:
+    """The dtype `encode` returns for a format: uint8 up to 8 bits, else int32."""
+    return torch.uint8 if nspec.bits <= 8 else torch.int32
+
+
+def _pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """2.0**exponent as float32, built from its bits (int32 exponents within float32's normal range)."""
+    return ((exponent + 127) << 23).view(torch.float32)
+
+
+def _native_codes(q: torch.Tensor, nspec: NumberSpec, exact: torch.dtype) -> torch.Tensor:
+    """Codes by torch's own conversion (exact on the grid; one pass), with every NaN pattern made
+    the format's one NaN code (torch keeps the sign of NaN, and picks its own payload)."""
+    bits = nspec.bits
+    codes = q.to(exact).view(torch.uint8 if bits == 8 else torch.int16)
+    if nspec.infnan is not InfNaN.FNUZ:  # fnuz has one NaN code, torch's
+        magnitude = (1 << (bits - 1)) - 1
+        first_nan = magnitude if nspec.infnan is InfNaN.FN else (((1 << nspec.ebits) - 1) << nspec.mbits) + 1
+        codes.masked_fill_((codes & magnitude) >= first_nan, nan_code(nspec))
+    return codes if bits == 8 else codes.to(torch.int32) & 0xFFFF
+
+
+def _general_codes(q: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
+    """Codes of float and exponent formats by arithmetic on exponents and significands."""
+    bits = nspec.bits
+    a = torch.nan_to_num(q.abs(), nan=0.0, posinf=0.0)
+    _, ex = torch.frexp(a.clamp(min=nspec.smallest_normal))  # zero and subnormals: the smallest exponent
+    exponent = ex - 1
     nan = torch.isnan(q)
-    if nspec.is_int:
-        k = torch.round(torch.nan_to_num(q) * 2.0**nspec.mbits).to(torch.int64)  # exact: a power of two
-        codes = k & ((1 << nspec.bits) - 1)
-        return torch.where(nan, torch.full_like(codes, nan_code(nspec)), codes)
-    a = torch.nan_to_num(q.abs(), posinf=0.0)
-    _, ex = torch.frexp(a)
-    exponent = ex.to(torch.int64) - 1
     if nspec.is_exponent:
-        codes = exponent + nspec.bias
-        return torch.where(nan, torch.full_like(codes, nan_code(nspec)), codes)
-    normal = a >= nspec.smallest_normal
-    exp_code = torch.where(normal, exponent + nspec.bias, torch.zeros_like(exponent))
-    mant_shift = torch.where(
-        normal, nspec.mbits - exponent, torch.full_like(exponent, nspec.mbits - nspec.emin)
-    )
-    mantissa = ldexp_exact(a, mant_shift.to(torch.int32)).to(torch.int64)
-    mantissa = torch.where(normal, mantissa - (1 << nspec.mbits), mantissa)
-    sign = torch.signbit(q).to(torch.int64)
-    codes = (sign << (nspec.bits - 1)) | (exp_code << nspec.mbits) | mantissa
-    if nspec.has_inf:
-        inf = torch.isinf(q)
-        inf_code = ((1 << nspec.ebits) - 1) << nspec.mbits
-        codes = torch.where(inf, (sign << (nspec.bits - 1)) | inf_code, codes)
+        return (exponent + nspec.bias).masked_fill_(nan, nan_code(nspec))
+    # the significand as an integer of mbits + 1 bits: with the leading 1 for normals, without for
+    # subnormals; (exponent - emin) << mbits then adds exactly the biased exponent field
+    shift = nspec.mbits - exponent
+    if nspec.mbits - nspec.emin <= 126 and a.dtype == torch.float32:
+        significand = a.mul_(_pow2(shift))
+    else:
+        significand = ldexp_exact(a, shift)
+    codes = ((exponent - nspec.emin) << nspec.mbits).add_(significand.to(torch.int32))
+    sign = torch.signbit(q)
     if nspec.infnan is InfNaN.FNUZ:
-        codes = torch.where(a == 0, torch.zeros_like(codes), codes)
-    return torch.where(nan, torch.full_like(codes, nan_code(nspec)), codes)
+        sign &= codes != 0  # no negative zero
+    codes |= sign.to(torch.int32) << (bits - 1)
+    if nspec.has_inf:
+        inf_code = ((1 << nspec.ebits) - 1) << nspec.mbits
+        codes = torch.where(torch.isinf(q), (sign.to(torch.int32) << (bits - 1)) | inf_code, codes)
+    return codes.masked_fill_(nan, nan_code(nspec))
+
+
+@functools.lru_cache(maxsize=64)
+def _host(nspec: NumberSpec) -> str | None:
+    """An 8-bit torch float format holding every value of `nspec` (e.g. e4m3fn for FP4/FP6), if any."""
+    for code in ("e4m3fn", "e5m2"):
+        host = NumberSpec(code)
+        if host.torch_dtype is None or (nspec.has_inf and not host.has_inf):
+            continue
+        if host.mbits >= nspec.mbits and host.emin <= nspec.emin and host.emax >= nspec.emax:
+            return code
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _host_table(code: str, host: str) -> torch.Tensor:
+    """The code of `code` of every `host` code's value (int32; values off the grid never looked up)."""
+    values = decode_table(host)
+    nspec = NumberSpec(code)
+    safe = torch.where(values.abs() > nspec.max, torch.zeros_like(values), values)  # NaN stays NaN
+    return _general_codes(safe, nspec).to(code_dtype(nspec))
+
+
+def encode(q: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
+    """Codes (`code_dtype`: uint8 up to 8 bits, else int32) of values already on the format's grid."""
+    if nspec.is_uint:
+        return q.to(code_dtype(nspec))
+    bits = nspec.bits
+    if nspec.is_int:
+        # two's complement of the multiple of the step (exact: a power of two); NaN -> the
+        # otherwise unused most negative code
+        steps = torch.nan_to_num(q * 2.0**nspec.mbits, nan=-float(1 << (bits - 1)), posinf=0.0, neginf=0.0)
+        if bits <= 8:
+            codes = steps.to(torch.int8).view(torch.uint8)
+            return codes if bits == 8 else codes.bitwise_and_((1 << bits) - 1)
+        return steps.to(torch.int32) & ((1 << bits) - 1)
+    exact = nspec.torch_dtype
+    if nspec.is_float and exact is not None and exact.itemsize <= 2:
+        return _native_codes(q, nspec, exact)
+    host = _host(nspec) if nspec.is_float else None
+    if host is not None:  # through the codes of a torch format holding every value, and a table
+        host_codes = q.to(NumberSpec(host).torch_dtype).view(torch.uint8).reshape(-1).to(torch.int32)
+        table = _host_table(nspec.code, host).to(q.device)
+        return torch.index_select(table, 0, host_codes).reshape(q.shape)
+    return _general_codes(q, nspec).to(code_dtype(nspec))
 
 
 @functools.lru_cache(maxsize=64)
@@ -107,8 +168,18 @@ def decode_table(code: str) -> torch.Tensor:
 
 
 def decode(codes: torch.Tensor, nspec: NumberSpec, dtype: torch.dtype) -> torch.Tensor:
+    if nspec.is_uint:
+        return codes.to(dtype)
+    if nspec.is_int and codes.dtype == torch.uint8:
+        signed = codes.view(torch.int8)  # two's complement: sign-extend narrower codes
+        if nspec.bits < 8:
+            half = 1 << (nspec.bits - 1)
+            signed = (signed ^ half).sub_(half)
+        values = signed.to(dtype).mul_(2.0**-nspec.mbits)
+        return values.masked_fill_(codes == nan_code(nspec), math.nan)
     table = decode_table(nspec.code).to(device=codes.device, dtype=dtype)
-    return table[codes]
+    flat = codes.reshape(-1).to(torch.int32)  # indices (a uint8 tensor would index as a mask)
+    return torch.index_select(table, 0, flat).reshape(codes.shape)
 
 
 def max_code(nspec: NumberSpec) -> int:

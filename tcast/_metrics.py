@@ -17,9 +17,47 @@ def snr_db(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
+def squares(x: torch.Tensor) -> float:
+    """Sum of squares in float32 (float64 for float64 input) by torch's cascade sum (relative
+    error ~1e-7). A total that overflowed, or is so small that squares below float32's range may
+    matter, is summed again over the values scaled by the power of two that brings the largest
+    near 1."""
+    import torch
+
+    if x.numel() == 0:
+        return 0.0
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    values = x.to(wide)
+    total = float((values * values).sum())  # faster than torch.square on CPU
+    if math.isfinite(total) and total >= 2.0**-60:  # any square lost below 2**-126 is < 2**-35 of it
+        return total
+    lo, hi = torch.aminmax(x)
+    peak = max(abs(float(lo)), abs(float(hi)))
+    if not math.isfinite(peak):
+        return math.inf if math.isinf(peak) else math.nan
+    if peak == 0:
+        return 0.0
+    exponent = math.frexp(peak)[1]
+    wide = torch.float64 if x.dtype == torch.float64 or abs(exponent) > 100 else torch.float32
+    scaled = x.to(wide) * math.ldexp(1.0, -exponent)
+    return float(scaled.mul_(scaled).sum()) * math.ldexp(1.0, 2 * exponent)
+
+
+def energies(reference: torch.Tensor, approximation: torch.Tensor) -> tuple[float, float]:
+    """(signal, noise): the energy of `reference` and of `approximation - reference` (a NaN in
+    the approximation is infinite noise). The error is taken in the wider of the two dtypes, where
+    a quantization error is exact: a value and its rounding lie within a factor 2 of each other."""
+    import torch
+
+    wide = torch.promote_types(approximation.dtype, reference.dtype)
+    if wide not in (torch.float32, torch.float64):
+        wide = torch.float32
+    reference = reference.to(wide)  # converted once: a mixed-dtype subtraction runs slower
+    noise = squares(approximation.to(wide) - reference)
+    return squares(reference), math.inf if math.isnan(noise) else noise
+
+
 def sqnr_db(reference: torch.Tensor, approximation: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio of `approximation` against `reference`, in dB (a NaN in
     the approximation is infinite noise)."""
-    ref = reference.double()
-    err = (approximation.double() - ref).nan_to_num(nan=math.inf)
-    return snr_db(float((ref * ref).sum()), float((err * err).sum()))
+    return snr_db(*energies(reference, approximation))

@@ -167,6 +167,18 @@ class NumberSpec:
         return self.kind is Kind.FLOAT and self.infnan is not InfNaN.FNUZ
 
     @property
+    def significant_bits(self) -> int:
+        """Bits of the widest significand of a value: a float's mbits + 1, an integer's magnitude
+        bits, 1 for powers of two (what the argument for a float32 quotient needs)."""
+        if self.kind is Kind.FLOAT:
+            return self.mbits + 1
+        if self.kind is Kind.INT:
+            return self.bits - 1
+        if self.kind is Kind.UINT:
+            return self.bits
+        return 1
+
+    @property
     def bits(self) -> int:
         if self.kind is Kind.UINT:
             return self.mbits

@@ -36,21 +36,23 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
-    """Inverse of pack_codes: `count` int64 codes."""
+    """Inverse of pack_codes: `count` codes, uint8 for up to 8 bits, else int32."""
     data = packed.reshape(-1)
     if bits == 8:
-        return data[:count].to(torch.int64)
+        return data[:count].clone()
     if bits == 16:
-        return data.view(torch.int16).to(torch.int64)[:count] & 0xFFFF
-    wide = data.to(torch.int64)
+        return data.view(torch.int16)[:count].to(torch.int32) & 0xFFFF
     if 8 % bits == 0:
+        # 1, 2, 4 bits: each byte's lanes by shifts, in uint8
         per_byte = 8 // bits
-        shifts = torch.arange(per_byte, device=data.device, dtype=torch.int64) * bits
-        return ((wide[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:count]
+        lanes = [(data >> (lane * bits)) & ((1 << bits) - 1) for lane in range(per_byte)]
+        return torch.stack(lanes, dim=1).reshape(-1)[:count]
+    wide = data.to(torch.int64)
     positions = torch.arange(8, device=data.device, dtype=torch.int64)
     stream = ((wide[:, None] >> positions) & 1).reshape(-1)[: count * bits]
     weights = torch.arange(bits, device=data.device, dtype=torch.int64)
-    return (stream.view(count, bits) << weights).sum(dim=1)
+    codes = (stream.view(count, bits) << weights).sum(dim=1)
+    return codes.to(torch.uint8 if bits <= 8 else torch.int32)
 
 
 def packed_nbytes(count: int, bits: int) -> int:

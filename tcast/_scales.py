@@ -62,7 +62,7 @@ def _next_up(values: torch.Tensor, scale: NumberSpec) -> torch.Tensor:
     exact = scale.torch_dtype
     if exact is not None and exact.is_floating_point and exact.itemsize >= 2:
         return torch.nextafter(values.to(exact), torch.tensor(math.inf, dtype=exact)).to(values.dtype)
-    return decode(encode(values, scale) + 1, scale, values.dtype)
+    return decode(encode(values, scale).to(torch.int32) + 1, scale, values.dtype)
 
 
 def float_scales(

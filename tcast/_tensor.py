@@ -16,7 +16,9 @@ class Tensor:
     """Packed element codes (little-endian, low bits first) in the block order of the scales.
 
     `scales` holds uint8 E8M0 codes for exponent scales, else float values; `zeros` holds float
-    zero points or integer ones. `numel_padded` counts codes including tile padding.
+    zero points or integer ones. `numel_padded` counts codes including tile padding. A cast with
+    `measure=True` records `signal` and `noise`: the energies of the input and of the cast's
+    error (`tcast.energies`), summed while casting.
     """
 
     dtype: DataType
@@ -26,6 +28,8 @@ class Tensor:
     scales: torch.Tensor | None
     zeros: torch.Tensor | None
     numel_padded: int
+    signal: float | None = None
+    noise: float | None = None
 
     @property
     def nbytes(self) -> int:
@@ -42,9 +46,18 @@ class Tensor:
             count *= d
         return 8.0 * self.nbytes / count if count else 0.0
 
+    @property
+    def value_dtype(self) -> torch.dtype:
+        """float32 or float64: the dtype that holds every value of the cast exactly (where upcasts
+        compute; an upcast to it loses nothing)."""
+        from ._torchcast import _compute_dtype
+
+        return _compute_dtype(self.dtype, self.source_dtype)
+
     def unpacked_codes(self) -> torch.Tensor:
-        """The element codes (int64) in the tensor's own shape: the block order of the cast undone,
-        tile padding dropped. Containers that store codes in the weight's layout read these."""
+        """The element codes (uint8 up to 8 bits, else int32) in the tensor's own shape: the block
+        order of the cast undone, tile padding dropped. Containers that store codes in the
+        weight's layout read these."""
         from ._blocks import from_blocks, plan
         from ._pack import unpack_codes
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from ._blocks import Blocking, from_blocks, plan, to_blocks
-from ._codes import decode, encode, ldexp_exact
+from ._codes import code_dtype, decode, encode, ldexp_exact
 from ._datatype import DataType
+from ._metrics import squares
 from ._modes import RoundMode, ScaleMode
 from ._number import InfNaN, NumberSpec
 from ._pack import pack_codes, unpack_codes
@@ -26,17 +27,41 @@ from ._tensor import Tensor
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _compute_dtype(dtype: DataType, source: torch.dtype = torch.float32) -> torch.dtype:
-    """float32 holds every grid point and rounding step of formats up to ~21 mantissa bits, and
-    power-of-two scaling is exact in it. Division by a float scale is not: it runs in float64,
-    where the quotient of two float32 numbers rounds to the same element as the exact quotient
-    (in float32 a quotient just off a rounding boundary could land on it)."""
+_SIGNIFICANT_BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24, torch.float64: 53}
+
+
+def _compute_dtype(
+    dtype: DataType, source: torch.dtype = torch.float32, roundmode: RoundMode = RoundMode.EVEN
+) -> torch.dtype:
+    """The dtype a cast computes in: float32 where it gives the exact result, else float64.
+
+    float32 holds every grid point and rounding step of formats up to ~21 mantissa bits, and
+    power-of-two scaling is exact in it. A division x / s by a float scale is not exact; its
+    float32 quotient still rounds to the element the exact quotient rounds to when x, s and every
+    rounding boundary c of the element grid (midpoints; grid points for directed modes) are
+    narrow: x - s*c is then a nonzero multiple of a power of two, so an inexact quotient lies at
+    least 2**-max(p_s + p_c, p_x + 1) of c away from c (p: significant bits), which is beyond
+    float32's rounding error (2**-24; 2**-22 leaves a factor 2 for ulps that change at powers of
+    two). That holds for fp16 and bf16 weights under their own scales; float32 inputs take
+    float64, where it holds for them. Stochastic rounding compares the quotient's fraction itself,
+    and a float zero point subtracts before dividing: both keep float64.
+    """
     nspec, sspec = dtype.nspec, dtype.sspec
     if nspec.mbits > 20 or nspec.emin - nspec.mbits < -149 or nspec.emax > 126 or source == torch.float64:
         return torch.float64
-    if sspec is not None and not sspec.is_exponent:
-        return torch.float64
-    return torch.float32
+    if sspec is None or sspec.is_exponent:
+        return torch.float32
+    scale = sspec.scale
+    narrow = (
+        roundmode is not RoundMode.STOCHASTIC
+        and (sspec.zero is None or not sspec.zero.is_float)
+        and _SIGNIFICANT_BITS[source] + 1 <= 22
+        and scale.significant_bits + nspec.significant_bits + 1 <= 22
+        and nspec.smallest_subnormal >= 2.0**-125  # half of it is still a normal float32
+        and scale.smallest_subnormal >= 2.0**-149
+        and scale.emax <= 126
+    )
+    return torch.float32 if narrow else torch.float64
 
 
 def _round(scaled: torch.Tensor, mode: RoundMode, noise: torch.Tensor | None) -> torch.Tensor:
@@ -223,10 +248,23 @@ class _Scaling:
 
 
 def _scaling(blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> _Scaling:
-    nspec, sspec = dtype.nspec, dtype.sspec
+    sspec = dtype.sspec
     if sspec is None:
         return _Scaling()
-    lo, hi = torch.aminmax(blocks, dim=1, keepdim=True)
+    # exact, and small; two reductions run faster than torch.aminmax along a dim
+    lo, hi = blocks.amin(dim=1, keepdim=True).double(), blocks.amax(dim=1, keepdim=True).double()
+    scaling = _scaling_of_range(lo, hi, dtype, scalemode)
+    for name in ("scale", "zero", "to_grid", "divisor"):  # exact in the work dtype: see _compute_dtype
+        value = getattr(scaling, name)
+        if value is not None:
+            setattr(scaling, name, value.to(blocks.dtype))
+    return scaling
+
+
+def _scaling_of_range(lo: torch.Tensor, hi: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> _Scaling:
+    """`_scaling` from each row's min and max, in float64."""
+    nspec, sspec = dtype.nspec, dtype.sspec
+    assert sspec is not None
     if nspec.is_uint:
         assert sspec.zero is not None
         lo, hi = torch.clamp(lo, max=0.0), torch.clamp(hi, min=0.0)
@@ -305,30 +343,43 @@ def _run(
     scalemode: ScaleMode,
     generator: torch.Generator | None,
     virtual_dtype: torch.dtype | None,
-) -> tuple[Blocking, torch.Tensor, _Scaling]:
-    """Cast `x` piece by piece: fake-quantized values in `virtual_dtype`, or element values/codes.
+    measure: bool = False,
+) -> tuple[Blocking, torch.Tensor, _Scaling, tuple[float, float] | None]:
+    """Cast `x` piece by piece: fake-quantized values in `virtual_dtype`, or (None) element codes,
+    and with `measure` the energies (signal, noise) of the input and of the error.
 
-    Scales come from one pass of per-row min/max; the element work then runs on cache-sized
-    pieces, in place, so no temporary is ever the size of the tensor.
+    Scales come from one pass of per-row min/max; the element work, the encoding of an actual
+    cast and the energies then run on cache-sized pieces, so no temporary is ever the size of
+    the tensor.
     """
     _check_input(x)
-    work = _compute_dtype(dtype, x.dtype)
+    nspec = dtype.nspec
+    work = _compute_dtype(dtype, x.dtype, roundmode)
     layout = plan(tuple(x.shape), dtype.sspec)
     blocks = to_blocks(x.to(work), layout)
     scaling = _scaling(blocks, dtype, scalemode)
     noise = draw_noise(blocks.shape, blocks, generator) if roundmode is RoundMode.STOCHASTIC else None
-    out = torch.empty(blocks.shape, dtype=virtual_dtype or work, device=x.device)
+    out = torch.empty(blocks.shape, dtype=virtual_dtype or code_dtype(nspec), device=x.device)
+    signal = error = 0.0
     for rows, cols in _pieces(*blocks.shape):
         piece = blocks[rows, cols]
         values = _element_piece(
             piece, dtype, scaling, rows, roundmode, None if noise is None else noise[rows, cols]
         )
+        if virtual_dtype is None:
+            out[rows, cols] = encode(values, nspec)
+            if not measure:
+                continue
         if values.data_ptr() == piece.data_ptr():
             values = values.clone()  # unscaled formats may hand back their input; never mutate it
+        approximation = _combine_piece(values, dtype, scaling, rows)
+        if measure:
+            signal += squares(piece)
+            error += squares(approximation - piece)  # exact: see tcast.energies
         if virtual_dtype is not None:
-            values = _combine_piece(values, dtype, scaling, rows)
-        out[rows, cols] = values
-    return layout, out, scaling
+            out[rows, cols] = approximation
+    energies = (signal, math.inf if math.isnan(error) else error) if measure else None
+    return layout, out, scaling, energies
 
 
 def virtual_cast(
@@ -339,7 +390,7 @@ def virtual_cast(
     generator: torch.Generator | None,
     out_dtype: torch.dtype | None,
 ) -> torch.Tensor:
-    layout, out, _ = _run(x, dtype, roundmode, scalemode, generator, out_dtype or x.dtype)
+    layout, out, _, _ = _run(x, dtype, roundmode, scalemode, generator, out_dtype or x.dtype)
     return from_blocks(out, layout)
 
 
@@ -349,13 +400,13 @@ def actual_cast(
     roundmode: RoundMode,
     scalemode: ScaleMode,
     generator: torch.Generator | None,
+    measure: bool = False,
 ) -> Tensor:
     nspec, sspec = dtype.nspec, dtype.sspec
     if nspec.bits > 16:
         raise ValueError(f"actual casts store codes of at most 16 bits; {dtype.name} has {nspec.bits}")
-    _, values, scaling = _run(x, dtype, roundmode, scalemode, generator, None)
+    _, codes, scaling, energies = _run(x, dtype, roundmode, scalemode, generator, None, measure)
     scale, zero = scaling.scale, scaling.zero
-    codes = encode(values, nspec)
     scales = zeros = None
     if sspec is not None and scale is not None:
         if sspec.is_exponent:
@@ -374,7 +425,9 @@ def actual_cast(
         codes=pack_codes(codes, nspec.bits),
         scales=scales,
         zeros=zeros,
-        numel_padded=values.numel(),
+        numel_padded=codes.numel(),
+        signal=None if energies is None else energies[0],
+        noise=None if energies is None else energies[1],
     )
 
 

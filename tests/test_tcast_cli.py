@@ -75,7 +75,7 @@ def test_virtual_cast_file(weights: Path, tmp_path: Path, tcast_cli) -> None:  #
     row = next(t for t in doc["tensors"] if t["name"] == "layer.weight")
     err = cast["layer.weight"].double() - original["layer.weight"].double()
     expected = 10 * math.log10(float((original["layer.weight"].double() ** 2).sum() / (err**2).sum()))
-    assert row["sqnr_db"] == pytest.approx(expected, rel=1e-9)
+    assert row["sqnr_db"] == pytest.approx(expected, abs=1e-5)  # energies sum float32 squares
     assert row["max_abs_error"] == pytest.approx(float(err.abs().max()))
 
 
