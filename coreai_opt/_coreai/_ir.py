@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,9 +22,6 @@ DECOMPRESSION_OPS = frozenset(
         "coreai.cast",
     }
 )
-
-_FLOAT_WIDTHS = {"f64": 64, "f32": 32, "f16": 16, "bf16": 16, "tf32": 19}
-_MINIFLOAT = re.compile(r"^f(\d+)E\d+M\d+")
 
 
 @dataclass(frozen=True)
@@ -91,13 +87,12 @@ def element_name(mlir_type: Any) -> str:
 
 
 def element_bits(mlir_type: Any) -> int:
+    """Bits of an element type: the element table's, else the width MLIR reports."""
+    from coreai_opt._elements import ELEMENTS
+
     name = element_name(mlir_type)
-    if name in _FLOAT_WIDTHS:
-        return _FLOAT_WIDTHS[name]
-    if m := re.fullmatch(r"[su]?i(\d+)", name):
-        return int(m.group(1))
-    if m := _MINIFLOAT.match(name):
-        return int(m.group(1))
+    if name in ELEMENTS:
+        return ELEMENTS[name].bits
     element = getattr(mlir_type, "element_type", mlir_type)
     width = getattr(element, "width", None)
     if isinstance(width, int):

@@ -7,6 +7,8 @@ import math
 import numpy as np
 import torch
 
+import tcast
+
 FP16_MAX = 65504.0
 FP16_SMALLEST_SUBNORMAL = 2.0**-24
 FP32_INF_THRESHOLD = 1e38  # scalars at or beyond this stand for infinity (finfo(float32).min masks, -inf)
@@ -62,33 +64,46 @@ def tensor_to_fp16(tensor: torch.Tensor) -> torch.Tensor:
     return half
 
 
-_FLOAT_RANK = {
-    torch.float16: (5, 10),
-    torch.bfloat16: (8, 7),
-    torch.float32: (8, 23),
-    torch.float64: (11, 52),
-}
-_INT_RANGE = {
-    torch.bool: (0, 1),
-    torch.uint8: (0, 2**8 - 1),
-    torch.int8: (-(2**7), 2**7 - 1),
-    torch.int16: (-(2**15), 2**15 - 1),
-    torch.int32: (-(2**31), 2**31 - 1),
-    torch.int64: (-(2**63), 2**63 - 1),
-}
+def _float_widths(dtype: torch.dtype) -> tuple[int, int] | None:
+    """(exponent bits, mantissa bits) of a float dtype, from the element table and tcast."""
+    from coreai_opt._elements import Kind, of_torch
+
+    try:
+        element = of_torch(dtype)
+    except ValueError:
+        return None
+    if element.kind is not Kind.FLOAT or element.tcast is None:
+        return None
+    spec = tcast.number(element.tcast)
+    return spec.ebits, spec.mbits
+
+
+def _int_range(dtype: torch.dtype) -> tuple[int, int] | None:
+    from coreai_opt._elements import Kind, of_torch
+
+    try:
+        element = of_torch(dtype)
+    except ValueError:
+        return None
+    if element.kind is Kind.BOOL:
+        return 0, 1
+    if element.kind is Kind.INT:
+        return -(2 ** (element.bits - 1)), 2 ** (element.bits - 1) - 1
+    if element.kind is Kind.UINT:
+        return 0, 2**element.bits - 1
+    return None
 
 
 def holds(wide: torch.dtype, narrow: torch.dtype) -> bool:
     """Every value of `narrow` is exactly representable in `wide` (a cast narrow->wide->narrow is lossless)."""
     if wide == narrow:
         return True
-    if wide in _FLOAT_RANK and narrow in _FLOAT_RANK:
-        (we, wm), (ne, nm) = _FLOAT_RANK[wide], _FLOAT_RANK[narrow]
-        return we >= ne and wm >= nm
-    if wide in _INT_RANGE and narrow in _INT_RANGE:
-        (wlo, whi), (nlo, nhi) = _INT_RANGE[wide], _INT_RANGE[narrow]
-        return wlo <= nlo and nhi <= whi
-    if wide in _FLOAT_RANK and narrow in _INT_RANGE:
-        lo, hi = _INT_RANGE[narrow]
-        return max(abs(lo), hi) <= 2 ** (_FLOAT_RANK[wide][1] + 1)
+    wide_float, narrow_float = _float_widths(wide), _float_widths(narrow)
+    wide_ints, narrow_ints = _int_range(wide), _int_range(narrow)
+    if wide_float and narrow_float:
+        return wide_float[0] >= narrow_float[0] and wide_float[1] >= narrow_float[1]
+    if wide_ints and narrow_ints:
+        return wide_ints[0] <= narrow_ints[0] and narrow_ints[1] <= wide_ints[1]
+    if wide_float and narrow_ints:
+        return max(abs(narrow_ints[0]), narrow_ints[1]) <= 2 ** (wide_float[1] + 1)
     return False

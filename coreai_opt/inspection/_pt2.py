@@ -14,22 +14,13 @@ if TYPE_CHECKING:
 
 
 def torch_dtype_name(dtype: torch.dtype) -> str:
-    """Short names in the style MLIR prints them, so both formats read alike."""
-    import torch
+    """The element type's name as Core AI (MLIR) prints it, so both formats read alike."""
+    from coreai_opt._elements import of_torch
 
-    names = {
-        torch.float64: "f64",
-        torch.float32: "f32",
-        torch.float16: "f16",
-        torch.bfloat16: "bf16",
-        torch.int64: "si64",
-        torch.int32: "si32",
-        torch.int16: "si16",
-        torch.int8: "si8",
-        torch.uint8: "ui8",
-        torch.bool: "i1",
-    }
-    return names.get(dtype, str(dtype).removeprefix("torch."))
+    try:
+        return of_torch(dtype).name
+    except ValueError:
+        return str(dtype).removeprefix("torch.")
 
 
 def _tensor_info(name: str, value: object) -> TensorInfo:
