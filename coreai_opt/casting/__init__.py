@@ -1,43 +1,47 @@
-"""16-bit casting of `torch.export` programs: FP32 -> FP16 and INT32/INT64 -> INT16."""
+"""16-bit casting of `torch.export` programs: FP32 -> FP16 and INT32/INT64 -> INT16.
 
-from ._api import (
-    CastTarget,
-    MalformedGraphError,
-    cast_fp32_to_fp16,
-    cast_int32_to_int16,
-    cast_program,
-    cast_to_16_bit_precision,
-    new_input_dtypes,
-)
-from ._check import CheckResult, OutputAgreement, check_inputs, compare_programs, random_inputs
-from ._file import CastFileResult, cast_file, default_output
-from ._graph import resolve_op
-from ._overflow import Overflow, first_overflows
-from ._report import CastReport, IOChange, OpChange, OpOutcome, StateChange, StateOutcome
+`CastTarget` loads with the package; everything else imports torch, so it loads on first use.
+"""
 
-__all__ = [
-    "CastFileResult",
-    "CastReport",
-    "CastTarget",
-    "CheckResult",
-    "IOChange",
-    "MalformedGraphError",
-    "OpChange",
-    "OpOutcome",
-    "OutputAgreement",
-    "Overflow",
-    "StateChange",
-    "StateOutcome",
-    "cast_file",
-    "cast_fp32_to_fp16",
-    "cast_int32_to_int16",
-    "cast_program",
-    "cast_to_16_bit_precision",
-    "check_inputs",
-    "compare_programs",
-    "default_output",
-    "first_overflows",
-    "new_input_dtypes",
-    "random_inputs",
-    "resolve_op",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._target import CastTarget
+
+_LAZY = {
+    "MalformedGraphError": "_api",
+    "cast_fp32_to_fp16": "_api",
+    "cast_int32_to_int16": "_api",
+    "cast_program": "_api",
+    "cast_to_16_bit_precision": "_api",
+    "new_input_dtypes": "_api",
+    "CheckResult": "_check",
+    "OutputAgreement": "_check",
+    "check_inputs": "_check",
+    "compare_programs": "_check",
+    "random_inputs": "_check",
+    "CastFileResult": "_file",
+    "cast_file": "_file",
+    "default_output": "_file",
+    "resolve_op": "_graph",
+    "Overflow": "_overflow",
+    "first_overflows": "_overflow",
+    "CastReport": "_report",
+    "IOChange": "_report",
+    "OpChange": "_report",
+    "OpOutcome": "_report",
+    "StateChange": "_report",
+    "StateOutcome": "_report",
+}
+
+__all__ = ["CastTarget", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value

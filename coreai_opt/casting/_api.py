@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import enum
-
 import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
@@ -14,16 +12,7 @@ from ._fp16 import FP16Pass
 from ._int16 import INT16Pass, anchor_views
 from ._program import sync_output_names, user_inputs, user_outputs
 from ._report import CastReport, IOChange
-
-
-class CastTarget(enum.Enum):
-    FP16 = "fp16"
-    INT16 = "int16"
-    BOTH = "16bit"
-
-    @property
-    def suffix(self) -> str:
-        return f".{self.value}"
+from ._target import CastTarget
 
 
 def _io_dtypes(ep: ExportedProgram) -> list[tuple[str, str, str]]:
