@@ -5,7 +5,7 @@
 The BERT-base stand-in (12 layers, hidden 768, FFN 3072, 30,522-token vocabulary; 108.9M
 parameters in fp16, 12 heads, sequence 128) is exported, converted with coreai-torch and cached
 under build/bench/. For each configuration the table gives the median over --repeat runs (after
-a warm-up run) of three timings: `quantize_program` on a loaded program (the compression itself),
+a warm-up run) of three timings: `compress_` on a loaded program (the compression itself),
 `quantize_weights` (the seed API: a deep copy, then the same), and `quantize_file` (load,
 compress, save the asset). Goal (issue 5): under 2.5 s per configuration on BERT-base for int8
 per channel, int4 per block and fp8 on a 2-core machine (the peer library: about 5 s).
@@ -29,8 +29,9 @@ from coreai_opt.coreai_utils import (
     CompressionGranularity,
     DType,
     QScheme,
+    QuantizeConfig,
+    compress_,
     quantize_file,
-    quantize_program,
     quantize_weights,
 )
 from coreai_opt.io import load_aimodel
@@ -126,7 +127,7 @@ def bench(path: Path, name: str, repeat: int) -> list[str]:
 
         def in_memory(options: dict = options) -> float:
             program = load_aimodel(path)
-            return _timed(lambda: quantize_program(program, **options))
+            return _timed(lambda: compress_(program, QuantizeConfig(**options)))
 
         def seed_api(options: dict = options) -> float:
             program = load_aimodel(path)
@@ -134,9 +135,9 @@ def bench(path: Path, name: str, repeat: int) -> list[str]:
 
         def whole_file(options: dict = options) -> float:
             with tempfile.TemporaryDirectory() as tmp:
-                return _timed(lambda: quantize_file(path, Path(tmp) / "q.aimodel", **options))
+                return _timed(lambda: quantize_file(path, Path(tmp) / "q.aimodel", QuantizeConfig(**options)))
 
-        report = quantize_program(load_aimodel(path), **options)
+        report = compress_(load_aimodel(path), QuantizeConfig(**options))
         elements = report.elements / 1e6
         core = _median(in_memory, repeat)
         rows.append(

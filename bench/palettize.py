@@ -13,6 +13,7 @@ weight (LUTs included), the mean weight SNR and the total squared error of the w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import time
 import warnings
@@ -21,17 +22,17 @@ import numpy as np
 import torch
 from compress import bert_base_asset
 
-from coreai_opt.coreai_utils import CompressionGranularity, PalettizePlan, palettize_program
-from coreai_opt.coreai_utils._kmeans import kmeans_1d
+from coreai_opt.compression._kmeans import kmeans_1d
+from coreai_opt.coreai_utils import CompressionGranularity, PalettizeConfig, compress_
 from coreai_opt.io import load_aimodel
 
 G = CompressionGranularity
 CONFIGS = {
-    "4-tensor": PalettizePlan(4),
-    "4-channel": PalettizePlan(4, granularity=G.PER_CHANNEL),
-    "4-grouped16": PalettizePlan(4, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
-    "2-tensor": PalettizePlan(2),
-    "8-tensor": PalettizePlan(8),
+    "4-tensor": PalettizeConfig(4),
+    "4-channel": PalettizeConfig(4, granularity=G.PER_CHANNEL),
+    "4-grouped16": PalettizeConfig(4, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
+    "2-tensor": PalettizeConfig(2),
+    "8-tensor": PalettizeConfig(8),
 }
 
 
@@ -50,11 +51,10 @@ def main() -> None:
     )
     print(f"{'configuration':<14} {'weights':>7} {'M elem':>7} {'seconds':>8} {'bits/w':>7} {'mean SNR':>9}")
     for name in args.configs:
-        plan = CONFIGS[name]
-        plan = PalettizePlan(**{**plan.__dict__, "workers": args.workers})
+        config = dataclasses.replace(CONFIGS[name], num_kmeans_workers=args.workers)
         program = load_aimodel(path)
         start = time.perf_counter()
-        report = palettize_program(program, plan)
+        report = compress_(program, config)
         seconds = time.perf_counter() - start
         snr = np.mean([w.snr_db for w in report.weights])
         print(f"{name:<14} {len(report.weights):>7} {report.elements / 1e6:>7.1f} {seconds:>8.2f} "

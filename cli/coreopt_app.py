@@ -105,17 +105,14 @@ def convert(
         render_conversion(result, report)
 
 
-class CastTo(enum.StrEnum):
-    fp16 = "fp16"
-    int16 = "int16"
-    both = "16bit"
+from coreai_opt.casting import CastTarget  # noqa: E402  (an enum in a module of its own: no torch)
 
 
 @app.command()
 def cast(
     model: Path = typer.Argument(..., help="The .pt2 file to cast (it is never modified)."),
-    to: CastTo = typer.Option(
-        CastTo.both, "--to", help="fp16 (FP32->FP16), int16 (INT32/64->INT16) or 16bit (both)."
+    to: CastTarget = typer.Option(
+        CastTarget.BOTH.value, "--to", help="fp16 (FP32->FP16), int16 (INT32/64->INT16) or 16bit (both)."
     ),
     output: Path | None = typer.Option(
         None,
@@ -176,35 +173,40 @@ def cast(
         raise typer.Exit(1)
 
 
-class QuantDType(enum.StrEnum):
-    int8 = "int8"
-    uint8 = "uint8"
-    int4 = "int4"
-    uint4 = "uint4"
-    int2 = "int2"
-    uint2 = "uint2"
-    fp8e4m3 = "fp8e4m3"
-    fp8e5m2 = "fp8e5m2"
-    mxfp4 = "mxfp4"
+def _choices(name: str, members: tuple[enum.Enum, ...]) -> type[enum.StrEnum]:
+    """A CLI choice type offering exactly the library's members (by their values)."""
+    return enum.StrEnum(name, {m.value: m.value for m in members})  # type: ignore[return-value]
 
 
-class Scheme(enum.StrEnum):
-    sym = "sym"
-    asym = "asym"
-
-
-class Granularity(enum.StrEnum):
-    tensor = "tensor"
-    channel = "channel"
-    block = "block"
-
-
-class ScaleDType(enum.StrEnum):
-    e8m0 = "e8m0"
+def _default(config: type, name: str) -> Any:
+    """A config field's default: the CLI's defaults are the library's."""
+    return config.__dataclass_fields__[name].default
 
 
 def _threshold_option() -> Any:
-    return typer.Option(1024, "--threshold", help="Skip weights with this many elements or fewer.")
+    from coreai_opt.compression import QuantizeConfig
+
+    return typer.Option(
+        _default(QuantizeConfig, "weight_num_threshold"),
+        "--threshold",
+        help="Skip weights with this many elements or fewer.",
+    )
+
+
+def _override_option() -> Any:
+    return typer.Option(
+        [],
+        "--override",
+        help="Per-weight change, by a glob over the weight's name (first match wins): 'PATTERN:skip', or "
+        "'PATTERN:OPTION=VALUE[,OPTION=VALUE]' with the pass's option names (dtype=int8, n_bits=8, "
+        "granularity=channel, ...). Repeatable. Example: --override 'embed*:skip'",
+    )
+
+
+def _overrides(texts: list[str], config: type) -> tuple[Any, ...]:
+    from coreai_opt.compression import parse_override
+
+    return tuple(parse_override(text, config) for text in texts)
 
 
 def _show_compression(result: CompressionFileResult, as_json: bool) -> None:
@@ -240,19 +242,58 @@ def _weight_progress(enabled: bool, what: str) -> Iterator[Progress | None]:
         yield advance
 
 
+from coreai_opt.compression import (  # noqa: E402  (enums and choice lists: no torch behind them)
+    JOINT_DTYPES,
+    LUT_DTYPES,
+    PALETTIZE_GRANULARITIES,
+    QUANTIZE_GRANULARITIES,
+    WEIGHT_DTYPES,
+    DType,
+    PalettizeConfig,
+    QScheme,
+    QuantizeConfig,
+    SparsifyConfig,
+)
+
+WeightDType = _choices("WeightDType", WEIGHT_DTYPES)
+Scheme = _choices("Scheme", tuple(QScheme))
+QuantizeGranularity = _choices("QuantizeGranularity", QUANTIZE_GRANULARITIES)
+ScaleDType = _choices("ScaleDType", (DType.FP8_E8M0FNU,))
+PaletteGranularity = _choices("PaletteGranularity", PALETTIZE_GRANULARITIES)
+LutDType = _choices("LutDType", LUT_DTYPES)
+JointDType = _choices("JointDType", JOINT_DTYPES)
+
+
+def _compress(model: Path, output: Path | None, config: Any, force: bool, as_json: bool, what: str) -> None:
+    from coreai_opt.coreai_utils import compress_file
+
+    with user_errors(), _weight_progress(not as_json, what) as progress:
+        result = compress_file(model, output, config, force=force, progress=progress)
+    _show_compression(result, as_json)
+
+
 @app.command()
 def quantize(
     model: Path = typer.Argument(..., help="The .aimodel to compress (it is never modified)."),
-    dtype: QuantDType = typer.Option(QuantDType.int8, "--dtype", help="Element type of the stored weights."),
-    scheme: Scheme = typer.Option(Scheme.sym, "--scheme", help="sym, or asym (integers: with a zero point)."),
-    granularity: Granularity | None = typer.Option(
+    dtype: WeightDType = typer.Option(  # type: ignore[valid-type]
+        _default(QuantizeConfig, "dtype").value, "--dtype", help="Element type of the stored weights."
+    ),
+    scheme: Scheme = typer.Option(  # type: ignore[valid-type]
+        _default(QuantizeConfig, "qscheme").value,
+        "--scheme",
+        help="sym, or asym (integers: with a zero point).",
+    ),
+    granularity: QuantizeGranularity | None = typer.Option(  # type: ignore[valid-type]
         None, "--granularity", help="Scale per tensor, channel or block (default: channel; block for mxfp4)."
     ),
-    block_size: int = typer.Option(32, "--block-size", help="Block length along the input axis."),
-    scale_dtype: ScaleDType | None = typer.Option(
+    block_size: int = typer.Option(
+        _default(QuantizeConfig, "block_size"), "--block-size", help="Block length along the input axis."
+    ),
+    scale_dtype: ScaleDType | None = typer.Option(  # type: ignore[valid-type]
         None, "--scale-dtype", help="e8m0: power-of-two scales (fp8 / mxfp4 data only)."
     ),
     threshold: int = _threshold_option(),
+    override: list[str] = _override_option(),
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Output .aimodel (default: model.<dtype>.aimodel beside the input)."
     ),
@@ -265,64 +306,54 @@ def quantize(
 
     Example: coreopt quantize model.aimodel --dtype int4 --granularity block --block-size 32 --json
 
-    Example: coreopt quantize model.aimodel --dtype fp8e4m3 --scale-dtype e8m0
+    Example: coreopt quantize model.aimodel --dtype fp8e4m3 --scale-dtype e8m0 --override 'embed*:skip'
     """
-    from coreai_opt.coreai_utils import quantize_file
-
-    with user_errors(), _weight_progress(not as_json, "quantizing") as progress:
-        result = quantize_file(
-            model,
-            output,
-            dtype=dtype.value,
-            qscheme=scheme.value,
-            granularity=granularity.value if granularity is not None else None,
-            block_size=block_size,
-            weight_num_threshold=threshold,
-            scale_dtype=scale_dtype.value if scale_dtype is not None else None,
-            force=force,
-            progress=progress,
-        )
-    _show_compression(result, as_json)
-
-
-class PaletteGranularity(enum.StrEnum):
-    tensor = "tensor"
-    channel = "channel"
-    grouped = "grouped"
-
-
-class LutDType(enum.StrEnum):
-    int8 = "int8"
-    uint8 = "uint8"
-    fp8e4m3 = "fp8e4m3"
-    fp8e5m2 = "fp8e5m2"
+    with user_errors():
+        config = QuantizeConfig(
+            dtype.value, scheme.value, granularity.value if granularity is not None else None, block_size,
+            scale_dtype.value if scale_dtype is not None else None, threshold, _overrides(override, QuantizeConfig),
+        )  # fmt: skip
+    _compress(model, output, config, force, as_json, "quantizing")
 
 
 @app.command()
 def palettize(
     model: Path = typer.Argument(..., help="The .aimodel to compress (it is never modified)."),
     nbits: int = typer.Option(
-        4, "--nbits", help="Index width: 1, 2, 3, 4, 6 or 8 (a LUT of 2^nbits entries)."
+        _default(PalettizeConfig, "n_bits"),
+        "--nbits",
+        help="Index width: 1, 2, 3, 4, 6 or 8 (a LUT of 2^nbits entries).",
     ),
-    granularity: PaletteGranularity = typer.Option(
-        PaletteGranularity.tensor,
+    granularity: PaletteGranularity = typer.Option(  # type: ignore[valid-type]
+        _default(PalettizeConfig, "granularity").value,
         "--granularity",
         help="One LUT per tensor, per channel or per group of channels.",
     ),
-    group_size: int = typer.Option(32, "--group-size", help="Channels per LUT with --granularity grouped."),
-    lut_dtype: LutDType | None = typer.Option(
+    group_size: int = typer.Option(
+        _default(PalettizeConfig, "group_size"),
+        "--group-size",
+        help="Channels per LUT with --granularity grouped.",
+    ),
+    lut_dtype: LutDType | None = typer.Option(  # type: ignore[valid-type]
         None, "--lut-dtype", help="Quantize LUT entries (one scale per LUT)."
     ),
     per_channel_scale: bool = typer.Option(
         False, "--per-channel-scale", help="Normalize each channel by its max |w| before clustering."
     ),
     cluster_dim: int = typer.Option(
-        1, "--cluster-dim", help="Vector length along the output channels (>1: vectors)."
+        _default(PalettizeConfig, "cluster_dim"),
+        "--cluster-dim",
+        help="Vector length along the output channels (>1: vectors).",
     ),
     threshold: int = _threshold_option(),
+    override: list[str] = _override_option(),
     workers: int = typer.Option(0, "--workers", help="k-means threads (0: one per CPU)."),
     fast: bool = typer.Option(False, "--fast", help="Round values to --rounding-precision decimals first."),
-    rounding_precision: int = typer.Option(4, "--rounding-precision", help="Decimals kept by --fast."),
+    rounding_precision: int = typer.Option(
+        _default(PalettizeConfig, "rounding_precision"),
+        "--rounding-precision",
+        help="Decimals kept by --fast.",
+    ),
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Output .aimodel (default: model.lut<nbits>.aimodel beside the input)."
     ),
@@ -335,33 +366,17 @@ def palettize(
 
     Example: coreopt palettize model.aimodel --nbits 4 --granularity grouped --group-size 16 --lut-dtype int8
 
-    Example: coreopt palettize model.aimodel --nbits 2 --cluster-dim 2 --per-channel-scale --json
+    Example: coreopt palettize model.aimodel --nbits 2 --cluster-dim 2 --override 'head*:n_bits=8' --json
     """
     import os
 
-    from coreai_opt.coreai_utils import CompressionGranularity, DType, PalettizePlan, palettize_file
-
-    grains = {
-        PaletteGranularity.tensor: CompressionGranularity.PER_TENSOR,
-        PaletteGranularity.channel: CompressionGranularity.PER_CHANNEL,
-        PaletteGranularity.grouped: CompressionGranularity.PER_GROUPED_CHANNEL,
-    }
-    with user_errors(), _weight_progress(not as_json, "palettizing") as progress:
-        plan = PalettizePlan(
-            n_bits=nbits,
-            lut_dtype=DType(lut_dtype.value) if lut_dtype is not None else None,
-            granularity=grains[granularity],
-            group_size=group_size,
-            cluster_dim=cluster_dim,
-            per_channel_scale=per_channel_scale,
-            workers=workers or os.cpu_count() or 1,
-            fast=fast,
-            rounding_precision=rounding_precision,
-        )
-        result = palettize_file(
-            model, output, plan=plan, weight_num_threshold=threshold, force=force, progress=progress
-        )
-    _show_compression(result, as_json)
+    with user_errors():
+        config = PalettizeConfig(
+            nbits, lut_dtype.value if lut_dtype is not None else None, granularity.value, group_size, cluster_dim,
+            per_channel_scale, workers or os.cpu_count() or 1, fast, rounding_precision, threshold,
+            _overrides(override, PalettizeConfig),
+        )  # fmt: skip
+    _compress(model, output, config, force, as_json, "palettizing")
 
 
 def _n_m_ratio(text: str | None) -> tuple[int, int] | None:
@@ -385,11 +400,12 @@ def sparsify(
     block_size: int | None = typer.Option(
         None, "--block-size", help="Prune blocks of this many output channels, ranked by L2 norm."
     ),
-    quantize: LutDType | None = typer.Option(None, "--quantize", help="Quantize the kept values too."),
+    quantize: JointDType | None = typer.Option(None, "--quantize", help="Quantize the kept values too."),  # type: ignore[valid-type]
     palettize: int | None = typer.Option(
         None, "--palettize", help="Palettize the kept values with a 2^N-entry k-means LUT."
     ),
     threshold: int = _threshold_option(),
+    override: list[str] = _override_option(),
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Output .aimodel (default: model.sparse<..>.aimodel beside the input)."
     ),
@@ -404,25 +420,17 @@ def sparsify(
 
     Example: coreopt sparsify model.aimodel --sparsity 0.75 --block-size 4 --palettize 4 --json
     """
-    from coreai_opt.coreai_utils import DType, SparsifyPlan, sparsify_file
-
     ratio = _n_m_ratio(nm)
     if ratio is not None and sparsity is not None:
         raise typer.BadParameter("give --sparsity or --nm, not both", param_hint="--nm")
     if quantize is not None and palettize is not None:
         raise typer.BadParameter("give --quantize or --palettize, not both", param_hint="--palettize")
-    with user_errors(), _weight_progress(not as_json, "sparsifying") as progress:
-        plan = SparsifyPlan(
-            target_sparsity=None if ratio is not None else (0.5 if sparsity is None else sparsity),
-            block_size=block_size,
-            n_m_ratio=ratio,
-            quantize_dtype=DType(quantize.value) if quantize is not None else None,
-            palettize_nbits=palettize,
-        )
-        result = sparsify_file(
-            model, output, plan=plan, weight_num_threshold=threshold, force=force, progress=progress
-        )
-    _show_compression(result, as_json)
+    with user_errors():
+        config = SparsifyConfig(
+            sparsity, block_size, ratio, quantize.value if quantize is not None else None, palettize, threshold,
+            _overrides(override, SparsifyConfig),
+        )  # fmt: skip
+    _compress(model, output, config, force, as_json, "sparsifying")
 
 
 @app.command()

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from coreai_opt.coreai_utils._kmeans import kmeans_1d
+from coreai_opt.compression._kmeans import kmeans_1d
 
 
 def _sse(x: np.ndarray, w: np.ndarray, uppers: np.ndarray, centroids: np.ndarray, found: int) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,13 +16,12 @@ from coreai_opt.conversion import convert_exported_program
 from coreai_opt.coreai_utils import (
     CompressionGranularity,
     DType,
-    PalettizePlan,
+    PalettizeConfig,
+    QuantizeConfig,
     SkipKind,
-    SparsifyPlan,
-    palettize_program,
+    SparsifyConfig,
+    compress_,
     palettize_weights,
-    quantize_program,
-    sparsify_program,
 )
 from coreai_opt.inspection import inspect_model
 from coreai_opt.io import load_aimodel, save_aimodel
@@ -30,18 +30,18 @@ G = CompressionGranularity
 THRESHOLD = 256
 
 PLANS = {
-    "4b-tensor": PalettizePlan(4),
-    "4b-channel": PalettizePlan(4, granularity=G.PER_CHANNEL),
-    "3b-grouped16": PalettizePlan(3, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
-    "6b-channel-int8lut-scale": PalettizePlan(6, DType.INT8, G.PER_CHANNEL, per_channel_scale=True),
-    "2b-tensor-uint8lut-scale": PalettizePlan(2, DType.UINT8, per_channel_scale=True),
-    "4b-grouped8-fp8lut": PalettizePlan(4, DType.FP8_E4M3FN, G.PER_GROUPED_CHANNEL, group_size=8),
-    "4b-channel-e5m2lut": PalettizePlan(4, DType.FP8_E5M2, G.PER_CHANNEL),
-    "2b-vector2-tensor": PalettizePlan(2, cluster_dim=2),
-    "4b-vector4-grouped8-int8-scale": PalettizePlan(4, DType.INT8, G.PER_GROUPED_CHANNEL, 8, 4, True),
-    "8b-tensor-fast": PalettizePlan(8, fast=True, rounding_precision=3),
-    "1b-tensor": PalettizePlan(1),
-    "4b-channel-2workers": PalettizePlan(4, granularity=G.PER_CHANNEL, workers=2),
+    "4b-tensor": PalettizeConfig(4),
+    "4b-channel": PalettizeConfig(4, granularity=G.PER_CHANNEL),
+    "3b-grouped16": PalettizeConfig(3, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
+    "6b-channel-int8lut-scale": PalettizeConfig(6, DType.INT8, G.PER_CHANNEL, enable_per_channel_scale=True),
+    "2b-tensor-uint8lut-scale": PalettizeConfig(2, DType.UINT8, enable_per_channel_scale=True),
+    "4b-grouped8-fp8lut": PalettizeConfig(4, DType.FP8_E4M3FN, G.PER_GROUPED_CHANNEL, group_size=8),
+    "4b-channel-e5m2lut": PalettizeConfig(4, DType.FP8_E5M2, G.PER_CHANNEL),
+    "2b-vector2-tensor": PalettizeConfig(2, cluster_dim=2),
+    "4b-vector4-grouped8-int8-scale": PalettizeConfig(4, DType.INT8, G.PER_GROUPED_CHANNEL, 8, 4, True),
+    "8b-tensor-fast": PalettizeConfig(8, enable_fast_kmeans_mode=True, rounding_precision=3),
+    "1b-tensor": PalettizeConfig(1),
+    "4b-channel-2workers": PalettizeConfig(4, granularity=G.PER_CHANNEL, num_kmeans_workers=2),
 }
 
 
@@ -50,7 +50,7 @@ PLANS = {
 def test_runtime_equals_numpy_decoding(plan_id: str, sample: str, tmp_path: Path) -> None:
     plan = PLANS[plan_id]
     program = load_aimodel(SAMPLES / f"{sample}.aimodel")
-    report = palettize_program(program, plan, THRESHOLD)
+    report = compress_(program, replace(plan, weight_num_threshold=THRESHOLD))
     assert report.weights
     path = save_aimodel(program, tmp_path / "p.aimodel")
     # inspect sees what the report says, and the bytes add up from the format
@@ -68,7 +68,7 @@ def test_runtime_equals_numpy_decoding(plan_id: str, sample: str, tmp_path: Path
         index_bytes = math.ceil(math.prod(w.shape) // plan.cluster_dim * plan.n_bits / 8)
         lut_bytes = expected_luts * entries * plan.cluster_dim * (4 if plan.lut_dtype is None else 1)
         assert w.bytes_after >= index_bytes + lut_bytes + 2  # + the axis scalar (+ scales)
-        if plan.lut_dtype is None and not plan.per_channel_scale:
+        if plan.lut_dtype is None and not plan.enable_per_channel_scale:
             assert w.bytes_after == index_bytes + lut_bytes + 2
     for skipped in report.skipped:
         assert skipped.kind.value in ("small", "not-a-weight", "layout")
@@ -107,20 +107,27 @@ def _fp16_probe(tmp_path: Path) -> tuple[Path, np.ndarray]:
 @pytest.mark.parametrize(
     "plan",
     [
-        PalettizePlan(4),
-        PalettizePlan(4, fast=True),
-        PalettizePlan(4, fast=True, rounding_precision=0),
-        PalettizePlan(4, granularity=G.PER_CHANNEL, fast=True),
-        PalettizePlan(4, DType.INT8, G.PER_GROUPED_CHANNEL, 16, per_channel_scale=True, fast=True),
-        PalettizePlan(4, DType.FP8_E4M3FN, fast=True),
-        PalettizePlan(2, cluster_dim=2),
+        PalettizeConfig(4),
+        PalettizeConfig(4, enable_fast_kmeans_mode=True),
+        PalettizeConfig(4, enable_fast_kmeans_mode=True, rounding_precision=0),
+        PalettizeConfig(4, granularity=G.PER_CHANNEL, enable_fast_kmeans_mode=True),
+        PalettizeConfig(
+            4,
+            DType.INT8,
+            G.PER_GROUPED_CHANNEL,
+            16,
+            enable_per_channel_scale=True,
+            enable_fast_kmeans_mode=True,
+        ),
+        PalettizeConfig(4, DType.FP8_E4M3FN, enable_fast_kmeans_mode=True),
+        PalettizeConfig(2, cluster_dim=2),
     ],
     ids=["exact", "fast", "fast-0dp", "fast-channel", "fast-grouped-int8-scale", "fast-fp8", "vector"],
 )
-def test_large_fp16_weights_never_become_nan(plan: PalettizePlan, tmp_path: Path) -> None:
+def test_large_fp16_weights_never_become_nan(plan: PalettizeConfig, tmp_path: Path) -> None:
     path, _ = _fp16_probe(tmp_path)
     program = load_aimodel(path)
-    report = palettize_program(program, plan, 0)
+    report = compress_(program, replace(plan, weight_num_threshold=0))
     assert len(report.weights) == 1 and np.isfinite(report.weights[0].snr_db)
     out = save_aimodel(program, tmp_path / "p.aimodel")
     got = next(
@@ -136,9 +143,9 @@ def test_a_weight_with_nan_or_inf_is_left_alone_by_every_pass(special: float, tm
     values, and the program still computes exactly what it did."""
     _, weight = _fp16_probe(tmp_path)
     compress = {
-        "quantize": lambda p: quantize_program(p, DType.INT8, weight_num_threshold=0),
-        "palettize": lambda p: palettize_program(p, PalettizePlan(4), 0),
-        "sparsify": lambda p: sparsify_program(p, SparsifyPlan(), 0),
+        "quantize": lambda p: compress_(p, QuantizeConfig(DType.INT8, weight_num_threshold=0)),
+        "palettize": lambda p: compress_(p, PalettizeConfig(4, weight_num_threshold=0)),
+        "sparsify": lambda p: compress_(p, SparsifyConfig(weight_num_threshold=0)),
     }
     import coreai_torch
 
@@ -169,7 +176,7 @@ def test_a_weight_with_nan_or_inf_is_left_alone_by_every_pass(special: float, tm
     [
         ({"n_bits": 5}, "n_bits must be one of"),
         ({"lut_dtype": DType.INT4}, "lut_dtype is None"),
-        ({"granularity": G.PER_BLOCK}, "per-grouped-channel granularity"),
+        ({"granularity": G.PER_BLOCK}, "per-tensor, per-channel or per-grouped-channel granularity"),
         ({"cluster_dim": 2, "granularity": G.PER_CHANNEL}, "use per-tensor or grouped"),
         (
             {"cluster_dim": 3, "granularity": G.PER_GROUPED_CHANNEL, "group_size": 8},
@@ -184,10 +191,9 @@ def test_invalid_options_name_the_rule(kwargs: dict, rule: str) -> None:
 
 
 def test_ungroupable_channels_are_skipped_with_a_reason() -> None:
-    report = palettize_program(
+    report = compress_(
         load_aimodel(SAMPLES / "transformer.aimodel"),
-        PalettizePlan(4, granularity=G.PER_GROUPED_CHANNEL, group_size=48),
-        256,
+        PalettizeConfig(4, granularity=G.PER_GROUPED_CHANNEL, group_size=48, weight_num_threshold=256),
     )
     reasons = [s.reason for s in report.skipped if s.kind.value == "layout"]
     assert reasons and all("not a multiple of group_size 48" in r for r in reasons)
@@ -201,7 +207,7 @@ def test_16_bit_histogram_path_equals_the_sorting_path(
     import coreai_torch
     from conftest import constant_records
 
-    from coreai_opt.coreai_utils import _palettize
+    from coreai_opt.compression import _palettize
 
     layer = torch.nn.Linear(256, 512, bias=False).eval().half()
     with torch.no_grad():
@@ -212,11 +218,11 @@ def test_16_bit_histogram_path_equals_the_sorting_path(
     calls = []
     original = _palettize._clusters_16_bit
     monkeypatch.setattr(_palettize, "_clusters_16_bit", lambda *a: calls.append(1) or original(*a))
-    palettize_program(histogram, PalettizePlan(4), 0)
+    compress_(histogram, PalettizeConfig(4, weight_num_threshold=0))
     assert calls, "the histogram path ran"
     monkeypatch.setattr(_palettize, "_MAX_HISTOGRAM_BINS", 0)
     sorting = load_aimodel(path)
-    palettize_program(sorting, PalettizePlan(4), 0)
+    compress_(sorting, PalettizeConfig(4, weight_num_threshold=0))
     assert len(calls) == 1
     assert constant_records(histogram) == constant_records(sorting)
     out = save_aimodel(histogram, tmp_path / "h.aimodel")

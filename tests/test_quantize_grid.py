@@ -18,7 +18,7 @@ import pytest
 from _decode import densify
 from conftest import SAMPLE_NAMES, SAMPLES, run_aimodel, sample_inputs
 
-from coreai_opt.coreai_utils import CompressionGranularity, DType, QScheme, quantize_program
+from coreai_opt.coreai_utils import CompressionGranularity, DType, QScheme, QuantizeConfig, compress_
 from coreai_opt.inspection import inspect_model
 from coreai_opt.io import load_aimodel, save_aimodel
 
@@ -91,7 +91,7 @@ def test_quantized_sample_matches_its_numpy_decoding(
     dtype, scheme, grain, scale_dtype = combo
     e8m0 = scale_dtype is not None or dtype is DType.FP4_E2M1FN
     program = load_aimodel(SAMPLES / f"{sample}.aimodel")
-    report = quantize_program(program, dtype, scheme, grain, BLOCK, THRESHOLD, scale_dtype)
+    report = compress_(program, QuantizeConfig(dtype, scheme, grain, BLOCK, scale_dtype, THRESHOLD))
     if grain is not G.PER_BLOCK:
         assert report.weights, "every sample has a weight above the threshold"
     for skipped in report.skipped:

@@ -15,7 +15,14 @@ import torch
 from conftest import SAMPLES, run_aimodel
 
 from coreai_opt.conversion import convert_exported_program
-from coreai_opt.coreai_utils import CompressionGranularity, DType, QScheme, quantize_program, quantize_weights
+from coreai_opt.coreai_utils import (
+    CompressionGranularity,
+    DType,
+    QScheme,
+    QuantizeConfig,
+    compress_,
+    quantize_weights,
+)
 from coreai_opt.inspection import inspect_model
 from coreai_opt.io import load_aimodel, save_aimodel
 
@@ -105,7 +112,7 @@ def test_runtime_output_is_the_reference_dequantized_weight(
 ) -> None:
     path, w = _probe(tmp_path)
     program = load_aimodel(path)
-    report = quantize_program(program, dtype, scheme, granularity, 32, 1024, scale_dtype)
+    report = compress_(program, QuantizeConfig(dtype, scheme, granularity, 32, scale_dtype))
     assert len(report.weights) == 1 and report.skipped == []
     out = save_aimodel(program, tmp_path / "q.aimodel")
     name = inspect_model(out).inputs[0].name
@@ -158,7 +165,9 @@ def test_invalid_combinations_name_the_rule(kwargs: dict, rule: str) -> None:
 
 def test_not_in_place_leaves_the_input_and_skips_are_reported() -> None:
     program = load_aimodel(SAMPLES / "mlp.aimodel")
-    report = quantize_program(load_aimodel(SAMPLES / "mlp.aimodel"), DType.INT8, weight_num_threshold=2048)
+    report = compress_(
+        load_aimodel(SAMPLES / "mlp.aimodel"), QuantizeConfig(DType.INT8, weight_num_threshold=2048)
+    )
     assert {w.shape for w in report.weights} == {(128, 64), (128, 128)}
     assert any("<= threshold 2048" in s.reason for s in report.skipped)  # the 10x128 head
     copy = quantize_weights(program, DType.INT8)
@@ -208,7 +217,7 @@ def test_16_bit_weights_round_exactly_like_float64(dtype: torch.dtype, tmp_path:
 
     w = _near_ties(dtype, 24, 64)
     program = load_aimodel(_half_probe(tmp_path, w))
-    quantize_program(program, DType.INT8, QScheme.SYMMETRIC, G.PER_CHANNEL)
+    compress_(program, QuantizeConfig(DType.INT8, QScheme.SYMMETRIC, G.PER_CHANNEL))
     from coreai_opt import _coreai
 
     (op,) = [
@@ -226,8 +235,9 @@ def test_16_bit_weights_round_exactly_like_float64(dtype: torch.dtype, tmp_path:
 
 @pytest.mark.parametrize("dtype", [DType.FP4_E2M1FN, DType.FP8_E4M3FN, DType.FP8_E5M2], ids=lambda d: d.value)
 def test_fp_codes_of_every_value_match_ml_dtypes(dtype: DType) -> None:
-    """Golden: the bit pattern written for every finite value of the format (signed zeros included)."""
-    from coreai_opt.coreai_utils._quantize import _fp_codes
+    """Golden: the bit pattern written for every finite value of the Core AI element (signed zeros
+    included): the element table's tcast code encodes as ml_dtypes does."""
+    import tcast
 
     np_type = {
         DType.FP4_E2M1FN: ml_dtypes.float4_e2m1fn,
@@ -238,8 +248,8 @@ def test_fp_codes_of_every_value_match_ml_dtypes(dtype: DType) -> None:
     codes = np.arange(2**bits, dtype=np.uint8)
     values = codes.view(np_type).astype(np.float32)
     finite = np.isfinite(values)
-    got = _fp_codes(torch.from_numpy(values[finite]), dtype).numpy()
-    np.testing.assert_array_equal(got, codes[finite])
+    cast = tcast.cast(torch.from_numpy(values[finite]), dtype.element.tcast, castmode="actual")
+    np.testing.assert_array_equal(cast.unpacked_codes().numpy(), codes[finite])
 
 
 @pytest.mark.parametrize("dtype", [DType.FP8_E4M3FN, DType.FP8_E5M2], ids=lambda d: d.value)
@@ -252,7 +262,7 @@ def test_fp8_on_fp16_weights_runs_finite_and_exact(dtype: DType, magnitude: floa
     w = (torch.randn(48, 64, dtype=torch.float64) * magnitude).to(torch.float16)
     path = _half_probe(tmp_path, w)
     program = load_aimodel(path)
-    report = quantize_program(program, dtype, QScheme.SYMMETRIC, G.PER_CHANNEL)
+    report = compress_(program, QuantizeConfig(dtype, QScheme.SYMMETRIC, G.PER_CHANNEL))
     assert report.weights[0].encoding.endswith("f16 scale per channel")
     out = save_aimodel(program, tmp_path / "q.aimodel")
     dense = load_aimodel(out)

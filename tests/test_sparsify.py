@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,26 +16,37 @@ from _hostile import tree_digest
 from conftest import SAMPLES, copy_sample, run_aimodel
 
 from coreai_opt import _coreai
-from coreai_opt._coreai import _rewrite as rw
-from coreai_opt.coreai_utils import DType, SparsifyPlan, sparsify_program, sparsify_weights
-from coreai_opt.coreai_utils._sparsify import sparsity_mask
+from coreai_opt._coreai._rewrite import CoreAIWeights
+from coreai_opt._elements import element
+from coreai_opt.compression import SkipKind, WeightSite
+from coreai_opt.compression._sites import select_sites
+from coreai_opt.compression._sparsify import sparsity_mask
+from coreai_opt.coreai_utils import DType, SparsifyConfig, compress_, sparsify_weights
 from coreai_opt.inspection import inspect_model
 from coreai_opt.io import load_aimodel, save_aimodel
 
 THRESHOLD = 256
 
+
+def _weights(program: object) -> tuple[CoreAIWeights, list[WeightSite]]:
+    """The program's weight container and its eligible weights."""
+    container = CoreAIWeights(program)
+    chosen, _ = select_sites(container.candidates(), THRESHOLD, lambda name: None)
+    return container, [site for site, _ in chosen]
+
+
 PLANS = {
-    "magnitude50": SparsifyPlan(0.5),
-    "magnitude75-block4": SparsifyPlan(0.75, block_size=4),
-    "2of4": SparsifyPlan(None, n_m_ratio=(2, 4)),
-    "1of4-int8": SparsifyPlan(None, n_m_ratio=(1, 4), quantize_dtype=DType.INT8),
-    "magnitude50-uint8": SparsifyPlan(0.5, quantize_dtype=DType.UINT8),
-    "block2-uint8": SparsifyPlan(0.5, block_size=2, quantize_dtype=DType.UINT8),
-    "magnitude30-fp8e4m3": SparsifyPlan(0.3, quantize_dtype=DType.FP8_E4M3FN),
-    "2of4-fp8e5m2": SparsifyPlan(None, n_m_ratio=(2, 4), quantize_dtype=DType.FP8_E5M2),
-    "magnitude60-lut4": SparsifyPlan(0.6, palettize_nbits=4),
-    "3of8-lut3": SparsifyPlan(None, n_m_ratio=(3, 8), palettize_nbits=3),
-    "block4-lut2": SparsifyPlan(0.5, block_size=4, palettize_nbits=2),
+    "magnitude50": SparsifyConfig(0.5),
+    "magnitude75-block4": SparsifyConfig(0.75, block_size=4),
+    "2of4": SparsifyConfig(None, n_m_ratio=(2, 4)),
+    "1of4-int8": SparsifyConfig(None, n_m_ratio=(1, 4), quantize_dtype=DType.INT8),
+    "magnitude50-uint8": SparsifyConfig(0.5, quantize_dtype=DType.UINT8),
+    "block2-uint8": SparsifyConfig(0.5, block_size=2, quantize_dtype=DType.UINT8),
+    "magnitude30-fp8e4m3": SparsifyConfig(0.3, quantize_dtype=DType.FP8_E4M3FN),
+    "2of4-fp8e5m2": SparsifyConfig(None, n_m_ratio=(2, 4), quantize_dtype=DType.FP8_E5M2),
+    "magnitude60-lut4": SparsifyConfig(0.6, palettize_nbits=4),
+    "3of8-lut3": SparsifyConfig(None, n_m_ratio=(3, 8), palettize_nbits=3),
+    "block4-lut2": SparsifyConfig(0.5, block_size=4, palettize_nbits=2),
 }
 
 
@@ -54,7 +66,7 @@ def _dense_weights(program) -> list[np.ndarray]:  # type: ignore[no-untyped-def]
 def test_runtime_equals_numpy_decoding(plan_id: str, sample: str, tmp_path: Path) -> None:
     plan = PLANS[plan_id]
     program = load_aimodel(SAMPLES / f"{sample}.aimodel")
-    report = sparsify_program(program, plan, THRESHOLD)
+    report = compress_(program, replace(plan, weight_num_threshold=THRESHOLD))
     assert report.weights
     path = save_aimodel(program, tmp_path / "s.aimodel")
     inspected = inspect_model(path)
@@ -83,8 +95,9 @@ def test_runtime_equals_numpy_decoding(plan_id: str, sample: str, tmp_path: Path
 @pytest.mark.parametrize("sample", ["mlp", "transformer"])
 def test_magnitude_keeps_the_largest_and_plain_values_exactly(sample: str) -> None:
     program = load_aimodel(SAMPLES / f"{sample}.aimodel")
-    originals = [rw.read_weight(s.op).double().numpy() for s in rw.weight_sites(program, THRESHOLD)[0]]
-    sparsify_program(program, SparsifyPlan(0.5), THRESHOLD)
+    container, sites = _weights(program)
+    originals = [container.read(site).double().numpy() for site in sites]
+    compress_(program, SparsifyConfig(0.5, weight_num_threshold=THRESHOLD))
     decoded = _dense_weights(program)
     assert len(decoded) == len(originals)
     for dense, original in zip(decoded, originals, strict=True):
@@ -96,10 +109,10 @@ def test_magnitude_keeps_the_largest_and_plain_values_exactly(sample: str) -> No
 
 def test_n_m_keeps_n_of_every_m_along_the_input_axis() -> None:
     program = load_aimodel(SAMPLES / "transformer.aimodel")
-    sites, _ = rw.weight_sites(program, THRESHOLD)
-    w = rw.read_weight(sites[0].op)
+    container, sites = _weights(program)
+    w = container.read(sites[0])
     for n, m in ((2, 4), (1, 4), (3, 8)):
-        mask = sparsity_mask(w, sites[0], SparsifyPlan(None, n_m_ratio=(n, m)))
+        mask = sparsity_mask(w, sites[0], SparsifyConfig(None, n_m_ratio=(n, m)))
         assert isinstance(mask, torch.Tensor)
         runs = mask.movedim(sites[0].input_axis, -1).reshape(-1, m)
         assert (runs.sum(1) == n).all()
@@ -111,9 +124,9 @@ def test_n_m_keeps_n_of_every_m_along_the_input_axis() -> None:
 
 def test_block_sparsity_prunes_whole_blocks_by_l2_norm() -> None:
     program = load_aimodel(SAMPLES / "mlp.aimodel")
-    site = rw.weight_sites(program, THRESHOLD)[0][0]
-    w = rw.read_weight(site.op)
-    mask = sparsity_mask(w, site, SparsifyPlan(0.5, block_size=4))
+    container, (site, *_) = _weights(program)
+    w = container.read(site)
+    mask = sparsity_mask(w, site, SparsifyConfig(0.5, block_size=4))
     assert isinstance(mask, torch.Tensor)
     moved = mask.movedim(site.output_axis, 0)
     blocks = moved.reshape(moved.shape[0] // 4, 4, -1)
@@ -125,11 +138,11 @@ def test_block_sparsity_prunes_whole_blocks_by_l2_norm() -> None:
 
 
 def test_ties_are_deterministic_and_go_to_the_lower_index() -> None:
-    site = rw.WeightSite(None, "w", (2, 8), "f32", "coreai.batch_matmul", 0, 1)
+    site = WeightSite(None, "w", (2, 8), element("f32"), 0, 1)
     w = torch.ones(2, 8)
-    mask = sparsity_mask(w, site, SparsifyPlan(None, n_m_ratio=(2, 4)))
+    mask = sparsity_mask(w, site, SparsifyConfig(None, n_m_ratio=(2, 4)))
     assert mask.tolist() == [[True, True, False, False] * 2] * 2
-    mask = sparsity_mask(w, site, SparsifyPlan(0.75))
+    mask = sparsity_mask(w, site, SparsifyConfig(0.75))
     assert mask.reshape(-1).nonzero().reshape(-1).tolist() == [0, 1, 2, 3]
 
 
@@ -139,11 +152,11 @@ def test_fp16_weights_near_7_and_300_never_nan(tmp_path: Path) -> None:
     path, weight = _fp16_probe(tmp_path)
     eye = {inspect_model(path).inputs[0].name: np.eye(64, dtype=np.float16)}  # output: the weight, transposed
     for plan in (
-        SparsifyPlan(0.5),
-        SparsifyPlan(0.5, palettize_nbits=4),
-        SparsifyPlan(None, n_m_ratio=(2, 4), quantize_dtype=DType.FP8_E4M3FN),
-        SparsifyPlan(0.5, quantize_dtype=DType.INT8),
-        SparsifyPlan(0.5, quantize_dtype=DType.UINT8),
+        SparsifyConfig(0.5),
+        SparsifyConfig(0.5, palettize_nbits=4),
+        SparsifyConfig(None, n_m_ratio=(2, 4), quantize_dtype=DType.FP8_E4M3FN),
+        SparsifyConfig(0.5, quantize_dtype=DType.INT8),
+        SparsifyConfig(0.5, quantize_dtype=DType.UINT8),
     ):
         program = sparsify_weights(load_aimodel(path), weight_num_threshold=0, **_kwargs(plan))
         out = save_aimodel(program, tmp_path / "o.aimodel", force=True)
@@ -153,7 +166,7 @@ def test_fp16_weights_near_7_and_300_never_nan(tmp_path: Path) -> None:
         np.testing.assert_allclose(got[big], weight[big], rtol=0.07)
 
 
-def _kwargs(plan: SparsifyPlan) -> dict:
+def _kwargs(plan: SparsifyConfig) -> dict:
     return {
         "target_sparsity": plan.target_sparsity if plan.n_m_ratio is None else None,
         "block_size": plan.block_size,
@@ -166,7 +179,7 @@ def _kwargs(plan: SparsifyPlan) -> dict:
 def test_seed_api_copies_unless_in_place() -> None:
     program = load_aimodel(SAMPLES / "mlp.aimodel")
     before = _coreai.op_histogram(_coreai.mlir_module(program))
-    out = sparsify_weights(program, n_m_ratio=(2, 4))  # the default target_sparsity is not a conflict
+    out = sparsify_weights(program, n_m_ratio=(2, 4))  # target_sparsity defaults to 0.5 only without n:m
     assert _coreai.op_histogram(_coreai.mlir_module(program)) == before
     assert _coreai.op_histogram(_coreai.mlir_module(out))["coreai.build_sparse_with_bitmask"] > 0
     assert sparsify_weights(program, in_place=True) is program
@@ -176,7 +189,6 @@ def test_seed_api_copies_unless_in_place() -> None:
     "kwargs, message",
     [
         ({"target_sparsity": 0.5, "n_m_ratio": (2, 4)}, "exactly one of target_sparsity and n_m_ratio"),
-        ({"target_sparsity": None}, "exactly one of target_sparsity and n_m_ratio"),
         ({"target_sparsity": 1.0}, "strictly between 0 and 1"),
         ({"target_sparsity": 0.0}, "strictly between 0 and 1"),
         ({"n_m_ratio": (4, 4)}, "0 < n < m"),
@@ -195,8 +207,8 @@ def test_invalid_options_raise(kwargs: dict, message: str) -> None:
 
 def test_layouts_that_do_not_fit_are_skipped_with_a_reason() -> None:
     program = load_aimodel(SAMPLES / "transformer.aimodel")
-    report = sparsify_program(program, SparsifyPlan(None, n_m_ratio=(3, 7)), THRESHOLD)
-    layout = [s for s in report.skipped if s.kind is rw.SkipKind.LAYOUT]
+    report = compress_(program, SparsifyConfig(None, n_m_ratio=(3, 7), weight_num_threshold=THRESHOLD))
+    layout = [s for s in report.skipped if s.kind is SkipKind.LAYOUT]
     assert layout and all("not a multiple of m=7" in s.reason for s in layout)
 
 

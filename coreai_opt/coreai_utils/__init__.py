@@ -1,33 +1,54 @@
-"""Weight compression of Core AI programs (seed 002): quantize, palettize, sparsify and joint forms."""
+"""Weight compression of Core AI programs as seed 002 spells it: `quantize_weights`,
+`palettize_weights`, `sparsify_weights`, and their file-level forms. The work is done by
+`coreai_opt.compression`; these build its configs."""
 
-from coreai_opt._coreai._rewrite import SkipKind, Skipped
+from coreai_opt.compression import (
+    CompressionGranularity,
+    CompressionReport,
+    DType,
+    Override,
+    PalettizeConfig,
+    Progress,
+    QScheme,
+    QuantizeConfig,
+    SkipKind,
+    Skipped,
+    SparsifyConfig,
+    WeightResult,
+    compress_,
+)
 
-from ._file import CompressionFileResult, palettize_file, quantize_file, sparsify_file
-from ._options import CompressionGranularity, DType, QScheme
-from ._palettize import PalettizePlan, palettize_program, palettize_weights
-from ._quantize import quantize_program, quantize_weights
-from ._results import CompressionReport, Progress, WeightResult
-from ._sparsify import SparsifyPlan, sparsify_program, sparsify_weights
+from ._file import (
+    CompressionFileResult,
+    compress_file,
+    default_output,
+    palettize_file,
+    quantize_file,
+    sparsify_file,
+)
+from ._seed import palettize_weights, quantize_weights, sparsify_weights
 
 __all__ = [
     "CompressionFileResult",
     "CompressionGranularity",
     "CompressionReport",
     "DType",
-    "PalettizePlan",
+    "Override",
+    "PalettizeConfig",
     "Progress",
     "QScheme",
+    "QuantizeConfig",
     "SkipKind",
     "Skipped",
-    "SparsifyPlan",
+    "SparsifyConfig",
     "WeightResult",
+    "compress_",
+    "compress_file",
+    "default_output",
     "palettize_file",
-    "palettize_program",
     "palettize_weights",
     "quantize_file",
-    "quantize_program",
     "quantize_weights",
     "sparsify_file",
-    "sparsify_program",
     "sparsify_weights",
 ]

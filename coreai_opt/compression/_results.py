@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from coreai_opt._coreai._rewrite import Skipped
+from ._sites import Skipped
 
 Progress = Callable[[int, int, str], None]  # (weights done, weights in all, the one just done)
 
@@ -35,6 +35,7 @@ class WeightResult:
 class CompressionReport:
     weights: list[WeightResult] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    unmatched_overrides: list[str] = field(default_factory=list)  # patterns no weight name matched
 
     @property
     def bytes_before(self) -> int:
@@ -59,9 +60,12 @@ class CompressionReport:
 
     @property
     def warnings(self) -> list[str]:
-        if self.weights:
-            return []
-        return [f"no eligible weight: nothing was compressed ({len(self.skipped)} constants skipped)"]
+        found = [f"override {pattern!r} matched no weight" for pattern in self.unmatched_overrides]
+        if not self.weights:
+            found.append(
+                f"no eligible weight: nothing was compressed ({len(self.skipped)} constants skipped)"
+            )
+        return found
 
     def to_dict(self) -> dict[str, Any]:
         def plain(record: Any) -> dict[str, Any]:

@@ -1,0 +1,86 @@
+"""Weight compression that knows no container: quantize, palettize, sparsify and their joint forms.
+
+A config per pass (`QuantizeConfig`, `PalettizeConfig`, `SparsifyConfig`) says what to do, with
+per-weight `Override`s by name pattern; `compress_(program, config)` selects the eligible weights
+of a program (`_sites`), encodes each one as plain arrays (`_encoded`: codes, LUTs, scales, masks;
+the numerics are tcast's) and lets the program's container write them: Core AI programs through
+`coreai_opt._coreai`. The report lists every weight, and every float tensor left alone with why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._config import (
+    JOINT_DTYPES,
+    LUT_DTYPES,
+    N_BITS,
+    PALETTIZE_GRANULARITIES,
+    QUANTIZE_GRANULARITIES,
+    WEIGHT_DTYPES,
+    Config,
+    Override,
+    PalettizeConfig,
+    QuantizeConfig,
+    SparsifyConfig,
+    parse_override,
+)
+from ._encoded import Encoding, Palettized, Quantized, ShiftScale, Sparse, Stored
+from ._options import CompressionGranularity, DType, QScheme
+from ._results import CompressionReport, Progress, WeightResult
+from ._sites import Candidate, Consumer, Container, SkipKind, Skipped, Use, WeightSite, Written
+
+__all__ = [
+    "JOINT_DTYPES",
+    "LUT_DTYPES",
+    "N_BITS",
+    "PALETTIZE_GRANULARITIES",
+    "QUANTIZE_GRANULARITIES",
+    "WEIGHT_DTYPES",
+    "Candidate",
+    "CompressionGranularity",
+    "CompressionReport",
+    "Config",
+    "Consumer",
+    "Container",
+    "DType",
+    "Encoding",
+    "Override",
+    "PalettizeConfig",
+    "Palettized",
+    "Progress",
+    "QScheme",
+    "QuantizeConfig",
+    "Quantized",
+    "ShiftScale",
+    "SkipKind",
+    "Skipped",
+    "Sparse",
+    "SparsifyConfig",
+    "Stored",
+    "Use",
+    "WeightResult",
+    "WeightSite",
+    "Written",
+    "compress_",
+    "container_of",
+    "parse_override",
+]
+
+
+def container_of(program: Any) -> Container:
+    """The container that writes a program's weights: a Core AI program (`AIProgram`)."""
+    if type(program).__name__ == "AIProgram":
+        from coreai_opt._coreai._rewrite import CoreAIWeights
+
+        return CoreAIWeights(program)
+    raise TypeError(f"cannot compress a {type(program).__name__}: give a Core AI program (AIProgram)")
+
+
+def compress_(program: Any, config: Config, progress: Progress | None = None) -> CompressionReport:
+    """Compress `program`'s weights in place as `config` says; report every weight and skip."""
+    from ._driver import compress_container  # the encoders import torch: only when compressing
+
+    if not isinstance(config, (QuantizeConfig, PalettizeConfig, SparsifyConfig)):
+        raise TypeError(f"config must be a QuantizeConfig, PalettizeConfig or SparsifyConfig, not {config!r}")
+    return compress_container(container_of(program), config, progress)

@@ -1,0 +1,67 @@
+"""The loop every pass shares, on any container: select the weights, encode each, let the container
+write it, report each one."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import tcast
+
+from ._config import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig
+from ._encoded import Encoding
+from ._palettize import palettize
+from ._quantize import quantize
+from ._results import CompressionReport, Progress, WeightResult
+from ._sites import Container, SkipKind, Skipped, WeightSite, select_sites
+from ._sparsify import sparsify
+
+Encoder = Callable[[torch.Tensor, WeightSite, Any], "Encoding | str"]
+_ENCODERS: dict[type, Encoder] = {
+    QuantizeConfig: quantize,
+    PalettizeConfig: palettize,
+    SparsifyConfig: sparsify,
+}
+
+
+def compress_container(
+    container: Container, config: Config, progress: Progress | None = None
+) -> CompressionReport:
+    """Compress every eligible weight of `container` in place with `config`; report each one.
+
+    `progress(done, total, name)` is called after each weight (for progress bars).
+    """
+    encode = _ENCODERS[type(config)]
+    candidates = container.candidates()
+    sites, skipped = select_sites(candidates, config.weight_num_threshold, config.for_weight)
+    unmatched = [o.pattern for o in config.unmatched_overrides([c.name for c in candidates])]
+    report = CompressionReport(skipped=list(skipped), unmatched_overrides=unmatched)
+    for done, (site, site_config) in enumerate(sites, 1):
+        w = container.read(site)
+        if (reason := _non_finite(w)) is not None:
+            report.skipped.append(Skipped(site.name, site.shape, reason, SkipKind.NON_FINITE))
+        elif isinstance(outcome := encode(w, site, site_config), str):
+            report.skipped.append(Skipped(site.name, site.shape, outcome, SkipKind.LAYOUT))
+        else:
+            written = container.write(site, outcome)
+            report.weights.append(
+                WeightResult(
+                    site.name, site.shape, written.encoding, written.bytes_before, written.bytes_after,
+                    tcast.snr_db(outcome.signal, outcome.noise), outcome.luts, outcome.sparsity,
+                )
+            )  # fmt: skip
+        if progress is not None:
+            progress(done, len(sites), site.name)
+    container.finish()
+    return report
+
+
+def _non_finite(w: torch.Tensor) -> str | None:
+    """Why a weight holding NaN or Inf stays as it is (no scale, LUT or mask can carry it), or None."""
+    if w.numel() == 0 or all(math.isfinite(float(v)) for v in torch.aminmax(w)):  # NaN, Inf reach min or max
+        return None
+    bad = int((~torch.isfinite(w)).sum())
+    return f"{bad} NaN or Inf value{'s' * (bad > 1)}: left uncompressed" if bad else None

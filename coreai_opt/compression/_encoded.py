@@ -1,0 +1,75 @@
+"""A compressed weight as plain arrays, before any container turns it into ops or buffers.
+
+Every form decodes to the weight in its own dtype:
+- `Quantized`: `decode(data)`, with `decode` a block-wise shift-scale `scale * (data - offset)`;
+- `Palettized`: the LUT entry of every index (vector entries fill `axis`), then `decode` if any;
+- `Sparse`: the kept values scattered into the mask's positions (zeros elsewhere), then `decode`
+  if any; the kept values are plain, or a 1-D `Quantized` decoded before scattering (a zero point
+  must not turn pruned zeros into numbers), or a 1-D `Palettized`.
+
+`Stored` arrays hold what a container writes: the values of 8-, 16- and 32-bit elements as their
+own numpy dtype (ml_dtypes for bfloat16), and unsigned codes for sub-byte integers and the FP8,
+FP4 and E8M0 bit patterns. Containers pack sub-byte codes themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from coreai_opt._elements import Element
+
+
+@dataclass(frozen=True)
+class Stored:
+    values: np.ndarray
+    element: Element
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.values.shape)
+
+
+@dataclass(frozen=True)
+class ShiftScale:
+    """scale * (data - offset), block-wise: each parameter's shape divides the data's."""
+
+    scale: Stored  # the weight's float element, or E8M0 codes
+    offset: Stored | None  # in the data's element; None: zero
+
+
+@dataclass(frozen=True)
+class Quantized:
+    data: Stored  # codes in the weight's shape (or the kept values' 1-D shape)
+    decode: ShiftScale
+
+
+@dataclass(frozen=True)
+class Palettized:
+    indices: Stored  # ui{n_bits}; the weight's shape with the vector axis divided by the vector length
+    lut: Stored  # [*lut blocks, 2**n_bits, vector length]
+    axis: int  # the axis vector entries fill (the output-channel axis)
+    decode: ShiftScale | None  # quantized LUT entries and per-channel scales
+    luts: int
+
+
+@dataclass(frozen=True)
+class Sparse:
+    mask: np.ndarray  # bool, the weight's shape: True where a value is kept
+    kept: Stored | Quantized | Palettized  # one entry (or code) per True, in row-major order
+    decode: ShiftScale | None  # applied to the dense codes (symmetric codes of zero are zero)
+
+
+Form = Quantized | Palettized | Sparse
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """One weight's compressed form and what it costs in accuracy (summed squares)."""
+
+    form: Form
+    signal: float
+    noise: float
+    luts: int | None = None
+    sparsity: float | None = None

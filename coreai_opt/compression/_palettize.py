@@ -1,0 +1,282 @@
+"""Palettized weights: exact k-means look-up tables (per tensor, channel or group of channels).
+
+Which values are clustered: every weight of a group goes into a histogram bin keyed by its value
+- fp16 and bf16 weights by their exact value (at most 63,487 bins), fp32 weights and weights
+normalized by a per-channel scale by their value at 12 significant bits in float32's range (tcast's
+`e8m11`: one bit finer than fp16), and in fast mode by their value rounded to `rounding_precision`
+decimals in float64.
+Each bin enters the k-means as one point at the exact mean of its values, weighted by its count,
+so the clustering is optimal among all partitions that keep every bin whole - for 16-bit
+weights, optimal outright. Scalar clustering is the exact 1-D dynamic programme of `_kmeans`;
+vector clustering (`cluster_dim` > 1, vectors of consecutive output channels) has no exact
+polynomial algorithm and uses Lloyd's iterations from seeded k-means++ starts.
+
+LUT entries stay in the weight's dtype or are quantized by tcast (int8 symmetric, uint8 with a zero
+point, FP8) with one float32 scale per LUT; a per-channel scale and the LUT's scale fold into one
+scale per channel, stored in the weight's dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import tcast
+from coreai_opt._elements import Element, element
+
+from ._config import PalettizeConfig
+from ._encoded import Encoding, Palettized, ShiftScale, Stored
+from ._kmeans import in_threads, kmeans_1d
+from ._options import CompressionGranularity, DType, QScheme
+from ._quantize import cast_codes, stored_codes, stored_float
+from ._sites import WeightSite
+
+G = CompressionGranularity
+
+
+def _lut_groups(channels: int, config: PalettizeConfig) -> int | str:
+    if config.granularity is G.PER_TENSOR:
+        return 1
+    if config.granularity is G.PER_CHANNEL:
+        return channels
+    if channels % config.group_size:
+        return (
+            f"{channels} output channels are not a multiple of group_size {config.group_size} "
+            "(lut_to_dense needs equal groups)"
+        )
+    return channels // config.group_size
+
+
+def _keys(values: torch.Tensor, config: PalettizeConfig, exact: bool) -> torch.Tensor:
+    """Histogram keys: monotone in the values, so sorting values sorts keys."""
+    if config.enable_fast_kmeans_mode:
+        return torch.round(values.double(), decimals=config.rounding_precision).float()
+    return values if exact else tcast.cast(values, "e8m11")
+
+
+def _bins(sorted_keys: np.ndarray, sorted_values: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Histogram rows sorted by key: (bin means, counts, bin keys, offsets)."""
+    from ._kmeans_kernels import runs
+
+    count = sorted_keys.size
+    x, w = np.empty(count), np.empty(count)
+    bin_keys = np.empty(count, np.float32)
+    offsets = np.empty(sorted_keys.shape[0] + 1, np.int64)
+    used = runs(sorted_keys, sorted_values, x, w, bin_keys, offsets)
+    return x[:used], w[:used], bin_keys[:used], offsets
+
+
+def _finish(
+    x: np.ndarray, w: np.ndarray, bin_keys: np.ndarray, offsets: np.ndarray, config: PalettizeConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """k-means of every group's bins -> centroids [G, P] and cluster upper-bound keys [G, P-1]."""
+    entries = 2**config.n_bits
+    uppers, centroids, found = kmeans_1d(x, w, offsets, entries, config.num_kmeans_workers)
+    # each cluster's bound is the key of its last bin (inf past the clusters found); unused
+    # entries repeat the last centroid
+    inner = np.arange(entries - 1)[None, :] < (found - 1)[:, None]
+    last = np.where(inner, offsets[:-1, None] + uppers[:, : entries - 1], 0)
+    bounds = np.where(inner, bin_keys[last], np.float32(np.inf)).astype(np.float32)
+    unused = np.arange(entries)[None, :] >= found[:, None]
+    final = centroids[np.arange(len(found)), found - 1][:, None]
+    return np.where(unused, final, centroids), bounds
+
+
+_PATTERNS = 1 << 16
+_MAX_HISTOGRAM_BINS = 1 << 26  # groups x 65,536 counters for the 16-bit histogram path
+
+
+def _clusters_16_bit(rows: torch.Tensor, config: PalettizeConfig) -> tuple[np.ndarray, torch.Tensor]:
+    """Exact 16-bit weights in few large groups: histogram every bit pattern, no sorting.
+
+    Every element's cluster is then a table lookup by its bit pattern.
+    """
+    groups = rows.shape[0]
+    patterns = rows.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+    keyed = patterns + (torch.arange(groups)[:, None] * _PATTERNS)
+    counts = (
+        torch.bincount(keyed.reshape(-1), minlength=groups * _PATTERNS).reshape(groups, _PATTERNS).numpy()
+    )
+    every_value = torch.arange(_PATTERNS, dtype=torch.int32).to(torch.int16).view(rows.dtype).double().numpy()
+    xs, ws, offsets = [], [], [0]
+    for g in range(groups):
+        used = np.flatnonzero(counts[g])
+        values, inverse = np.unique(every_value[used], return_inverse=True)  # +0 and -0 share a bin
+        xs.append(values)
+        ws.append(np.bincount(inverse, weights=counts[g, used]))
+        offsets.append(offsets[-1] + len(values))
+    x = np.concatenate(xs)
+    centroids, bounds = _finish(x, np.concatenate(ws), x.astype(np.float32), np.array(offsets), config)
+    table = torch.searchsorted(
+        torch.from_numpy(bounds),
+        torch.from_numpy(every_value.astype(np.float32)).expand(groups, -1).contiguous(),
+    )
+    return centroids, table.reshape(-1)[keyed]
+
+
+def _scalar_clusters(
+    rows: torch.Tensor, native: torch.Tensor | None, config: PalettizeConfig
+) -> tuple[np.ndarray, torch.Tensor]:
+    """rows [G, m] (float32) -> centroids [G, P] (float64) and the index of every element [G, m].
+
+    `native` holds the same rows in their 16-bit dtype when their values are clustered exactly.
+    """
+    from ._kmeans_kernels import assign
+
+    groups, size = rows.shape
+    if (
+        native is not None
+        and not config.enable_fast_kmeans_mode
+        and size >= _PATTERNS
+        and groups * _PATTERNS <= _MAX_HISTOGRAM_BINS
+    ):
+        return _clusters_16_bit(native, config)  # the histogram is smaller than the data: no sort
+    # every key function here is monotone, so sorting the values sorts their keys too; numpy's
+    # vectorised sort of values alone is several times faster than an argsort
+    sorted_values = rows.numpy().copy()
+    in_threads(lambda a, b: sorted_values[a:b].sort(axis=1), groups, config.num_kmeans_workers)
+    sorted_keys = _keys(torch.from_numpy(sorted_values), config, native is not None).numpy()
+    x, w, bin_keys, offsets = _bins(sorted_keys, sorted_values.astype(np.float64))
+    centroids, bounds = _finish(x, w, bin_keys, offsets, config)
+    keys = _keys(rows, config, native is not None).contiguous().numpy()
+    index = np.empty((groups, size), np.int64)
+    in_threads(lambda a, b: assign(keys, bounds, index, a, b), groups, config.num_kmeans_workers)
+    return centroids, torch.from_numpy(index)
+
+
+def _vector_clusters(vectors: torch.Tensor, config: PalettizeConfig) -> tuple[np.ndarray, torch.Tensor]:
+    """vectors [G, m, V] -> centroids [G, P, V] and indices [G, m]: seeded k-means++ then Lloyd."""
+    entries = 2**config.n_bits
+    generator = torch.Generator().manual_seed(0)
+    groups, m, dim = vectors.shape
+    centroids = np.zeros((groups, entries, dim))
+    index = torch.zeros(groups, m, dtype=torch.int64)
+    for g in range(groups):
+        points = vectors[g].double()
+        chosen = [int(torch.randint(m, (1,), generator=generator))]
+        nearest = ((points - points[chosen[0]]) ** 2).sum(1)
+        for _ in range(1, min(entries, m)):
+            total = float(nearest.sum())
+            if total == 0:
+                break
+            pick = int(torch.multinomial(nearest / total, 1, generator=generator))
+            chosen.append(pick)
+            nearest = torch.minimum(nearest, ((points - points[pick]) ** 2).sum(1))
+        centers = points[chosen].clone()
+        for _ in range(50):
+            labels = torch.cdist(points, centers).argmin(1)
+            sums = torch.zeros_like(centers).index_add_(0, labels, points)
+            counts = torch.bincount(labels, minlength=len(centers)).double()
+            moved = torch.where(counts[:, None] > 0, sums / counts.clamp(min=1)[:, None], centers)
+            if torch.equal(moved, centers):
+                break
+            centers = moved
+        labels = torch.cdist(points, centers).argmin(1)
+        centroids[g, : len(centers)] = centers.numpy()
+        centroids[g, len(centers) :] = centers[-1].numpy()
+        index[g] = labels
+    return centroids, index
+
+
+_LUT_SCALE = "float32"  # one scale per LUT, in float32
+
+
+def _quantize_lut(centroids: np.ndarray, dtype: DType) -> tuple[Stored, np.ndarray, np.ndarray]:
+    """LUT entries quantized with one float32 scale (and zero point) per LUT by tcast: the stored
+    entries, the scale [G] and the zero point [G] (float64); INT8 symmetric, UINT8 asymmetric."""
+    groups = centroids.shape[0]
+    flat = torch.from_numpy(centroids.reshape(groups, -1))
+    qscheme = QScheme.ASYMMETRIC if dtype is DType.UINT8 else QScheme.SYMMETRIC
+    codes = cast_codes(flat, dtype, qscheme, _LUT_SCALE, "_t0d1", tcast.ScaleMode.MAX)
+    entries = stored_codes(codes.data.reshape(centroids.shape), dtype.element)
+    zero = np.zeros(groups) if codes.offset is None else codes.offset.reshape(-1).double().numpy()
+    return entries, codes.scale.reshape(-1).double().numpy(), zero
+
+
+def _entry_values(entries: Stored) -> np.ndarray:
+    """Stored LUT entries as float64 values (integers as themselves, FP8 decoded by tcast)."""
+    if not entries.element.is_float:
+        return entries.values.astype(np.float64)
+    codes = torch.from_numpy(entries.values.astype(np.int64))
+    return tcast.decode(codes, tcast.number(entries.element.tcast), torch.float64).numpy()
+
+
+def _store_scales(values: np.ndarray, storage: Element) -> Stored:
+    """Positive scales rounded by tcast into the weight's dtype, never to zero."""
+    spec = tcast.number(storage.tcast)
+    floor = spec.smallest_subnormal if spec.mbits else spec.smallest_normal
+    rounded = tcast.cast(torch.from_numpy(np.maximum(values, floor)), spec)
+    return stored_float(rounded, storage)
+
+
+def palettize(w: torch.Tensor, site: WeightSite, config: PalettizeConfig) -> Encoding | str:
+    """One weight's indices, LUTs and scales (or why its layout cannot take the config)."""
+    axis, shape, dim = site.output_axis, site.shape, config.cluster_dim
+    channels = shape[axis]
+    groups = _lut_groups(channels, config)
+    if isinstance(groups, str):
+        return groups
+    if channels % dim:
+        return f"{channels} output channels are not a multiple of cluster_dim {dim}"
+    moved = w.movedim(axis, 0)
+    moved_shape = tuple(moved.shape)
+    matrix = moved.reshape(channels, -1).float()
+    per_channel = config.enable_per_channel_scale
+    exact = site.element.bits == 16 and not per_channel
+    channel_scale = np.ones(channels)
+    if per_channel:
+        amax = matrix.abs().amax(dim=1).double().numpy()  # float32 values
+        channel_scale = np.where(amax > 0, amax, 1.0)
+        matrix = matrix / torch.from_numpy(channel_scale).float()[:, None]
+    cols = matrix.shape[1]
+    if dim == 1:
+        native = moved.reshape(groups, -1) if exact else None
+        centroids, index = _scalar_clusters(matrix.reshape(groups, -1), native, config)
+        centroids = centroids[:, :, None]  # [G, P, 1]
+        index = index.reshape(channels, cols)
+    else:
+        vectors = matrix.reshape(channels // dim, dim, cols).transpose(1, 2)  # [C/V, cols, V]
+        centroids, index = _vector_clusters(vectors.reshape(groups, -1, dim), config)
+        index = index.reshape(channels // dim, cols)
+    entries_per_lut = 2**config.n_bits
+    if config.lut_dtype is None:
+        lut = stored_float(tcast.cast(torch.from_numpy(centroids), site.element.tcast), site.element)
+        lut_values = lut.values.astype(np.float64)
+        lut_scale, lut_zero = np.ones(groups), np.zeros(groups)
+    else:
+        lut, lut_scale, lut_zero = _quantize_lut(centroids, config.lut_dtype)
+        lut_values = _entry_values(lut) - lut_zero[:, None, None]
+    # one scale per channel (or per LUT) folds the per-channel scale and the LUT's own scale
+    group_of = np.arange(channels) // (channels // groups)
+    scale = _store_scales(channel_scale * lut_scale[group_of] if per_channel else lut_scale, site.element)
+    zero = lut_zero[group_of] if per_channel else lut_zero
+    needs_scale = per_channel or config.lut_dtype is not None
+
+    # the reconstruction, for the SNR: LUT entry (less zero point) x scale
+    rows_per_group = index.shape[0] // groups
+    dense = torch.from_numpy(lut_values)[
+        torch.arange(groups).repeat_interleave(rows_per_group)[:, None], index
+    ]
+    dense = dense.permute(0, 2, 1).reshape(channels, cols)  # [rows, cols, V] -> channels x cols
+    if needs_scale:
+        per_row = scale.values.astype(np.float64)
+        dense = dense * torch.from_numpy(per_row if per_channel else per_row[group_of])[:, None]
+    signal, noise = tcast.energies(moved.reshape(channels, -1), dense)
+
+    index_shape = (channels // dim, *moved_shape[1:])
+    indices = index.reshape(index_shape).movedim(0, axis).contiguous().to(torch.uint8).numpy()
+    lut_shape = (*tuple(groups if a == axis else 1 for a in range(len(shape))), entries_per_lut, dim)
+    lut = Stored(lut.values.reshape(lut_shape), lut.element)
+    decode = None
+    if needs_scale:
+        param_shape = tuple(
+            (channels if per_channel else groups) if a == axis else 1 for a in range(len(shape))
+        )
+        offset = None
+        if np.any(zero):
+            offset = Stored(
+                zero.astype(np.uint8).reshape(param_shape).view(lut.element.numpy_dtype()), lut.element
+            )
+        decode = ShiftScale(Stored(scale.values.reshape(param_shape), site.element), offset)
+    form = Palettized(Stored(indices, element(f"ui{config.n_bits}")), lut, axis, decode, groups)
+    return Encoding(form, signal, noise, luts=groups)

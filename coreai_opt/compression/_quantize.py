@@ -1,0 +1,166 @@
+"""Quantized weights: integer, FP8 or MX FP4 codes with a scale per tensor, channel or block.
+
+tcast computes every code and scale (one actual cast), so the numerics are TensorCast's:
+- integers, symmetric: scale = amax / (2**(bits-1) - 1) rounded to nearest in the weight's dtype,
+  codes = round(w / scale) (ties to even; the exact quotient's rounding); unsigned symmetric codes
+  are those plus 2**(bits-1), with that offset stored;
+- integers, asymmetric: scale = (max - min) / (2**bits - 1) (the range always holding zero),
+  zero point round(-min / scale), codes round(w / scale) + zero point as torch.quantize rounds;
+  signed types store codes and zero point less 2**(bits-1);
+- FP8: scale = amax / the format's max, rounded up in the weight's dtype so nothing saturates
+  (amax / 57344 of a small fp16 weight may be an fp16 subnormal, never zero), or an E8M0 power of
+  two (OCP MX: floor(log2 amax) - emax); MX FP4 is e2m1 under E8M0 scales per 32 inputs.
+A scale is never zero or infinite; the runtime computes fp16 outputs wrongly from f32 scales, so
+float scales are stored in the weight's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import tcast
+from coreai_opt._elements import Element
+
+from ._config import QuantizeConfig
+from ._encoded import Encoding, Quantized, ShiftScale, Stored
+from ._options import CompressionGranularity, DType, QScheme
+from ._sites import WeightSite
+
+G = CompressionGranularity
+
+
+def scale_shape(site: WeightSite, config: QuantizeConfig) -> tuple[int, ...] | str:
+    """The shape of the scale (and offset) tensor, or why the weight's layout cannot take it."""
+    shape = site.shape
+    if config.granularity is G.PER_TENSOR:
+        return tuple(1 for _ in shape)
+    if config.granularity is G.PER_CHANNEL:
+        return tuple(d if i == site.output_axis else 1 for i, d in enumerate(shape))
+    length = shape[site.input_axis]
+    if length % config.block_size:
+        return f"input axis length {length} is not a multiple of block_size {config.block_size}"
+    return tuple(d // config.block_size if i == site.input_axis else d for i, d in enumerate(shape))
+
+
+def _integer_step_format(storage: str, element: tcast.NumberSpec) -> str:
+    """tcast's signed integers are fixed point (code k is k * 2**-m at unit scale), so its scale is
+    the integer step times 2**m. The storage format with its bias lowered by m holds exactly 2**m
+    times each storage value: the step, read back, is a storage value with no rounding."""
+    spec = tcast.number(storage)
+    return f"e{spec.ebits}m{spec.mbits}b{spec.bias - element.mbits}"
+
+
+def _tcast_type(dtype: DType, qscheme: QScheme, scale: str, tile: str) -> tcast.DataType:
+    """The tcast type of codes `dtype` under `scale` (a tcast code) per `tile` (`_t...` or "")."""
+    bits = dtype.bits
+    if not dtype.is_int:
+        return tcast.datatype(dtype.element.tcast, f"{scale}{tile}")
+    if qscheme is QScheme.ASYMMETRIC:
+        return tcast.datatype(f"uint{bits}", f"{scale}_uint{bits}{tile}")
+    element = tcast.number(f"int{bits}")
+    return tcast.datatype(element, f"{_integer_step_format(scale, element)}{tile}")
+
+
+@dataclass(frozen=True)
+class Codes:
+    """A tensor cast to `scale * (data - offset)`, with the data in the dtype's storage codes."""
+
+    cast: tcast.Tensor
+    data: torch.Tensor  # uint8: the storage element's bits (two's complement for signed types)
+    scale: torch.Tensor  # the scale grid (tcast.Tensor.scale_grid): float steps, or E8M0 codes
+    offset: torch.Tensor | None  # int64 storage codes of the zero points, on the same grid
+
+
+def cast_codes(
+    x: torch.Tensor, dtype: DType, qscheme: QScheme, scale: str, tile: str, scalemode: tcast.ScaleMode
+) -> Codes:
+    """One actual tcast cast of `x` to `dtype` codes under per-`tile` scales in format `scale`.
+
+    tcast's codes are two's complement for symmetric integers and unsigned for asymmetric ones;
+    a storage type of the other signedness holds them with the top bit flipped (+-2**(bits-1)),
+    and unsigned storage of symmetric codes takes that 2**(bits-1) as its offset.
+    """
+    datatype = _tcast_type(dtype, qscheme, scale, tile)
+    cast = tcast.cast(x, datatype, castmode="actual", scalemode=scalemode, computemode="torch", measure=True)
+    codes = cast.unpacked_codes()
+    grid = cast.scale_grid()
+    assert grid is not None
+    if not dtype.is_int:
+        return Codes(cast, codes.to(torch.uint8), grid, None)
+    half = 1 << (dtype.bits - 1)
+    symmetric = qscheme is QScheme.SYMMETRIC
+    flip = half if dtype.signed != symmetric else 0
+    if symmetric:
+        step = grid * 2.0**-datatype.nspec.mbits  # exact: see _integer_step_format
+        offset = None if dtype.signed else torch.full(grid.shape, half, dtype=torch.int64)
+        return Codes(cast, (codes ^ flip).to(torch.uint8), step, offset)
+    zero = cast.zero_grid()
+    assert zero is not None
+    return Codes(cast, (codes ^ flip).to(torch.uint8), grid, zero.to(torch.int64) ^ flip)
+
+
+def stored_codes(codes: torch.Tensor, element: Element) -> Stored:
+    """Codes as `element` stores them: 8-bit integers as their own values, everything else (narrower
+    integers, FP8, FP4) as unsigned codes."""
+    values = codes.to(torch.uint8).numpy()
+    own = element.bits == 8 and not element.is_float
+    return Stored(values.view(element.numpy_dtype()) if own else values, element)
+
+
+def _view(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> torch.Tensor:
+    """The weight as tcast scales it: per channel, [channels, everything else]."""
+    if config.granularity is G.PER_CHANNEL:
+        return w.movedim(site.output_axis, 0).reshape(w.shape[site.output_axis], -1)
+    return w
+
+
+def _unview(t: torch.Tensor, w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> torch.Tensor:
+    if config.granularity is G.PER_CHANNEL:
+        moved = tuple(w.movedim(site.output_axis, 0).shape)
+        return t.reshape(moved).movedim(0, site.output_axis)
+    return t
+
+
+def stored_float(values: torch.Tensor, element: Element) -> Stored:
+    """Float values already on `element`'s grid, as `element` stores them (the conversion is exact)."""
+    return Stored(values.double().numpy().astype(element.numpy_dtype()), element)
+
+
+def _tile(site: WeightSite, config: QuantizeConfig) -> str:
+    if config.granularity is G.PER_TENSOR:
+        return ""
+    if config.granularity is G.PER_CHANNEL:
+        return "_t0d1"  # of the [channels, rest] view
+    return f"_t{config.block_size}d{site.input_axis}"
+
+
+def quantize(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> Encoding | str:
+    """One weight's codes, scales and offsets (or why its layout cannot take the config)."""
+    shape = scale_shape(site, config)
+    if isinstance(shape, str):
+        return shape
+    dtype = config.dtype
+    if dtype.is_int or not config.e8m0_scales:
+        scale, scalemode = site.element.tcast, tcast.ScaleMode.MAX if dtype.is_int else tcast.ScaleMode.CEIL
+    else:
+        scale, scalemode = "e8m0", tcast.ScaleMode.MAX
+    view = _view(w, site, config)
+    codes = cast_codes(view, dtype, config.qscheme, scale, _tile(site, config), scalemode)
+    data = stored_codes(_unview(codes.data, w, site, config), dtype.element)
+    if scale == "e8m0":
+        scales = Stored(codes.scale.reshape(shape).numpy(), tcast_element("e8m0"))
+    else:
+        scales = stored_float(codes.scale.reshape(shape), site.element)
+    offset = None if codes.offset is None else stored_codes(codes.offset.reshape(shape), dtype.element)
+    signal, noise = codes.cast.signal, codes.cast.noise
+    assert signal is not None and noise is not None
+    return Encoding(Quantized(data, ShiftScale(scales, offset)), signal, noise)
+
+
+def tcast_element(name: str) -> Element:
+    """The element of a tcast code the element table knows (e.g. `e8m0` -> f8E8M0FNU)."""
+    from coreai_opt._elements import ELEMENTS
+
+    return next(e for e in ELEMENTS.values() if e.tcast == name)

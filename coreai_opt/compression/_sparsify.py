@@ -1,0 +1,154 @@
+"""Sparse weights: pruning stored as a bitmask and the kept values.
+
+Which weights are kept:
+- magnitude (`target_sparsity`): the largest |w| of the whole tensor; `round(count * target)` are zeroed.
+- block (`block_size`): blocks of `block_size` consecutive output channels at each position of the
+  other axes, ranked by L2 norm; whole blocks are kept or zeroed.
+- n:m (`n_m_ratio=(n, m)`): along the consumer's input (reduction) axis, in every run of m weights
+  the n largest |w| are KEPT and m - n zeroed (2:4 keeps half). The peer library zeroes n instead.
+Ties go to the lower index, so the result is deterministic.
+
+Joint forms store only the kept values, compressed:
+- INT8, FP8_E4M3FN, FP8_E5M2: symmetric per-output-channel codes of the pruned weight; the kept
+  codes are stored and the scale decodes the dense codes (pruned positions hold code 0, which
+  decodes to 0).
+- UINT8: a zero point would decode pruned positions to -zero_point x scale, so uint8 codes are
+  decoded before the mask scatters them: one scale and zero point per block of up to 32 kept
+  values, in row-major order (magnitude and block pruning keep a multiple of 32 values for this).
+- palettize: one k-means LUT (exact 1-D, as in palettization) over the kept values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+import tcast
+from coreai_opt._elements import element
+
+from ._config import PalettizeConfig, QuantizeConfig, SparsifyConfig
+from ._encoded import Encoding, Palettized, Quantized, Sparse, Stored
+from ._options import CompressionGranularity, DType, QScheme
+from ._palettize import _scalar_clusters
+from ._quantize import quantize, stored_float
+from ._sites import WeightSite
+
+_UINT8_BLOCK = 32
+
+
+def _top(scores: torch.Tensor, keep: int) -> torch.Tensor:
+    """A flat mask of the `keep` largest scores (ties to the lower index)."""
+    order = torch.sort(scores.reshape(-1), descending=True, stable=True).indices
+    mask = torch.zeros(scores.numel(), dtype=torch.bool)
+    mask[order[:keep]] = True
+    return mask
+
+
+def _kept_units(units: int, sparsity: float, unit_size: int, uint8: bool) -> int:
+    """How many units (weights or blocks) to keep; for UINT8 a multiple of 32 values when possible."""
+    keep = max(1, units - round(units * sparsity))
+    if uint8:
+        step = _UINT8_BLOCK // math.gcd(_UINT8_BLOCK, unit_size)
+        if keep >= step:
+            keep -= keep % step
+    return keep
+
+
+def sparsity_mask(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> torch.Tensor | str:
+    """The kept positions of one weight (bool, its shape), or why its layout cannot take the config."""
+    magnitude = w.float().abs()
+    uint8 = config.quantize_dtype is DType.UINT8
+    if config.n_m_ratio is not None:
+        n, m = config.n_m_ratio
+        moved = magnitude.movedim(site.input_axis, -1)
+        if moved.shape[-1] % m:
+            return f"input axis length {moved.shape[-1]} is not a multiple of m={m}"
+        runs = moved.reshape(-1, m)
+        order = torch.sort(runs, dim=1, descending=True, stable=True).indices
+        mask = torch.zeros_like(runs, dtype=torch.bool).scatter_(1, order[:, :n], True)
+        return mask.reshape(moved.shape).movedim(-1, site.input_axis)
+    sparsity = float(config.target_sparsity or 0.0)
+    if config.block_size is None:
+        keep = _kept_units(magnitude.numel(), sparsity, 1, uint8)
+        return _top(magnitude, keep).reshape(w.shape)
+    size = config.block_size
+    moved = magnitude.movedim(site.output_axis, 0)
+    channels = moved.shape[0]
+    if channels % size:
+        return f"{channels} output channels are not a multiple of block_size {size}"
+    blocks = moved.reshape(channels // size, size, -1)
+    norms = blocks.double().square().sum(dim=1)  # [C / size, rest]: L2 norm squared of each block
+    keep = _kept_units(norms.numel(), sparsity, size, uint8)
+    kept = _top(norms, keep).reshape(norms.shape)
+    mask = kept[:, None, :].expand(-1, size, -1).reshape(moved.shape)
+    return mask.movedim(0, site.output_axis)
+
+
+def _quantized(
+    w: torch.Tensor, mask: torch.Tensor, site: WeightSite, config: SparsifyConfig
+) -> tuple[Stored | Quantized, object, float] | str:
+    """(kept values, the decode after scattering, squared error over the kept values)."""
+    dtype = config.quantize_dtype
+    assert dtype is not None
+    kept = int(mask.sum())
+    if dtype is DType.UINT8:
+        block = math.gcd(kept, _UINT8_BLOCK)
+        if block < 8:
+            return f"{kept} kept values do not split into blocks of 8 or more for uint8 scales"
+        line = dataclasses.replace(site, shape=(kept,), output_axis=0, input_axis=0)
+        inner = QuantizeConfig(
+            dtype, QScheme.ASYMMETRIC, CompressionGranularity.PER_BLOCK, block, weight_num_threshold=0
+        )
+        encoded = quantize(w[mask].contiguous(), line, inner)
+        assert isinstance(encoded, Encoding) and isinstance(encoded.form, Quantized)
+        return encoded.form, None, encoded.noise
+    pruned = torch.where(mask, w, torch.zeros((), dtype=w.dtype))
+    inner = QuantizeConfig(
+        dtype, QScheme.SYMMETRIC, CompressionGranularity.PER_CHANNEL, weight_num_threshold=0
+    )
+    encoded = quantize(pruned, site, inner)
+    assert isinstance(encoded, Encoding) and isinstance(encoded.form, Quantized)
+    codes = encoded.form.data
+    return Stored(codes.values[mask.numpy()], codes.element), encoded.form.decode, encoded.noise
+
+
+def _palettized(
+    w: torch.Tensor, mask: torch.Tensor, site: WeightSite, config: SparsifyConfig
+) -> tuple[Palettized, float]:
+    n_bits = config.palettize_nbits
+    assert n_bits is not None
+    values = w[mask].contiguous()
+    exact = site.element.bits == 16
+    rows = values.float()[None, :]
+    centroids, index = _scalar_clusters(rows, values[None, :] if exact else None, PalettizeConfig(n_bits))
+    lut = stored_float(tcast.cast(torch.from_numpy(centroids[0]), site.element.tcast), site.element)
+    _, noise = tcast.energies(values, torch.from_numpy(lut.values.astype(np.float64))[index[0]])
+    rank = len(site.shape)
+    lut = Stored(lut.values.reshape((*(1,) * rank, 2**n_bits, 1)), site.element)
+    indices = Stored(index[0].to(torch.uint8).numpy(), element(f"ui{n_bits}"))
+    return Palettized(indices, lut, site.output_axis, None, 1), noise
+
+
+def sparsify(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> Encoding | str:
+    """One weight's mask and kept values (or why its layout cannot take the config)."""
+    mask = sparsity_mask(w, site, config)
+    if isinstance(mask, str):
+        return mask
+    decode = None
+    if config.palettize_nbits is not None:
+        kept, kept_noise = _palettized(w, mask, site, config)
+    elif config.quantize_dtype is not None:
+        outcome = _quantized(w, mask, site, config)
+        if isinstance(outcome, str):
+            return outcome
+        kept, decode, kept_noise = outcome  # type: ignore[assignment]
+    else:
+        values = w[mask].contiguous()
+        kept, kept_noise = stored_float(values.double(), site.element), 0.0
+    signal, pruned_energy = tcast.energies(w, torch.where(mask, w, torch.zeros((), dtype=w.dtype)))
+    zeros = 1.0 - int(mask.sum()) / math.prod(site.shape)
+    form = Sparse(mask.numpy(), kept, decode)  # type: ignore[arg-type]
+    return Encoding(form, signal, kept_noise + pruned_energy, sparsity=zeros)

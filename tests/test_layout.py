@@ -1,0 +1,82 @@
+"""The layout says what the code does: one Core AI boundary, one numeric core."""
+
+from __future__ import annotations
+
+import ast
+import re
+import tokenize
+from pathlib import Path
+
+from conftest import ROOT
+
+PRODUCT = [p for package in ("coreai_opt", "cli", "tcast") for p in sorted((ROOT / package).rglob("*.py"))]
+BOUNDARY = ROOT / "coreai_opt" / "_coreai"
+# attributes of coreai-core objects that are not its public API
+CORE_PRIVATES = {
+    "_module",
+    "_mlir_module",
+    "_mlir_context",
+    "_model_asset",
+    "_program_bytecode_path",
+    "_mlir_libs",
+}
+
+
+def _outside_boundary() -> list[Path]:
+    return [p for p in PRODUCT if BOUNDARY not in p.parents]
+
+
+def test_only_the_coreai_package_touches_coreai_core_internals() -> None:
+    offenders = []
+    for path in _outside_boundary():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(name == "coreai._compiler" or name.startswith("coreai._compiler.") for name in names):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {names[0]}")
+            if isinstance(node, ast.Attribute) and node.attr in CORE_PRIVATES:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} reaches .{node.attr}")
+    assert offenders == []
+
+
+def test_the_boundary_test_would_catch_an_offender(tmp_path: Path) -> None:
+    """The scan above finds what it looks for (it cannot pass by finding nothing)."""
+    source = "from coreai._compiler import ir\nx = program._module._mlir_module\n"
+    tree = ast.parse(source)
+    imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "coreai._compiler"]
+    reaches = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in CORE_PRIVATES]
+    assert len(imports) == 1 and len(reaches) == 2
+
+
+def test_coreai_opt_encodes_no_element_format_itself() -> None:
+    """tcast owns every element format and scale rule: coreai_opt holds no exponent limits, no
+    power-of-two scale formulas and no code tables of its own."""
+    pattern = re.compile(r"\bemax\b|\be2m1|\bfrexp\b|\bldexp\b|\bfloat8_e\w+|\bfloat4_e\w+|\bml_dtypes\b")
+    offenders = []
+    table = ROOT / "coreai_opt" / "_elements.py"  # the one table of element types: names them all
+    for path in (p for p in (ROOT / "coreai_opt").rglob("*.py") if p != table):
+        for number, code in _code_lines(path).items():
+            if pattern.search(code):
+                offenders.append(f"{path.relative_to(ROOT)}:{number}: {code}")
+    assert offenders == []
+
+
+def _code_lines(path: Path) -> dict[int, str]:
+    """Each line's code, strings and comments left out (docstrings may name what tcast does)."""
+    lines: dict[int, list[str]] = {}
+    with path.open("rb") as handle:
+        for token in tokenize.tokenize(handle.readline):
+            if token.type in (
+                tokenize.STRING,
+                tokenize.COMMENT,
+                tokenize.ENCODING,
+                tokenize.NL,
+                tokenize.NEWLINE,
+            ):
+                continue
+            lines.setdefault(token.start[0], []).append(token.string)
+    return {number: " ".join(parts) for number, parts in lines.items()}
