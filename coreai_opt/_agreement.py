@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import tcast
+
 
 @dataclass(frozen=True)
 class Agreement:
@@ -111,7 +113,7 @@ def agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
         norms = float(np.linalg.norm(a) * np.linalg.norm(b))
         # identical vectors agree exactly even where both are zero (cosine is then undefined)
         cosine = float(np.clip(a @ b / norms, -1.0, 1.0)) if norms > 0 else (1.0 if max_abs == 0 else 0.0)
-        snr = snr_db(float(a @ a), float(diff @ diff))
+        snr = tcast.snr_db(float(a @ a), float(diff @ diff))
     return Agreement(
         positions=int(finite_a.size),
         finite=int(a.size),
@@ -124,10 +126,3 @@ def agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
         cosine=cosine,
         snr_db=snr,
     )
-
-
-def snr_db(signal: float, noise: float) -> float:
-    """10 log10(signal energy / noise energy); inf when there is no noise."""
-    if noise == 0:
-        return math.inf
-    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf

@@ -15,7 +15,20 @@ from ._report import CastReport, OpChange, OpOutcome, StateChange, StateOutcome
 
 
 class FP16Pass:
-    """Casts as much as is safe to fp16; ops that cannot run in fp16 run in fp32 between casts."""
+    """Casts as much as is safe to fp16; ops that cannot run in fp16 run in fp32 between casts.
+
+    Algorithm:
+    1. State (parameters, buffers, constants): each fp32 tensor whose finite values fit fp16 is
+       stored as fp16; a tensor with a larger finite value stays fp32 and is reported.
+    2. fp32 user inputs become fp16 inputs.
+    3. One walk in topological order decides every op once, from its inputs' (already final)
+       dtypes: an op whose float inputs are all fp16 and whose float scalars fit fp16 runs in fp16
+       (scalars rounded, an fp32 output-dtype argument retargeted); otherwise - an fp32 input, an
+       overflowing scalar, an op the caller ignores - it runs in fp32 with its fp16 inputs cast up
+       and its output cast back down, so every edge leaving it is fp16 again. Float factories
+       (`full`, `arange`, ...) get dtype fp16; floats computed from integers are cast after.
+    Casts the pass inserts are recorded in `owned`, so the cleanup may fold them.
+    """
 
     def __init__(
         self, ep: ExportedProgram, owned: set[Node], report: CastReport, ignored: Callable[[Node], bool]

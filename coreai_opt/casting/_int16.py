@@ -24,6 +24,20 @@ def _is_int_node(node: Node) -> bool:
 
 
 class INT16Pass:
+    """Narrows int32/int64 integer arithmetic on user data to int16, and nothing it cannot prove safe.
+
+    Algorithm:
+    1. Mark the nodes reachable from a user input (the rest folds to constants on conversion).
+    2. Mark as unsafe every integer node whose value flows into an index argument (gather,
+       embedding, index, scatter...): narrowing those could wrap an index.
+    3. Seed with add/sub/mul of two integer tensors on user data, off index paths, and grow the
+       castable set along integer edges (inputs, and users of integer nodes) through allowed nodes.
+    4. Rewrite: castable wide-int user inputs become int16; each castable op takes int16 operands
+       (a cast in front of wide ones), is re-run on fake tensors for its exact output dtype, and
+       an int16 result is followed by a cast to int32 for the ops that read it. Integer ops left
+       wide are reported as kept for index safety or as constant-foldable.
+    """
+
     def __init__(
         self, ep: ExportedProgram, owned: set[Node], report: CastReport, ignored: Callable[[Node], bool]
     ) -> None:
