@@ -7,7 +7,9 @@ parameters in fp16, 12 heads, sequence 128) is exported, converted with coreai-t
 under build/bench/. For each configuration the table gives the median over --repeat runs (after
 a warm-up run) of three timings: `compress_` on a loaded program (the compression itself),
 `quantize_weights` (the seed API: a deep copy, then the same), and `quantize_file` (load,
-compress, save the asset). Goal (issue 5): under 2.5 s per configuration on BERT-base for int8
+compress, save the asset); `pt2 s` times `compress_` on the `.pt2` the asset was converted from
+(the .pt2 route: coreai-torch's ops, no full-precision `.aimodel` needed) and `pt2/ai` its ratio
+to `core s` (goal, issue 18: at most 1.2). Goal (issue 5): under 2.5 s per configuration on BERT-base for int8
 per channel, int4 per block and fp8 on a 2-core machine (the peer library: about 5 s).
 """
 
@@ -34,7 +36,7 @@ from coreai_opt.coreai_utils import (
     quantize_file,
     quantize_weights,
 )
-from coreai_opt.io import load_aimodel
+from coreai_opt.io import load_aimodel, load_pt2
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "build" / "bench"
@@ -121,12 +123,16 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def bench(path: Path, name: str, repeat: int) -> list[str]:
+def bench(path: Path, pt2: Path, name: str, repeat: int) -> list[str]:
     rows = []
     for label, options in CONFIGS:
 
         def in_memory(options: dict = options) -> float:
             program = load_aimodel(path)
+            return _timed(lambda: compress_(program, QuantizeConfig(**options)))
+
+        def exported(options: dict = options) -> float:
+            program = load_pt2(pt2)
             return _timed(lambda: compress_(program, QuantizeConfig(**options)))
 
         def seed_api(options: dict = options) -> float:
@@ -140,10 +146,11 @@ def bench(path: Path, name: str, repeat: int) -> list[str]:
         report = compress_(load_aimodel(path), QuantizeConfig(**options))
         elements = report.elements / 1e6
         core = _median(in_memory, repeat)
+        route = _median(exported, repeat)
         rows.append(
             f"{name:<12} {label:<26} {len(report.weights):>4} {elements:>8.1f} {core:>8.3f} "
             f"{elements / core:>8.0f} {_median(seed_api, repeat):>8.3f} {_median(whole_file, repeat):>8.3f} "
-            f"{report.bits_per_weight or 0:>6.2f}"
+            f"{route:>8.3f} {route / core:>6.2f} {report.bits_per_weight or 0:>6.2f}"
         )
         print(rows[-1], flush=True)
     return rows
@@ -158,14 +165,15 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["transformer", "bert-base"])
     args = parser.parse_args()
     paths = {"transformer": ROOT / "sample_models" / "transformer.aimodel"}
+    programs = {"transformer": ROOT / "sample_models" / "transformer.pt2"}
     if "bert-base" in args.models:
-        paths["bert-base"] = bert_base_asset()
+        paths["bert-base"], programs["bert-base"] = bert_base_asset(), bert_base_program()
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}, "
           f"median of {args.repeat} after a warm-up")  # fmt: skip
     print(f"{'model':<12} {'configuration':<26} {'wts':>4} {'M elem':>8} {'core s':>8} {'M el/s':>8} "
-          f"{'seed s':>8} {'file s':>8} {'bits/w':>6}")  # fmt: skip
+          f"{'seed s':>8} {'file s':>8} {'pt2 s':>8} {'pt2/ai':>6} {'bits/w':>6}")  # fmt: skip
     for name in args.models:
-        bench(paths[name], name, args.repeat)
+        bench(paths[name], programs[name], name, args.repeat)
 
 
 if __name__ == "__main__":

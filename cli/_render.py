@@ -248,7 +248,7 @@ def render_compression(result: CompressionFileResult) -> None:
         console.print(
             f"[bold]Totals[/bold]: compressed weights {human_bytes(report.bytes_before)} -> "
             f"{human_bytes(report.bytes_after)} ({report.ratio:.2f}x)   "
-            f"mean bits/weight {report.bits_per_weight:.2f}   asset on disk "
+            f"mean bits/weight {report.bits_per_weight:.2f}   file on disk "
             f"{human_bytes(result.file_bytes_before)} -> {human_bytes(result.file_bytes_after)}"
         )
     for warning in report.warnings:

@@ -264,17 +264,23 @@ LutDType = _choices("LutDType", LUT_DTYPES)
 JointDType = _choices("JointDType", JOINT_DTYPES)
 
 
-def _compress(model: Path, output: Path | None, config: Any, force: bool, as_json: bool, what: str) -> None:
+def _compress(
+    model: Path, output: Path | None, config: Any, force: bool, as_json: bool, what: str, trust_pickle: bool
+) -> None:
     from coreai_opt.coreai_utils import compress_file
 
     with user_errors(), _weight_progress(not as_json, what) as progress:
-        result = compress_file(model, output, config, force=force, progress=progress)
+        result = compress_file(
+            model, output, config, force=force, progress=progress, trust_pickle=trust_pickle
+        )
     _show_compression(result, as_json)
 
 
 @app.command()
 def quantize(
-    model: Path = typer.Argument(..., help="The .aimodel to compress (it is never modified)."),
+    model: Path = typer.Argument(
+        ..., help="The .aimodel or .pt2 to compress (never modified); the output has its format."
+    ),
     dtype: WeightDType = typer.Option(  # type: ignore[valid-type]
         _default(QuantizeConfig, "dtype").value, "--dtype", help="Element type of the stored weights."
     ),
@@ -295,14 +301,17 @@ def quantize(
     threshold: int = _threshold_option(),
     override: list[str] = _override_option(),
     output: Path | None = typer.Option(
-        None, "-o", "--output", help="Output .aimodel (default: model.<dtype>.aimodel beside the input)."
+        None, "-o", "--output", help="Output file (default: model.<dtype>.<suffix> beside the input)."
     ),
     force: bool = force_option(),
+    trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """Quantize the weights of a Core AI asset and report every weight.
+    """Quantize the weights of a Core AI asset or a torch.export program and report every weight.
 
     Example: coreopt quantize sample_models/transformer.aimodel --dtype int8 -o build/t.int8.aimodel
+
+    Example: coreopt quantize sample_models/transformer.pt2 --dtype int8 -o build/t.int8.pt2
 
     Example: coreopt quantize model.aimodel --dtype int4 --granularity block --block-size 32 --json
 
@@ -313,12 +322,14 @@ def quantize(
             dtype.value, scheme.value, granularity.value if granularity is not None else None, block_size,
             scale_dtype.value if scale_dtype is not None else None, threshold, _overrides(override, QuantizeConfig),
         )  # fmt: skip
-    _compress(model, output, config, force, as_json, "quantizing")
+    _compress(model, output, config, force, as_json, "quantizing", trust_pickle)
 
 
 @app.command()
 def palettize(
-    model: Path = typer.Argument(..., help="The .aimodel to compress (it is never modified)."),
+    model: Path = typer.Argument(
+        ..., help="The .aimodel or .pt2 to compress (never modified); the output has its format."
+    ),
     nbits: int = typer.Option(
         _default(PalettizeConfig, "n_bits"),
         "--nbits",
@@ -355,14 +366,17 @@ def palettize(
         help="Decimals kept by --fast.",
     ),
     output: Path | None = typer.Option(
-        None, "-o", "--output", help="Output .aimodel (default: model.lut<nbits>.aimodel beside the input)."
+        None, "-o", "--output", help="Output file (default: model.lut<nbits>.<suffix> beside the input)."
     ),
     force: bool = force_option(),
+    trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Palettize weights with exact optimal k-means look-up tables and report every weight.
 
     Example: coreopt palettize sample_models/transformer.aimodel --nbits 4 -o build/t.lut4.aimodel
+
+    Example: coreopt palettize model.pt2 --nbits 4 -o model.lut4.pt2   (coreai-torch ops; convert later)
 
     Example: coreopt palettize model.aimodel --nbits 4 --granularity grouped --group-size 16 --lut-dtype int8
 
@@ -376,7 +390,7 @@ def palettize(
             per_channel_scale, workers or os.cpu_count() or 1, fast, rounding_precision, threshold,
             _overrides(override, PalettizeConfig),
         )  # fmt: skip
-    _compress(model, output, config, force, as_json, "palettizing")
+    _compress(model, output, config, force, as_json, "palettizing", trust_pickle)
 
 
 def _n_m_ratio(text: str | None) -> tuple[int, int] | None:
@@ -390,7 +404,9 @@ def _n_m_ratio(text: str | None) -> tuple[int, int] | None:
 
 @app.command()
 def sparsify(
-    model: Path = typer.Argument(..., help="The .aimodel to compress (it is never modified)."),
+    model: Path = typer.Argument(
+        ..., help="The .aimodel or .pt2 to compress (never modified); the output has its format."
+    ),
     sparsity: float | None = typer.Option(
         None, "--sparsity", help="Fraction of weights zeroed, smallest |w| first (default 0.5)."
     ),
@@ -407,14 +423,17 @@ def sparsify(
     threshold: int = _threshold_option(),
     override: list[str] = _override_option(),
     output: Path | None = typer.Option(
-        None, "-o", "--output", help="Output .aimodel (default: model.sparse<..>.aimodel beside the input)."
+        None, "-o", "--output", help="Output file (default: model.sparse<..>.<suffix> beside the input)."
     ),
     force: bool = force_option(),
+    trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Prune weights to a bitmask-sparse form (optionally quantized or palettized) and report every weight.
 
     Example: coreopt sparsify sample_models/transformer.aimodel --sparsity 0.5 -o build/t.sparse.aimodel
+
+    Example: coreopt sparsify model.pt2 --nm 2:4 --quantize int8 -o model.2of4.pt2
 
     Example: coreopt sparsify model.aimodel --nm 2:4 --quantize int8
 
@@ -430,7 +449,7 @@ def sparsify(
             sparsity, block_size, ratio, quantize.value if quantize is not None else None, palettize, threshold,
             _overrides(override, SparsifyConfig),
         )  # fmt: skip
-    _compress(model, output, config, force, as_json, "sparsifying")
+    _compress(model, output, config, force, as_json, "sparsifying", trust_pickle)
 
 
 @app.command()

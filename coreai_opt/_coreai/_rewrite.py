@@ -128,12 +128,24 @@ class CoreAIWeights:
             found.append(Candidate(op, constant_name(op, index), tensor_shape(mlir_type), kind, _uses(op)))
         return found
 
+    def compressed(self) -> int:
+        from ._ir import DECOMPRESSION_OPS, walk_ops
+
+        def root(op: Any) -> bool:
+            users = [use.owner.name for result in op.results for use in result.uses]
+            return op.name in DECOMPRESSION_OPS and any(u not in DECOMPRESSION_OPS for u in users)
+
+        return sum(root(op) for op in walk_ops(self.module))
+
     def read(self, site: WeightSite) -> torch.Tensor:
         """The weight as a tensor of its own dtype (f32, f16 or bf16), without conversion."""
         import torch
 
         raw = torch.from_numpy(constant_array(site.handle))
         return raw.view(site.element.torch_dtype()).reshape(site.shape)
+
+    def refusal(self, site: WeightSite, encoding: Encoding) -> str | None:
+        return None  # Core AI stores every encoding the compression package makes
 
     def write(self, site: WeightSite, encoding: Encoding) -> WrittenWeight:
         from coreai._compiler import ir

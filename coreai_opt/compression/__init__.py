@@ -4,7 +4,7 @@ A config per pass (`QuantizeConfig`, `PalettizeConfig`, `SparsifyConfig`) says w
 per-weight `Override`s by name pattern; `compress_(program, config)` selects the eligible weights
 of a program (`_sites`), encodes each one as plain arrays (`_encoded`: codes, LUTs, scales, masks;
 the numerics are tcast's) and lets the program's container write them: Core AI programs through
-`coreai_opt._coreai`. The report lists every weight, and every float tensor left alone with why.
+`coreai_opt._coreai`, `torch.export` programs through `coreai_opt._export` (coreai-torch's ops). The report lists every weight, and every float tensor left alone with why.
 """
 
 from __future__ import annotations
@@ -69,12 +69,18 @@ __all__ = [
 
 
 def container_of(program: Any) -> Container:
-    """The container that writes a program's weights: a Core AI program (`AIProgram`)."""
-    if type(program).__name__ == "AIProgram":
+    """The container that writes a program's weights: a Core AI program (`AIProgram`) or a
+    `torch.export.ExportedProgram`."""
+    kind = type(program).__name__
+    if kind == "AIProgram":
         from coreai_opt._coreai._rewrite import CoreAIWeights
 
         return CoreAIWeights(program)
-    raise TypeError(f"cannot compress a {type(program).__name__}: give a Core AI program (AIProgram)")
+    if kind == "ExportedProgram":
+        from coreai_opt._export import ExportWeights
+
+        return ExportWeights(program)
+    raise TypeError(f"cannot compress a {kind}: give a Core AI program (AIProgram) or an ExportedProgram")
 
 
 def compress_(program: Any, config: Config, progress: Progress | None = None) -> CompressionReport:

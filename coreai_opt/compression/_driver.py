@@ -38,13 +38,17 @@ def compress_container(
     candidates = container.candidates()
     sites, skipped = select_sites(candidates, config.weight_num_threshold, config.for_weight)
     unmatched = [o.pattern for o in config.unmatched_overrides([c.name for c in candidates])]
-    report = CompressionReport(skipped=list(skipped), unmatched_overrides=unmatched)
+    report = CompressionReport(
+        skipped=list(skipped), unmatched_overrides=unmatched, already_compressed=container.compressed()
+    )
     for done, (site, site_config) in enumerate(sites, 1):
         w = container.read(site)
         if (reason := _non_finite(w)) is not None:
             report.skipped.append(Skipped(site.name, site.shape, reason, SkipKind.NON_FINITE))
         elif isinstance(outcome := encode(w, site, site_config), str):
             report.skipped.append(Skipped(site.name, site.shape, outcome, SkipKind.LAYOUT))
+        elif (refusal := container.refusal(site, outcome)) is not None:
+            report.skipped.append(Skipped(site.name, site.shape, refusal, SkipKind.LAYOUT))
         else:
             written = container.write(site, outcome)
             report.weights.append(

@@ -36,6 +36,7 @@ class CompressionReport:
     weights: list[WeightResult] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     unmatched_overrides: list[str] = field(default_factory=list)  # patterns no weight name matched
+    already_compressed: int = 0  # weights the program held compressed before: left as they were
 
     @property
     def bytes_before(self) -> int:
@@ -61,6 +62,8 @@ class CompressionReport:
     @property
     def warnings(self) -> list[str]:
         found = [f"override {pattern!r} matched no weight" for pattern in self.unmatched_overrides]
+        if self.already_compressed:
+            found.append(f"{self.already_compressed} weights were already compressed: left as they were")
         if not self.weights:
             found.append(
                 f"no eligible weight: nothing was compressed ({len(self.skipped)} constants skipped)"
@@ -87,5 +90,6 @@ class CompressionReport:
             "bytes_after": self.bytes_after,
             "ratio": self.ratio,
             "bits_per_weight": self.bits_per_weight,
+            "already_compressed": self.already_compressed,
             "warnings": self.warnings,
         }

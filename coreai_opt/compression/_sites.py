@@ -163,11 +163,20 @@ class Written(Protocol):
 
 class Container(Protocol):
     """A program whose weights can be compressed: it lists its float tensors, reads a weight, and
-    writes an encoded weight in its place (a Core AI program: `coreai_opt._coreai`)."""
+    writes an encoded weight in its place (a Core AI program: `coreai_opt._coreai`; a `torch.export`
+    program: `coreai_opt._export`)."""
 
     def candidates(self) -> list[Candidate]: ...
 
+    def compressed(self) -> int:
+        """How many weights the program already holds compressed (they are never encoded again)."""
+        ...
+
     def read(self, site: WeightSite) -> torch.Tensor: ...
+
+    def refusal(self, site: WeightSite, encoding: Encoding) -> str | None:
+        """Why this container cannot store `encoding` of the weight (it is then skipped), or None."""
+        ...
 
     def write(self, site: WeightSite, encoding: Encoding) -> Written: ...
 

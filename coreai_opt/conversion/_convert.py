@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import time
 import warnings
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ def _convert(program: ExportedProgram) -> tuple[AIProgram, str]:
 
         log = io.StringIO()
         failure = None
+        # the converter replaces compressed weights' codes in the state_dict by packed sub-byte
+        # tensors: the caller's program must stay as it was (and runnable)
+        state = dict(program.state_dict)
+        quiet = logging.getLogger("coreai_torch")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)  # "cannot infer nbits" for FP8 data: expected, not a problem
         with contextlib.redirect_stdout(log), native_stderr() as diagnostics:
             try:
                 converter = coreai_torch.TorchConverter()
@@ -51,6 +58,10 @@ def _convert(program: ExportedProgram) -> tuple[AIProgram, str]:
                 result = converter.to_coreai()
             except Exception as exc:
                 failure = exc
+            finally:
+                program.state_dict.clear()
+                program.state_dict.update(state)
+                quiet.setLevel(level)
     if failure is not None:
         message = " ".join(str(failure).split()) or type(failure).__name__
         detail = first_error(diagnostics)

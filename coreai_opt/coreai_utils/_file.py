@@ -16,7 +16,15 @@ from coreai_opt.compression import (
     SparsifyConfig,
     compress_,
 )
-from coreai_opt.io import ModelFormat, check_output, load_aimodel, model_format, save_aimodel
+from coreai_opt.io import (
+    ModelFormat,
+    check_output,
+    load_aimodel,
+    load_pt2,
+    model_format,
+    save_aimodel,
+    save_pt2,
+)
 
 _METHODS = {QuantizeConfig: "quantize", PalettizeConfig: "palettize", SparsifyConfig: "sparsify"}
 
@@ -46,12 +54,16 @@ class CompressionFileResult:
 
 
 def _asset_bytes(path: Path) -> int:
+    """Bytes on disk: an `.aimodel` directory's files, or a `.pt2` file."""
+    if path.is_file():
+        return path.stat().st_size
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def default_output(source: Path, config: Config) -> Path:
-    """`model.aimodel` -> `model.int8.aimodel` (`.lut4`, `.sparse50`, ...) beside the input."""
-    return source.with_name(f"{source.stem}.{config.tag}{ModelFormat.AIMODEL.value}")
+    """`model.aimodel` -> `model.int8.aimodel` (`.lut4`, `.sparse50`, ...; a `.pt2` stays a `.pt2`)
+    beside the input."""
+    return source.with_name(f"{source.stem}.{config.tag}{source.suffix}")
 
 
 def compress_file(
@@ -61,21 +73,29 @@ def compress_file(
     *,
     force: bool = False,
     progress: Progress | None = None,
+    trust_pickle: bool = False,
 ) -> CompressionFileResult:
-    """Compress an asset's weights as `config` says into a new asset (the input is never touched).
+    """Compress a model's weights as `config` says into a new file (the input is never touched).
 
-    Paths are checked first, so bad input fails before any work; the output is written atomically.
+    The container follows the suffix: an `.aimodel` is rewritten with Core AI's decompression ops,
+    a `.pt2` with coreai-torch's (the output has the input's format). Paths are checked first, so
+    bad input fails before any work; the output is written atomically.
     """
     source = Path(source)
-    model_format(source, (ModelFormat.AIMODEL,))
+    kind = model_format(source, (ModelFormat.AIMODEL, ModelFormat.PT2))
     out = Path(output) if output is not None else default_output(source, config)
-    model_format(out, (ModelFormat.AIMODEL,))
+    model_format(out, (kind,))
     check_output(out, force=force, inputs=(source,))
-    program = load_aimodel(source)
+    program = (
+        load_aimodel(source) if kind is ModelFormat.AIMODEL else load_pt2(source, trust_pickle=trust_pickle)
+    )
     start = time.perf_counter()
     report = compress_(program, config, progress)
     seconds = time.perf_counter() - start
-    save_aimodel(program, out, force=force, inputs=(source,))
+    if kind is ModelFormat.AIMODEL:
+        save_aimodel(program, out, force=force, inputs=(source,))
+    else:
+        save_pt2(program, out, force=force, inputs=(source,))
     return CompressionFileResult(
         source,
         out,

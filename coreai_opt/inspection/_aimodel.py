@@ -10,44 +10,17 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from coreai_opt import _coreai
 
+from . import _encoding as describe
+from ._encoding import Stored
 from ._report import ModelReport, TensorInfo, WeightInfo
 
 _FLOAT_ELEMENTS = re.compile(r"^(f\d+|bf16|f\d+E\d+M\d+\w*)$")
 _IDENTIFIER = re.compile(r'identifiers = \["([^"]+)"')
-
-
-@dataclass(frozen=True)
-class _Stored:
-    """A value computed from constants only: how it is encoded and what it costs."""
-
-    encoding: str
-    nbytes: int
-    element: str
-    shape: tuple[int, ...]
-
-
-def _granularity(scale_shape: tuple[int, ...], data_shape: tuple[int, ...]) -> str:
-    """Name the layout of a block-wise parameter: per tensor, per channel, or per block N (axis k)."""
-    if len(scale_shape) < len(data_shape):
-        scale_shape = (1,) * (len(data_shape) - len(scale_shape)) + scale_shape
-    pairs = list(zip(scale_shape, data_shape, strict=True))
-    if all(s == 1 for s, _ in pairs):
-        return "per tensor"
-    blocked = [(axis, d // s) for axis, (s, d) in enumerate(pairs) if 1 < d // s < d]
-    if blocked:
-        sizes = "x".join(str(size) for _, size in blocked)
-        axes = ", ".join(str(axis) for axis, _ in blocked)
-        return f"per block {sizes} ({'axis' if len(blocked) == 1 else 'axes'} {axes})"
-    channels = [axis for axis, (s, d) in enumerate(pairs) if s == d and d > 1]
-    if len(channels) == 1:
-        return "per channel"
-    return f"per channel (axes {', '.join(str(axis) for axis in channels)})"
 
 
 def _constant_is_zero(op: Any) -> bool:
@@ -56,7 +29,7 @@ def _constant_is_zero(op: Any) -> bool:
 
 class _Walker:
     def __init__(self) -> None:
-        self.stored: dict[Any, _Stored] = {}
+        self.stored: dict[Any, Stored] = {}
 
     def visit(self, op: Any) -> None:
         if op.name == "coreai.constant":
@@ -65,7 +38,7 @@ class _Walker:
             nbytes, shape = _coreai.constant_nbytes(op), _coreai.tensor_shape(t)
             # a splat stores one value for the whole tensor: say so, its bits per weight are tiny
             splat = math.prod(shape) > 1 and nbytes < _coreai.storage_nbytes(t)
-            self.stored[op.result] = _Stored(element + (" splat" if splat else ""), nbytes, element, shape)
+            self.stored[op.result] = Stored(element + (" splat" if splat else ""), nbytes, element, shape)
             return
         if op.name not in _coreai.DECOMPRESSION_OPS or len(op.results) != 1:
             return
@@ -76,35 +49,20 @@ class _Walker:
         t = op.result.type
         element = _coreai.element_name(t) if hasattr(t, "element_type") else "sparse"
         shape = _coreai.tensor_shape(t) if hasattr(t, "shape") else parts[-1].shape  # type: ignore[union-attr]
-        self.stored[op.result] = _Stored(described, sum(p.nbytes for p in parts), element, shape)  # type: ignore[union-attr]
+        self.stored[op.result] = Stored(described, sum(p.nbytes for p in parts), element, shape)  # type: ignore[union-attr]
 
     @staticmethod
-    def _describe(op: Any, parts: list[_Stored]) -> str:
+    def _describe(op: Any, parts: list[Stored]) -> str:
         name = op.name.removeprefix("coreai.")
         if name in ("lut_to_dense", "lut_to_sparse_with_bitmask") and len(parts) >= 2:
-            indices, lut = parts[0], parts[1]
-            entries, vector = lut.shape[-2], lut.shape[-1]
-            luts = math.prod(lut.shape[:-2])
-            text = f"{indices.encoding} LUT({entries} x {lut.encoding})"
-            if vector > 1:
-                text += f" vector {vector}"
-            if luts > 1:
-                text += f" x {luts} LUTs"
-            return text
+            return describe.lut(parts[0], parts[1])
         if name == "blockwise_shift_scale" and len(parts) == 4:
-            data, scale = parts[0], parts[1]
-            text = f"{data.encoding} + {scale.encoding} scale {_granularity(scale.shape, data.shape)}"
-            offset_op = op.operands[2].owner
-            if not (offset_op.name == "coreai.constant" and _constant_is_zero(offset_op)):
-                text += " + zero point"
-            bias_op = op.operands[3].owner
-            if not (bias_op.name == "coreai.constant" and _constant_is_zero(bias_op)):
-                text += " + offset"
-            return text
+            offset_op, bias_op = op.operands[2].owner, op.operands[3].owner
+            zero_point = not (offset_op.name == "coreai.constant" and _constant_is_zero(offset_op))
+            offset = not (bias_op.name == "coreai.constant" and _constant_is_zero(bias_op))
+            return describe.shift_scale(parts[0], parts[1], zero_point, offset)
         if name == "build_sparse_with_bitmask" and len(parts) == 2:
-            values, mask = parts
-            density = math.prod(values.shape) / max(1, math.prod(mask.shape))
-            return f"sparse bitmask {density:.0%} kept, values {values.encoding}"
+            return describe.sparse(parts[0], parts[1])
         if name in ("sparse_with_bitmask_to_dense", "cast") and len(parts) == 1:
             return parts[0].encoding if name != "cast" else f"{parts[0].encoding} cast"
         return f"{name}(" + ", ".join(p.encoding for p in parts) + ")"

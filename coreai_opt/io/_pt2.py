@@ -66,6 +66,7 @@ def load_pt2(path: Path | str, *, trust_pickle: bool = False) -> ExportedProgram
         import torch
 
         try:
+            archive.register_custom_ops()
             with _quiet_torch_export():
                 return torch.export.load(path)
         except Exception as exc:  # torch raises RuntimeError, KeyError, ... on damaged archives

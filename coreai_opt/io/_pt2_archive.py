@@ -47,6 +47,9 @@ MAX_JSON_BYTES = 1 << 30
 TRUST_HINT = "load it with --trust-pickle (trust_pickle=True) only if you made it yourself"
 
 
+COREAI_OP_MARKER = b"torch.ops.coreai."  # how model.json names a call of a coreai-torch op
+
+
 @dataclass(frozen=True)
 class _Payload:
     """One weights/constants config entry: where its bytes are and how to read them."""
@@ -243,6 +246,14 @@ class Pt2Archive:
                 raise CorruptArchiveError(self.path, f"{payload.fqn}: {_line(exc)}") from None
         return tensors
 
+    def register_custom_ops(self) -> None:
+        """Define coreai-torch's compression ops if the program calls them (compressed weights):
+        torch cannot deserialize a call of an op this process does not know."""
+        if COREAI_OP_MARKER in self.read(MODEL_JSON):
+            from coreai_opt._export._ops import register_coreai_ops
+
+            register_coreai_ops()
+
     def load_program(self) -> ExportedProgram:
         """The program, its weights and tensor constants (call `audit` first)."""
         from torch._export.serde import schema
@@ -251,6 +262,7 @@ class Pt2Archive:
         state_dict = self.tensors(WEIGHTS_CONFIG, WEIGHTS_DIR)
         constants = self.tensors(CONSTANTS_CONFIG, CONSTANTS_DIR)
         document = self.read_json(MODEL_JSON)
+        self.register_custom_ops()
         try:
             serialized = _dict_to_dataclass(schema.ExportedProgram, document)
             return ExportedProgramDeserializer(None).deserialize(serialized, state_dict, constants, None)

@@ -1,0 +1,14 @@
+"""`torch.export` programs as compression containers: coreai-torch's own custom ops carry the weights.
+
+A compressed weight becomes buffers (codes, indices, LUT, scales, zero points, mask) and calls of
+`coreai::lut_to_dense`, `coreai::constexpr_blockwise_shift_scale` and `coreai::sparse_to_dense`,
+so the program still runs in PyTorch and coreai-torch converts it to the Core AI ops the `.aimodel`
+path writes. Everything here imports torch: load it on first use.
+"""
+
+from __future__ import annotations
+
+from ._ops import COREAI_OPS, fold_decompression, is_decompression, register_coreai_ops
+from ._weights import ExportWeights
+
+__all__ = ["COREAI_OPS", "ExportWeights", "fold_decompression", "is_decompression", "register_coreai_ops"]

@@ -1,0 +1,403 @@
+"""The weights of a `torch.export` program as a compression container.
+
+`ExportWeights` lists the program's float parameters, buffers and constants with how each is used
+(the same `Use`s the Core AI container reports, so the compression package chooses the same
+weights with the same axes), reads a weight, and writes an encoded weight as buffers plus calls of
+coreai-torch's decompression ops in its place. Sub-byte codes are stored one per byte (the ops take
+them so; coreai-torch packs them on conversion), FP4 codes two per byte along the last axis (low
+nibble first), masks as booleans.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from coreai_opt._elements import Element, of_torch
+from coreai_opt.compression._encoded import Encoding, Palettized, Quantized, ShiftScale, Sparse, Stored
+from coreai_opt.compression._sites import Candidate, Consumer, Use, WeightSite
+
+from ._ops import is_decompression, register_coreai_ops
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+    from torch.fx import Node
+
+# quantized data coreai-torch converts: 8-bit, or 2/4-bit (its sub-byte injection knows no others)
+_SHIFT_SCALE_BITS = (2, 4, 8)
+# LUT indices it converts (its packing knows no 3-bit integers)
+_INDEX_BITS = (1, 2, 4, 6, 8)
+
+
+def _consumers() -> dict[Any, tuple[int, Consumer]]:
+    """ATen op -> (the operand that is a weight, how the op reads it)."""
+    import torch
+
+    aten = torch.ops.aten
+    return {
+        aten.linear: (1, Consumer.LINEAR),
+        aten.convolution: (1, Consumer.CONV),
+        aten.conv1d: (1, Consumer.CONV),
+        aten.conv2d: (1, Consumer.CONV),
+        aten.conv3d: (1, Consumer.CONV),
+        aten.embedding: (0, Consumer.GATHER),
+        aten.mm: (1, Consumer.MATMUL),
+        aten.bmm: (1, Consumer.MATMUL),
+        aten.matmul: (1, Consumer.MATMUL),
+        aten.addmm: (2, Consumer.MATMUL),
+        aten.baddbmm: (2, Consumer.MATMUL),
+    }
+
+
+def _permutation(node: Node, rank: int) -> tuple[int, ...] | None:
+    """The permutation a transposing view applies (None if `node` is not one)."""
+    import torch
+
+    aten = torch.ops.aten
+    packet = getattr(node.target, "overloadpacket", None)
+    if packet is aten.permute:
+        return tuple(int(d) % rank for d in node.args[1])  # type: ignore[union-attr]
+    if packet is aten.t or packet is aten.numpy_T:
+        return tuple(reversed(range(rank)))
+    if packet is aten.transpose:
+        a, b = int(node.args[1]) % rank, int(node.args[2]) % rank  # type: ignore[arg-type]
+        order = list(range(rank))
+        order[a], order[b] = order[b], order[a]
+        return tuple(order)
+    return None
+
+
+def _op_text(node: Node) -> str:
+    name = getattr(node.target, "name", None)
+    if callable(name):
+        return str(name()).replace("::", ".")
+    return str(node.target) if node.op == "call_function" else node.op
+
+
+def uses(node: Node, consumers: dict[Any, tuple[int, Consumer]]) -> tuple[Use, ...]:
+    """How each op that reads `node` reads it (looking through one transposing view)."""
+    rank = len(node.meta["val"].shape)
+    found = []
+    for user in node.users:
+        perm = _permutation(user, rank) if user.args and user.args[0] is node else None
+        readers = [(u, perm) for u in user.users] if perm is not None else [(user, None)]
+        if perm is not None and not user.users:
+            found.append(Use(Consumer.OTHER, _op_text(user)))
+        source = user if perm is not None else node
+        for reader, permutation in readers:
+            packet = getattr(reader.target, "overloadpacket", None)
+            operand, consumer = consumers.get(packet, (None, Consumer.OTHER))
+            at = operand is not None and len(reader.args) > operand and reader.args[operand] is source
+            found.append(Use(consumer if at else Consumer.OTHER, _op_text(reader), permutation))
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    spec: Any  # the InputSpec
+    node: Node
+    in_state_dict: bool
+
+
+@dataclass(frozen=True)
+class WrittenWeight:
+    encoding: str
+    bytes_before: int
+    bytes_after: int
+
+
+def _nbytes(stored: Stored) -> int:
+    """What `stored` takes in a Core AI constant (sub-byte codes packed)."""
+    return math.ceil(math.prod(stored.shape) * stored.element.bits / 8)
+
+
+def _part_bytes(form: Any) -> int:
+    if isinstance(form, Stored):
+        return _nbytes(form)
+    if isinstance(form, ShiftScale):
+        offset = _nbytes(form.offset) if form.offset is not None and np.any(form.offset.values) else 0
+        return _nbytes(form.scale) + offset
+    if isinstance(form, Quantized):
+        return _part_bytes(form.data) + _part_bytes(form.decode)
+    if isinstance(form, Palettized):
+        return (
+            _part_bytes(form.indices)
+            + _part_bytes(form.lut)
+            + (_part_bytes(form.decode) if form.decode else 0)
+        )
+    if isinstance(form, Sparse):
+        mask = math.ceil(form.mask.size / 8)
+        return mask + _part_bytes(form.kept) + (_part_bytes(form.decode) if form.decode else 0)
+    raise TypeError(form)
+
+
+def torch_values(stored: Stored) -> torch.Tensor:
+    """`stored` as the tensor coreai-torch's ops take: own dtypes for 8/16/32-bit elements (FP8 and
+    E8M0 by their bits), sub-byte integers one per byte (signed ones sign-extended), OCP FP4 codes
+    two per byte along the last axis, masks as booleans."""
+    import torch
+
+    element, values = stored.element, np.ascontiguousarray(stored.values)
+    if element.name == "ui1":
+        return torch.from_numpy(values.astype(bool))
+    if element.name == "f4E2M1FN":
+        codes = torch.from_numpy(values.astype(np.uint8))
+        return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    if element.is_float:
+        if element.bits == 8:  # FP8 and E8M0 by their bits
+            return torch.from_numpy(values.view(np.uint8).copy()).view(element.torch_dtype())
+        if element.name == "bf16":
+            return torch.from_numpy(values.view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(values.copy())
+    if element.bits == 8:
+        return torch.from_numpy(values.copy())
+    codes = values.astype(np.int16)
+    if element.kind.name == "INT":  # two's complement codes of `bits` bits
+        half = 1 << (element.bits - 1)
+        codes = (codes ^ half) - half
+        return torch.from_numpy(codes.astype(np.int8))
+    return torch.from_numpy(codes.astype(np.uint8))
+
+
+def _bits_tensor(bits: int) -> torch.Tensor:
+    import torch
+
+    return torch.tensor(bits, dtype=torch.int64)
+
+
+class ExportWeights:
+    """A `torch.export` program's weights, compressed in place (a `compression.Container`)."""
+
+    def __init__(self, ep: ExportedProgram) -> None:
+        self.ep = ep
+        self.ops = register_coreai_ops()
+        # placeholder names go on from an earlier compression's (FX does not rename a clash here)
+        taken = [n.name.split("_")[1] for n in ep.graph.nodes if n.name.startswith("coreopt_w")]
+        self._count = max((int(t[1:]) for t in taken if t[1:].isdigit()), default=0)
+        self._fake_mode = next(
+            (
+                n.meta["val"].fake_mode
+                for n in ep.graph.nodes
+                if n.op == "placeholder" and getattr(n.meta.get("val"), "fake_mode", None) is not None
+            ),
+            None,
+        )
+
+    # ----- the Container protocol --------------------------------------------------------------
+
+    def candidates(self) -> list[Candidate]:
+        from torch.export.graph_signature import InputKind
+
+        consumers = _consumers()
+        nodes = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
+        found = []
+        for spec in self.ep.graph_signature.input_specs:
+            if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                continue
+            node = nodes.get(spec.arg.name)
+            tensor = self._tensor(spec)
+            if node is None or tensor is None or not tensor.is_floating_point():
+                continue
+            try:
+                element = of_torch(tensor.dtype)
+            except ValueError:
+                continue
+            if element.bits not in (16, 32):
+                continue
+            slot = _Slot(spec, node, spec.target in self.ep.state_dict)
+            found.append(Candidate(slot, spec.target, tuple(tensor.shape), element, uses(node, consumers)))
+        return found
+
+    def compressed(self) -> int:
+        def root(node: Node) -> bool:
+            return is_decompression(node) and any(not is_decompression(u) for u in node.users)
+
+        return sum(root(node) for node in self.ep.graph.nodes)
+
+    def read(self, site: WeightSite) -> torch.Tensor:
+        tensor = self._tensor(site.handle.spec)
+        assert tensor is not None
+        return tensor.detach()
+
+    def refusal(self, site: WeightSite, encoding: Encoding) -> str | None:
+        """Why coreai-torch's ops cannot carry this encoding of this weight, or None."""
+        return _refusal(encoding.form, site)
+
+    def write(self, site: WeightSite, encoding: Encoding) -> WrittenWeight:
+        from coreai_opt.inspection._pt2 import node_encoding
+
+        self._count += 1
+        slot: _Slot = site.handle
+        graph = self.ep.graph
+        first_op = next(n for n in graph.nodes if n.op != "placeholder")
+        with graph.inserting_before(first_op):
+            value = self._build(site, encoding.form)
+        slot.node.replace_all_uses_with(value)
+        self._drop(slot)
+        before = math.prod(site.shape) * site.element.bits // 8
+        return WrittenWeight(node_encoding(self.ep, value), before, _part_bytes(encoding.form))
+
+    def finish(self) -> None:
+        self.ep.graph.eliminate_dead_code()
+        self.ep.graph.lint()
+        self.ep.graph_module.recompile()
+        self.ep.validate()
+
+    # ----- state -------------------------------------------------------------------------------
+
+    def _tensor(self, spec: Any) -> torch.Tensor | None:
+        import torch
+
+        value = self.ep.state_dict.get(spec.target)
+        if value is None:
+            value = self.ep.constants.get(spec.target)
+        return value if isinstance(value, torch.Tensor) else None
+
+    def _drop(self, slot: _Slot) -> None:
+        """Remove the replaced weight: its placeholder, its input spec and its tensor."""
+        self.ep.graph.erase_node(slot.node)
+        self.ep.graph_signature.input_specs.remove(slot.spec)
+        store = self.ep.state_dict if slot.in_state_dict else self.ep.constants
+        store.pop(slot.spec.target, None)
+
+    def _buffer(self, site: WeightSite, part: str, tensor: torch.Tensor) -> Node:
+        """A new persistent buffer `<weight>_<part>` and its placeholder, before the user inputs."""
+        from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
+
+        graph = self.ep.graph
+        specs = self.ep.graph_signature.input_specs
+        target = f"{self._prefix(site)}.{part}"
+        position = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
+        placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+        anchor = (
+            placeholders[specs[position].arg.name]
+            if position < len(specs)
+            else next(n for n in graph.nodes if n.op != "placeholder")
+        )
+        with graph.inserting_before(anchor):
+            # the converter finds LUT indices by "indices"/"lut" in the placeholder's name: no weight
+            # name may come in between
+            node = graph.placeholder(f"coreopt_w{self._count}_{part}")
+        node.meta["val"] = self._fake(tensor)
+        specs.insert(position, InputSpec(InputKind.BUFFER, TensorArgument(node.name), target, True))
+        self.ep.state_dict[target] = tensor
+        return node
+
+    def _prefix(self, site: WeightSite) -> str:
+        """`<weight>_compressed`: the module path of the weight's buffers (one per weight, as
+        coremltools lays them out; coreai-torch reads `quantization_n_bits` beside the data)."""
+        prefix = f"{site.name}_compressed"
+        while any(key.startswith(prefix + ".") for key in (*self.ep.state_dict, *self.ep.constants)):
+            prefix += "_"
+        return prefix
+
+    def _fake(self, tensor: torch.Tensor) -> Any:
+        if self._fake_mode is None:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            self._fake_mode = FakeTensorMode()
+        return self._fake_mode.from_tensor(tensor, static_shapes=True)
+
+    def _call(self, op: Any, *args: Any) -> Node:
+        from torch.fx import Node as FxNode
+
+        node = self.ep.graph.call_function(op, tuple(args))
+        with self._fake_mode:
+            node.meta["val"] = op(*(a.meta["val"] if isinstance(a, FxNode) else a for a in args))
+        return node
+
+    # ----- ops ---------------------------------------------------------------------------------
+
+    def _build(self, site: WeightSite, form: Quantized | Palettized | Sparse) -> Node:
+        if isinstance(form, Quantized):
+            data = self._buffer(site, "data", torch_values(form.data))
+            return self._shift_scale(site, data, form.decode, form.data.element, placeholder=True)
+        if isinstance(form, Palettized):
+            return self._lut_to_dense(site, form, form.indices.shape)
+        return self._sparse(site, form)
+
+    def _shift_scale(
+        self, site: WeightSite, data: Node, decode: ShiftScale, element: Element, placeholder: bool = False
+    ) -> Node:
+        """coreai::constexpr_blockwise_shift_scale: scale * (data - zero point) in the weight's dtype
+        (int data), or data * scale (float data; E8M0 scales name the output dtype)."""
+        scale = self._buffer(site, "scale", torch_values(decode.scale))
+        zero_point = input_dtype = output_dtype = None  # input_dtype: only for minval, never written
+        if decode.offset is not None and np.any(decode.offset.values):
+            zero_point = self._buffer(site, "zero_point", torch_values(decode.offset))
+        if element.is_float:
+            if decode.scale.element.name == "f8E8M0FNU":
+                output_dtype = site.element.torch_dtype()
+        elif placeholder:
+            # the width coreai-torch converts the codes to: torch.export cannot write torch.int4 as
+            # the op's input_dtype, so it goes where coreai-torch also looks, beside the data
+            target = self.ep.graph_signature.input_specs[self._spec_index(data)].target
+            bits_key = target.rpartition(".")[0] + ".quantization_n_bits"
+            self.ep.state_dict[bits_key] = _bits_tensor(element.bits)
+        # positional, as torch.export writes the call: coreai-torch's converter reads args by index
+        op = self.ops.constexpr_blockwise_shift_scale.default
+        return self._call(op, data, scale, zero_point, None, input_dtype, output_dtype)
+
+    def _spec_index(self, node: Node) -> int:
+        specs = self.ep.graph_signature.input_specs
+        return next(i for i, s in enumerate(specs) if s.arg.name == node.name)
+
+    def _lut_to_dense(self, site: WeightSite, form: Palettized, shape: tuple[int, ...]) -> Node:
+        indices = self._buffer(site, "indices", torch_values(form.indices))
+        lut_values = form.lut.values
+        if len(shape) + 2 != lut_values.ndim:  # a LUT over the kept values of a sparse weight
+            lut_values = lut_values.reshape((1,) * len(shape) + lut_values.shape[-2:])
+        lut = self._buffer(site, "lut", torch_values(Stored(lut_values, form.lut.element)))
+        dense = self._call(self.ops.lut_to_dense.default, indices, lut, form.axis if len(shape) > 1 else 0)
+        if form.decode is None:
+            return dense
+        return self._shift_scale(site, dense, form.decode, form.lut.element)
+
+    def _sparse(self, site: WeightSite, form: Sparse) -> Node:
+        kept = form.kept
+        if isinstance(kept, Palettized):
+            values = self._lut_to_dense(site, kept, kept.indices.shape)
+            element = kept.lut.element
+        elif isinstance(kept, Quantized):  # decoded before the scatter: a zero point must not fill zeros
+            data = self._buffer(site, "data", torch_values(kept.data))
+            values = self._shift_scale(site, data, kept.decode, kept.data.element, placeholder=True)
+            element = site.element
+        else:
+            values = self._buffer(site, "values", torch_values(kept))
+            element = kept.element
+        mask = self._buffer(site, "mask", torch_values(Stored(form.mask, _mask_element())))
+        dense = self._call(self.ops.sparse_to_dense.default, values, mask)
+        if form.decode is None:
+            return dense
+        return self._shift_scale(site, dense, form.decode, element)
+
+
+def _mask_element() -> Element:
+    from coreai_opt._elements import element
+
+    return element("ui1")
+
+
+def _refusal(form: Any, site: WeightSite) -> str | None:
+    if isinstance(form, Palettized) and form.indices.element.bits not in _INDEX_BITS:
+        return (
+            f"{form.indices.element.name} indices: coreai-torch converts 1-, 2-, 4-, 6- or 8-bit LUT indices"
+        )
+    if isinstance(form, Quantized):
+        data = form.data.element
+        if not data.is_float and data.bits not in _SHIFT_SCALE_BITS:
+            return (
+                f"{data.name} codes: coreai-torch's blockwise shift-scale op takes 2-, 4- or 8-bit integers"
+            )
+        if data.name == "f4E2M1FN":
+            if form.decode.scale.element.name != "f8E8M0FNU":
+                return "FP4 data in a .pt2 needs E8M0 scales (coreai-torch recognises FP4 by them)"
+            if form.data.shape[-1] % 2:
+                return f"FP4 codes pack in pairs along the last axis; its length {form.data.shape[-1]} is odd"
+    if isinstance(form, Sparse):
+        return _refusal(form.kept, site)
+    return None
