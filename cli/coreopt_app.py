@@ -454,8 +454,10 @@ def sparsify(
 
 @app.command()
 def compare(
-    reference: Path = typer.Argument(..., help="The reference .aimodel (e.g. before compression)."),
-    candidate: Path = typer.Argument(..., help="The .aimodel to check against it."),
+    reference: Path = typer.Argument(
+        ..., help="The reference .aimodel or .pt2 (e.g. before compression; a .pt2 runs in PyTorch)."
+    ),
+    candidate: Path = typer.Argument(..., help="The .aimodel or .pt2 to check against it."),
     inputs: Path | None = typer.Option(
         None, "--inputs", help="safetensors file with one tensor per model input, by input name."
     ),
@@ -469,11 +471,16 @@ def compare(
     min_cosine: float | None = typer.Option(
         None, "--min-cosine", help="Exit 1 when any output's cosine falls below this (for CI)."
     ),
+    trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """Run two Core AI assets on the same inputs; per output cosine, SNR and max abs error.
+    """Run two models on the same inputs; per output cosine, SNR and max abs error.
+
+    An .aimodel runs on the Core AI runtime, a .pt2 in PyTorch (compressed weights decoded once).
 
     Example: coreopt compare sample_models/transformer.aimodel build/t.int8.aimodel --min-cosine 0.999
+
+    Example: coreopt compare sample_models/transformer.pt2 build/t4.pt2 --min-cosine 0.99
 
     Example: coreopt compare ref.aimodel cand.aimodel --inputs batch.safetensors --json
     """
@@ -489,6 +496,7 @@ def compare(
             seed=seed,
             int_range=parse_int_range(int_range) if int_range is not None else None,
             min_cosine=min_cosine,
+            trust_pickle=trust_pickle,
         )
     if as_json:
         print_json(result.to_dict())

@@ -227,3 +227,37 @@ def test_cli_compresses_a_pt2_into_a_pt2(coreopt, tmp_path: Path) -> None:  # ty
     compressed = [w for w in weights if w["kind"] == "compressed"]
     assert {w["encoding"] for w in compressed} == {"ui4 LUT(16 x f32)"} and len(compressed) == 9
     assert {w["name"] for w in compressed} == {w["name"] for w in document["report"]["weights"]}
+
+
+def test_compare_runs_pt2_programs_in_torch_and_mixes_them_with_aimodels(tmp_path: Path) -> None:
+    from coreai_opt._agreement import agreement
+    from coreai_opt.comparison import compare_files
+
+    program, _ = _compressed_pt2("transformer", PalettizeConfig(4))
+    save_pt2(program, tmp_path / "t4.pt2")
+    result = compare_files(SAMPLES / "transformer.pt2", tmp_path / "t4.pt2", min_cosine=0.99)
+    (output,) = result.outputs
+    result_inputs = _drawn(result)
+    reference = load_pt2(SAMPLES / "transformer.pt2").module()
+    args = [torch.from_numpy(result_inputs[n]) for n in ("input_ids", "attention_mask")]
+    with torch.no_grad():
+        expected = agreement(reference(*args).numpy(), program.module()(*args).numpy())
+    assert output.metrics == expected and result.ok is True
+    mixed = compare_files(SAMPLES / "transformer.pt2", SAMPLES / "transformer.aimodel")
+    assert mixed.outputs[0].metrics.cosine >= 0.99999  # the same program, in torch and on Core AI
+
+
+def _drawn(result) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    """The inputs a comparison drew, drawn again from its recorded rules (the policy is seeded)."""
+    from coreai_opt.inputs import draw_inputs
+    from coreai_opt.inputs._usage import exported_program_specs
+
+    specs = exported_program_specs(load_pt2(SAMPLES / "transformer.pt2"))
+    return draw_inputs(specs, result.rules, 0)
+
+
+def test_compare_names_a_pt2_that_cannot_be_read(coreopt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"not a zip")
+    result = coreopt("compare", SAMPLES / "transformer.pt2", bad)
+    assert result.exit_code == 1 and str(bad) in result.stderr and "Traceback" not in result.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,18 @@ from coreai_opt.inputs import (
     input_rules,
     read_inputs_file,
 )
-from coreai_opt.io import ModelFileError, verify_aimodel, worker_errors
+from coreai_opt.io import (
+    ModelFileError,
+    ModelFormat,
+    model_format,
+    require_existing,
+    verify_aimodel,
+    worker_errors,
+)
+
+from ._torch import ExportedSide
+
+_FORMATS = (ModelFormat.AIMODEL, ModelFormat.PT2)
 
 
 @dataclass(frozen=True)
@@ -157,12 +169,15 @@ def compare_files(
     seed: int = 0,
     int_range: tuple[int, int] | None = None,
     min_cosine: float | None = None,
+    trust_pickle: bool = False,
 ) -> ComparisonResult:
-    """Run both assets on the Core AI runtime with the same inputs; per output cosine, SNR, max error.
+    """Run both models on the same inputs; per output cosine, SNR, max error.
 
-    Inputs follow the reference's descriptors (`coreai_opt.inputs` draws them, or `inputs` names a
-    safetensors file) and are converted to each model's own input dtypes, so an fp16 candidate can
-    be compared with its fp32 reference. `int_range` draws every integer input from [low, high).
+    An `.aimodel` runs on the Core AI runtime, a `.pt2` in PyTorch (its compressed weights decoded
+    once), in any mix. Inputs follow the reference's descriptors (`coreai_opt.inputs` draws them, or
+    `inputs` names a safetensors file) and are converted to each model's own input dtypes, so an
+    fp16 candidate can be compared with its fp32 reference. `int_range` draws every integer input
+    from [low, high).
     """
     reference, candidate = Path(reference), Path(candidate)
     if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
@@ -187,11 +202,35 @@ def compare_files(
             )
         return chosen
 
-    with AssetWorker(reference) as ref_worker, AssetWorker(candidate) as cand_worker:
-        verify_aimodel(reference, ref_worker)
-        verify_aimodel(candidate, cand_worker)
-        ref_run = _run(reference, ref_worker, reference_inputs)
-        cand_run = _run(candidate, cand_worker, candidate_inputs)
+    def run_side(path: Path, inputs_for: Any, stack: contextlib.ExitStack) -> RunResult:
+        if model_format(path, _FORMATS) is ModelFormat.PT2:
+            side = ExportedSide(path, trust_pickle)
+            return side.run(dict(inputs_for(side.inputs, side)))
+        worker = stack.enter_context(AssetWorker(path))
+        verify_aimodel(path, worker)
+        return _run(path, worker, inputs_for)
+
+    def reference_from(
+        specs: tuple[TensorSpec, ...], side: ExportedSide | None = None
+    ) -> dict[str, np.ndarray]:
+        if side is not None and inputs is None:  # a .pt2: the policy reads its FX graph
+            made, drawn_by = side.draw(seed, int_range)
+            chosen.update(made)
+            rules.extend(drawn_by)
+            return made
+        return reference_inputs(specs)
+
+    def candidate_from(
+        specs: tuple[TensorSpec, ...], side: ExportedSide | None = None
+    ) -> dict[str, np.ndarray]:
+        return candidate_inputs(specs)
+
+    for path in (reference, candidate):
+        require_existing(path)
+        model_format(path, _FORMATS)
+    with contextlib.ExitStack() as stack:
+        ref_run = run_side(reference, reference_from, stack)
+        cand_run = run_side(candidate, candidate_from, stack)
     result = ComparisonResult(reference, candidate, label, ref_run.inputs, min_cosine, rules)
     for ref, cand in _pair_outputs(ref_run.outputs, cand_run.outputs, candidate):
         metrics = agreement(ref_run.values[ref.name], cand_run.values[cand.name])

@@ -1,0 +1,81 @@
+"""A `.pt2` side of a comparison: run in PyTorch (seconds even for BERT-base), decompression folded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from coreai_opt._coreai._runtime import RunResult
+from coreai_opt._coreai._sandbox import TensorSpec
+from coreai_opt.inputs import InputRule, draw_inputs, input_rules
+from coreai_opt.io import ModelFileError, load_pt2
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype a torch dtype's values travel in (bfloat16, which numpy lacks, as float32)."""
+    import torch
+
+    return np.dtype(np.float32) if dtype == torch.bfloat16 else torch.empty((), dtype=dtype).numpy().dtype
+
+
+class ExportedSide:
+    """A `.pt2` program ready to run: compressed weights decoded once, inputs by placeholder name."""
+
+    def __init__(self, path: Path, trust_pickle: bool = False) -> None:
+        from coreai_opt._export import fold_decompression
+
+        self.path = path
+        self.program: ExportedProgram = load_pt2(path, trust_pickle=trust_pickle)
+        self.module = self.program.module()
+        fold_decompression(self.module)
+        users = [s for s in self.program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        nodes = {n.name: n for n in self.program.graph.nodes if n.op == "placeholder"}
+        self.dtypes = [nodes[s.arg.name].meta["val"].dtype for s in users]
+        self.inputs = tuple(
+            TensorSpec(
+                s.arg.name, _numpy_dtype(d), tuple(int(x) for x in nodes[s.arg.name].meta["val"].shape)
+            )
+            for s, d in zip(users, self.dtypes, strict=True)
+        )
+
+    def draw(
+        self, seed: int, int_range: tuple[int, int] | None
+    ) -> tuple[dict[str, np.ndarray], list[InputRule]]:
+        """Inputs drawn by the input policy from what the program does with each input."""
+        from coreai_opt.inputs._usage import exported_program_specs, exported_program_usage
+
+        specs = exported_program_specs(self.program)
+        rules = input_rules(specs, exported_program_usage(self.program), int_range)
+        return draw_inputs(specs, rules, seed), rules
+
+    def run(self, arrays: dict[str, np.ndarray]) -> RunResult:
+        import torch
+        import torch.utils._pytree as pytree
+
+        args = []
+        for spec, dtype in zip(self.inputs, self.dtypes, strict=True):
+            if spec.name not in arrays:
+                raise ModelFileError(self.path, f"takes input {spec.name}, which the other side does not")
+            value = np.asarray(arrays[spec.name])
+            if tuple(value.shape) != spec.shape:
+                raise ModelFileError(
+                    self.path, f"input {spec.name} has shape {list(value.shape)}; it takes {list(spec.shape)}"
+                )
+            args.append(torch.from_numpy(np.ascontiguousarray(value)).to(dtype))
+        with torch.no_grad():
+            leaves = [v for v in pytree.tree_leaves(self.module(*args)) if isinstance(v, torch.Tensor)]
+        names = [
+            s.arg.name for s in self.program.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"
+        ]
+        values = {
+            name: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+            for name, v in zip(names, leaves, strict=True)
+        }
+        outputs = tuple(TensorSpec(n, values[n].dtype, tuple(values[n].shape)) for n in names)
+        return RunResult(self.inputs, outputs, values)
