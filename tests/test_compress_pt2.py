@@ -261,3 +261,31 @@ def test_compare_names_a_pt2_that_cannot_be_read(coreopt, tmp_path: Path) -> Non
     bad.write_bytes(b"not a zip")
     result = coreopt("compare", SAMPLES / "transformer.pt2", bad)
     assert result.exit_code == 1 and str(bad) in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "name", ["int4-block", "mxfp4", "fp8e5m2-e8m0", "lut8-int8-scale", "sparse-2of4-int8"]
+)
+def test_export_compress_cast_convert(name: str, tmp_path: Path) -> None:
+    """Export -> compress the .pt2 -> cast to 16 bits -> convert: codes stay integer, LUTs and
+    scales follow the fp16 decision, and the program still agrees with its uncast self."""
+    from coreai_opt._agreement import agreement
+    from coreai_opt.casting import CastTarget, cast_program
+
+    program, _ = _compressed_pt2("transformer", CONFIGS[name])
+    codes_before = {k: v.dtype for k, v in program.state_dict.items() if not v.is_floating_point()}
+    inputs = (torch.randint(1, 200, (1, 16)), torch.ones(1, 16, dtype=torch.int64))
+    with torch.no_grad():
+        before = program.module()(*inputs)
+    cast_program(program, CastTarget.BOTH)
+    after_dtypes = {k: v.dtype for k, v in program.state_dict.items()}
+    assert {k: after_dtypes[k] for k in codes_before} == codes_before  # codes, indices, masks untouched
+    assert not any(d == torch.float32 for d in after_dtypes.values())
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"][-len(inputs) :]
+    with torch.no_grad():  # each input in the dtype the cast program takes now
+        after = program.module()(
+            *(i.to(p.meta["val"].dtype) for i, p in zip(inputs, placeholders, strict=True))
+        )
+    assert after.dtype == torch.float16
+    assert agreement(before.numpy(), after.float().numpy()).cosine >= 0.999
+    save_aimodel(_quiet_convert(program), tmp_path / "c.aimodel")
