@@ -118,7 +118,8 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
 
     import tcast
 
-    codes = torch.stack((packed & 15, packed >> 4), dim=-1).flatten(-2)
+    shape = (*packed.shape[:-1], 2 * packed.shape[-1])
+    codes = tcast.unpack_codes(packed.contiguous(), 4, 2 * packed.numel()).reshape(shape)
     return tcast.decode(codes, tcast.number("e2m1ocp"), torch.float32)
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coreai_opt._elements import Element, of_torch
+from coreai_opt._elements import ELEMENTS, Element, of_torch
 from coreai_opt.compression._encoded import Encoding, Palettized, Quantized, ShiftScale, Sparse, Stored
 from coreai_opt.compression._sites import Candidate, Consumer, Use, WeightSite
 
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
     from torch.fx import Node
 
-# quantized data coreai-torch converts: 8-bit, or 2/4-bit (its sub-byte injection knows no others)
-_SHIFT_SCALE_BITS = (2, 4, 8)
 # LUT indices it converts (its packing knows no 3-bit integers)
 _INDEX_BITS = (1, 2, 4, 6, 8)
 
@@ -110,31 +108,6 @@ class WrittenWeight:
     bytes_after: int
 
 
-def _nbytes(stored: Stored) -> int:
-    """What `stored` takes in a Core AI constant (sub-byte codes packed)."""
-    return math.ceil(math.prod(stored.shape) * stored.element.bits / 8)
-
-
-def _part_bytes(form: Any) -> int:
-    if isinstance(form, Stored):
-        return _nbytes(form)
-    if isinstance(form, ShiftScale):
-        offset = _nbytes(form.offset) if form.offset is not None and np.any(form.offset.values) else 0
-        return _nbytes(form.scale) + offset
-    if isinstance(form, Quantized):
-        return _part_bytes(form.data) + _part_bytes(form.decode)
-    if isinstance(form, Palettized):
-        return (
-            _part_bytes(form.indices)
-            + _part_bytes(form.lut)
-            + (_part_bytes(form.decode) if form.decode else 0)
-        )
-    if isinstance(form, Sparse):
-        mask = math.ceil(form.mask.size / 8)
-        return mask + _part_bytes(form.kept) + (_part_bytes(form.decode) if form.decode else 0)
-    raise TypeError(form)
-
-
 def torch_values(stored: Stored) -> torch.Tensor:
     """`stored` as the tensor coreai-torch's ops take: own dtypes for 8/16/32-bit elements (FP8 and
     E8M0 by their bits), sub-byte integers one per byte (signed ones sign-extended), OCP FP4 codes
@@ -144,9 +117,11 @@ def torch_values(stored: Stored) -> torch.Tensor:
     element, values = stored.element, np.ascontiguousarray(stored.values)
     if element.name == "ui1":
         return torch.from_numpy(values.astype(bool))
-    if element.name == "f4E2M1FN":
-        codes = torch.from_numpy(values.astype(np.uint8))
-        return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    if element.name == "f4E2M1FN":  # an even last axis (see _refusal): no pair spans two rows
+        import tcast
+
+        packed = tcast.pack_codes(torch.from_numpy(values.astype(np.uint8)), 4)
+        return packed.reshape(*values.shape[:-1], values.shape[-1] // 2)
     if element.is_float:
         if element.bits == 8:  # FP8 and E8M0 by their bits
             return torch.from_numpy(values.view(np.uint8).copy()).view(element.torch_dtype())
@@ -228,7 +203,7 @@ class ExportWeights:
         return _refusal(encoding.form, site)
 
     def write(self, site: WeightSite, encoding: Encoding) -> WrittenWeight:
-        from coreai_opt.inspection._pt2 import node_encoding
+        from coreai_opt.inspection._pt2 import stored_form
 
         self._count += 1
         slot: _Slot = site.handle
@@ -238,8 +213,9 @@ class ExportWeights:
             value = self._build(site, encoding.form)
         slot.node.replace_all_uses_with(value)
         self._drop(slot)
+        stored = stored_form(self.ep, value)  # as inspect reads it back: encoding, packed bytes
         before = math.prod(site.shape) * site.element.bits // 8
-        return WrittenWeight(node_encoding(self.ep, value), before, _part_bytes(encoding.form))
+        return WrittenWeight(stored.encoding, before, stored.nbytes)
 
     def finish(self) -> None:
         self.ep.graph.eliminate_dead_code()
@@ -326,7 +302,7 @@ class ExportWeights:
         """coreai::constexpr_blockwise_shift_scale: scale * (data - zero point) in the weight's dtype
         (int data), or data * scale (float data; E8M0 scales name the output dtype)."""
         scale = self._buffer(site, "scale", torch_values(decode.scale))
-        zero_point = input_dtype = output_dtype = None  # input_dtype: only for minval, never written
+        zero_point = output_dtype = None
         if decode.offset is not None and np.any(decode.offset.values):
             zero_point = self._buffer(site, "zero_point", torch_values(decode.offset))
         if element.is_float:
@@ -340,7 +316,7 @@ class ExportWeights:
             self.ep.state_dict[bits_key] = _bits_tensor(element.bits)
         # positional, as torch.export writes the call: coreai-torch's converter reads args by index
         op = self.ops.constexpr_blockwise_shift_scale.default
-        return self._call(op, data, scale, zero_point, None, input_dtype, output_dtype)
+        return self._call(op, data, scale, zero_point, None, None, output_dtype)  # no minval, input_dtype
 
     def _spec_index(self, node: Node) -> int:
         specs = self.ep.graph_signature.input_specs
@@ -369,17 +345,11 @@ class ExportWeights:
         else:
             values = self._buffer(site, "values", torch_values(kept))
             element = kept.element
-        mask = self._buffer(site, "mask", torch_values(Stored(form.mask, _mask_element())))
+        mask = self._buffer(site, "mask", torch_values(Stored(form.mask, ELEMENTS["ui1"])))
         dense = self._call(self.ops.sparse_to_dense.default, values, mask)
         if form.decode is None:
             return dense
         return self._shift_scale(site, dense, form.decode, element)
-
-
-def _mask_element() -> Element:
-    from coreai_opt._elements import element
-
-    return element("ui1")
 
 
 def _refusal(form: Any, site: WeightSite) -> str | None:
@@ -389,10 +359,6 @@ def _refusal(form: Any, site: WeightSite) -> str | None:
         )
     if isinstance(form, Quantized):
         data = form.data.element
-        if not data.is_float and data.bits not in _SHIFT_SCALE_BITS:
-            return (
-                f"{data.name} codes: coreai-torch's blockwise shift-scale op takes 2-, 4- or 8-bit integers"
-            )
         if data.name == "f4E2M1FN":
             if form.decode.scale.element.name != "f8E8M0FNU":
                 return "FP4 data in a .pt2 needs E8M0 scales (coreai-torch recognises FP4 by them)"

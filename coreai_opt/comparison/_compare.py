@@ -194,7 +194,9 @@ def compare_files(
         rules.extend(drawn_by)
         return made
 
-    def candidate_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
+    def candidate_inputs(
+        specs: tuple[TensorSpec, ...], side: ExportedSide | None = None
+    ) -> dict[str, np.ndarray]:
         names = sorted(s.name for s in specs)
         if names != sorted(chosen):
             raise ModelFileError(
@@ -220,17 +222,12 @@ def compare_files(
             return made
         return reference_inputs(specs)
 
-    def candidate_from(
-        specs: tuple[TensorSpec, ...], side: ExportedSide | None = None
-    ) -> dict[str, np.ndarray]:
-        return candidate_inputs(specs)
-
     for path in (reference, candidate):
         require_existing(path)
         model_format(path, _FORMATS)
     with contextlib.ExitStack() as stack:
         ref_run = run_side(reference, reference_from, stack)
-        cand_run = run_side(candidate, candidate_from, stack)
+        cand_run = run_side(candidate, candidate_inputs, stack)
     result = ComparisonResult(reference, candidate, label, ref_run.inputs, min_cosine, rules)
     for ref, cand in _pair_outputs(ref_run.outputs, cand_run.outputs, candidate):
         metrics = agreement(ref_run.values[ref.name], cand_run.values[cand.name])

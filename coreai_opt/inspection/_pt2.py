@@ -186,7 +186,7 @@ class _Walker:
         """The integer width of a shift-scale's data, where its buffers say it
         (`quantization_n_bits` beside the data, as coreai-torch reads it)."""
         data = call.args[0]
-        target = self.targets.get(data.name) if isinstance(data, torch_fx_node()) else None
+        target = self.targets.get(getattr(data, "name", ""))
         if target is None:
             return None
         value = self.program.state_dict.get(target.rpartition(".")[0] + ".quantization_n_bits")
@@ -219,12 +219,6 @@ class _Walker:
         return Stored(element, nbytes, element, shape)
 
 
-def torch_fx_node() -> type:
-    from torch.fx import Node as FxNode
-
-    return FxNode
-
-
 def _leaves(node: Node) -> list[Node]:
     found: list[Node] = []
     stack = [node]
@@ -236,7 +230,10 @@ def _leaves(node: Node) -> list[Node]:
     return found
 
 
-def node_encoding(program: ExportedProgram, node: Node) -> str:
-    """How the weight `node` decodes is stored ("ui4 LUT(16 x f16)"), as inspect names it."""
+def stored_form(program: ExportedProgram, node: Node) -> Stored:
+    """How the weight `node` decodes is stored ("ui4 LUT(16 x f16)") and its packed bytes, as
+    inspect reads it back."""
     stored = _Walker(program).stored(node)
-    return stored.encoding if stored is not None else "?"
+    if stored is None:
+        raise ValueError(f"{node.name} is not computed from stored tensors")
+    return stored
