@@ -13,7 +13,7 @@ from ._common import console, human_bytes
 if TYPE_CHECKING:
     from coreai_opt._agreement import Agreement
     from coreai_opt.casting import CastFileResult
-    from coreai_opt.comparison import ComparisonResult
+    from coreai_opt.comparison import ComparisonResult, OutputComparison
     from coreai_opt.conversion import ConversionResult
     from coreai_opt.coreai_utils import CompressionFileResult
     from coreai_opt.inputs import InputRule
@@ -255,6 +255,10 @@ def render_compression(result: CompressionFileResult) -> None:
         console.print(f"[yellow]warning: {warning}[/yellow]")
 
 
+def _output_name(o: OutputComparison) -> str:
+    return o.name if o.name == o.candidate_name else f"{o.name} / {o.candidate_name}"
+
+
 def render_comparison(result: ComparisonResult) -> None:
     inputs = ", ".join(f"{s.name} {s.dtype.name}{_shape(s.shape)}" for s in result.inputs)
     console.print(
@@ -265,7 +269,9 @@ def render_comparison(result: ComparisonResult) -> None:
         )
     )
     _render_policy(result.inputs_source, result.rules)
-    table = Table(title="Outputs", title_justify="left")
+    several = len(result.samples) > 1
+    title = f"Outputs (each number at its worst of {len(result.samples)} samples)" if several else "Outputs"
+    table = Table(title=title, title_justify="left")
     for column in ("output", "shape", "dtype", "cosine", "SNR dB", "max abs err", "verdict"):
         table.add_column(column, justify="right" if column in ("cosine", "SNR dB", "max abs err") else "left")
     for o in result.outputs:
@@ -278,10 +284,21 @@ def render_comparison(result: ComparisonResult) -> None:
             verdict = (
                 f"[red]below {result.min_cosine}[/red]" if m.clean and m.measured else "[red]fails[/red]"
             )
-        name = o.name if o.name == o.candidate_name else f"{o.name} / {o.candidate_name}"
         table.add_row(
-            name, _shape(o.shape), o.dtype, _number(m.cosine, ".6f"), _db(m.snr_db),
+            _output_name(o), _shape(o.shape), o.dtype, _number(m.cosine, ".6f"), _db(m.snr_db),
             _number(m.max_abs_error, ".3g"), verdict,
         )  # fmt: skip
     console.print(table)
+    if several:
+        spread = Table(title=f"Over {len(result.samples)} samples", title_justify="left")
+        for column in ("output", "mean cosine", "mean SNR dB", "worst sample"):
+            spread.add_column(column, justify="right" if column.startswith("mean") else "left")
+        for o in result.outputs:
+            spread.add_row(
+                _output_name(o),
+                _number(o.spread.cosine_mean, ".6f"),
+                _db(o.spread.snr_db_mean),
+                o.spread.worst,
+            )
+        console.print(spread)
     _render_nonfinite((o.name, o.metrics) for o in result.outputs)

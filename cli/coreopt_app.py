@@ -459,7 +459,13 @@ def compare(
     ),
     candidate: Path = typer.Argument(..., help="The .aimodel or .pt2 to check against it."),
     inputs: Path | None = typer.Option(
-        None, "--inputs", help="safetensors file with one tensor per model input, by input name."
+        None,
+        "--inputs",
+        help="Real samples: a safetensors file with one tensor per model input, by input name (optionally "
+        "with a leading sample axis, [N, *shape]), or a directory of such files.",
+    ),
+    samples: int = typer.Option(
+        1, "--samples", min=1, help="Number of seeded random samples when no --inputs are given."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
     int_range: str | None = typer.Option(
@@ -474,29 +480,38 @@ def compare(
     trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """Run two models on the same inputs; per output cosine, SNR and max abs error.
+    """Run two models on the same samples; per output cosine, SNR and max abs error.
 
     An .aimodel runs on the Core AI runtime, a .pt2 in PyTorch (compressed weights decoded once).
+    Over several samples each metric is its worst sample's, with the mean cosine and SNR beside it.
 
     Example: coreopt compare sample_models/transformer.aimodel build/t.int8.aimodel --min-cosine 0.999
 
     Example: coreopt compare sample_models/transformer.pt2 build/t4.pt2 --min-cosine 0.99
 
     Example: coreopt compare ref.aimodel cand.aimodel --inputs batch.safetensors --json
+
+    Example: coreopt compare model.pt2 model.lut4.pt2 --inputs calibration/ --min-cosine 0.99
+
+    Example: coreopt compare model.pt2 model.int4.pt2 --samples 16
     """
     from coreai_opt.comparison import compare_files, parse_int_range
 
     from ._render import render_comparison
 
-    with user_errors():
+    if inputs is not None and samples != 1:
+        raise typer.BadParameter("give --inputs or --samples, not both", param_hint="--samples")
+    with user_errors(), _weight_progress(not as_json, "comparing") as progress:
         result = compare_files(
             reference,
             candidate,
             inputs=inputs,
+            samples=samples,
             seed=seed,
             int_range=parse_int_range(int_range) if int_range is not None else None,
             min_cosine=min_cosine,
             trust_pickle=trust_pickle,
+            progress=progress,
         )
     if as_json:
         print_json(result.to_dict())

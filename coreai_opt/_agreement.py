@@ -10,6 +10,7 @@ every threshold, because nothing was measured there.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,3 +127,33 @@ def agreement(reference: np.ndarray, candidate: np.ndarray) -> Agreement:
         cosine=cosine,
         snr_db=snr,
     )
+
+
+def worst_of(samples: Sequence[Agreement]) -> Agreement:
+    """One output's agreement over several samples, each metric at its worst: counts add up, errors
+    are the largest, cosine and SNR the smallest; a metric any sample could not measure is None."""
+    if not samples:
+        raise ValueError("no samples to combine")
+
+    def pick(values: list[float | None], best: Callable[[list[float]], float]) -> float | None:
+        return None if any(v is None for v in values) else best(values)  # type: ignore[arg-type]
+
+    return Agreement(
+        positions=sum(s.positions for s in samples),
+        finite=sum(s.finite for s in samples),
+        nonfinite_reference=sum(s.nonfinite_reference for s in samples),
+        nonfinite_candidate=sum(s.nonfinite_candidate for s in samples),
+        nan_both=sum(s.nan_both for s in samples),
+        same_nonfinite=sum(s.same_nonfinite for s in samples),
+        max_abs_error=pick([s.max_abs_error for s in samples], max),
+        relative_error=pick([s.relative_error for s in samples], max),
+        cosine=pick([s.cosine for s in samples], min),
+        snr_db=pick([s.snr_db for s in samples], min),
+    )
+
+
+def mean_of(values: Sequence[float | None]) -> float | None:
+    """The mean of measured values (math.inf when any is inf); None when any was not measured."""
+    if not values or any(v is None for v in values):
+        return None
+    return math.fsum(values) / len(values)  # type: ignore[arg-type]

@@ -1,18 +1,21 @@
-"""`coreopt compare`: run a reference and a candidate asset on the same inputs and measure agreement."""
+"""`coreopt compare`: run a reference and a candidate on the same samples and measure agreement."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from coreai_opt._agreement import Agreement, agreement
+from coreai_opt._agreement import Agreement, agreement, mean_of, worst_of
 from coreai_opt._coreai._runtime import RunResult, TensorSpec, run_in
 from coreai_opt._coreai._sandbox import AssetWorker
+from coreai_opt.compression import Progress
 from coreai_opt.inputs import (
     Draw,
     InputRule,
@@ -21,7 +24,7 @@ from coreai_opt.inputs import (
     Usage,
     draw_inputs,
     input_rules,
-    read_inputs_file,
+    read_input_samples,
 )
 from coreai_opt.io import (
     ModelFileError,
@@ -38,17 +41,34 @@ _FORMATS = (ModelFormat.AIMODEL, ModelFormat.PT2)
 
 
 @dataclass(frozen=True)
+class SampleSpread:
+    """How one output's agreement spreads over the samples (its metrics are the worst sample's)."""
+
+    count: int
+    cosine_mean: float | None  # None when a sample measured nothing
+    snr_db_mean: float | None  # math.inf when every sample agrees exactly
+    worst: str  # the sample with the lowest cosine (or the first that measured nothing)
+
+    def to_dict(self) -> dict[str, Any]:
+        snr = self.snr_db_mean
+        return {"samples": self.count, "cosine_mean": self.cosine_mean,
+                "snr_db_mean": None if snr is None or math.isinf(snr) else snr,
+                "worst_sample": self.worst}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class OutputComparison:
     name: str  # the reference's output name
     candidate_name: str
     shape: tuple[int, ...]
     dtype: str  # reference dtype -> candidate dtype when they differ
-    metrics: Agreement
+    metrics: Agreement  # each metric at its worst over the samples
+    spread: SampleSpread
     ok: bool | None  # None when no --min-cosine was asked for
 
     def to_dict(self) -> dict[str, Any]:
         head = {"name": self.name, "candidate_name": self.candidate_name, "shape": list(self.shape)}
-        return head | {"dtype": self.dtype} | self.metrics.to_dict() | {"ok": self.ok}
+        return head | {"dtype": self.dtype} | self.metrics.to_dict() | self.spread.to_dict() | {"ok": self.ok}
 
 
 @dataclass
@@ -59,19 +79,20 @@ class ComparisonResult:
     inputs: tuple[TensorSpec, ...]
     min_cosine: float | None
     rules: list[InputRule] = field(default_factory=list)  # how each input was drawn
+    samples: list[str] = field(default_factory=list)  # each sample's label, in the order run
     outputs: list[OutputComparison] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool | None:
-        """True/False against --min-cosine; None when no threshold was given."""
+        """True/False against --min-cosine (every sample); None when no threshold was given."""
         if self.min_cosine is None:
             return None
         return all(o.ok for o in self.outputs)
 
     @property
     def worst_cosine(self) -> float | None:
-        """The lowest cosine over the outputs; None when any output was not measured."""
+        """The lowest cosine over outputs and samples; None when any was not measured."""
         cosines = [o.metrics.cosine for o in self.outputs]
         return None if not cosines or any(c is None for c in cosines) else min(cosines)  # type: ignore[type-var]
 
@@ -82,6 +103,7 @@ class ComparisonResult:
             "inputs_source": self.inputs_source,
             "inputs": [s.to_dict() for s in self.inputs],
             "input_policy": [r.to_dict() for r in self.rules],
+            "samples": self.samples,
             "min_cosine": self.min_cosine,
             "ok": self.ok,
             "worst_cosine": self.worst_cosine,
@@ -110,36 +132,65 @@ def _pair_outputs(
     return pairs
 
 
-def _run(path: Path, worker: AssetWorker, inputs_for: Any) -> RunResult:
-    """Run a verified asset in its worker; every failure names the asset."""
-    with worker_errors(path):
-        try:
-            return run_in(worker, inputs_for)
-        except ValueError as exc:
-            raise ModelFileError(path, str(exc)) from None
+class _AssetSide:
+    """An `.aimodel` lowered once in its worker and run once per sample."""
+
+    def __init__(self, path: Path, worker: AssetWorker) -> None:
+        self.path = path
+        self.worker = worker
+        with worker_errors(path):
+            self.inputs, _ = worker.signature()
+
+    def run(self, arrays: dict[str, np.ndarray]) -> RunResult:
+        with worker_errors(self.path):
+            try:
+                return run_in(self.worker, lambda _specs: arrays)
+            except ValueError as exc:
+                raise ModelFileError(self.path, str(exc)) from None
 
 
-def _policy_inputs(
-    reference: Path,
-    specs: tuple[TensorSpec, ...],
-    inputs: Path | str | None,
-    seed: int,
-    int_range: tuple[int, int] | None,
-) -> tuple[dict[str, np.ndarray], list[InputRule]]:
-    """Inputs for the reference's descriptors: from the file, or drawn by the input policy from
-    what the (verified) reference program does with each input."""
-    wanted = [InputSpec(s.name, Kind.of(s.dtype), s.shape) for s in specs]
-    if inputs is not None:
-        given = read_inputs_file(inputs, wanted)
-        arrays = {name: _numpy(tensor) for name, tensor in given.items()}
-        return arrays, [InputRule(s.name, Draw.FILE, reason=str(inputs)) for s in wanted]
-    from coreai_opt import _coreai
-    from coreai_opt.io import load_aimodel
+Side = _AssetSide | ExportedSide
 
-    found = _coreai.input_usage(_coreai.mlir_module(load_aimodel(reference)))
-    usage = {name: Usage(rows, arithmetic) for name, (rows, arithmetic) in found.items()}
-    rules = input_rules(wanted, usage, int_range)
-    return draw_inputs(wanted, rules, seed), rules
+
+def _open(path: Path, trust_pickle: bool, stack: contextlib.ExitStack) -> Side:
+    if model_format(path, _FORMATS) is ModelFormat.PT2:
+        return ExportedSide(path, trust_pickle)
+    worker = stack.enter_context(AssetWorker(path))
+    verify_aimodel(path, worker)
+    return _AssetSide(path, worker)
+
+
+def _wanted(side: Side) -> list[InputSpec]:
+    return [InputSpec(s.name, Kind.of(s.dtype), s.shape) for s in side.inputs]
+
+
+def _drawn(
+    side: Side, seeds: range, int_range: tuple[int, int] | None
+) -> tuple[Iterator[tuple[str, dict[str, np.ndarray]]], list[InputRule]]:
+    """Seeded samples drawn by the input policy from what the reference program does with each
+    input (its FX graph for a `.pt2`, its Core AI program for an `.aimodel`)."""
+    if isinstance(side, ExportedSide):
+        specs, rules = side.rules(int_range)
+    else:
+        from coreai_opt import _coreai
+        from coreai_opt.io import load_aimodel
+
+        specs = _wanted(side)
+        found = _coreai.input_usage(_coreai.mlir_module(load_aimodel(side.path)))
+        usage = {name: Usage(rows, arithmetic) for name, (rows, arithmetic) in found.items()}
+        rules = input_rules(specs, usage, int_range)
+    return ((f"seed {s}", draw_inputs(specs, rules, s)) for s in seeds), rules
+
+
+def _from_files(
+    side: Side, inputs: Path
+) -> tuple[int, Iterator[tuple[str, dict[str, np.ndarray]]], list[InputRule]]:
+    """The samples of the user's safetensors file or directory, checked against the reference."""
+    wanted = _wanted(side)
+    samples = read_input_samples(inputs, wanted)
+    rules = [InputRule(s.name, Draw.FILE, reason=str(inputs)) for s in wanted]
+    arrays = ((label, {n: _numpy(t) for n, t in sample.items()}) for label, sample in samples)
+    return samples.count, arrays, rules
 
 
 def _numpy(tensor: Any) -> np.ndarray:
@@ -152,7 +203,7 @@ def _numpy(tensor: Any) -> np.ndarray:
 
 
 def _fits(path: Path, arrays: dict[str, np.ndarray], specs: tuple[TensorSpec, ...]) -> None:
-    """Integer inputs must fit the dtype the runtime takes (int64 ids become int32 inputs)."""
+    """Integer inputs must fit the dtype the model takes (int64 ids become int32 inputs)."""
     for spec in specs:
         value = arrays[spec.name]
         if np.issubdtype(spec.dtype, np.integer) and value.size:
@@ -166,73 +217,82 @@ def compare_files(
     candidate: Path | str,
     *,
     inputs: Path | str | None = None,
+    samples: int = 1,
     seed: int = 0,
     int_range: tuple[int, int] | None = None,
     min_cosine: float | None = None,
     trust_pickle: bool = False,
+    progress: Progress | None = None,
 ) -> ComparisonResult:
-    """Run both models on the same inputs; per output cosine, SNR, max error.
+    """Run both models on the same samples; per output cosine, SNR and max error, each at its worst
+    over the samples, with the mean cosine and SNR beside them.
 
-    An `.aimodel` runs on the Core AI runtime, a `.pt2` in PyTorch (its compressed weights decoded
-    once), in any mix. Inputs follow the reference's descriptors (`coreai_opt.inputs` draws them, or
-    `inputs` names a safetensors file) and are converted to each model's own input dtypes, so an
-    fp16 candidate can be compared with its fp32 reference. `int_range` draws every integer input
-    from [low, high).
+    An `.aimodel` runs on the Core AI runtime (lowered once), a `.pt2` in PyTorch (its compressed
+    weights decoded once), in any mix. `inputs` names a safetensors file (one sample, or several
+    along a leading axis) or a directory of them; without it, `samples` seeded draws of the input
+    policy (`coreai_opt.inputs`; seeds `seed`, `seed + 1`, ...), with every integer input from
+    [low, high) when `int_range` is given. Inputs follow the reference's descriptors and are
+    converted to each model's own input dtypes, so an fp16 candidate can be compared with its fp32
+    reference. `progress(done, total, label)` is called after each sample.
     """
     reference, candidate = Path(reference), Path(candidate)
     if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
         raise ValueError(f"min_cosine {min_cosine} is not in [-1, 1]")
+    if samples < 1:
+        raise ValueError(f"samples must be 1 or more, not {samples}")
+    if inputs is not None and samples != 1:
+        raise ValueError("give inputs or a number of random samples, not both")
     start = time.perf_counter()
-    chosen: dict[str, np.ndarray] = {}
-    rules: list[InputRule] = []
-    label = str(inputs) if inputs is not None else f"seeded random (seed {seed})"
-
-    def reference_inputs(specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
-        made, drawn_by = _policy_inputs(reference, specs, inputs, seed, int_range)
-        _fits(Path(inputs) if inputs is not None else reference, made, specs)
-        chosen.update(made)
-        rules.extend(drawn_by)
-        return made
-
-    def candidate_inputs(
-        specs: tuple[TensorSpec, ...], side: ExportedSide | None = None
-    ) -> dict[str, np.ndarray]:
-        names = sorted(s.name for s in specs)
-        if names != sorted(chosen):
-            raise ModelFileError(
-                candidate, f"takes inputs {', '.join(names)}; the reference takes {', '.join(sorted(chosen))}"
-            )
-        return chosen
-
-    def run_side(path: Path, inputs_for: Any, stack: contextlib.ExitStack) -> RunResult:
-        if model_format(path, _FORMATS) is ModelFormat.PT2:
-            side = ExportedSide(path, trust_pickle)
-            return side.run(dict(inputs_for(side.inputs, side)))
-        worker = stack.enter_context(AssetWorker(path))
-        verify_aimodel(path, worker)
-        return _run(path, worker, inputs_for)
-
-    def reference_from(
-        specs: tuple[TensorSpec, ...], side: ExportedSide | None = None
-    ) -> dict[str, np.ndarray]:
-        if side is not None and inputs is None:  # a .pt2: the policy reads its FX graph
-            made, drawn_by = side.draw(seed, int_range)
-            chosen.update(made)
-            rules.extend(drawn_by)
-            return made
-        return reference_inputs(specs)
-
     for path in (reference, candidate):
         require_existing(path)
         model_format(path, _FORMATS)
     with contextlib.ExitStack() as stack:
-        ref_run = run_side(reference, reference_from, stack)
-        cand_run = run_side(candidate, candidate_inputs, stack)
-    result = ComparisonResult(reference, candidate, label, ref_run.inputs, min_cosine, rules)
-    for ref, cand in _pair_outputs(ref_run.outputs, cand_run.outputs, candidate):
-        metrics = agreement(ref_run.values[ref.name], cand_run.values[cand.name])
+        ref_side = _open(reference, trust_pickle, stack)
+        if inputs is not None:
+            total, sampled, rules = _from_files(ref_side, Path(inputs))
+            label, blame = str(inputs), Path(inputs)
+        else:
+            sampled, rules = _drawn(ref_side, range(seed, seed + samples), int_range)
+            total, blame = samples, reference
+            label = (
+                f"seeded random (seed {seed})"
+                if samples == 1
+                else f"seeded random (seeds {seed}..{seed + samples - 1})"
+            )
+        cand_side = _open(candidate, trust_pickle, stack)
+        names, cand_names = sorted(s.name for s in ref_side.inputs), sorted(s.name for s in cand_side.inputs)
+        if names != cand_names:
+            raise ModelFileError(
+                candidate, f"takes inputs {', '.join(cand_names)}; the reference takes {', '.join(names)}"
+            )
+        labels: list[str] = []
+        per_output: list[list[Agreement]] = []
+        pairs: list[tuple[TensorSpec, TensorSpec]] = []
+        for done, (name, arrays) in enumerate(sampled, 1):
+            for side in (ref_side, cand_side):
+                _fits(blame, arrays, side.inputs)
+            ref_run, cand_run = ref_side.run(arrays), cand_side.run(arrays)
+            if not pairs:
+                pairs = _pair_outputs(ref_run.outputs, cand_run.outputs, candidate)
+                per_output = [[] for _ in pairs]
+            for found, (ref, cand) in zip(per_output, pairs, strict=True):
+                found.append(agreement(ref_run.values[ref.name], cand_run.values[cand.name]))
+            labels.append(name)
+            if progress is not None:
+                progress(done, total, name)
+    result = ComparisonResult(reference, candidate, label, ref_side.inputs, min_cosine, rules, labels)
+    for found, (ref, cand) in zip(per_output, pairs, strict=True):
+        metrics = worst_of(found)
         ok = metrics.passes(min_cosine) if min_cosine is not None else None
         dtype = ref.dtype.name if ref.dtype == cand.dtype else f"{ref.dtype.name} -> {cand.dtype.name}"
-        result.outputs.append(OutputComparison(ref.name, cand.name, ref.shape, dtype, metrics, ok))
+        spread = _spread(found, labels)
+        result.outputs.append(OutputComparison(ref.name, cand.name, ref.shape, dtype, metrics, spread, ok))
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _spread(found: list[Agreement], labels: list[str]) -> SampleSpread:
+    cosines = [a.cosine for a in found]
+    measured = [(c, i) for i, c in enumerate(cosines) if c is not None]
+    worst = labels[cosines.index(None)] if None in cosines else labels[min(measured)[1]]
+    return SampleSpread(len(found), mean_of(cosines), mean_of([a.snr_db for a in found]), worst)

@@ -9,7 +9,7 @@ import numpy as np
 
 from coreai_opt._coreai._runtime import RunResult
 from coreai_opt._coreai._sandbox import TensorSpec
-from coreai_opt.inputs import InputRule, draw_inputs, input_rules
+from coreai_opt.inputs import InputRule, InputSpec, input_rules
 from coreai_opt.io import ModelFileError, load_pt2
 
 if TYPE_CHECKING:
@@ -44,15 +44,12 @@ class ExportedSide:
             for s, d in zip(users, self.dtypes, strict=True)
         )
 
-    def draw(
-        self, seed: int, int_range: tuple[int, int] | None
-    ) -> tuple[dict[str, np.ndarray], list[InputRule]]:
-        """Inputs drawn by the input policy from what the program does with each input."""
-        from coreai_opt.inputs._usage import exported_program_specs, exported_program_usage
+    def rules(self, int_range: tuple[int, int] | None) -> tuple[list[InputSpec], list[InputRule]]:
+        """How the input policy draws each input, from what the program does with it."""
+        from coreai_opt.inputs import exported_program_specs, exported_program_usage
 
         specs = exported_program_specs(self.program)
-        rules = input_rules(specs, exported_program_usage(self.program), int_range)
-        return draw_inputs(specs, rules, seed), rules
+        return specs, input_rules(specs, exported_program_usage(self.program), int_range)
 
     def run(self, arrays: dict[str, np.ndarray]) -> RunResult:
         import torch

@@ -4,17 +4,18 @@ When a user gives no inputs, each one is drawn to look like real data: integers 
 table from that table's range, integers and booleans that feed arithmetic or masks from {0, 1}
 (an attention mask), floats from the standard normal. The policy reads how each input is used
 from the program itself - a `torch.export` graph or a Core AI program - and every report says
-how each input was drawn. `--inputs FILE` (a safetensors file, one tensor per input) gives real
-data instead.
+how each input was drawn. `--inputs FILE|DIR` (safetensors, one tensor per input, optionally with
+a leading sample axis; a directory of such files) gives real data instead.
 """
 
-from ._files import read_inputs_file
+from ._files import InputSamples, read_input_samples, read_inputs_file
 from ._policy import Draw, InputRule, InputSpec, Kind, Usage, draw_inputs, input_rules
 from ._usage import exported_program_specs, exported_program_usage
 
 __all__ = [
     "Draw",
     "InputRule",
+    "InputSamples",
     "InputSpec",
     "Kind",
     "Usage",
@@ -22,5 +23,6 @@ __all__ = [
     "exported_program_specs",
     "exported_program_usage",
     "input_rules",
+    "read_input_samples",
     "read_inputs_file",
 ]
