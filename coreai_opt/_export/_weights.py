@@ -153,6 +153,7 @@ class ExportWeights:
         # placeholder names go on from an earlier compression's (FX does not rename a clash here)
         taken = [n.name.split("_")[1] for n in ep.graph.nodes if n.name.startswith("coreopt_w")]
         self._count = max((int(t[1:]) for t in taken if t[1:].isdigit()), default=0)
+        self._prefixes: dict[str, str] = {}  # weight -> the module path of its buffers
         self._fake_mode = next(
             (
                 n.meta["val"].fake_mode
@@ -246,7 +247,7 @@ class ExportWeights:
 
         graph = self.ep.graph
         specs = self.ep.graph_signature.input_specs
-        target = f"{self._prefix(site)}.{part}"
+        target = f"{self._prefixes.setdefault(site.name, self._prefix(site))}.{part}"
         position = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
         placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
         anchor = (
