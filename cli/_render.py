@@ -14,10 +14,12 @@ if TYPE_CHECKING:
     from coreai_opt._agreement import Agreement
     from coreai_opt.casting import CastFileResult
     from coreai_opt.comparison import ComparisonResult, OutputComparison
+    from coreai_opt.compression import CompressionReport, Skipped
     from coreai_opt.conversion import ConversionResult
     from coreai_opt.coreai_utils import CompressionFileResult
     from coreai_opt.inputs import InputRule
     from coreai_opt.inspection import ModelReport, TensorInfo
+    from coreai_opt.quantization import ActivationsFileResult
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -201,6 +203,44 @@ def _db(value: float | None) -> str:
     return f"{value:.1f}"
 
 
+def _weights_table(report: CompressionReport) -> None:
+    """Every compressed weight: shape, encoding, bytes, bits per weight, SNR."""
+    luts = any(w.luts is not None for w in report.weights)
+    zeros = any(w.sparsity is not None for w in report.weights)
+    table = Table(title="Weights", title_justify="left")
+    columns = ("name", "shape", "encoding", *(("LUTs",) if luts else ()), *(("zeros",) if zeros else ()),
+               "bytes before -> after", "bits/w", "SNR dB")  # fmt: skip
+    for column in columns:
+        right = column in ("LUTs", "zeros", "bits/w", "SNR dB")
+        table.add_column(column, justify="right" if right else "left")
+    for w in report.weights:
+        table.add_row(
+            w.name, _shape(w.shape), w.encoding, *((f"{w.luts:,}",) if luts else ()),
+            *((f"{w.sparsity:.1%}" if w.sparsity is not None else "",) if zeros else ()),
+            f"{w.bytes_before:,} -> {w.bytes_after:,}", f"{w.bits_per_weight:.2f}", _db(w.snr_db),
+        )  # fmt: skip
+    console.print(table)
+
+
+def _skipped_table(skipped: list[Skipped], threshold: object) -> None:
+    """Weights left alone, and why (the small ones counted, not listed)."""
+    from coreai_opt.coreai_utils import SkipKind
+
+    listed = [s for s in skipped if s.kind is not SkipKind.SMALL]
+    if listed:
+        table = Table(title="Skipped", title_justify="left")
+        for column in ("name", "shape", "reason"):
+            table.add_column(column)
+        for s in listed:
+            table.add_row(s.name, _shape(s.shape), s.reason)
+        console.print(table)
+    small = len(skipped) - len(listed)
+    if small:
+        console.print(
+            f"[dim]{small} small constants skipped (<= {threshold} elements; --json lists them)[/dim]"
+        )
+
+
 def render_compression(result: CompressionFileResult) -> None:
     report = result.report
     options = "   ".join(f"{k}: {v}" for k, v in result.options.items() if v is not None)
@@ -213,37 +253,8 @@ def render_compression(result: CompressionFileResult) -> None:
         )
     )
     if report.weights:
-        luts = any(w.luts is not None for w in report.weights)
-        zeros = any(w.sparsity is not None for w in report.weights)
-        table = Table(title="Weights", title_justify="left")
-        columns = ("name", "shape", "encoding", *(("LUTs",) if luts else ()), *(("zeros",) if zeros else ()),
-                   "bytes before -> after", "bits/w", "SNR dB")  # fmt: skip
-        for column in columns:
-            right = column in ("LUTs", "zeros", "bits/w", "SNR dB")
-            table.add_column(column, justify="right" if right else "left")
-        for w in report.weights:
-            table.add_row(
-                w.name, _shape(w.shape), w.encoding, *((f"{w.luts:,}",) if luts else ()),
-                *((f"{w.sparsity:.1%}" if w.sparsity is not None else "",) if zeros else ()),
-                f"{w.bytes_before:,} -> {w.bytes_after:,}", f"{w.bits_per_weight:.2f}", _db(w.snr_db),
-            )  # fmt: skip
-        console.print(table)
-    from coreai_opt.coreai_utils import SkipKind
-
-    listed = [s for s in report.skipped if s.kind is not SkipKind.SMALL]
-    if listed:
-        skipped = Table(title="Skipped", title_justify="left")
-        for column in ("name", "shape", "reason"):
-            skipped.add_column(column)
-        for s in listed:
-            skipped.add_row(s.name, _shape(s.shape), s.reason)
-        console.print(skipped)
-    small = len(report.skipped) - len(listed)
-    if small:
-        threshold = result.options.get("weight_num_threshold")
-        console.print(
-            f"[dim]{small} small constants skipped (<= {threshold} elements; --json lists them)[/dim]"
-        )
+        _weights_table(report)
+    _skipped_table(report.skipped, result.options.get("weight_num_threshold"))
     if report.weights:
         console.print(
             f"[bold]Totals[/bold]: compressed weights {human_bytes(report.bytes_before)} -> "
@@ -253,6 +264,38 @@ def render_compression(result: CompressionFileResult) -> None:
         )
     for warning in report.warnings:
         console.print(f"[yellow]warning: {warning}[/yellow]")
+
+
+def render_activation_quantization(result: ActivationsFileResult) -> None:
+    report = result.report
+    console.print(
+        Panel.fit(
+            f"[bold]{result.source}[/bold] -> [bold]{result.output}[/bold]\n"
+            f"calibration: {result.calibration} ({result.samples} samples)\n"
+            f"{len(report.activations)} activations and {len(report.weights.weights)} weights quantized   "
+            f"{result.seconds:.2f} s",
+            title="coreopt quantize (weights and activations)",
+        )
+    )
+    table = Table(title="Activations", title_justify="left")
+    for column in ("value", "read by", "dtype", "observer", "range", "scale", "zero point"):
+        table.add_column(column, justify="right" if column in ("scale", "zero point") else "left")
+    for a in report.activations:
+        p = a.qparams
+        table.add_row(
+            a.name, ", ".join(a.consumers), f"{a.dtype} {a.qscheme}", a.observer, f"[{p.lo:.4g}, {p.hi:.4g}]",
+            f"{p.scale:.4g}", str(p.zero_point),
+        )  # fmt: skip
+    console.print(table)
+    if report.weights.weights:
+        _weights_table(report.weights)
+    weights = result.options["weights"]
+    _skipped_table(report.weights_left_float, weights["weight_num_threshold"] if weights else None)
+    if report.float_ops:
+        console.print(f"[dim]left in float by the config: {', '.join(report.float_ops)}[/dim]")
+    console.print(
+        f"file on disk {human_bytes(result.file_bytes_before)} -> {human_bytes(result.file_bytes_after)}"
+    )
 
 
 def _output_name(o: OutputComparison) -> str:

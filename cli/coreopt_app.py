@@ -254,8 +254,11 @@ from coreai_opt.compression import (  # noqa: E402  (enums and choice lists: no 
     QuantizeConfig,
     SparsifyConfig,
 )
+from coreai_opt.quantization import ACTIVATION_DTYPES, ActivationConfig, Observer, OpConfig  # noqa: E402
 
 WeightDType = _choices("WeightDType", WEIGHT_DTYPES)
+ActivationDType = _choices("ActivationDType", ACTIVATION_DTYPES)
+ObserverChoice = _choices("ObserverChoice", tuple(Observer))
 Scheme = _choices("Scheme", tuple(QScheme))
 QuantizeGranularity = _choices("QuantizeGranularity", QUANTIZE_GRANULARITIES)
 ScaleDType = _choices("ScaleDType", (DType.FP8_E8M0FNU,))
@@ -298,16 +301,50 @@ def quantize(
     scale_dtype: ScaleDType | None = typer.Option(  # type: ignore[valid-type]
         None, "--scale-dtype", help="e8m0: power-of-two scales (fp8 / mxfp4 data only)."
     ),
-    threshold: int = _threshold_option(),
+    threshold: int | None = typer.Option(
+        None,
+        "--threshold",
+        help="Skip weights with this many elements or fewer (default: "
+        f"{_default(QuantizeConfig, 'weight_num_threshold')}; with --activations "
+        f"{OpConfig().weights.weight_num_threshold}: every weight of a quantized op).",
+    ),
     override: list[str] = _override_option(),
+    activations: ActivationDType | None = typer.Option(  # type: ignore[valid-type]
+        None,
+        "--activations",
+        help="Also quantize the activations feeding linear/conv/matmul ops (W8A8; .pt2 only; needs "
+        "--calibration).",
+    ),
+    activation_scheme: Scheme = typer.Option(  # type: ignore[valid-type]
+        _default(ActivationConfig, "qscheme").value, "--activation-scheme", help="Activations: sym or asym."
+    ),
+    observer: ObserverChoice = typer.Option(  # type: ignore[valid-type]
+        _default(ActivationConfig, "observer").value,
+        "--observer",
+        help="How activation ranges are found: min-max, moving average, percentile, or least MSE.",
+    ),
+    calibration: str | None = typer.Option(
+        None,
+        "--calibration",
+        help="Calibration samples for --activations: a safetensors file (one tensor per input, "
+        "optionally [N, *shape]) or a directory of them; 'random' draws seeded inputs instead.",
+    ),
+    calibration_samples: int = typer.Option(
+        32, "--calibration-samples", min=1, help="How many seeded samples --calibration random draws."
+    ),
     output: Path | None = typer.Option(
-        None, "-o", "--output", help="Output file (default: model.<dtype>.<suffix> beside the input)."
+        None,
+        "-o",
+        "--output",
+        help="Output file (default: model.<dtype>.<suffix>, or model.w8a8.pt2 with --activations, beside the "
+        "input).",
     ),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """Quantize the weights of a Core AI asset or a torch.export program and report every weight.
+    """Quantize the weights of a Core AI asset or a torch.export program and report every weight;
+    with --activations also the activations (calibrated on real samples) of a .pt2.
 
     Example: coreopt quantize sample_models/transformer.aimodel --dtype int8 -o build/t.int8.aimodel
 
@@ -316,13 +353,48 @@ def quantize(
     Example: coreopt quantize model.aimodel --dtype int4 --granularity block --block-size 32 --json
 
     Example: coreopt quantize model.aimodel --dtype fp8e4m3 --scale-dtype e8m0 --override 'embed*:skip'
+
+    Example: coreopt quantize model.pt2 --activations int8 --calibration samples.safetensors --observer mse
+
+    Example: coreopt quantize sample_models/cnn.pt2 --activations int8 --calibration random -o build/cnn.w8a8.pt2
     """
+    if threshold is None:
+        defaults = OpConfig().weights if activations is not None else QuantizeConfig()
+        threshold = defaults.weight_num_threshold  # type: ignore[union-attr]
     with user_errors():
         config = QuantizeConfig(
             dtype.value, scheme.value, granularity.value if granularity is not None else None, block_size,
             scale_dtype.value if scale_dtype is not None else None, threshold, _overrides(override, QuantizeConfig),
         )  # fmt: skip
-    _compress(model, output, config, force, as_json, "quantizing", trust_pickle)
+    if activations is None:
+        if calibration is not None:
+            raise typer.BadParameter("--calibration calibrates --activations", param_hint="--calibration")
+        _compress(model, output, config, force, as_json, "quantizing", trust_pickle)
+        return
+    if calibration is None:
+        raise typer.BadParameter(
+            "activation ranges need real data: give samples (a safetensors file or directory), or say "
+            "'--calibration random' to calibrate on seeded random inputs",
+            param_hint="--calibration",
+        )
+    if override:
+        raise typer.BadParameter("--override applies to weight-only quantization", param_hint="--override")
+    from coreai_opt.quantization import QuantizerConfig, quantize_activations_file
+
+    from ._render import render_activation_quantization
+
+    with user_errors():
+        acts = ActivationConfig(activations.value, activation_scheme.value, observer.value)
+        qconfig = QuantizerConfig(OpConfig(config, acts))
+    with user_errors(), _weight_progress(not as_json, "calibrating") as progress:
+        result = quantize_activations_file(
+            model, output, qconfig, calibration=calibration, random_samples=calibration_samples,
+            force=force, progress=progress, trust_pickle=trust_pickle,
+        )  # fmt: skip
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_activation_quantization(result)
 
 
 @app.command()

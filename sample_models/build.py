@@ -167,10 +167,8 @@ SAMPLES: tuple[SampleModel, ...] = (
 )
 
 
-def export_sample(sample: SampleModel) -> torch.export.ExportedProgram:
-    """Seeded construction and export; the same call always gives the same program."""
-    import coreai_torch
-
+def make_model(sample: SampleModel) -> nn.Module:
+    """The sample's seeded model in eval mode: the same call always gives the same weights."""
     torch.manual_seed(0)
     model = sample.factory().eval()
     torch.manual_seed(1)
@@ -182,6 +180,14 @@ def export_sample(sample: SampleModel) -> torch.export.ExportedProgram:
         if isinstance(norm, nn.LayerNorm):
             norm.weight.data.uniform_(0.8, 1.2)
             norm.bias.data.uniform_(-0.1, 0.1)
+    return model
+
+
+def export_sample(sample: SampleModel) -> torch.export.ExportedProgram:
+    """Seeded construction and export; the same call always gives the same program."""
+    import coreai_torch
+
+    model = make_model(sample)
     inputs = sample.example_inputs()
     with torch.no_grad():
         exported = torch.export.export(model, inputs)

@@ -8,7 +8,14 @@ path writes. Everything here imports torch: load it on first use.
 
 from __future__ import annotations
 
-from ._ops import COREAI_OPS, fold_decompression, is_decompression, register_coreai_ops
+from ._ops import COREAI_OPS, coreai_decompositions, fold_decompression, is_decompression, register_coreai_ops
 from ._weights import ExportWeights
 
-__all__ = ["COREAI_OPS", "ExportWeights", "fold_decompression", "is_decompression", "register_coreai_ops"]
+__all__ = [
+    "COREAI_OPS",
+    "ExportWeights",
+    "coreai_decompositions",
+    "fold_decompression",
+    "is_decompression",
+    "register_coreai_ops",
+]

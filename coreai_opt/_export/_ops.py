@@ -32,6 +32,14 @@ def register_coreai_ops() -> Any:
     return torch.ops.coreai
 
 
+def coreai_decompositions() -> dict[Any, Any]:
+    """coreai-torch's decomposition table (what `.pt2` programs for conversion are exported with)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the torch version warning on import
+        import coreai_torch
+    return coreai_torch.get_decomp_table()
+
+
 def op_name(node: Node) -> str | None:
     """`coreai::lut_to_dense` etc. for a call of a coreai op, else None."""
     if node.op != "call_function":

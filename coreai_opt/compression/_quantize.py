@@ -136,16 +136,22 @@ def _tile(site: WeightSite, config: QuantizeConfig) -> str:
     return f"_t{config.block_size}d{site.input_axis}"
 
 
+def _scale_format(site: WeightSite, config: QuantizeConfig) -> tuple[str, tcast.ScaleMode]:
+    """The tcast code of the scales and how they are chosen: the weight's float dtype (integers
+    from the max, FP8 rounded up) or E8M0 powers of two."""
+    if config.dtype.is_int or not config.e8m0_scales:
+        mode = tcast.ScaleMode.MAX if config.dtype.is_int else tcast.ScaleMode.CEIL
+        return site.element.tcast, mode
+    return "e8m0", tcast.ScaleMode.MAX
+
+
 def quantize(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> Encoding | str:
     """One weight's codes, scales and offsets (or why its layout cannot take the config)."""
     shape = scale_shape(site, config)
     if isinstance(shape, str):
         return shape
     dtype = config.dtype
-    if dtype.is_int or not config.e8m0_scales:
-        scale, scalemode = site.element.tcast, tcast.ScaleMode.MAX if dtype.is_int else tcast.ScaleMode.CEIL
-    else:
-        scale, scalemode = "e8m0", tcast.ScaleMode.MAX
+    scale, scalemode = _scale_format(site, config)
     view = _view(w, site, config)
     codes = cast_codes(view, dtype, config.qscheme, scale, _tile(site, config), scalemode)
     data = stored_codes(_unview(codes.data, w, site, config), dtype.element)
@@ -157,6 +163,19 @@ def quantize(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> Encod
     signal, noise = codes.cast.signal, codes.cast.noise
     assert signal is not None and noise is not None
     return Encoding(Quantized(data, ShiftScale(scales, offset)), signal, noise)
+
+
+def dequantized(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> torch.Tensor | str:
+    """The weight as its encoding decodes (the same cast as `quantize`), in the weight's dtype;
+    fake-quantized weights for calibration and quantization-aware training."""
+    shape = scale_shape(site, config)
+    if isinstance(shape, str):
+        return shape
+    scale, scalemode = _scale_format(site, config)
+    view = _view(w, site, config)
+    datatype = _tcast_type(config.dtype, config.qscheme, scale, _tile(site, config))
+    cast = tcast.cast(view, datatype, castmode="actual", scalemode=scalemode, computemode="torch")
+    return _unview(tcast.upcast(cast, w.dtype), w, site, config)
 
 
 def tcast_element(name: str) -> Element:

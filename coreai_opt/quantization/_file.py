@@ -1,0 +1,170 @@
+"""`coreopt quantize model.pt2 --activations int8 --calibration DATA`: the Quantizer on a `.pt2` file.
+
+The program's module is prepared, calibrated on the samples (read as `compare --inputs` reads
+them, or drawn by the input policy when the user says `random`), finalized, exported again with
+coreai-torch's decompositions and saved atomically. Calibration data is checked before any work:
+names, shapes and kinds against the program's inputs, and every float value finite.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from coreai_opt.compression import Progress
+from coreai_opt.inputs import (
+    draw_inputs,
+    exported_program_specs,
+    exported_program_usage,
+    input_rules,
+    read_input_samples,
+)
+from coreai_opt.io import ModelFileError, ModelFormat, check_output, load_pt2, model_format, save_pt2
+
+from ._config import QuantizerConfig
+from ._quantizer import NothingToQuantize, QuantizationReport, Quantizer
+
+RANDOM = "random"  # the calibration source that draws seeded inputs (said explicitly)
+
+
+@dataclass
+class ActivationsFileResult:
+    source: Path
+    output: Path
+    calibration: str  # where the samples came from
+    samples: int
+    options: dict[str, Any]  # the global weight and activation options
+    report: QuantizationReport
+    seconds: float
+    file_bytes_before: int
+    file_bytes_after: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": str(self.source),
+            "output": str(self.output),
+            "method": "quantize-activations",
+            "calibration": {"source": self.calibration, "samples": self.samples},
+            "options": self.options,
+            "seconds": round(self.seconds, 4),
+            "file_bytes_before": self.file_bytes_before,
+            "file_bytes_after": self.file_bytes_after,
+            "report": self.report.to_dict(),
+        }
+
+
+def _finite(path: Path, label: str, sample: dict[str, torch.Tensor]) -> None:
+    for name, tensor in sample.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ModelFileError(path, f"sample {label}: input {name} holds NaN or Inf")
+
+
+def _samples(
+    ep: Any, calibration: Path | str, count: int, seed: int
+) -> tuple[int, str, Iterator[tuple[str, dict[str, torch.Tensor]]]]:
+    specs = exported_program_specs(ep)
+    if str(calibration) == RANDOM:
+        rules = input_rules(specs, exported_program_usage(ep))
+        drawn = (
+            (f"seed {s}", {n: torch.from_numpy(a) for n, a in draw_inputs(specs, rules, s).items()})
+            for s in range(seed, seed + count)
+        )
+        return count, f"seeded random (seeds {seed}..{seed + count - 1})", drawn
+    path = Path(calibration)
+    samples = read_input_samples(path, specs)
+
+    def checked() -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+        for label, sample in samples:
+            _finite(path, label, sample)
+            yield label, sample
+
+    return samples.count, str(path), checked()
+
+
+def _options(config: QuantizerConfig) -> dict[str, Any]:
+    op = config.global_config
+    acts = op.activations
+    return {
+        "weights": op.weights.options() if op.weights is not None else None,
+        "activations": None if acts is None else {
+            "dtype": acts.dtype.value, "qscheme": acts.qscheme.value, "observer": acts.observer.value,
+            "percentile": acts.percentile, "averaging_constant": acts.averaging_constant,
+        },
+    }  # fmt: skip
+
+
+def default_output(source: Path, config: QuantizerConfig) -> Path:
+    """`model.pt2` -> `model.w8a8.pt2` (`w4a8`, ...: the global weight and activation widths)."""
+    op = config.global_config
+    weights = f"w{op.weights.dtype.bits}" if op.weights is not None else "wf"
+    activations = f"a{op.activations.dtype.bits}" if op.activations is not None else "af"
+    return source.with_name(f"{source.stem}.{weights}{activations}{source.suffix}")
+
+
+def quantize_activations_file(
+    source: Path | str,
+    output: Path | str | None = None,
+    config: QuantizerConfig | None = None,
+    *,
+    calibration: Path | str,
+    random_samples: int = 32,
+    seed: int = 0,
+    force: bool = False,
+    progress: Progress | None = None,
+    trust_pickle: bool = False,
+) -> ActivationsFileResult:
+    """Quantize a `.pt2`'s weights and activations, calibrated on `calibration` (a safetensors
+    file or directory of samples, or "random" for `random_samples` seeded draws)."""
+    from coreai_opt._export import coreai_decompositions
+
+    source = Path(source)
+    config = config if config is not None else QuantizerConfig()
+    model_format(source, (ModelFormat.PT2,))
+    out = Path(output) if output is not None else default_output(source, config)
+    model_format(out, (ModelFormat.PT2,))
+    check_output(out, force=force, inputs=(source,))
+    if random_samples < 1:
+        raise ValueError(f"random_samples must be 1 or more, not {random_samples}")
+    ep = load_pt2(source, trust_pickle=trust_pickle)
+    count, label, samples = _samples(ep, calibration, random_samples, seed)
+    start = time.perf_counter()
+    users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    dtypes = {name: nodes[name].meta["val"].dtype for name in users}
+
+    def arguments(sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return tuple(sample[name].to(dtypes[name]) for name in users)
+
+    first = next(samples)
+    quantizer = Quantizer(ep.module(), config)
+    try:
+        prepared = quantizer.prepare(arguments(first[1]))
+    except NothingToQuantize as exc:
+        raise ModelFileError(source, str(exc)) from None
+    with quantizer.calibration_mode():
+        for done, (name, sample) in enumerate(itertools.chain([first], samples), 1):
+            prepared(*arguments(sample))
+            if progress is not None:
+                progress(done, count, name)
+    final = quantizer.finalize()
+    program = torch.export.export(final, quantizer.example_inputs).run_decompositions(coreai_decompositions())
+    seconds = time.perf_counter() - start
+    save_pt2(program, out, force=force, inputs=(source,))
+    assert quantizer.report is not None
+    return ActivationsFileResult(
+        source,
+        out,
+        label,
+        count,
+        _options(config),
+        quantizer.report,
+        seconds,
+        source.stat().st_size,
+        out.stat().st_size,
+    )

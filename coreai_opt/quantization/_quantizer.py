@@ -1,0 +1,215 @@
+"""`Quantizer`: prepare a model (fake quantization), calibrate it, fine-tune it if wished, finalize.
+
+    quantizer = Quantizer(model, QuantizerConfig())
+    prepared = quantizer.prepare((example,))
+    with quantizer.calibration_mode():
+        for batch in data:
+            prepared(batch)
+    final = quantizer.finalize(backend=ExportBackend.CoreAI)
+    ep = torch.export.export(final, (example,)).run_decompositions(coreai_torch.get_decomp_table())
+
+`prepare` exports a copy of the model (the caller's model is never changed) and inserts an
+activation quantizer before every linear, convolution and matrix-product input and a weight
+quantizer on every weight they read. `finalize` swaps the activation quantizers for
+coreai-torch's quantize/dequantize and encodes the weights with the `.pt2` container, exactly as
+`quantize_weights` would; the result runs in PyTorch and exports again for conversion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from coreai_opt.compression import CompressionReport, Skipped
+
+from ._config import ExportBackend, QuantizerConfig
+from ._graph import Plan, finalize_weights_config, plan
+from ._modules import ActivationQuantizer, QuantizeDequantize, WeightQuantizer
+from ._observers import QParams
+
+if TYPE_CHECKING:
+    from torch.fx import GraphModule
+
+_CODE_DTYPES = {"int8": torch.int8, "uint8": torch.uint8}
+
+
+class NothingToQuantize(ValueError):
+    """The model has no linear, convolution or matrix-product op the config quantizes."""
+
+
+class NotCalibrated(RuntimeError):
+    """`finalize` before any calibration pass reached every activation quantizer."""
+
+
+@dataclass(frozen=True)
+class ActivationResult:
+    """One quantized activation: where, how, and the calibrated range and parameters."""
+
+    name: str  # the graph value
+    consumers: tuple[str, ...]
+    dtype: str
+    qscheme: str
+    observer: str
+    qparams: QParams
+
+    def to_dict(self) -> dict[str, Any]:
+        p = self.qparams
+        return {"name": self.name, "consumers": list(self.consumers), "dtype": self.dtype,
+                "qscheme": self.qscheme, "observer": self.observer, "range": [p.lo, p.hi],
+                "scale": p.scale, "zero_point": p.zero_point}  # fmt: skip
+
+
+@dataclass
+class QuantizationReport:
+    """What `finalize` quantized: every activation, and the weights as `quantize_weights` reports them."""
+
+    activations: list[ActivationResult] = field(default_factory=list)
+    weights: CompressionReport = field(default_factory=CompressionReport)
+    float_ops: list[str] = field(default_factory=list)  # ops a None config left in float
+    weights_left_float: list[Skipped] = field(default_factory=list)  # weights of quantized ops, and why
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "activations": [a.to_dict() for a in self.activations],
+            "weights": self.weights.to_dict(),
+            "float_ops": self.float_ops,
+            "weights_left_float": [
+                {"name": s.name, "shape": list(s.shape), "reason": s.reason} for s in self.weights_left_float
+            ],
+        }
+
+
+class Quantizer:
+    """Weight and activation quantization with calibration and quantization-aware training."""
+
+    def __init__(self, model: nn.Module, config: QuantizerConfig | None = None) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Quantizer takes a torch.nn.Module, not {type(model).__name__}")
+        self.model = model
+        self.config = config if config is not None else QuantizerConfig()
+        if not isinstance(self.config, QuantizerConfig):
+            raise TypeError(f"config must be a QuantizerConfig, not {self.config!r}")
+        self.prepared: GraphModule | None = None
+        self.report: QuantizationReport | None = None
+        self._plan: Plan | None = None
+        self._example: tuple[Any, ...] = ()
+        self._activations: list[ActivationQuantizer] = []
+
+    @property
+    def example_inputs(self) -> tuple[Any, ...]:
+        """The inputs `prepare` exported with (`finalize` exports with them again)."""
+        return self._example
+
+    def prepare(self, example_inputs: tuple[Any, ...]) -> GraphModule:
+        """An exported copy of the model with fake quantization inserted (differentiable)."""
+        from coreai_opt._export import register_coreai_ops
+
+        register_coreai_ops()
+        example_inputs = tuple(example_inputs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
+            model = copy.deepcopy(self.model)
+        ep = torch.export.export(model, example_inputs)
+        gm = ep.module()
+        found = plan(gm, ep, self.config)
+        if not found.activations and not found.weights:
+            raise NothingToQuantize(
+                "no linear, convolution or matrix-product op to quantize"
+                + (f" ({len(found.float_ops)} left in float by the config)" if found.float_ops else "")
+            )
+        graph = gm.graph
+        for k, point in enumerate(found.activations):
+            module = ActivationQuantizer(
+                point.config, point.value.name, tuple(c.name for c in point.consumers)
+            )
+            name = f"coreopt_act_{k}"
+            gm.add_submodule(name, module)
+            with graph.inserting_before(point.consumers[0]):
+                quantized = graph.call_module(name, (point.value,))
+            for consumer in point.consumers:
+                consumer.replace_input_with(point.value, quantized)
+            self._activations.append(module)
+        for k, weight in enumerate(found.weights):
+            name = f"coreopt_weight_{k}"
+            gm.add_submodule(name, WeightQuantizer(weight.site, weight.config))
+            with graph.inserting_after(weight.attr):
+                decoded = graph.call_module(name, (weight.attr,))
+            for user in [u for u in weight.attr.users if u is not decoded]:
+                user.replace_input_with(weight.attr, decoded)
+        graph.lint()
+        gm.recompile()
+        self.prepared, self._plan, self._example = gm, found, example_inputs
+        return gm
+
+    @contextlib.contextmanager
+    def calibration_mode(self) -> Iterator[None]:
+        """Forward passes inside only collect activation statistics (no gradients, float values);
+        on leaving, every activation that was reached gets its scale and zero point."""
+        if self.prepared is None:
+            raise RuntimeError("call prepare(example_inputs) before calibration_mode()")
+        for module in self._activations:
+            module.observing = True
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            for module in self._activations:
+                module.observing = False
+                module.calibrate()
+
+    def finalize(self, backend: ExportBackend | str = ExportBackend.CoreAI) -> GraphModule:
+        """The calibrated model with coreai-torch's ops: activations quantized and dequantized,
+        weights encoded. It runs in PyTorch and exports (with coreai-torch's decompositions) for
+        conversion. `self.report` says what was quantized."""
+        from torch.fx import GraphModule as FxGraphModule
+
+        from coreai_opt.compression import compress_
+
+        if ExportBackend(backend) is not ExportBackend.CoreAI:
+            raise ValueError(f"unknown backend {backend!r}")
+        if self.prepared is None or self._plan is None:
+            raise RuntimeError("call prepare(example_inputs) and calibrate before finalize()")
+        missing = [m.value_name for m in self._activations if m.qparams is None]
+        if missing:
+            raise NotCalibrated(
+                f"{len(missing)} activation(s) saw no calibration pass ({', '.join(missing[:3])}"
+                f"{', ...' if len(missing) > 3 else ''}): run forward passes inside calibration_mode()"
+            )
+        prepared = self.prepared
+        final = FxGraphModule(prepared, copy.deepcopy(prepared.graph))
+        report = QuantizationReport(
+            float_ops=list(self._plan.float_ops), weights_left_float=list(self._plan.skipped)
+        )
+        for node in list(final.graph.nodes):
+            if node.op != "call_module":
+                continue
+            module = prepared.get_submodule(str(node.target))
+            if isinstance(module, WeightQuantizer):
+                node.replace_all_uses_with(node.args[0])
+                final.graph.erase_node(node)
+                final.delete_submodule(str(node.target))
+            elif isinstance(module, ActivationQuantizer):
+                assert module.qparams is not None
+                value_dtype = node.args[0].meta["val"].dtype
+                code_dtype = _CODE_DTYPES[module.config.dtype.value]
+                final.delete_submodule(str(node.target))
+                final.add_submodule(
+                    str(node.target), QuantizeDequantize(module.qparams, value_dtype, code_dtype)
+                )
+                report.activations.append(
+                    ActivationResult(module.value_name, module.consumers, module.config.dtype.value,
+                                     module.config.qscheme.value, module.config.observer.value, module.qparams)
+                )  # fmt: skip
+        final.graph.lint()
+        final.recompile()
+        ep = torch.export.export(final, self._example)
+        report.weights = compress_(ep, finalize_weights_config(self._plan.weights))
+        self.report = report
+        return ep.module()
