@@ -86,8 +86,9 @@ def test_the_library_raises_a_typed_error_and_runs_nothing(tmp_path: Path) -> No
         assert not marker.exists(), name
 
 
-def test_pickled_tensor_weight_loads_through_the_weights_only_unpickler(tmp_path: Path) -> None:
-    """A `use_pickle` weight that is just a tensor is not refused: torch's safe loader reads it."""
+def test_a_pickled_tensor_weight_is_refused_not_unpickled(tmp_path: Path) -> None:
+    """A `use_pickle` weight is refused even when it is just a tensor: no pickle from a model file
+    is ever loaded. Trusted, torch reads it as it wrote it."""
     original = load_pt2(SAMPLES / "mlp.pt2")
     weight = original.state_dict["fc1.weight"].detach().clone()
 
@@ -96,11 +97,14 @@ def test_pickled_tensor_weight_loads_through_the_weights_only_unpickler(tmp_path
         entry = config["config"]["fc1.weight"]
         entry["use_pickle"] = True
         buffer = io.BytesIO()
-        torch.save(weight, buffer)
+        torch.save(torch.nn.Parameter(weight), buffer)  # as torch writes a parameter
         members["data/weights/" + entry["path_name"]] = buffer.getvalue()
         members[h.WEIGHTS_CONFIG] = json.dumps(config).encode()
 
-    program = load_pt2(h.rewrite_pt2(SAMPLES / "mlp.pt2", tmp_path / "pickled.pt2", change))
+    path = h.rewrite_pt2(SAMPLES / "mlp.pt2", tmp_path / "pickled.pt2", change)
+    with pytest.raises(UnsafeArchiveError, match=r"\(weight fc1.weight\) is a pickled tensor"):
+        load_pt2(path)
+    program = load_pt2(path, trust_pickle=True)
     assert torch.equal(program.state_dict["fc1.weight"], weight)
     x = torch.randn(4, weight.shape[1])
     assert torch.equal(program.module()(x), original.module()(x))

@@ -8,15 +8,16 @@ evaluates the program's shape strings with sympy. `Pt2Archive` reads the same la
 - the zip is audited first (`_zip.audit_zip`: names, sizes, methods, CRCs);
 - JSON configs are parsed as data; tensors are built from the raw records (stored records are
   memory-mapped copy-on-write, so the file is never written and large weights are not copied);
-- every pickle stream is judged by its opcodes (`_pickles`) and loaded, where it is needed at
-  all, only by torch's weights-only unpickler; custom/opaque objects and compiled code are refused;
+- no pickle is ever loaded: every pickle stream is judged by its opcodes (`_pickles`) so the
+  refusal can say what it would import, and then refused - weights and constants marked
+  `use_pickle` (torch writes them for tensor subclasses), custom/opaque objects, legacy state;
+  compiled code is refused too;
 - the sample inputs are never loaded (no program needs them to run, cast or convert);
 - shape expressions and guards are checked (`_expressions`) before torch's deserializer runs.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from dataclasses import dataclass
@@ -134,6 +135,14 @@ class Pt2Archive:
                 f"load; {TRUST_HINT}"
             )  # fmt: skip
 
+    def _refuse_pickled_tensor(self, record: str, what: str) -> None:
+        """A tensor stored as a pickle is never unpickled, however harmless its imports look."""
+        self._refuse_pickle(record, what)
+        raise UnsafeArchiveError(
+            self.path, f"{record} ({what}) is a pickled tensor (torch writes tensor subclasses so); "
+            f"coreopt reads no pickles from model files: {TRUST_HINT}"
+        )  # fmt: skip
+
     def payloads(self, config: str, directory: str) -> list[_Payload]:
         if config not in self.entries:
             raise CorruptArchiveError(self.path, f"archive has no {config}")
@@ -168,7 +177,7 @@ class Pt2Archive:
                 self._refuse_pickle(legacy, "legacy pickled state")
         for payload in self.payloads(WEIGHTS_CONFIG, WEIGHTS_DIR):
             if payload.use_pickle:
-                self._refuse_pickle(payload.record, f"weight {payload.fqn}")
+                self._refuse_pickled_tensor(payload.record, f"weight {payload.fqn}")
         for payload in self.payloads(CONSTANTS_CONFIG, CONSTANTS_DIR):
             kind = payload.record.removeprefix(CONSTANTS_DIR)
             if kind.startswith((CUSTOM_OBJECT, OPAQUE_OBJECT)):
@@ -179,7 +188,7 @@ class Pt2Archive:
             if not kind.startswith(TENSOR_CONSTANT):
                 raise CorruptArchiveError(self.path, f"{payload.record}: unknown constant kind")
             if payload.use_pickle:
-                self._refuse_pickle(payload.record, f"constant {payload.fqn}")
+                self._refuse_pickled_tensor(payload.record, f"constant {payload.fqn}")
         if SAMPLE_INPUTS in self.entries and self.entries[SAMPLE_INPUTS].size:
             self._refuse_pickle(SAMPLE_INPUTS, "sample inputs")
         problem = program_text_problem(self.read_json(MODEL_JSON))
@@ -191,18 +200,7 @@ class Pt2Archive:
     def _tensor(self, payload: _Payload, bases: dict[str, torch.Tensor]) -> torch.Tensor:
         import torch
 
-        if payload.use_pickle:
-            try:
-                value = torch.load(
-                    io.BytesIO(self.read(payload.record)), weights_only=True, map_location="cpu"
-                )
-            except Exception as exc:
-                raise CorruptArchiveError(self.path, f"{payload.record}: {_line(exc)}") from None
-            if not isinstance(value, torch.Tensor):
-                raise CorruptArchiveError(self.path, f"{payload.record} does not hold a tensor")
-            if payload.is_param and not isinstance(value, torch.nn.Parameter):
-                return torch.nn.Parameter(value, requires_grad=value.requires_grad)
-            return value
+        assert not payload.use_pickle  # refused by audit()
         if payload.meta is None:
             raise CorruptArchiveError(self.path, f"{payload.record} has no tensor_meta")
         try:
