@@ -18,6 +18,7 @@ from coreai_opt.inputs import (
     exported_program_usage,
     input_rules,
     read_inputs_file,
+    seeded_source,
 )
 
 from . import _graph as g
@@ -87,7 +88,7 @@ def check_inputs(
     rules = input_rules(specs, exported_program_usage(ep))
     drawn = draw_inputs(specs, rules, seed)
     tensors = [torch.from_numpy(drawn[s.name]).to(d) for s, d in zip(specs, dtypes, strict=True)]
-    return tensors, f"seeded random (seed {seed})", rules
+    return tensors, seeded_source(range(seed, seed + 1)), rules
 
 
 def random_inputs(ep: ExportedProgram, seed: int = 0) -> list[torch.Tensor]:

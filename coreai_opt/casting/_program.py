@@ -9,6 +9,8 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.fx import Node
 
+from coreai_opt.inputs import user_input_nodes as user_inputs  # noqa: F401  (the passes' name)
+
 
 @dataclass(frozen=True)
 class StateSlot:
@@ -22,15 +24,6 @@ class StateSlot:
 
 def placeholders(ep: ExportedProgram) -> dict[str, Node]:
     return {node.name: node for node in ep.graph.nodes if node.op == "placeholder"}
-
-
-def user_inputs(ep: ExportedProgram) -> list[Node]:
-    by_name = placeholders(ep)
-    return [
-        by_name[spec.arg.name]
-        for spec in ep.graph_signature.input_specs
-        if spec.kind == InputKind.USER_INPUT and spec.arg.name in by_name
-    ]
 
 
 def user_outputs(ep: ExportedProgram) -> list[Node | None]:

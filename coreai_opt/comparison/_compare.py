@@ -22,9 +22,10 @@ from coreai_opt.inputs import (
     InputSpec,
     Kind,
     Usage,
-    draw_inputs,
     input_rules,
     read_input_samples,
+    seeded_samples,
+    seeded_source,
 )
 from coreai_opt.io import (
     ModelFileError,
@@ -179,7 +180,7 @@ def _drawn(
         found = _coreai.input_usage(_coreai.mlir_module(load_aimodel(side.path)))
         usage = {name: Usage(rows, arithmetic) for name, (rows, arithmetic) in found.items()}
         rules = input_rules(specs, usage, int_range)
-    return ((f"seed {s}", draw_inputs(specs, rules, s)) for s in seeds), rules
+    return seeded_samples(specs, rules, seeds), rules
 
 
 def _from_files(
@@ -252,13 +253,9 @@ def compare_files(
             total, sampled, rules = _from_files(ref_side, Path(inputs))
             label, blame = str(inputs), Path(inputs)
         else:
-            sampled, rules = _drawn(ref_side, range(seed, seed + samples), int_range)
-            total, blame = samples, reference
-            label = (
-                f"seeded random (seed {seed})"
-                if samples == 1
-                else f"seeded random (seeds {seed}..{seed + samples - 1})"
-            )
+            seeds = range(seed, seed + samples)
+            sampled, rules = _drawn(ref_side, seeds, int_range)
+            total, blame, label = samples, reference, seeded_source(seeds)
         cand_side = _open(candidate, trust_pickle, stack)
         names, cand_names = sorted(s.name for s in ref_side.inputs), sorted(s.name for s in cand_side.inputs)
         if names != cand_names:

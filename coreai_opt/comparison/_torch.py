@@ -9,7 +9,7 @@ import numpy as np
 
 from coreai_opt._coreai._runtime import RunResult
 from coreai_opt._coreai._sandbox import TensorSpec
-from coreai_opt.inputs import InputRule, InputSpec, input_rules
+from coreai_opt.inputs import InputRule, InputSpec, input_rules, user_input_nodes
 from coreai_opt.io import ModelFileError, load_pt2
 
 if TYPE_CHECKING:
@@ -34,14 +34,11 @@ class ExportedSide:
         self.program: ExportedProgram = load_pt2(path, trust_pickle=trust_pickle)
         self.module = self.program.module()
         fold_decompression(self.module)
-        users = [s for s in self.program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-        nodes = {n.name: n for n in self.program.graph.nodes if n.op == "placeholder"}
-        self.dtypes = [nodes[s.arg.name].meta["val"].dtype for s in users]
+        users = user_input_nodes(self.program)
+        self.dtypes = [n.meta["val"].dtype for n in users]
         self.inputs = tuple(
-            TensorSpec(
-                s.arg.name, _numpy_dtype(d), tuple(int(x) for x in nodes[s.arg.name].meta["val"].shape)
-            )
-            for s, d in zip(users, self.dtypes, strict=True)
+            TensorSpec(n.name, _numpy_dtype(d), tuple(int(x) for x in n.meta["val"].shape))
+            for n, d in zip(users, self.dtypes, strict=True)
         )
 
     def rules(self, int_range: tuple[int, int] | None) -> tuple[list[InputSpec], list[InputRule]]:

@@ -9,8 +9,18 @@ a leading sample axis; a directory of such files) gives real data instead.
 """
 
 from ._files import InputSamples, read_input_samples, read_inputs_file
-from ._policy import Draw, InputRule, InputSpec, Kind, Usage, draw_inputs, input_rules
-from ._usage import exported_program_specs, exported_program_usage
+from ._policy import (
+    Draw,
+    InputRule,
+    InputSpec,
+    Kind,
+    Usage,
+    draw_inputs,
+    input_rules,
+    seeded_samples,
+    seeded_source,
+)
+from ._usage import exported_program_specs, exported_program_usage, user_input_nodes
 
 __all__ = [
     "Draw",
@@ -25,4 +35,7 @@ __all__ = [
     "input_rules",
     "read_input_samples",
     "read_inputs_file",
+    "seeded_samples",
+    "seeded_source",
+    "user_input_nodes",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,3 +112,17 @@ def draw_inputs(
         else:
             out[spec.name] = rng.integers(rule.low, rule.high, spec.shape).astype(np.int64)
     return out
+
+
+def seeded_samples(
+    specs: Sequence[InputSpec], rules: Sequence[InputRule], seeds: range
+) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+    """One draw per seed, labelled `seed N` (drawn as they are consumed)."""
+    return ((f"seed {seed}", draw_inputs(specs, rules, seed)) for seed in seeds)
+
+
+def seeded_source(seeds: range) -> str:
+    """How reports name seeded draws: `seeded random (seed 0)`, `seeded random (seeds 0..31)`."""
+    if len(seeds) == 1:
+        return f"seeded random (seed {seeds[0]})"
+    return f"seeded random (seeds {seeds[0]}..{seeds[-1]})"

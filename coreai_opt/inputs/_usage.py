@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from torch.fx import Node
 
 
-def _user_input_nodes(ep: ExportedProgram) -> list[Node]:
+def user_input_nodes(ep: ExportedProgram) -> list[Node]:
+    """The placeholders of the program's user inputs, in input order."""
     names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     by_name = {node.name: node for node in ep.graph.nodes if node.op == "placeholder"}
     return [by_name[name] for name in names if name in by_name]
@@ -28,7 +29,7 @@ def _concrete(dim: Any) -> int:
 def exported_program_specs(ep: ExportedProgram) -> list[InputSpec]:
     """The user inputs in order: name, kind and (concrete) shape."""
     specs = []
-    for node in _user_input_nodes(ep):
+    for node in user_input_nodes(ep):
         value = node.meta["val"]
         specs.append(InputSpec(node.name, Kind.of(value.dtype), tuple(_concrete(d) for d in value.shape)))
     return specs
@@ -39,7 +40,7 @@ def exported_program_usage(ep: ExportedProgram) -> dict[str, Usage]:
     from coreai_opt._fx import CAST_PACKETS, VIEW_PACKETS, index_arguments, indexed_rows, packet
 
     usage = {}
-    for start in _user_input_nodes(ep):
+    for start in user_input_nodes(ep):
         rows: list[int] = []
         arithmetic = False
         seen = {(start, False)}

@@ -19,11 +19,13 @@ import torch
 
 from coreai_opt.compression import Progress
 from coreai_opt.inputs import (
-    draw_inputs,
     exported_program_specs,
     exported_program_usage,
     input_rules,
     read_input_samples,
+    seeded_samples,
+    seeded_source,
+    user_input_nodes,
 )
 from coreai_opt.io import ModelFileError, ModelFormat, check_output, load_pt2, model_format, save_pt2
 
@@ -70,12 +72,10 @@ def _samples(
 ) -> tuple[int, str, Iterator[tuple[str, dict[str, torch.Tensor]]]]:
     specs = exported_program_specs(ep)
     if str(calibration) == RANDOM:
-        rules = input_rules(specs, exported_program_usage(ep))
-        drawn = (
-            (f"seed {s}", {n: torch.from_numpy(a) for n, a in draw_inputs(specs, rules, s).items()})
-            for s in range(seed, seed + count)
-        )
-        return count, f"seeded random (seeds {seed}..{seed + count - 1})", drawn
+        seeds = range(seed, seed + count)
+        drawn = seeded_samples(specs, input_rules(specs, exported_program_usage(ep)), seeds)
+        as_tensors = ((label, {n: torch.from_numpy(a) for n, a in arrays.items()}) for label, arrays in drawn)
+        return count, seeded_source(seeds), as_tensors
     path = Path(calibration)
     samples = read_input_samples(path, specs)
 
@@ -134,12 +134,10 @@ def quantize_activations_file(
     ep = load_pt2(source, trust_pickle=trust_pickle)
     count, label, samples = _samples(ep, calibration, random_samples, seed)
     start = time.perf_counter()
-    users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
-    dtypes = {name: nodes[name].meta["val"].dtype for name in users}
+    users = [(n.name, n.meta["val"].dtype) for n in user_input_nodes(ep)]
 
     def arguments(sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        return tuple(sample[name].to(dtypes[name]) for name in users)
+        return tuple(sample[name].to(dtype) for name, dtype in users)
 
     first = next(samples)
     quantizer = Quantizer(ep.module(), config)

@@ -180,19 +180,11 @@ def _weights(
 
 
 def finalize_weights_config(points: list[WeightPoint]) -> QuantizeConfig:
-    """One `QuantizeConfig` for `compress_` that encodes exactly these weights, each as prepared."""
-    if not points:
-        return QuantizeConfig(weight_num_threshold=0, overrides=(Override.of("*", skip=True),))
-    base = points[0].config
-    overrides = []
-    for point in points:
-        if point.config != base:
-            changes = {name: getattr(point.config, name) for name in ("dtype", "qscheme", "granularity",
-                       "block_size", "scale_dtype")}  # fmt: skip
-            overrides.append(Override.of(glob.escape(point.site.name), **changes))
-        else:
-            overrides.append(Override.of(glob.escape(point.site.name), dtype=base.dtype))
-    overrides.append(Override.of("*", skip=True))
-    return QuantizeConfig(
-        base.dtype, base.qscheme, base.granularity, base.block_size, base.scale_dtype, 0, tuple(overrides)
-    )
+    """One `QuantizeConfig` for `compress_` that encodes exactly these weights, each as prepared:
+    an override per weight naming its options, then one that skips everything else."""
+    fields = ("dtype", "qscheme", "granularity", "block_size", "scale_dtype")
+    overrides = [
+        Override.of(glob.escape(p.site.name), **{name: getattr(p.config, name) for name in fields})
+        for p in points
+    ]
+    return QuantizeConfig(weight_num_threshold=0, overrides=(*overrides, Override.of("*", skip=True)))
