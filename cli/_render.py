@@ -283,7 +283,9 @@ def render_activation_quantization(result: ActivationsFileResult) -> None:
     for a in report.activations:
         p = a.qparams
         table.add_row(
-            a.name, ", ".join(a.consumers), f"{a.dtype} {a.qscheme}", a.observer, f"[{p.lo:.4g}, {p.hi:.4g}]",
+            a.name, ", ".join(a.consumers), f"{a.dtype} {a.qscheme}",
+            a.observer if a.range_from == a.observer else f"{a.observer} (kept {a.range_from})",
+            f"[{p.lo:.4g}, {p.hi:.4g}]",
             f"{p.scale:.4g}", str(p.zero_point),
         )  # fmt: skip
     console.print(table)

@@ -29,7 +29,7 @@ class Observer(enum.Enum):
     MINMAX = "minmax"  # the smallest and largest value seen
     MOVING_AVERAGE = "moving_average"  # per-pass min and max, exponentially averaged
     PERCENTILE = "percentile"  # the given percentile at each end (outliers clipped)
-    MSE = "mse"  # the clipping range of least expected squared quantization error
+    MSE = "mse"  # least squared error per activation, kept where the model's output agrees (else min-max)
 
 
 class OpType(enum.Enum):

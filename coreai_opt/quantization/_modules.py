@@ -15,8 +15,8 @@ from torch import nn
 from coreai_opt.compression import QuantizeConfig, WeightSite
 from coreai_opt.compression._quantize import dequantized
 
-from ._config import ActivationConfig
-from ._observers import QParams, RangeObserver, fake_quantize_values, qparams_for
+from ._config import ActivationConfig, Observer
+from ._observers import QParams, RangeObserver, fake_quantize_values, qparams_for, qparams_in
 
 
 class ActivationQuantizer(nn.Module):
@@ -29,14 +29,34 @@ class ActivationQuantizer(nn.Module):
         self.consumers = consumers  # the ops that read it quantized
         self.observer = RangeObserver(config)
         self.observing = False
+        self.passthrough = False  # the float model, for reference outputs
         self.qparams: QParams | None = None
+        # the ranges an output check may choose between, the observer's own first
+        self.candidates: tuple[QParams, ...] = ()
 
     def calibrate(self) -> None:
-        """Fix the scale and zero point from what was observed (when anything was)."""
-        if self.observer.passes:
-            self.qparams = qparams_for(self.observer)
+        """Fix the scale and zero point from what was observed (when anything was). The MSE
+        observer's range is one activation's best; the min-max range stays a candidate, since
+        the model's output decides which of the two is better (see `Quantizer`)."""
+        if not self.observer.passes:
+            return
+        self.qparams = qparams_for(self.observer)
+        self.candidates = (self.qparams,)
+        if self.config.observer is Observer.MSE:
+            minmax = qparams_in(self.observer.lo, self.observer.hi, self.config)
+            if (minmax.scale, minmax.zero_point) != (self.qparams.scale, self.qparams.zero_point):
+                self.candidates += (minmax,)
+
+    @property
+    def range_from(self) -> str:
+        """The observer whose range is in use (the min-max candidate shows as "minmax")."""
+        if len(self.candidates) > 1 and self.qparams == self.candidates[1]:
+            return Observer.MINMAX.value
+        return self.config.observer.value
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.passthrough:
+            return x
         if self.observing:
             try:
                 self.observer.update(x)
@@ -62,8 +82,11 @@ class WeightQuantizer(nn.Module):
         super().__init__()
         self.site = site
         self.config = config
+        self.passthrough = False  # the float model, for reference outputs
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
+        if self.passthrough:
+            return w
         decoded = dequantized(w.detach(), self.site, self.config)
         assert not isinstance(decoded, str)  # the layout was checked when the model was prepared
         return decoded + (w - w.detach())

@@ -24,6 +24,7 @@ from ._config import ActivationConfig, Observer
 
 _BINS = 8192  # histogram bins of the percentile and MSE observers
 _SHRINK_STEPS = 64  # candidate clip points per end in the MSE search
+_MAX_ROUNDS = 8  # of the asymmetric coordinate search (it settles in two or three)
 
 
 @dataclass(frozen=True)
@@ -153,34 +154,48 @@ class RangeObserver:
         return lo, max(hi, lo)
 
     def _mse_range(self) -> tuple[float, float]:
-        """Search clip points at each end (the min-max range among them) for the least squared
-        error over the histogram: each bin's centre quantized with the candidate's own scale and
-        zero point (the real scale rule), weighted by the bin's count."""
+        """Search clip points for the least squared error over the histogram: each bin's centre
+        quantized with the candidate's own scale and zero point (the real scale rule), weighted by
+        the bin's count. Symmetric: 64 clip points of amax. Asymmetric: the two ends in turn, each
+        over 64 clip points with the other end held, until neither moves (a coordinate search;
+        starting from the min-max range, which is among the candidates)."""
         assert self.hist is not None
         fractions = torch.linspace(1.0 / _SHRINK_STEPS, 1.0, _SHRINK_STEPS, dtype=torch.float64)
         lo, hi = min(self.lo, 0.0), max(self.hi, 0.0)
         if self.config.qscheme is QScheme.SYMMETRIC:
             amax = max(-lo, hi) * fractions
-            low_ends, high_ends = -amax, amax
-        else:
-            low_grid, high_grid = torch.meshgrid(lo * fractions, hi * fractions, indexing="ij")
-            low_ends, high_ends = low_grid.reshape(-1), high_grid.reshape(-1)
+            best = self._least_error(-amax, amax)
+            return float(-amax[best]), float(amax[best])
+        low, high = lo, hi
+        for _ in range(_MAX_ROUNDS):
+            before = (low, high)
+            highs = hi * fractions
+            high = float(highs[self._least_error(torch.full_like(highs, low), highs)])
+            lows = lo * fractions
+            low = float(lows[self._least_error(lows, torch.full_like(lows, high))])
+            if (low, high) == before:
+                break
+        return low, high
+
+    def _least_error(self, low_ends: torch.Tensor, high_ends: torch.Tensor) -> int:
+        """Index of the candidate range of least histogram-weighted squared error (the first, the
+        narrowest, of equal errors)."""
+        assert self.hist is not None
         scale, zero = qparams_of(low_ends, high_ends, self.config)
         qmin, qmax = _limits(self.config.dtype)
         centres = self._centres()[None, :]
-        errors = []
-        for start in range(0, len(scale), 256):  # bounded memory: 256 candidates at a time
-            s = scale[start : start + 256].double()[:, None]
-            z = zero[start : start + 256].double()[:, None]
-            deviation = centres - fake_quantize_values(centres, s, z, qmin, qmax)
-            errors.append((deviation**2 * self.hist).sum(1))
-        error = torch.cat(errors)
-        best = int(torch.argmin(error))  # the first of equal errors: the narrowest range
-        return float(low_ends[best]), float(high_ends[best])
+        deviation = centres - fake_quantize_values(centres, scale.double()[:, None], zero.double()[:, None],
+                                                   qmin, qmax)  # fmt: skip
+        return int(torch.argmin((deviation**2 * self.hist).sum(1)))
+
+
+def qparams_in(lo: float, hi: float, config: ActivationConfig) -> QParams:
+    """The scale and zero point of one range."""
+    scale, zero = qparams_of(torch.tensor([lo]), torch.tensor([hi]), config)
+    qmin, qmax = _limits(config.dtype)
+    return QParams(float(scale[0]), int(zero[0]), qmin, qmax, lo, hi)
 
 
 def qparams_for(observer: RangeObserver) -> QParams:
-    lo, hi = observer.range()
-    scale, zero = qparams_of(torch.tensor([lo]), torch.tensor([hi]), observer.config)
-    qmin, qmax = _limits(observer.config.dtype)
-    return QParams(float(scale[0]), int(zero[0]), qmin, qmax, lo, hi)
+    """The scale and zero point of the observer's calibrated range."""
+    return qparams_in(*observer.range(), observer.config)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from torch import nn
 
 from coreai_opt.compression import CompressionReport, Skipped
 
-from ._config import ExportBackend, QuantizerConfig
+from ._config import ExportBackend, Observer, QuantizerConfig
 from ._graph import Plan, finalize_weights_config, plan
 from ._modules import ActivationQuantizer, QuantizeDequantize, WeightQuantizer
 from ._observers import QParams
@@ -38,6 +39,31 @@ if TYPE_CHECKING:
     from torch.fx import GraphModule
 
 _CODE_DTYPES = {"int8": torch.int8, "uint8": torch.uint8}
+_CHECK_BATCHES = 32  # calibration batches kept to choose MSE ranges by the model's output
+_SNR_MARGIN_DB = 0.01  # a range change must beat the estimate's noise, not just tie it
+
+# a calibration pass: the prepared model's positional and keyword inputs
+_Batch = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def _float_leaves(output: Any) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_leaves
+
+    return [t.detach() for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _record_batch(
+    batches: list[_Batch], module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Forward hook: keep a calibration pass (copies of its inputs) while fewer than are wanted."""
+    from torch.utils._pytree import tree_map
+
+    if len(batches) < _CHECK_BATCHES:
+
+        def copied(value: Any) -> Any:
+            return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+        batches.append((tree_map(copied, args), tree_map(copied, kwargs)))
 
 
 class NothingToQuantize(ValueError):
@@ -58,11 +84,13 @@ class ActivationResult:
     qscheme: str
     observer: str
     qparams: QParams
+    range_from: str  # the observer whose range is used: "minmax" where MSE's lost the output check
 
     def to_dict(self) -> dict[str, Any]:
         p = self.qparams
         return {"name": self.name, "consumers": list(self.consumers), "dtype": self.dtype,
-                "qscheme": self.qscheme, "observer": self.observer, "range": [p.lo, p.hi],
+                "qscheme": self.qscheme, "observer": self.observer, "range_from": self.range_from,
+                "range": [p.lo, p.hi],
                 "scale": p.scale, "zero_point": p.zero_point}  # fmt: skip
 
 
@@ -151,18 +179,82 @@ class Quantizer:
     @contextlib.contextmanager
     def calibration_mode(self) -> Iterator[None]:
         """Forward passes inside only collect activation statistics (no gradients, float values);
-        on leaving, every activation that was reached gets its scale and zero point."""
+        on leaving, every activation that was reached gets its scale and zero point.
+
+        With the MSE observer, the first batches' inputs are kept until the end, and each
+        activation's MSE range replaces its min-max range only where that brings the output
+        closer to the float model's over those batches (mean SNR): one activation's least squared
+        error is not the model's."""
         if self.prepared is None:
             raise RuntimeError("call prepare(example_inputs) before calibration_mode()")
+        batches: list[_Batch] = []
+        hook = None
+        if any(m.config.observer is Observer.MSE for m in self._activations):
+            hook = self.prepared.register_forward_pre_hook(
+                functools.partial(_record_batch, batches), with_kwargs=True
+            )
         for module in self._activations:
             module.observing = True
         try:
             with torch.no_grad():
                 yield
         finally:
+            if hook is not None:
+                hook.remove()
             for module in self._activations:
                 module.observing = False
                 module.calibrate()
+        if batches:
+            self._choose_ranges_by_output(batches)
+
+    def _choose_ranges_by_output(self, batches: list[_Batch]) -> None:
+        """Greedy, in graph order, from all min-max ranges: an activation takes its MSE range when
+        the mean output SNR against the float model rises by more than `_SNR_MARGIN_DB`."""
+        choices = [m for m in self._activations if len(m.candidates) > 1]
+        if not choices:
+            return
+        references = self._float_outputs(batches)
+        for module in choices:
+            module.qparams = module.candidates[1]  # min-max
+        best = self._mean_output_snr(batches, references)
+        for module in choices:
+            module.qparams = module.candidates[0]  # the MSE range
+            snr = self._mean_output_snr(batches, references)
+            if snr > best + _SNR_MARGIN_DB:
+                best = snr
+            else:
+                module.qparams = module.candidates[1]
+
+    def _float_outputs(self, batches: list[_Batch]) -> list[list[torch.Tensor]]:
+        """The prepared model's outputs with every quantizer passing its input through."""
+        assert self.prepared is not None
+        quantizers = [
+            m for m in self.prepared.modules() if isinstance(m, ActivationQuantizer | WeightQuantizer)
+        ]
+        for module in quantizers:
+            module.passthrough = True
+        try:
+            with torch.no_grad():
+                return [_float_leaves(self.prepared(*args, **kwargs)) for args, kwargs in batches]
+        finally:
+            for module in quantizers:
+                module.passthrough = False
+
+    def _mean_output_snr(self, batches: list[_Batch], references: list[list[torch.Tensor]]) -> float:
+        import tcast
+
+        assert self.prepared is not None
+        total = 0.0
+        with torch.no_grad():
+            for (args, kwargs), reference in zip(batches, references, strict=True):
+                output = _float_leaves(self.prepared(*args, **kwargs))
+                signal = sum(float((r.double() ** 2).sum()) for r in reference)
+                noise = sum(
+                    float(((r.double() - o.double()) ** 2).sum())
+                    for r, o in zip(reference, output, strict=True)
+                )
+                total += tcast.snr_db(signal, noise)
+        return total / len(batches)
 
     def finalize(self, backend: ExportBackend | str = ExportBackend.CoreAI) -> GraphModule:
         """The calibrated model with coreai-torch's ops: activations quantized and dequantized,
@@ -205,7 +297,8 @@ class Quantizer:
                 )
                 report.activations.append(
                     ActivationResult(module.value_name, module.consumers, module.config.dtype.value,
-                                     module.config.qscheme.value, module.config.observer.value, module.qparams)
+                                     module.config.qscheme.value, module.config.observer.value, module.qparams,
+                                     module.range_from)
                 )  # fmt: skip
         final.graph.lint()
         final.recompile()
