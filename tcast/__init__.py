@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._datatype import ALIASES, PREDEFINED, DataType, datatype, lookup
+from ._datatype import ALIASES, PREDEFINED, DataType, datatype, lookup, resolve_name
 from ._engine import Support, supports
 from ._metrics import energies, snr_db, sqnr_db
 from ._modes import CastMode, ComputeMode, RoundMode, ScaleMode, defaults, initialize
@@ -64,10 +64,8 @@ __all__ = [
 def _as_datatype(dtype: Any) -> DataType:
     if isinstance(dtype, DataType):
         return dtype
-    if isinstance(dtype, str):
-        key = ALIASES.get(dtype.strip().lower(), dtype.strip().lower())
-        if key in PREDEFINED:
-            return lookup(key)
+    if isinstance(dtype, str) and resolve_name(dtype) is not None:
+        return lookup(dtype)
     return DataType(dtype)  # an unscaled number spec: "e4m3fn", torch.float8_e5m2, ...
 
 

@@ -97,6 +97,20 @@ def _table() -> dict[str, tuple[str, str | None]]:
         "mxint4": ("int4", "e8m0_t32"),
         "bfp16": ("int8", "e8m0_t8"),
     }
+    # NVFP4: e2m1 values, an e4m3 scale per 16 of them, an fp32 scale per tensor over those
+    table["nvfp4"] = ("e2m1fnuz", "e4m3fn_t16+float32")
+    # one level only: e4m3 scales per 16 values (the reference project's nv* family)
+    for name, code in (("nvf4", "e2m1fnuz"), ("nvf6", "e2m3fnuz"), ("nvb6", "e3m2fnuz"), ("nvf8", "e4m3fn"),
+                       ("nvb8", "e5m2")):  # fmt: skip
+        table[name] = (code, "e4m3fn_t16")
+    # FP8 recipes with float32 scales: per tensor, per channel (row), 1x128 tiles, 128x128 blocks;
+    # fp8 = e4m3fn, bf8 = e5m2; F/f/b = float32/float16/bfloat16 scales (the reference's names)
+    for prefix, code in (("fp8", "e4m3fn"), ("bf8", "e5m2")):
+        for letter, scode in (("F", "float32"), ("f", "float16"), ("b", "bfloat16")):
+            table[f"{prefix}_{letter}"] = (code, scode)
+            table[f"{prefix}_{letter}c"] = (code, f"{scode}_t0")
+        table[f"{prefix}_1x128"] = (code, "float32_t128")
+        table[f"{prefix}_128x128"] = (code, "float32_t128d-2_t128d-1")
     # tensor scaled: f = float16, b = bfloat16, e = exponent; uint zero points f/b float, i integer
     floats = {"f": "float16", "b": "bfloat16"}
     zeros = {"f": "float16", "b": "bfloat16"}
@@ -134,11 +148,22 @@ ALIASES: dict[str, str] = {
 }
 
 
+def resolve_name(name: str) -> str | None:
+    """The predefined key a name means, or None: the exact name first (the reference project's
+    names are case-sensitive: `fp8_F` has a float32 scale, `fp8_f` a float16 one), then its
+    lower case, then an alias."""
+    key = name.strip()
+    for candidate in (key, key.lower()):
+        candidate = ALIASES.get(candidate, candidate)
+        if candidate in PREDEFINED:
+            return candidate
+    return None
+
+
 def lookup(name: str) -> DataType:
     """A predefined DataType by name or alias."""
-    key = name.strip().lower()
-    key = ALIASES.get(key, key)
-    if key not in PREDEFINED:
+    key = resolve_name(name)
+    if key is None:
         raise ValueError(f"unknown datatype {name!r}; `tcast list` shows the predefined types")
     return _predefined(key)
 

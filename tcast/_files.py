@@ -147,6 +147,8 @@ def cast_file(
                 written[f"{name}.scales"] = packed.scales.cpu()
             if packed.zeros is not None:
                 written[f"{name}.zeros"] = packed.zeros.cpu()
+            if packed.tensor_scale is not None:
+                written[f"{name}.tensor_scale"] = packed.tensor_scale.reshape(1).cpu()
             layout[name] = {
                 "nspec": dtype.nspec.code,
                 "sspec": dtype.sspec.code if dtype.sspec else None,
@@ -168,6 +170,9 @@ def cast_file(
     return results
 
 
+_PARTS = (".codes", ".scales", ".zeros", ".tensor_scale")  # what an actual cast stores per tensor
+
+
 def upcast_file(source: Path | str, output: Path | str, *, force: bool = False) -> list[str]:
     """Read a file written by an actual cast back to float tensors; returns the restored names."""
     from ._tensor import Tensor
@@ -178,7 +183,7 @@ def upcast_file(source: Path | str, output: Path | str, *, force: bool = False) 
     if METADATA_KEY not in metadata:
         raise ValueError(f"{source}: no tcast metadata (was it written by `tcast cast --mode actual`?)")
     layout = json.loads(metadata[METADATA_KEY])
-    restored = {k: v for k, v in tensors.items() if not k.endswith((".codes", ".scales", ".zeros"))}
+    restored = {k: v for k, v in tensors.items() if not k.endswith(_PARTS)}
     for name, info in layout.items():
         if f"{name}.codes" not in tensors:
             raise ValueError(f"{source}: tensor {name!r} has no codes")
@@ -190,6 +195,9 @@ def upcast_file(source: Path | str, output: Path | str, *, force: bool = False) 
             scales=tensors.get(f"{name}.scales"),
             zeros=tensors.get(f"{name}.zeros"),
             numel_padded=int(info["numel_padded"]),
+            tensor_scale=outer.reshape(())
+            if (outer := tensors.get(f"{name}.tensor_scale")) is not None
+            else None,
         )
         restored[name] = upcast(packed)
     rest = {k: v for k, v in metadata.items() if k != METADATA_KEY}

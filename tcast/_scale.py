@@ -11,6 +11,7 @@ from ._number import NumberSpec, number
 
 _TILE = re.compile(r"^t(\d+)(?:d(-?\d+))?$")
 MAX_TILE = 1 << 20
+_TENSOR_SCALES = ("e8m23", "e5m10", "e8m7")  # float32, float16, bfloat16
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,15 @@ class Tile:
 
 @dataclass(frozen=True)
 class ScaleSpec:
-    """`scale[_zero][_tXdY[_tXdY]]`: e.g. `e8m0_t32`, `float16_t0`, `bfloat16_int8`, `e8m0_t16d0_t16d1`.
+    """`scale[_zero][_tXdY[_tXdY]][+tensor]`: e.g. `e8m0_t32`, `float16_t0`, `bfloat16_int8`,
+    `e8m0_t16d0_t16d1`, `e4m3fn_t16+float32`.
 
     No tile segment: one scale for the whole tensor. `t0`: one scale per channel along the dim.
     `tN`: tiles of N values along the dim (default -1), any size (the OCP MX types use 32; the
     Triton engine takes powers of two from 8 to 256). Two tile segments make 2D tiles. A length
-    that the tile does not divide is padded internally.
+    that the tile does not divide is padded internally. `+tensor` adds a second level (NVFP4's):
+    one scale for the whole tensor in that float format, over float tile or channel scales
+    that are then relative to it.
     """
 
     code: str
@@ -44,8 +48,10 @@ class ScaleSpec:
         self._parsed  # noqa: B018  validate now
 
     @cached_property
-    def _parsed(self) -> tuple[NumberSpec, NumberSpec | None, tuple[Tile, ...]]:
-        parts = self.code.split("_")
+    def _parsed(self) -> tuple[NumberSpec, NumberSpec | None, tuple[Tile, ...], NumberSpec | None]:
+        code, plus, outer = self.code.partition("+")
+        tensor = number(outer) if plus else None
+        parts = code.split("_")
         tiles: list[Tile] = []
         while parts and _TILE.match(parts[-1]):
             m = _TILE.match(parts.pop())
@@ -71,7 +77,14 @@ class ScaleSpec:
             raise ValueError(f"a scale must be a float or exponent format, got {scale.code}")
         if zero is not None and zero.is_exponent:
             raise ValueError(f"a zero point cannot be an exponent format, got {zero.code}")
-        return scale, zero, tuple(tiles)
+        if tensor is not None:
+            if tensor.code not in _TENSOR_SCALES:
+                raise ValueError(f"a tensor scale is float32, float16 or bfloat16, got {tensor.code}")
+            if not tiles or scale.is_exponent or zero is not None:
+                raise ValueError(
+                    f"a tensor scale goes over float tile or channel scales without a zero point, not {code!r}"
+                )
+        return scale, zero, tuple(tiles), tensor
 
     @property
     def scale(self) -> NumberSpec:
@@ -84,6 +97,11 @@ class ScaleSpec:
     @property
     def tiles(self) -> tuple[Tile, ...]:
         return self._parsed[2]
+
+    @property
+    def tensor_scale(self) -> NumberSpec | None:
+        """The format of the per-tensor scale over the tile scales (two-level scaling), or None."""
+        return self._parsed[3]
 
     @property
     def is_tensor(self) -> bool:
@@ -121,8 +139,12 @@ class ScaleSpec:
         if self.is_tensor:
             return what + " per tensor"
         if self.is_channel:
-            return what + f" per channel (dim {self.tiles[0].dim})"
-        return what + " per tile " + " x ".join(f"{t.size} (dim {t.dim})" for t in self.tiles)
+            what += f" per channel (dim {self.tiles[0].dim})"
+        else:
+            what += " per tile " + " x ".join(f"{t.size} (dim {t.dim})" for t in self.tiles)
+        if self.tensor_scale is not None:
+            what += f", under a {self.tensor_scale.code} scale per tensor"
+        return what
 
     def __repr__(self) -> str:
         return f"ScaleSpec({self.code!r})"

@@ -16,7 +16,8 @@ class Tensor:
     """Packed element codes (little-endian, low bits first) in the block order of the scales.
 
     `scales` holds uint8 E8M0 codes for exponent scales, else float values; `zeros` holds float
-    zero points or integer ones. `numel_padded` counts codes including tile padding. A cast with
+    zero points or integer ones; `tensor_scale` the per-tensor scale of two-level scaling (a 0-d
+    float32 tensor, NVFP4's), which the tile scales are relative to. `numel_padded` counts codes including tile padding. A cast with
     `measure=True` records `signal` and `noise`: the energies of the input and of the cast's
     error (`tcast.energies`), summed while casting.
     """
@@ -28,13 +29,14 @@ class Tensor:
     scales: torch.Tensor | None
     zeros: torch.Tensor | None
     numel_padded: int
+    tensor_scale: torch.Tensor | None = None
     signal: float | None = None
     noise: float | None = None
 
     @property
     def nbytes(self) -> int:
         total = self.codes.numel() * self.codes.element_size()
-        for extra in (self.scales, self.zeros):
+        for extra in (self.scales, self.zeros, self.tensor_scale):
             if extra is not None:
                 total += extra.numel() * extra.element_size()
         return total

@@ -54,6 +54,7 @@ def _compute_dtype(
     scale = sspec.scale
     narrow = (
         roundmode is not RoundMode.STOCHASTIC
+        and sspec.tensor_scale is None  # two levels: a float32 product of scales
         and (sspec.zero is None or not sspec.zero.is_float)
         and _SIGNIFICANT_BITS[source] + 1 <= 22
         and scale.significant_bits + nspec.significant_bits + 1 <= 22
@@ -245,6 +246,8 @@ class _Scaling:
     zero: torch.Tensor | None = None
     to_grid: torch.Tensor | None = None  # exponent scales: 2**-exponent
     divisor: torch.Tensor | None = None  # uint: the scale used for the codes (finite, positive)
+    tensor: torch.Tensor | None = None  # two-level: the per-tensor scale (0-d, float32 value)
+    effective: torch.Tensor | None = None  # two-level: each row's scale times the tensor's, in float32
 
 
 def _scaling(blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> _Scaling:
@@ -253,8 +256,11 @@ def _scaling(blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> _Sc
         return _Scaling()
     # exact, and small; two reductions run faster than torch.aminmax along a dim
     lo, hi = blocks.amin(dim=1, keepdim=True).double(), blocks.amax(dim=1, keepdim=True).double()
-    scaling = _scaling_of_range(lo, hi, dtype, scalemode)
-    for name in ("scale", "zero", "to_grid", "divisor"):  # exact in the work dtype: see _compute_dtype
+    if sspec.tensor_scale is not None:
+        scaling = _two_level_scaling(lo, hi, blocks, dtype, scalemode)
+    else:
+        scaling = _scaling_of_range(lo, hi, dtype, scalemode)
+    for name in ("scale", "zero", "to_grid", "divisor", "effective"):  # exact in the work dtype
         value = getattr(scaling, name)
         if value is not None:
             setattr(scaling, name, value.to(blocks.dtype))
@@ -280,6 +286,41 @@ def _scaling_of_range(lo: torch.Tensor, hi: torch.Tensor, dtype: DataType, scale
         exponent = exponent_scales(amax, nspec, sspec.scale, scalemode)
         return _Scaling(scale=exponent, to_grid=pow2(-exponent))
     return _Scaling(scale=float_scales(amax, nspec, sspec.scale, scalemode))
+
+
+def tensor_scale_of(amax: float, dtype: DataType) -> torch.Tensor:
+    """The per-tensor scale of two-level scaling (NVFP4's rule): the largest finite magnitude over
+    the element format's max times the tile scale format's max, rounded to nearest into the
+    tensor scale's format (1 for a tensor of zeros); a float32 0-d tensor."""
+    sspec = dtype.sspec
+    assert sspec is not None and sspec.tensor_scale is not None
+    outer = sspec.tensor_scale
+    if not amax > 0:
+        return torch.ones((), dtype=torch.float32)
+    # float64 then the format: double rounding is harmless at 53 >= 2 * 24 + 2 bits
+    raw = torch.tensor(amax / (dtype.nspec.max * sspec.scale.max), dtype=torch.float64)
+    clamped = torch.clamp(raw, min=outer.smallest_subnormal, max=outer.max)
+    return clamped.to(outer.torch_dtype).float()
+
+
+def _two_level_scaling(
+    lo: torch.Tensor, hi: torch.Tensor, blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode
+) -> _Scaling:
+    """Tile scales relative to a tensor scale: each block's amax over the tensor scale is scaled
+    and rounded as a one-level float scale; the values divide by the product of the two levels
+    rounded to float32 (what an upcast multiplies by)."""
+    sspec = dtype.sspec
+    assert sspec is not None
+    amax = torch.maximum(hi, -lo)
+    finite = torch.isfinite(amax).reshape(-1)
+    largest = float(amax[finite].max()) if bool(finite.any()) else 0.0
+    if not bool(finite.all()):  # a block holding NaN or Inf still counts its finite values
+        rest = blocks[~finite].double()
+        rest = torch.where(torch.isfinite(rest), rest.abs(), torch.zeros((), dtype=rest.dtype))
+        largest = max(largest, float(rest.max()))
+    tensor = tensor_scale_of(largest, dtype)
+    scale = float_scales(amax / tensor.double(), dtype.nspec, sspec.scale, scalemode)
+    return _Scaling(scale=scale, tensor=tensor, effective=(scale.float() * tensor).double())
 
 
 def _uint_piece(
@@ -316,6 +357,8 @@ def _element_piece(
         return _uint_piece(piece, dtype, s, rows, mode, noise)
     if s.to_grid is not None:
         piece = piece * s.to_grid[rows]
+    elif s.effective is not None:
+        piece = piece / s.effective[rows]
     elif s.scale is not None:
         piece = piece / s.scale[rows]  # a division rounds differently from a reciprocal's product
     return quantize(piece, dtype.nspec, mode, noise)
@@ -333,6 +376,8 @@ def _combine_piece(values: torch.Tensor, dtype: DataType, s: _Scaling, rows: sli
         return values * scale + zero if sspec.zero.is_float else (values - zero) * scale
     if sspec.is_exponent:
         return values.mul_(pow2(scale))
+    if s.effective is not None:
+        return values.mul_(s.effective[rows])
     return values.mul_(scale)
 
 
@@ -425,6 +470,7 @@ def actual_cast(
         codes=pack_codes(codes, nspec.bits),
         scales=scales,
         zeros=zeros,
+        tensor_scale=scaling.tensor,
         numel_padded=codes.numel(),
         signal=None if energies is None else energies[0],
         noise=None if energies is None else energies[1],
@@ -445,6 +491,10 @@ def upcast(t: Tensor, torch_dtype: torch.dtype | None = None) -> torch.Tensor:
             scaling.scale = exponents_from_codes(t.scales, sspec.scale, work).reshape(-1, 1)
         else:
             scaling.scale = t.scales.to(work).reshape(-1, 1)
+        if sspec.tensor_scale is not None:
+            if t.tensor_scale is None:
+                raise ValueError(f"{dtype.name} needs the cast's tensor scale to upcast")
+            scaling.effective = (t.scales.float() * t.tensor_scale.float()).to(work).reshape(-1, 1)
         if t.zeros is not None:
             scaling.zero = t.zeros.to(work).reshape(-1, 1)
     out = from_blocks(_combine_piece(values, dtype, scaling, slice(None)), layout)
