@@ -177,6 +177,9 @@ def decode(codes: torch.Tensor, nspec: NumberSpec, dtype: torch.dtype) -> torch.
             signed = (signed ^ half).sub_(half)
         values = signed.to(dtype).mul_(2.0**-nspec.mbits)
         return values.masked_fill_(codes == nan_code(nspec), math.nan)
+    exact = nspec.torch_dtype if nspec.is_float else None
+    if exact is not None and exact.itemsize == 1 and codes.dtype == torch.uint8:
+        return codes.view(exact).to(dtype)  # torch's own conversion: one pass, no index temporaries
     table = decode_table(nspec.code).to(device=codes.device, dtype=dtype)
     flat = codes.reshape(-1).to(torch.int32)  # indices (a uint8 tensor would index as a mask)
     return torch.index_select(table, 0, flat).reshape(codes.shape)

@@ -250,7 +250,7 @@ class _Scaling:
     effective: torch.Tensor | None = None  # two-level: each row's scale times the tensor's, in float32
 
 
-def _scaling(blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> _Scaling:
+def _scaling(blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode, work: torch.dtype) -> _Scaling:
     sspec = dtype.sspec
     if sspec is None:
         return _Scaling()
@@ -263,7 +263,7 @@ def _scaling(blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> _Sc
     for name in ("scale", "zero", "to_grid", "divisor", "effective"):  # exact in the work dtype
         value = getattr(scaling, name)
         if value is not None:
-            setattr(scaling, name, value.to(blocks.dtype))
+            setattr(scaling, name, value.to(work))
     return scaling
 
 
@@ -401,13 +401,15 @@ def _run(
     nspec = dtype.nspec
     work = _compute_dtype(dtype, x.dtype, roundmode)
     layout = plan(tuple(x.shape), dtype.sspec)
-    blocks = to_blocks(x.to(work), layout)
-    scaling = _scaling(blocks, dtype, scalemode)
-    noise = draw_noise(blocks.shape, blocks, generator) if roundmode is RoundMode.STOCHASTIC else None
+    blocks = to_blocks(x, layout)  # a view where no tile is padded or permuted
+    scaling = _scaling(blocks, dtype, scalemode, work)  # min and max are exact in any dtype
+    noise = None
+    if roundmode is RoundMode.STOCHASTIC:
+        noise = draw_noise(blocks.shape, torch.empty(0, dtype=work, device=x.device), generator)
     out = torch.empty(blocks.shape, dtype=virtual_dtype or code_dtype(nspec), device=x.device)
     signal = error = 0.0
     for rows, cols in _pieces(*blocks.shape):
-        piece = blocks[rows, cols]
+        piece = blocks[rows, cols].to(work)  # widened a piece at a time
         values = _element_piece(
             piece, dtype, scaling, rows, roundmode, None if noise is None else noise[rows, cols]
         )
@@ -478,24 +480,50 @@ def actual_cast(
 
 
 def upcast(t: Tensor, torch_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Values of an actual cast: equal bit for bit to the virtual cast of the same input."""
+    """Values of an actual cast: equal bit for bit to the virtual cast of the same input.
+
+    Codes are unpacked, decoded and scaled piece by piece into the output, so the temporaries
+    stay cache-sized (codes whose rows do not start on a byte are unpacked at once)."""
     dtype = t.dtype
     nspec, sspec = dtype.nspec, dtype.sspec
     work = _compute_dtype(dtype, t.source_dtype)
     layout = plan(t.shape, sspec)
-    codes = unpack_codes(t.codes, nspec.bits, t.numel_padded).reshape(layout.num_scales, layout.per_scale)
-    values = decode(codes, nspec, work)
-    scaling = _Scaling()
-    if sspec is not None and t.scales is not None:
-        if sspec.is_exponent:
-            scaling.scale = exponents_from_codes(t.scales, sspec.scale, work).reshape(-1, 1)
+    rows, per = layout.num_scales, layout.per_scale
+    scaling = _stored_scaling(t, work)
+    out = torch.empty((rows, per), dtype=torch_dtype or t.source_dtype, device=t.codes.device)
+    data = t.codes.reshape(-1)
+    bits = nspec.bits
+    whole = None if (per * bits) % 8 == 0 else unpack_codes(data, bits, t.numel_padded).reshape(rows, per)
+    for piece_rows, piece_cols in _pieces(rows, per):
+        if whole is not None:
+            codes = whole[piece_rows, piece_cols]
         else:
-            scaling.scale = t.scales.to(work).reshape(-1, 1)
-        if sspec.tensor_scale is not None:
-            if t.tensor_scale is None:
-                raise ValueError(f"{dtype.name} needs the cast's tensor scale to upcast")
-            scaling.effective = (t.scales.float() * t.tensor_scale.float()).to(work).reshape(-1, 1)
-        if t.zeros is not None:
-            scaling.zero = t.zeros.to(work).reshape(-1, 1)
-    out = from_blocks(_combine_piece(values, dtype, scaling, slice(None)), layout)
-    return out.to(torch_dtype or t.source_dtype)
+            first_row = piece_rows.start
+            width = per if piece_cols.start is None else min(per, piece_cols.stop) - piece_cols.start
+            height = min(rows, piece_rows.stop) - first_row
+            first = first_row * per + (piece_cols.start or 0)  # a multiple of 8 codes: whole bytes
+            count = height * width
+            chunk = data[first * bits // 8 : (first + count) * bits // 8 + 1]
+            codes = unpack_codes(chunk, bits, count).reshape(height, width)
+        values = decode(codes, nspec, work)
+        out[piece_rows, piece_cols] = _combine_piece(values, dtype, scaling, piece_rows)
+    return from_blocks(out, layout)
+
+
+def _stored_scaling(t: Tensor, work: torch.dtype) -> _Scaling:
+    """The per-row scaling of an actual cast, from what it stored."""
+    sspec = t.dtype.sspec
+    scaling = _Scaling()
+    if sspec is None or t.scales is None:
+        return scaling
+    if sspec.is_exponent:
+        scaling.scale = exponents_from_codes(t.scales, sspec.scale, work).reshape(-1, 1)
+    else:
+        scaling.scale = t.scales.to(work).reshape(-1, 1)
+    if sspec.tensor_scale is not None:
+        if t.tensor_scale is None:
+            raise ValueError(f"{t.dtype.name} needs the cast's tensor scale to upcast")
+        scaling.effective = (t.scales.float() * t.tensor_scale.float()).to(work).reshape(-1, 1)
+    if t.zeros is not None:
+        scaling.zero = t.zeros.to(work).reshape(-1, 1)
+    return scaling
