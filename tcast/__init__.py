@@ -46,6 +46,8 @@ __all__ = [
     "exponent_codes",
     "exponent_scales",
     "float_scales",
+    "hadamard",
+    "hadamard_inverse",
     "initialize",
     "lookup",
     "number",
@@ -169,6 +171,8 @@ _LAZY = {
     "decode": "_codes",
     "exponent_codes": "_scales",
     "float_scales": "_scales",
+    "hadamard": "_hadamard",
+    "hadamard_inverse": "_hadamard",
 }
 
 
