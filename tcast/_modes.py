@@ -16,9 +16,17 @@ class RoundMode(enum.Enum):
 
 
 class ScaleMode(enum.Enum):
+    """How a block's power-of-two scale follows its amax (float scales read every mode but CEIL
+    as MAX: to nearest). Also spelt as torchao and cuBLAS name them: `floor` is MAX, `rceil`
+    (ceil of amax / the element's max) is CEIL."""
+
     MAX = "max"  # OCP MX: floor(log2(amax)) - emax; the largest values may saturate
     MIDMAX = "midmax"  # one exponent higher when amax lies above the format's midmax
     CEIL = "ceil"  # the smallest power of two at which nothing saturates
+    EVEN = "even"  # torchao's EVEN: amax rounded to the element's mantissa bits (half up), then MAX
+
+
+_SPELLINGS = {"floor": "max", "rceil": "ceil"}
 
 
 class CastMode(enum.Enum):
@@ -45,8 +53,11 @@ _DEFAULTS: contextvars.ContextVar[Defaults] = contextvars.ContextVar("tcast_defa
 def _coerce(enum_type: type[enum.Enum], value: Any) -> Any:
     if isinstance(value, enum_type):
         return value
+    text = str(value).lower()
+    if enum_type is ScaleMode:
+        text = _SPELLINGS.get(text, text)
     try:
-        return enum_type(str(value).lower())
+        return enum_type(text)
     except ValueError:
         choices = ", ".join(m.value for m in enum_type)
         raise ValueError(f"unknown {enum_type.__name__} {value!r}; choose one of {choices}") from None

@@ -2,7 +2,9 @@
 
 Power-of-two scales (E8M0 and other exponent formats) follow OCP MX: the exponent of the block's
 largest magnitude less the element format's emax, one higher under `midmax` when the block's
-amax lies above the format's midmax, or the smallest at which nothing saturates under `ceil`.
+amax lies above the format's midmax, under `even` when amax rounded to the element's mantissa
+bits (half up, as torchao's EVEN) reaches the next power of two, or the smallest at which nothing
+saturates under `ceil`.
 Float scales are amax over the element format's max, rounded into the scale format: to nearest
 under `max` (the largest values may saturate by less than half a scale step), up under `ceil`
 (nothing saturates). Either kind is never zero or infinite: a block of zeros gets the smallest
@@ -30,7 +32,11 @@ def exponent_scales(
     safe = torch.nan_to_num(safe, nan=1.0, posinf=1.0)
     _, ex = torch.frexp(safe)
     exponent = ex.to(torch.int32) - 1 - element.emax
-    if scalemode is not ScaleMode.MAX:
+    if scalemode is ScaleMode.EVEN:  # the mantissa rounds up into the next binade
+        limit = (2.0 - 2.0 ** -(element.mbits + 1)) * 2.0**element.emax
+        above = safe >= ldexp_exact(torch.full_like(safe, limit), exponent)
+        exponent = exponent + above.to(torch.int32)
+    elif scalemode is not ScaleMode.MAX:
         limit = element.midmax if scalemode is ScaleMode.MIDMAX else element.max
         above = safe > ldexp_exact(torch.full_like(safe, limit), exponent)
         exponent = exponent + above.to(torch.int32)
@@ -70,7 +76,7 @@ def float_scales(
 ) -> torch.Tensor:
     """Per-block scales in the float format `scale`: `extent` (the block's amax, or its max - min
     for unsigned elements) over the element format's max, rounded to nearest (`max`) or up
-    (`ceil`); values are in `extent`'s dtype, exactly representable in `scale`. `midmax` chooses
+    (`ceil`); values are in `extent`'s dtype, exactly representable in `scale`. `midmax` and `even` choose
     between powers of two: float scales read it as `max`."""
     from ._torchcast import quantize
 

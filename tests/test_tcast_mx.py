@@ -126,6 +126,36 @@ def test_scale_modes() -> None:
         m: tcast.cast(block, "mxfp4e2", scalemode=m, castmode="actual").scales.item() - 127 for m in exps
     }
     assert modes == {"max": -2, "midmax": -2, "ceil": -1}
+    # even: 1.6 * 4 = 6.4 rounds (e2m1: one mantissa bit, half up) to 6, in the same binade as max;
+    # 1.75 * 4 = 7 rounds to 8, the next binade
+    assert tcast.cast(block, "mxfp4e2", scalemode="even", castmode="actual").scales.item() - 127 == -2
+    block[0, 0] = 1.75
+    assert tcast.cast(block, "mxfp4e2", scalemode="even", castmode="actual").scales.item() - 127 == -1
+    # torchao's and cuBLAS's spellings
+    saved = tcast.defaults()
+    try:
+        assert tcast.initialize(scalemode="floor").scalemode is tcast.ScaleMode.MAX
+        assert tcast.initialize(scalemode="rceil").scalemode is tcast.ScaleMode.CEIL
+    finally:
+        tcast.initialize(saved.roundmode, saved.scalemode, saved.computemode)
+
+
+@pytest.mark.parametrize("name", ["mxfp8e4", "mxfp8e5", "mxfp6e3", "mxfp6e2", "mxfp4e2"])
+def test_even_scale_mode_is_torchaos_bit_rule(name: str) -> None:
+    """torchao's EVEN, written from its documented bit rule: add half an element-mantissa ulp to
+    amax's float32 bits, clear the mantissa, take the exponent, less the element's emax."""
+    dtype = tcast.lookup(name)
+    mbits, emax = dtype.nspec.mbits, dtype.nspec.emax
+    x = torch.randn(4096, 32, generator=torch.Generator().manual_seed(11)) * torch.exp2(
+        torch.randint(-20, 20, (4096, 1), generator=torch.Generator().manual_seed(12)).float()
+    )
+    x[:64, 0] = torch.tensor([1.75, 1.875, 1.9375, 1.96875] * 16) * 2.0**8  # at the rounding edges
+    amax_bits = x.abs().amax(dim=1).view(torch.int32)
+    rounded = (amax_bits + (1 << (23 - mbits - 1))) & (0xFF << 23)
+    expected = (rounded >> 23) - 127 - emax
+    t = tcast.cast(x, name, scalemode="even", castmode="actual")
+    assert torch.equal(t.scales.to(torch.int32) - 127, expected)
+    assert torch.equal(tcast.upcast(t), tcast.cast(x, name, scalemode="even"))
 
 
 def test_padding_2d_tiles_and_channel_scales() -> None:

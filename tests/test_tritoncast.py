@@ -32,7 +32,7 @@ pytestmark = [
 DEVICE = "cuda" if CUDA else "cpu"
 MX = ("mxfp8e4", "mxfp8e5", "mxfp6e3", "mxfp6e2", "mxfp4e2", "mxint8", "mxint4", "bfp16")
 ROUNDS = ("even", "nearest", "zero")
-SCALES = ("max", "midmax", "ceil")
+SCALES = ("max", "midmax", "ceil", "even")
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 

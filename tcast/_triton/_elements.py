@@ -104,13 +104,17 @@ def grid_magnitude(r, e, MBITS: tl.constexpr, MAXV: tl.constexpr, IS_INT: tl.con
 
 @triton.jit
 def tile_exponent(amax, LIMIT: tl.constexpr, EMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
-    """The E8M0 exponent of tiles with this finite amax (TorchCast's scale modes)."""
+    """The E8M0 exponent of tiles with this finite amax (TorchCast's scale modes; EVEN, 3, steps
+    up at its limit, the others above it)."""
     safe = tl.where(amax > 0.0, amax, 2.0**-126)
     exponent = floor_log2(safe) - EMAX
     if SCALE_MODE != 0:
         half = exponent >> 1  # floor division, as TorchCast's ldexp in two steps
         threshold = (LIMIT * pow2(half)) * pow2(exponent - half)
-        exponent = exponent + (safe > threshold).to(tl.int32)
+        if SCALE_MODE == 3:
+            exponent = exponent + (safe >= threshold).to(tl.int32)
+        else:
+            exponent = exponent + (safe > threshold).to(tl.int32)
     return tl.minimum(tl.maximum(exponent, -127), 127)
 
 

@@ -19,7 +19,7 @@ from .._tensor import Tensor
 from ._kernels import actual_kernel, upcast_kernel, virtual_kernel
 
 _ROUND = {RoundMode.EVEN: 0, RoundMode.NEAREST: 1, RoundMode.ZERO: 2, RoundMode.STOCHASTIC: 3}
-_SCALE = {ScaleMode.MAX: 0, ScaleMode.MIDMAX: 1, ScaleMode.CEIL: 2}
+_SCALE = {ScaleMode.MAX: 0, ScaleMode.MIDMAX: 1, ScaleMode.CEIL: 2, ScaleMode.EVEN: 3}
 _PROGRAM_BYTES = 8192  # of the float stream (input of a cast, output of an upcast) per program
 _UNSCALED_TILE = 256  # unscaled casts walk the flat tensor in runs of this many elements
 
@@ -129,7 +129,10 @@ def cast(
         "ROUND": _ROUND[roundmode], "num_warps": config.num_warps, "enable_fp_fusion": False,
     } | _element_params(nspec, virtual)  # fmt: skip
     if has_scale:
-        limit = nspec.midmax if scalemode is ScaleMode.MIDMAX else nspec.max
+        limit = {
+            ScaleMode.MIDMAX: nspec.midmax,
+            ScaleMode.EVEN: (2.0 - 2.0 ** -(nspec.mbits + 1)) * 2.0**nspec.emax,
+        }.get(scalemode, nspec.max)
         common |= {"LIMIT": float(limit), "SCALE_MODE": _SCALE[scalemode]}
     else:
         common |= {"LIMIT": 0.0, "SCALE_MODE": 0}
