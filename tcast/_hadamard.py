@@ -60,7 +60,7 @@ def _rotate(x: torch.Tensor, dim: int, size: int, seed: int, inverse: bool) -> t
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     moved = x.movedim(dim, -1)
     shape = moved.shape
-    blocks = moved.reshape(-1, size).to(work)  # a copy: the caller's tensor is never changed
+    blocks = moved.reshape(-1, size).to(work)  # may be the caller's memory: only read, never written
     signs = _signs(size, seed).to(device=x.device, dtype=work)
     norm = 1.0 / math.sqrt(size)
     out = _butterflies(blocks).mul_(norm).mul_(signs) if inverse else _butterflies(blocks * signs).mul_(norm)

@@ -23,6 +23,17 @@ from ._modes import RoundMode, ScaleMode
 from ._number import NumberSpec
 
 
+def step_up_limit(element: NumberSpec, scalemode: ScaleMode) -> float:
+    """The block amax, at a scale of 2**0, beyond which a power-of-two scale steps one exponent
+    up from OCP's floor: above it under `midmax` and `ceil`, at or above it under `even` (where
+    amax's mantissa rounds into the next binade). Both engines compare against it."""
+    if scalemode is ScaleMode.MIDMAX:
+        return element.midmax
+    if scalemode is ScaleMode.EVEN:
+        return (2.0 - 2.0 ** -(element.mbits + 1)) * 2.0**element.emax
+    return element.max
+
+
 def exponent_scales(
     amax: torch.Tensor, element: NumberSpec, scale: NumberSpec, scalemode: ScaleMode = ScaleMode.MAX
 ) -> torch.Tensor:
@@ -32,13 +43,9 @@ def exponent_scales(
     safe = torch.nan_to_num(safe, nan=1.0, posinf=1.0)
     _, ex = torch.frexp(safe)
     exponent = ex.to(torch.int32) - 1 - element.emax
-    if scalemode is ScaleMode.EVEN:  # the mantissa rounds up into the next binade
-        limit = (2.0 - 2.0 ** -(element.mbits + 1)) * 2.0**element.emax
-        above = safe >= ldexp_exact(torch.full_like(safe, limit), exponent)
-        exponent = exponent + above.to(torch.int32)
-    elif scalemode is not ScaleMode.MAX:
-        limit = element.midmax if scalemode is ScaleMode.MIDMAX else element.max
-        above = safe > ldexp_exact(torch.full_like(safe, limit), exponent)
+    if scalemode is not ScaleMode.MAX:
+        threshold = ldexp_exact(torch.full_like(safe, step_up_limit(element, scalemode)), exponent)
+        above = safe >= threshold if scalemode is ScaleMode.EVEN else safe > threshold
         exponent = exponent + above.to(torch.int32)
     exponent = torch.clamp(exponent, scale.emin, scale.emax).to(amax.dtype)
     return torch.where(torch.isnan(amax) | torch.isinf(amax), torch.full_like(amax, math.nan), exponent)

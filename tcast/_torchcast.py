@@ -320,7 +320,13 @@ def _two_level_scaling(
         largest = max(largest, float(rest.max()))
     tensor = tensor_scale_of(largest, dtype)
     scale = float_scales(amax / tensor.double(), dtype.nspec, sspec.scale, scalemode)
-    return _Scaling(scale=scale, tensor=tensor, effective=(scale.float() * tensor).double())
+    return _Scaling(scale=scale, tensor=tensor, effective=_two_level_product(scale, tensor))
+
+
+def _two_level_product(block_scales: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
+    """Each block's scale times the tensor's, rounded to float32: what a two-level cast divides
+    by and its upcast multiplies by."""
+    return block_scales.float() * tensor_scale.float()
 
 
 def _uint_piece(
@@ -523,7 +529,7 @@ def _stored_scaling(t: Tensor, work: torch.dtype) -> _Scaling:
     if sspec.tensor_scale is not None:
         if t.tensor_scale is None:
             raise ValueError(f"{t.dtype.name} needs the cast's tensor scale to upcast")
-        scaling.effective = (t.scales.float() * t.tensor_scale.float()).to(work).reshape(-1, 1)
+        scaling.effective = _two_level_product(t.scales, t.tensor_scale).to(work).reshape(-1, 1)
     if t.zeros is not None:
         scaling.zero = t.zeros.to(work).reshape(-1, 1)
     return scaling

@@ -256,9 +256,10 @@ def test_output_check_compares_with_the_float_model() -> None:
     """The reference outputs of the MSE output check are the float model's, bit for bit."""
     model, quantizer, _ = _calibrated("transformer", QuantizerConfig.w8a8(Observer.MSE))
     x = _inputs("transformer", 7)
-    (reference,) = quantizer._float_outputs([(x, {})])[0]
+    ((reference,), signal) = quantizer._float_outputs([(x, {})])[0]
     with torch.no_grad():
         assert torch.equal(reference, model(*x))
+        assert signal == float((reference.double() ** 2).sum())
         assert not torch.equal(reference, quantizer.prepared(*x))  # quantizers are back on
 
 

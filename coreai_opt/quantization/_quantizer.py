@@ -44,6 +44,8 @@ _SNR_MARGIN_DB = 0.01  # a range change must beat the estimate's noise, not just
 
 # a calibration pass: the prepared model's positional and keyword inputs
 _Batch = tuple[tuple[Any, ...], dict[str, Any]]
+# the float model's output leaves for a batch, and their energy
+_Reference = tuple[list[torch.Tensor], float]
 
 
 def _float_leaves(output: Any) -> list[torch.Tensor]:
@@ -225,8 +227,9 @@ class Quantizer:
             else:
                 module.qparams = module.candidates[1]
 
-    def _float_outputs(self, batches: list[_Batch]) -> list[list[torch.Tensor]]:
-        """The prepared model's outputs with every quantizer passing its input through."""
+    def _float_outputs(self, batches: list[_Batch]) -> list[_Reference]:
+        """The prepared model's outputs with every quantizer passing its input through, and each
+        batch's signal energy (the SNRs' numerator, the same for every candidate)."""
         assert self.prepared is not None
         quantizers = [
             m for m in self.prepared.modules() if isinstance(m, ActivationQuantizer | WeightQuantizer)
@@ -235,20 +238,20 @@ class Quantizer:
             module.passthrough = True
         try:
             with torch.no_grad():
-                return [_float_leaves(self.prepared(*args, **kwargs)) for args, kwargs in batches]
+                outputs = [_float_leaves(self.prepared(*args, **kwargs)) for args, kwargs in batches]
         finally:
             for module in quantizers:
                 module.passthrough = False
+        return [(leaves, sum(float((r.double() ** 2).sum()) for r in leaves)) for leaves in outputs]
 
-    def _mean_output_snr(self, batches: list[_Batch], references: list[list[torch.Tensor]]) -> float:
+    def _mean_output_snr(self, batches: list[_Batch], references: list[_Reference]) -> float:
         import tcast
 
         assert self.prepared is not None
         total = 0.0
         with torch.no_grad():
-            for (args, kwargs), reference in zip(batches, references, strict=True):
+            for (args, kwargs), (reference, signal) in zip(batches, references, strict=True):
                 output = _float_leaves(self.prepared(*args, **kwargs))
-                signal = sum(float((r.double() ** 2).sum()) for r in reference)
                 noise = sum(
                     float(((r.double() - o.double()) ** 2).sum())
                     for r, o in zip(reference, output, strict=True)

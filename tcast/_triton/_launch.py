@@ -15,6 +15,7 @@ from .._engine import interpreting
 from .._modes import RoundMode, ScaleMode
 from .._number import InfNaN, NumberSpec
 from .._pack import packed_nbytes
+from .._scales import step_up_limit
 from .._tensor import Tensor
 from ._kernels import actual_kernel, upcast_kernel, virtual_kernel
 
@@ -129,11 +130,7 @@ def cast(
         "ROUND": _ROUND[roundmode], "num_warps": config.num_warps, "enable_fp_fusion": False,
     } | _element_params(nspec, virtual)  # fmt: skip
     if has_scale:
-        limit = {
-            ScaleMode.MIDMAX: nspec.midmax,
-            ScaleMode.EVEN: (2.0 - 2.0 ** -(nspec.mbits + 1)) * 2.0**nspec.emax,
-        }.get(scalemode, nspec.max)
-        common |= {"LIMIT": float(limit), "SCALE_MODE": _SCALE[scalemode]}
+        common |= {"LIMIT": float(step_up_limit(nspec, scalemode)), "SCALE_MODE": _SCALE[scalemode]}
     else:
         common |= {"LIMIT": 0.0, "SCALE_MODE": 0}
     common["HW_FP8"] = _hardware_fp8(nspec, roundmode, has_scale, x.device)
