@@ -28,11 +28,19 @@ def nan_code(nspec: NumberSpec) -> int:
         return (1 << bits) - 1
     if nspec.is_int:
         return 1 << (bits - 1)
-    if nspec.infnan in (InfNaN.FNUZ, InfNaN.OCP):
+    if nspec.infnan in (InfNaN.FNUZ, InfNaN.OCP, InfNaN.INUZ):
         return 1 << (bits - 1)
     if nspec.infnan is InfNaN.FN:
         return (1 << (bits - 1)) - 1
     return (((1 << nspec.ebits) - 1) << nspec.mbits) | ((1 << nspec.mbits) - 1)
+
+
+def inf_code(nspec: NumberSpec) -> int:
+    """The code of +Inf (formats with Inf): the top exponent over a zero mantissa (IEEE), or the
+    all-ones magnitude (P3109's inuz)."""
+    if nspec.infnan is InfNaN.INUZ:
+        return (1 << (nspec.bits - 1)) - 1
+    return ((1 << nspec.ebits) - 1) << nspec.mbits
 
 
 def code_dtype(nspec: NumberSpec) -> torch.dtype:
@@ -75,12 +83,11 @@ def _general_codes(q: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
         significand = ldexp_exact(a, shift)
     codes = ((exponent - nspec.emin) << nspec.mbits).add_(significand.to(torch.int32))
     sign = torch.signbit(q)
-    if nspec.infnan is InfNaN.FNUZ:
-        sign &= codes != 0  # no negative zero
+    if not nspec.signed_zero:
+        sign &= (codes != 0) | torch.isinf(q)  # no negative zero (Inf's codes are made below)
     codes |= sign.to(torch.int32) << (bits - 1)
     if nspec.has_inf:
-        inf_code = ((1 << nspec.ebits) - 1) << nspec.mbits
-        codes = torch.where(torch.isinf(q), (sign.to(torch.int32) << (bits - 1)) | inf_code, codes)
+        codes = torch.where(torch.isinf(q), (sign.to(torch.int32) << (bits - 1)) | inf_code(nspec), codes)
     return codes.masked_fill_(nan, nan_code(nspec))
 
 
@@ -163,6 +170,11 @@ def decode_table(code: str) -> torch.Tensor:
     elif nspec.infnan is InfNaN.FN:
         values = torch.where(top & (mantissa == (1 << nspec.mbits) - 1), math.nan, values)
     elif nspec.infnan is InfNaN.FNUZ:
+        values[nan_code(nspec)] = math.nan
+    elif nspec.infnan is InfNaN.INUZ:
+        magnitude = codes & ((1 << (nspec.bits - 1)) - 1)
+        infinite = magnitude == inf_code(nspec)
+        values = torch.where(infinite, torch.where(sign == 1, -math.inf, math.inf), values)
         values[nan_code(nspec)] = math.nan
     return values
 

@@ -87,6 +87,8 @@ def _table() -> dict[str, tuple[str, str | None]]:
         "e3m2fnuz": ("e3m2fnuz", None),
         "e2m3fnuz": ("e2m3fnuz", None),
         "e2m1fnuz": ("e2m1fnuz", None),
+        # IEEE P3109 8-bit formats (one NaN, no -0, +-Inf at the all-ones magnitude)
+        **{f"binary8p{p}": (f"binary8p{p}", None) for p in range(1, 8)},
         # tile scaled, OCP MX and block floating point
         "mxfp8e5": ("e5m2", "e8m0_t32"),
         "mxfp8e4": ("e4m3fn", "e8m0_t32"),

@@ -15,7 +15,7 @@ from typing import Any
 
 from ._datatype import DataType
 from ._modes import ComputeMode
-from ._number import NumberSpec
+from ._number import InfNaN, NumberSpec
 
 _TRITON_BITS = (4, 6, 8)
 _TILES = (8, 16, 32, 64, 128, 256)
@@ -44,6 +44,8 @@ def interpreting() -> bool:
 def _element_support(nspec: NumberSpec) -> str:
     if nspec.is_uint or nspec.is_exponent:
         return f"element format {nspec.code}: Triton casts signed float and int formats"
+    if nspec.infnan is InfNaN.INUZ:
+        return f"element format {nspec.code}: P3109's Inf/NaN codes are cast by TorchCast"
     if nspec.bits not in _TRITON_BITS:
         return f"element format {nspec.code} has {nspec.bits} bits; Triton packs 4, 6 or 8"
     if not nspec.is_int and (nspec.emin - nspec.mbits < -126 or nspec.emax > 100):

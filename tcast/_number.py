@@ -24,6 +24,7 @@ class InfNaN(enum.Enum):
     OCP = (
         "ocp"  # OCP MX FP6/FP4 elements: no inf, no NaN, signed zero (NaN is stored as -0, as ml_dtypes does)
     )
+    INUZ = "inuz"  # IEEE P3109: negative zero's code is the one NaN, +-Inf at the all-ones magnitude
 
 
 # Common and torch/ml_dtypes names. Torch's and ml_dtypes' fnuz float8 types use non-default biases.
@@ -47,14 +48,25 @@ _ALIASES = {
     "float4_e2m1fn": "e2m1ocp",
 }
 
-_FLOAT_CODE = re.compile(r"^e(\d+)m(\d+)(?:b(-?\d+))?(fnuz|fn|ocp)?$")
+_FLOAT_CODE = re.compile(r"^e(\d+)m(\d+)(?:b(-?\d+))?(fnuz|fn|ocp|inuz)?$")
 _INT_CODE = re.compile(r"^(u?)int(\d+)$")
+_P3109 = re.compile(r"^binary8p(\d)$")
+
+
+def p3109_code(precision: int) -> str:
+    """The code of IEEE P3109's binary8pP: P - 1 mantissa bits, 8 - P exponent bits, bias
+    2**(7 - P) (gfloat's rule, for every P; the reference project gives binary8p1 bias 63)."""
+    if not 1 <= precision <= 7:
+        raise ValueError(f"P3109 binary8 precision must be 1..7, got {precision}")
+    return f"e{8 - precision}m{precision - 1}b{2 ** (7 - precision)}inuz"
 
 
 def _normalise(code: str) -> str:
     text = code.strip().lower().removeprefix("torch.")
     if text in _ALIASES:
         return _ALIASES[text]
+    if m := _P3109.match(text):
+        return p3109_code(int(m.group(1)))
     text = text.removeprefix("float8_")
     return _ALIASES.get(text, text)
 
@@ -100,7 +112,7 @@ class NumberSpec:
             raise ValueError(f"exponent width must be 1..11 bits, got {ebits} in {code!r}")
         if not 0 <= mbits <= 52:
             raise ValueError(f"mantissa width must be 0..52 bits, got {mbits} in {code!r}")
-        if mbits == 0:
+        if mbits == 0 and mode is not InfNaN.INUZ:  # P3109's binary8p1 is a float without mantissa
             if mode is not InfNaN.IEEE:
                 raise ValueError(f"exponent types eXm0 take no {mode.value} suffix ({code!r})")
             if ebits < 2:
@@ -108,8 +120,8 @@ class NumberSpec:
             return Kind.EXPONENT, ebits, 0, bias, InfNaN.IEEE
         if mode is InfNaN.IEEE and ebits < 2:
             raise ValueError(f"IEEE-style {code!r} needs 2+ exponent bits (one code is reserved for inf/NaN)")
-        if mode is InfNaN.FN and ebits + mbits < 2:
-            raise ValueError(f"{code!r} is too narrow to reserve an all-ones NaN")
+        if mode in (InfNaN.FN, InfNaN.INUZ) and ebits + mbits < 2:
+            raise ValueError(f"{code!r} is too narrow to reserve an all-ones code")
         return Kind.FLOAT, ebits, mbits, bias, mode
 
     # ----- basic fields ---------------------------------------------------------------------------
@@ -155,7 +167,7 @@ class NumberSpec:
 
     @property
     def has_inf(self) -> bool:
-        return self.kind is Kind.FLOAT and self.infnan is InfNaN.IEEE
+        return self.kind is Kind.FLOAT and self.infnan in (InfNaN.IEEE, InfNaN.INUZ)
 
     @property
     def has_nan(self) -> bool:
@@ -163,8 +175,8 @@ class NumberSpec:
 
     @property
     def signed_zero(self) -> bool:
-        """Whether -0 is a value of its own (IEEE, FN and OCP floats; not fnuz, integers)."""
-        return self.kind is Kind.FLOAT and self.infnan is not InfNaN.FNUZ
+        """Whether -0 is a value of its own (IEEE, FN and OCP floats; not fnuz, inuz, integers)."""
+        return self.kind is Kind.FLOAT and self.infnan not in (InfNaN.FNUZ, InfNaN.INUZ)
 
     @property
     def significant_bits(self) -> int:
@@ -206,6 +218,8 @@ class NumberSpec:
         top = 2**self.ebits - 1
         if self.kind is Kind.EXPONENT or self.infnan is InfNaN.IEEE:
             return top - 1 - self.bias
+        if self.infnan is InfNaN.INUZ and self.mbits == 0:  # the top exponent holds only Inf
+            return top - 1 - self.bias
         return top - self.bias
 
     @property
@@ -215,7 +229,7 @@ class NumberSpec:
         if self.kind is Kind.EXPONENT:
             return math.ldexp(1.0, self.emax)
         mantissa = 2.0 - math.ldexp(1.0, -self.mbits)
-        if self.infnan is InfNaN.FN:  # the all-ones mantissa at the top exponent is NaN
+        if self.infnan in (InfNaN.FN, InfNaN.INUZ):  # the all-ones code is NaN (fn) or Inf (inuz)
             mantissa = 2.0 - math.ldexp(1.0, 1 - self.mbits)
             if self.mbits == 0:
                 mantissa = 1.0

@@ -110,6 +110,7 @@ def _fast_path(v: torch.Tensor, nspec: NumberSpec) -> bool:
         v.dtype == torch.float32
         and not nspec.is_exponent
         and not nspec.is_uint
+        and (nspec.mbits > 0 or nspec.is_int)  # a float without mantissa breaks ties by its code
         and nspec.emin - nspec.mbits >= -126
         and nspec.emax + 24 - nspec.mbits <= 100  # the magic addend stays far below float32's range
     )
@@ -141,7 +142,7 @@ def _quantize_fast(
             _round_inplace(a.div_(step), mode, noise).mul_(step)
         a.clamp_(max=nspec.max)  # saturation; also takes Inf to max, NaN stays NaN
     a.copysign_(v)
-    if nspec.infnan is InfNaN.FNUZ or nspec.is_int:
+    if not nspec.signed_zero:
         a.add_(0.0)  # -0 + 0 is +0 under round-to-nearest: these formats have no negative zero
     if nspec.has_inf:
         a = torch.where(torch.isinf(v), v, a)
@@ -203,13 +204,19 @@ def quantize(
     _, ex = torch.frexp(a)
     exponent = torch.clamp(ex.to(torch.int32) - 1, min=nspec.emin)
     shift = nspec.mbits - exponent
-    rounded = ldexp_exact(_round(ldexp_exact(a, shift), mode, noise), -shift)
+    scaled = ldexp_exact(a, shift)
+    whole = _round(scaled, mode, noise)
+    if nspec.is_float and nspec.mbits == 0 and mode is RoundMode.EVEN:
+        # no mantissa bit to be even: a tie between 2**e and 2**(e+1) goes to the even code
+        # (P3109's binary8p1), so down where e's biased exponent field is even
+        whole = torch.where((scaled == 1.5) & ((exponent + nspec.bias) % 2 == 0), 1.0, whole)
+    rounded = ldexp_exact(whole, -shift)
     q = torch.clamp(rounded, max=nspec.max)  # saturation; also takes Inf to max
     if nspec.is_exponent:
         q = torch.clamp(q, min=nspec.smallest_normal)
         return torch.where(v > 0, q, torch.full_like(q, math.nan))  # no zero, no negatives
     result = torch.copysign(q, v)
-    if nspec.infnan is InfNaN.FNUZ or nspec.is_int:  # no negative zero
+    if not nspec.signed_zero:  # no negative zero
         result = torch.where(q == 0, torch.zeros_like(q), result)
     if nspec.has_inf:
         result = torch.where(torch.isinf(v), v, result)
