@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._codebook import Codebook, codebook
 from ._datatype import ALIASES, PREDEFINED, DataType, datatype, lookup, resolve_name
 from ._engine import Support, supports
 from ._metrics import energies, snr_db, sqnr_db
@@ -26,6 +27,7 @@ __all__ = [
     "ALIASES",
     "PREDEFINED",
     "CastMode",
+    "Codebook",
     "ComputeMode",
     "DataType",
     "InfNaN",
@@ -39,6 +41,7 @@ __all__ = [
     "Tile",
     "__version__",
     "cast",
+    "codebook",
     "datatype",
     "decode",
     "defaults",
@@ -113,6 +116,12 @@ def cast(
     if measure and not actual:
         raise ValueError("measure records the error of an actual cast (castmode='actual')")
     _torchcast._check_input(x)
+    if datatype_.nspec.is_codebook:
+        from . import _lutcast
+
+        if actual:
+            return _lutcast.actual_cast(x, datatype_, round_, scale_, measure)
+        return _lutcast.virtual_cast(x, datatype_, round_, scale_, out_dtype)
     if use_triton(datatype_, resolve_compute(computemode), tuple(x.shape), x.dtype, x.is_cuda, "cast to"):
         from . import _triton
 
@@ -153,6 +162,10 @@ def upcast(t: Tensor, torch_dtype: Any = None, computemode: Any = None) -> Any:
     if not isinstance(t, Tensor):
         raise TypeError(f"upcast takes a tcast.Tensor, got {type(t).__name__}")
     mode = resolve_compute(computemode)
+    if t.dtype.nspec.is_codebook:
+        from . import _lutcast
+
+        return _lutcast.upcast(t, torch_dtype)
     if use_triton(t.dtype, mode, t.shape, t.source_dtype, t.codes.is_cuda, "upcast"):
         from . import _triton
 

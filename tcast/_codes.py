@@ -179,7 +179,12 @@ def decode_table(code: str) -> torch.Tensor:
     return values
 
 
-def decode(codes: torch.Tensor, nspec: NumberSpec, dtype: torch.dtype) -> torch.Tensor:
+def decode(
+    codes: torch.Tensor, nspec: NumberSpec, dtype: torch.dtype, meta: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Values of codes; for a codebook, in the tables `meta` selects (broadcast against `codes`)."""
+    if nspec.is_codebook:
+        return nspec.lookup(codes, meta, dtype)  # type: ignore[attr-defined]
     if nspec.is_uint:
         return codes.to(dtype)
     if nspec.is_int and codes.dtype == torch.uint8:

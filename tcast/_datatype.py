@@ -19,7 +19,12 @@ class DataType:
     def __init__(self, nspec: Any, sspec: Any = None, name: str | None = None) -> None:
         n = number(nspec)
         s = scale(sspec) if sspec is not None else None
-        if s is not None:
+        if s is not None and s.subtile and not n.is_codebook:
+            raise ValueError(f"subtiles choose codebook tables; {n.code} is not a codebook")
+        if n.is_codebook:
+            if s is not None and (s.zero is not None or s.tensor_scale is not None):
+                raise ValueError(f"codebook {n.code} takes one exponent or float scale, not {s.code}")
+        elif s is not None:
             if n.is_exponent:
                 raise ValueError(f"exponent format {n.code} cannot be scaled")
             if n.is_uint and s.is_exponent:
@@ -44,13 +49,14 @@ class DataType:
 
     def bits_per_value(self) -> float | None:
         """Element bits plus the share of scale (and zero-point) bits; None where that depends on the tensor."""
+        meta = getattr(self.nspec, "meta_bits", 0)  # a codebook's table choice
         if self.sspec is None:
-            return float(self.nspec.bits)
+            return float(self.nspec.bits) if not meta else None
         per = self.sspec.elements_per_scale()
         if per is None:
             return None
         overhead = self.sspec.scale.bits + (self.sspec.zero.bits if self.sspec.zero else 0)
-        return self.nspec.bits + overhead / per
+        return self.nspec.bits + overhead / per + meta / (self.sspec.subtile or per)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -99,6 +105,16 @@ def _table() -> dict[str, tuple[str, str | None]]:
         "mxint4": ("int4", "e8m0_t32"),
         "bfp16": ("int8", "e8m0_t8"),
     }
+    # MSFP MX9 / MX6 / MX4 (BFP prime): a power-of-two scale per 16 values and one shared
+    # micro-exponent bit per pair, as codebooks of the int8/int5/int3 grid and its half
+    table["mx9"] = ("cb81ie_int9", "e8m0_t16s2")
+    table["mx6"] = ("cb51ie_int7", "e8m0_t16s2")
+    table["mx4"] = ("cb31ie_int5", "e8m0_t16s2")
+    # implicit codebooks over tiles and subtiles (the reference project's examples)
+    table["mxfi4"] = ("cb41fi_e2m2fnuz", "e8m0_t32s4")
+    table["mxfp4m"] = ("cb41f01_e2m2fnuz", "e8m0_t32s4")
+    table["mxfp4e"] = ("cb42fe0123_e3m2fnuz", "e8m0_t32s8")
+    table["mxfp4f4"] = ("cb42f1346_e2m3fnuz", "e8m0_t32s8")
     # NVFP4: e2m1 values, an e4m3 scale per 16 of them, an fp32 scale per tensor over those
     table["nvfp4"] = ("e2m1fnuz", "e4m3fn_t16+float32")
     # one level only: e4m3 scales per 16 values (the reference project's nv* family)

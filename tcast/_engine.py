@@ -42,6 +42,8 @@ def interpreting() -> bool:
 
 
 def _element_support(nspec: NumberSpec) -> str:
+    if nspec.is_codebook:
+        return f"codebook {nspec.code}: codebooks are cast by TorchCast"
     if nspec.is_uint or nspec.is_exponent:
         return f"element format {nspec.code}: Triton casts signed float and int formats"
     if nspec.infnan is InfNaN.INUZ:

@@ -149,6 +149,8 @@ def cast_file(
                 written[f"{name}.zeros"] = packed.zeros.cpu()
             if packed.tensor_scale is not None:
                 written[f"{name}.tensor_scale"] = packed.tensor_scale.reshape(1).cpu()
+            if packed.meta is not None:
+                written[f"{name}.meta"] = packed.meta.cpu()
             layout[name] = {
                 "nspec": dtype.nspec.code,
                 "sspec": dtype.sspec.code if dtype.sspec else None,
@@ -170,13 +172,13 @@ def cast_file(
     return results
 
 
-_PARTS = (".codes", ".scales", ".zeros", ".tensor_scale")  # what an actual cast stores per tensor
+_PARTS = (".codes", ".scales", ".zeros", ".tensor_scale", ".meta")  # what an actual cast stores per tensor
 
 
 def upcast_file(source: Path | str, output: Path | str, *, force: bool = False) -> list[str]:
     """Read a file written by an actual cast back to float tensors; returns the restored names."""
+    from . import upcast
     from ._tensor import Tensor
-    from ._torchcast import upcast
 
     source, output = Path(source), Path(output)
     tensors, metadata = _read(source)
@@ -198,6 +200,7 @@ def upcast_file(source: Path | str, output: Path | str, *, force: bool = False) 
             tensor_scale=outer.reshape(())
             if (outer := tensors.get(f"{name}.tensor_scale")) is not None
             else None,
+            meta=tensors.get(f"{name}.meta"),
         )
         restored[name] = upcast(packed)
     rest = {k: v for k, v in metadata.items() if k != METADATA_KEY}

@@ -15,6 +15,7 @@ class Kind(enum.Enum):
     INT = "int"  # signed, modelled as fixed point with one integer bit
     UINT = "uint"  # unsigned integer codes, used with a scale and zero point
     EXPONENT = "exponent"  # unsigned biased power of two (OCP E8M0 scales)
+    CODEBOOK = "codebook"  # values given by tables (tcast.Codebook)
 
 
 class InfNaN(enum.Enum):
@@ -164,6 +165,8 @@ class NumberSpec:
     @property
     def is_signed(self) -> bool:
         return self.kind in (Kind.FLOAT, Kind.INT)
+
+    is_codebook = False
 
     @property
     def has_inf(self) -> bool:
@@ -315,6 +318,13 @@ class NumberSpec:
         return f"NumberSpec({self.code!r})"
 
 
-def number(code: Any) -> NumberSpec:
-    """A NumberSpec from a code, a common name, or a torch dtype."""
-    return code if isinstance(code, NumberSpec) else NumberSpec(code)
+def number(code: Any) -> Any:
+    """A NumberSpec from a code, a common name, or a torch dtype; a tcast.Codebook from a code
+    starting `cb` (or a Codebook given)."""
+    if isinstance(code, NumberSpec) or getattr(code, "is_codebook", False):
+        return code
+    if isinstance(code, str) and code.strip().lower().startswith("cb"):
+        from ._codebook import parse
+
+        return parse(code)
+    return NumberSpec(code)

@@ -7,23 +7,29 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from ._number import NumberSpec, number
+from ._number import NumberSpec
 
-_TILE = re.compile(r"^t(\d+)(?:d(-?\d+))?$")
+_TILE = re.compile(r"^t(\d+)(?:s(\d+))?(?:d(-?\d+))?$")
 MAX_TILE = 1 << 20
 _TENSOR_SCALES = ("e8m23", "e5m10", "e8m7")  # float32, float16, bfloat16
 
 
 @dataclass(frozen=True)
 class Tile:
-    """A tile along one dim; size 0 means the whole dim (a channel scale)."""
+    """A tile along one dim; size 0 means the whole dim (a channel scale). `subtile`: runs of that
+    many values within the tile that choose their codebook table on their own (0: the tile)."""
 
     size: int
     dim: int = -1
+    subtile: int = 0
 
     @property
     def code(self) -> str:
-        return f"t{self.size}" + ("" if self.dim == -1 else f"d{self.dim}")
+        return (
+            f"t{self.size}"
+            + (f"s{self.subtile}" if self.subtile else "")
+            + ("" if self.dim == -1 else f"d{self.dim}")
+        )
 
 
 @dataclass(frozen=True)
@@ -50,20 +56,25 @@ class ScaleSpec:
     @cached_property
     def _parsed(self) -> tuple[NumberSpec, NumberSpec | None, tuple[Tile, ...], NumberSpec | None]:
         code, plus, outer = self.code.partition("+")
-        tensor = number(outer) if plus else None
+        tensor = NumberSpec(outer) if plus else None
         parts = code.split("_")
         tiles: list[Tile] = []
         while parts and _TILE.match(parts[-1]):
             m = _TILE.match(parts.pop())
             assert m is not None
-            size, dim = int(m.group(1)), int(m.group(2)) if m.group(2) is not None else -1
+            size, dim = int(m.group(1)), int(m.group(3)) if m.group(3) is not None else -1
+            subtile = int(m.group(2)) if m.group(2) is not None else 0
             if size > MAX_TILE:
                 raise ValueError(f"tile size must be 0 (channel) or 1..{MAX_TILE}, got {size}")
-            tiles.insert(0, Tile(size, dim))
+            if m.group(2) is not None and not (0 < subtile < size and size % subtile == 0):
+                raise ValueError(f"a subtile must divide its tile into parts, got t{size}s{subtile}")
+            tiles.insert(0, Tile(size, dim, subtile))
         if len(tiles) > 2:
             raise ValueError(f"at most two tile segments (a 2D tile), got {len(tiles)} in {self.code!r}")
         if len(tiles) == 2 and tiles[0].dim == tiles[1].dim:
             raise ValueError(f"the two tile segments of {self.code!r} must name different dims")
+        if len(tiles) == 2 and any(t.subtile for t in tiles):
+            raise ValueError(f"subtiles go in one-dimensional tiles, not {self.code!r}")
         if len(tiles) == 2 and 0 in (tiles[0].size, tiles[1].size):
             raise ValueError(f"2D tiles need two non-zero sizes, got {self.code!r}")
         rejoined = _rejoin_names(parts)
@@ -71,8 +82,8 @@ class ScaleSpec:
             raise ValueError(
                 f"scale spec {self.code!r} needs a scale format and at most one zero-point format"
             )
-        scale = number(rejoined[0])
-        zero = number(rejoined[1]) if len(rejoined) == 2 else None
+        scale = NumberSpec(rejoined[0])
+        zero = NumberSpec(rejoined[1]) if len(rejoined) == 2 else None
         if scale.is_uint or scale.is_int:
             raise ValueError(f"a scale must be a float or exponent format, got {scale.code}")
         if zero is not None and zero.is_exponent:
@@ -123,6 +134,11 @@ class ScaleSpec:
     def is_exponent(self) -> bool:
         return self.scale.is_exponent
 
+    @property
+    def subtile(self) -> int:
+        """Values per codebook table choice within a tile (0: one choice per tile)."""
+        return self.tiles[-1].subtile if self.tiles else 0
+
     def elements_per_scale(self) -> int | None:
         """Values sharing one scale, or None where it depends on the tensor (tensor and channel scales)."""
         if not self.is_tile:
@@ -142,6 +158,8 @@ class ScaleSpec:
             what += f" per channel (dim {self.tiles[0].dim})"
         else:
             what += " per tile " + " x ".join(f"{t.size} (dim {t.dim})" for t in self.tiles)
+            if self.subtile:
+                what += f", table choice per {self.subtile}"
         if self.tensor_scale is not None:
             what += f", under a {self.tensor_scale.code} scale per tensor"
         return what

@@ -17,7 +17,9 @@ class Tensor:
 
     `scales` holds uint8 E8M0 codes for exponent scales, else float values; `zeros` holds float
     zero points or integer ones; `tensor_scale` the per-tensor scale of two-level scaling (a 0-d
-    float32 tensor, NVFP4's), which the tile scales are relative to. `numel_padded` counts codes including tile padding. A cast with
+    float32 tensor, NVFP4's), which the tile scales are relative to; `meta` the packed table choice
+    of each (sub)tile of a codebook (`meta_bits` each). `numel_padded` counts codes including tile
+    padding. A cast with
     `measure=True` records `signal` and `noise`: the energies of the input and of the cast's
     error (`tcast.energies`), summed while casting.
     """
@@ -30,13 +32,14 @@ class Tensor:
     zeros: torch.Tensor | None
     numel_padded: int
     tensor_scale: torch.Tensor | None = None
+    meta: torch.Tensor | None = None
     signal: float | None = None
     noise: float | None = None
 
     @property
     def nbytes(self) -> int:
         total = self.codes.numel() * self.codes.element_size()
-        for extra in (self.scales, self.zeros, self.tensor_scale):
+        for extra in (self.scales, self.zeros, self.tensor_scale, self.meta):
             if extra is not None:
                 total += extra.numel() * extra.element_size()
         return total

@@ -462,22 +462,11 @@ def actual_cast(
     generator: torch.Generator | None,
     measure: bool = False,
 ) -> Tensor:
-    nspec, sspec = dtype.nspec, dtype.sspec
+    nspec = dtype.nspec
     if nspec.bits > 16:
         raise ValueError(f"actual casts store codes of at most 16 bits; {dtype.name} has {nspec.bits}")
     _, codes, scaling, energies = _run(x, dtype, roundmode, scalemode, generator, None, measure)
-    scale, zero = scaling.scale, scaling.zero
-    scales = zeros = None
-    if sspec is not None and scale is not None:
-        if sspec.is_exponent:
-            scales = exponent_codes(scale, sspec.scale)
-        else:
-            scales = scale.to(sspec.scale.torch_dtype)
-        scales = scales.reshape(-1)
-        if zero is not None and sspec.zero is not None:
-            zeros = (
-                zero.to(sspec.zero.torch_dtype) if sspec.zero.is_float else zero.to(torch.int32)
-            ).reshape(-1)
+    scales, zeros = stored_scales(scaling, dtype)
     return Tensor(
         dtype=dtype,
         shape=tuple(x.shape),
@@ -490,6 +479,19 @@ def actual_cast(
         signal=None if energies is None else energies[0],
         noise=None if energies is None else energies[1],
     )
+
+
+def stored_scales(scaling: _Scaling, dtype: DataType) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """What an actual cast stores of its scaling: E8M0-style codes or float values of the scale
+    format, and the zero points (float values, or int32), one per block."""
+    sspec, scale, zero = dtype.sspec, scaling.scale, scaling.zero
+    if sspec is None or scale is None:
+        return None, None
+    scales = exponent_codes(scale, sspec.scale) if sspec.is_exponent else scale.to(sspec.scale.torch_dtype)
+    zeros = None
+    if zero is not None and sspec.zero is not None:
+        zeros = (zero.to(sspec.zero.torch_dtype) if sspec.zero.is_float else zero.to(torch.int32)).reshape(-1)
+    return scales.reshape(-1), zeros
 
 
 def upcast(t: Tensor, torch_dtype: torch.dtype | None = None) -> torch.Tensor:

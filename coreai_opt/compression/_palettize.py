@@ -253,11 +253,14 @@ def palettize(w: torch.Tensor, site: WeightSite, config: PalettizeConfig) -> Enc
     needs_scale = per_channel or config.lut_dtype is not None
 
     # the reconstruction, for the SNR: LUT entry (less zero point) x scale
-    rows_per_group = index.shape[0] // groups
-    dense = torch.from_numpy(lut_values)[
-        torch.arange(groups).repeat_interleave(rows_per_group)[:, None], index
-    ]
-    dense = dense.permute(0, 2, 1).reshape(channels, cols)  # [rows, cols, V] -> channels x cols
+    group_of_index_row = torch.arange(groups).repeat_interleave(index.shape[0] // groups)
+    if dim == 1:  # scalar LUTs are a tcast codebook: one table per group, chosen by the row's group
+        entries = site.element.tcast if config.lut_dtype is None else "float32"  # integers less zero points
+        book = tcast.codebook(lut_values[:, :, 0], entries)
+        dense = tcast.decode(index, book, torch.float64, meta=group_of_index_row[:, None])
+    else:  # vector entries fill `dim` channels: no element format of tcast
+        dense = torch.from_numpy(lut_values)[group_of_index_row[:, None], index]
+        dense = dense.permute(0, 2, 1).reshape(channels, cols)  # [rows, cols, V] -> channels x cols
     if needs_scale:
         per_row = scale.values.astype(np.float64)
         dense = dense * torch.from_numpy(per_row if per_channel else per_row[group_of])[:, None]
