@@ -93,7 +93,7 @@ def list_types(
     filter_: str = typer.Option("", "--filter", help="Only names containing this text."),
     as_json: bool = json_option(),
 ) -> None:
-    """Every predefined datatype with element format, scale, tile and bits per value.
+    """Every predefined datatype, grouped by how it scales, with element format, scale and bits per value.
 
     Example: tcast list --filter mx
     """
@@ -101,13 +101,14 @@ def list_types(
 
     rows = []
     for name in sorted(tcast.PREDEFINED):
-        if filter_.lower() not in name:
+        if filter_.lower() not in name.lower():
             continue
         dtype = tcast.lookup(name)
         tiles = dtype.sspec.tiles if dtype.sspec else ()
         rows.append(
             {
                 "name": name,
+                "group": dtype.family,
                 "element": dtype.nspec.code,
                 "scale": dtype.sspec.code if dtype.sspec else None,
                 "tile": "x".join(str(t.size or "channel") for t in tiles) or None,
@@ -117,15 +118,15 @@ def list_types(
     if as_json:
         print_json(rows)
         return
-    table = Table(title="Predefined datatypes", title_justify="left")
-    for column in ("name", "element", "scale", "tile", "bits/value"):
-        table.add_column(column)
-    for row in rows:
-        bpv = row["bits_per_value"]
-        table.add_row(
-            row["name"], row["element"], row["scale"] or "-", row["tile"] or "-", f"{bpv:.4g}" if bpv else "-"
-        )
-    console.print(table)
+    for group in sorted({row["group"] for row in rows}):
+        table = Table(title=group, title_justify="left")
+        for column in ("name", "element", "scale", "bits/value"):
+            table.add_column(column)
+        for row in rows:
+            if row["group"] == group:
+                bpv = row["bits_per_value"]
+                table.add_row(row["name"], row["element"], row["scale"] or "-", f"{bpv:.4g}" if bpv else "-")
+        console.print(table)
 
 
 @app.command()

@@ -14,6 +14,8 @@ Two ways to make one:
   `p<interval><offsets>` and `s<interval><offsets>` are patterns whose gaps on the compute
   format's number line start at `interval` values and grow by one each step (p) or stay (s). MX9 / MX6 / MX4 are `cb81ie_int9`, `cb51ie_int7`,
   `cb31ie_int5` over E8M0 scales per 16 values and a table choice per pair of values.
+  The reference's older `icb<I><M><f|i...>_<compute>` codes are read by its rule too (see
+  `_icb_tables`).
 - explicit, `tcast.codebook(tables, compute)`: e.g. the LUTs of a palettized weight (one table
   per group of channels, selected by the group).
 
@@ -251,11 +253,39 @@ def _signed_table(magnitudes: list[float]) -> list[float]:
     return [0.0, *ordered, 0.0, *(-v for v in ordered)]
 
 
+def _icb_tables(
+    code: str, index_bits: int, meta_bits: int, desc: str, compute: NumberSpec
+) -> list[list[float]]:
+    """The reference's older `icb` codebooks: each of the letters f (fp4) and i (int4) lays its
+    pattern with its top on the compute format's largest value, then again moved down one value
+    at a time until the letters fill 2**meta_bits tables; values moved past zero become zeros."""
+    if index_bits != 4 or not desc or any(c not in "fi" for c in desc):
+        raise ValueError(f"codebook {code}: icb codebooks take 4 index bits and the letters f and i")
+    line = _positive_line(compute)
+    where = {v: i for i, v in enumerate(line)}
+    top = len(line) - 1
+    shifts = (1 << meta_bits) // len(desc)
+    if shifts * len(desc) != 1 << meta_bits:
+        raise ValueError(f"codebook {code}: {len(desc)} patterns cannot fill {1 << meta_bits} tables")
+    tables = []
+    for letter in desc:
+        natural = _pattern_fp(4) if letter == "f" else _pattern_int(4)
+        lift = compute.emax - (2 if letter == "f" else 0)  # e2m1's emax is 2, int4's 0
+        lifted = [math.ldexp(v, lift) for v in natural]
+        if any(v not in where for v in lifted):
+            raise ValueError(f"codebook {code}: {compute.code} lacks values of the {letter} pattern")
+        base = [where[v] + top - where[lifted[-1]] for v in lifted]
+        for shift in range(shifts):
+            tables.append(_signed_table([line[i - shift] if i - shift >= 0 else 0.0 for i in base]))
+    return tables
+
+
 @functools.lru_cache(maxsize=256)
 def parse(code: str) -> Codebook:
     """An implicit codebook from its code (see the module docstring)."""
     text = code.strip().lower()
-    m = _CODE.match(text)
+    older = text.startswith("icb")
+    m = _CODE.match(text.removeprefix("i"))
     if m is None:
         raise ValueError(
             f"unknown codebook {code!r}: expected cb<index bits><meta bits><clauses>_<compute>[_<label>]"
@@ -266,7 +296,10 @@ def parse(code: str) -> Codebook:
         raise ValueError(f"codebook {code}: the compute format must be a float or int format")
     if not 2 <= index_bits <= 8:
         raise ValueError(f"codebook {code}: index bits must be 2..8")
-    tables = _implicit_tables(text, index_bits, desc, compute)
+    if older:
+        tables = _icb_tables(text, index_bits, meta_bits, desc, compute)
+    else:
+        tables = _implicit_tables(text, index_bits, desc, compute)
     if len(tables) != 1 << meta_bits:
         raise ValueError(
             f"codebook {code}: {meta_bits} meta bits select {1 << meta_bits} tables, got {len(tables)}"

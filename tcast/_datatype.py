@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from ._number import NumberSpec, number
+from ._number import InfNaN, NumberSpec, number
 from ._scale import ScaleSpec, scale
 
 
@@ -46,6 +46,29 @@ class DataType:
     @property
     def is_tile(self) -> bool:
         return self.sspec is not None and self.sspec.is_tile
+
+    @property
+    def family(self) -> str:
+        """The group `tcast list` shows this type in, read off its number and scale specs."""
+        nspec, sspec = self.nspec, self.sspec
+        if nspec.is_codebook:
+            return "codebook"
+        if sspec is None:
+            return "unscaled (P3109)" if nspec.infnan is InfNaN.INUZ else "unscaled"
+        if sspec.tensor_scale is not None:
+            return "two-level (tile + tensor)"
+        if nspec.is_uint:
+            return "asymmetric (scale + zero point)"
+        where = (
+            "tensor"
+            if sspec.is_tensor
+            else "channel"
+            if sspec.is_channel
+            else "2-D tile"
+            if sspec.is_2d
+            else "tile"
+        )
+        return f"{'power-of-two' if sspec.is_exponent else 'float'} scale per {where}"
 
     def bits_per_value(self) -> float | None:
         """Element bits plus the share of scale (and zero-point) bits; None where that depends on the tensor."""
@@ -146,7 +169,92 @@ def _table() -> dict[str, tuple[str, str | None]]:
             for z, zcode in (*zeros.items(), ("i", f"int{bits}")):
                 table[f"uint{bits}_{s}{z}_t32"] = (f"uint{bits}", f"{scode}_{zcode}_t32")
             table[f"int{bits}_{s}_t32"] = (f"int{bits}", f"{scode}_t32")
+    table.update(_reference_names())
     return table
+
+
+def _reference_names() -> dict[str, tuple[str, str | None]]:
+    """The reference project's (ROCm TensorCast's) predefined names that ours did not spell yet.
+
+    Letters of its scale families: F float32, f float16, b bfloat16, n e4m3fn, e e8m0 (a second
+    letter, or `i` for int8, is the zero point's); `c` per channel; `s` square 2-D tiles (32x32,
+    `s16` 16x16); fp8 e4m3fn, bf8 e5m2, fp8n/bf8n their fnuz forms. Its `bf8nbt32s` and `bf8bt32s`
+    are defined with 16x16 tiles; ours follow the name (32x32). Its main branch's `_f32` names
+    scale with e5m3 (a 9-bit float), `f12` with e5m6.
+    """
+    names: dict[str, tuple[str, str | None]] = {}
+    # `e5m2fn` is its name for IEEE e5m2; ours is the fn format the name says (no Inf, all-ones NaN)
+    for code in ("e5m2", "e5m2fn", "e5m2fnuz", "e5m2b16fnuz", "e4m3fn", "e4m3fnuz", "e4m3b8fnuz", "e3m3fnuz"):
+        names[code] = (code, None)
+    for name, code in (("e5m2z", "e5m2fnuz"), ("e4m3", "e4m3fn"), ("e4m3z", "e4m3fnuz"), ("e3m2", "e3m2fnuz"),
+                       ("e2m3", "e2m3fnuz")):  # fmt: skip
+        names[f"{name}_e"] = (code, "e8m0")
+    names["mxfp5e2"] = ("e2m2fnuz", "e8m0_t32")
+    for name, zero in (("ff", "float16_float16"), ("fi", "float16_int8"), ("bb", "bfloat16_bfloat16"),
+                       ("bi", "bfloat16_int8"), ("f12i4", "e5m6_int4")):  # fmt: skip
+        names[f"uint4_{name}32"] = ("uint4", f"{zero}_t32")
+    names["int4_b32"] = ("int4", "bfloat16_t32")
+    names["int4_f32"] = ("int4", "e5m3_t32")
+    for name, code in (("e1m6b1", "e1m6b1fnuz"), ("e1m2b1", "e1m2b1fnuz")):
+        names[f"{name}_e32"] = (code, "e8m0_t32")
+    for name, code in (("e1m2b1", "e1m2b1fnuz"), ("e2m1", "e2m1fnuz"), ("e3m2", "e3m2fnuz"), ("e2m3", "e2m3fnuz"),
+                       ("e4m3", "e4m3fn")):  # fmt: skip
+        names[f"{name}_f32"] = (code, "e5m3_t32")
+    scales = {"F": "float32", "f": "float16", "b": "bfloat16", "n": "e4m3fn", "e": "e8m0"}
+    fp8 = {"fp8": "e4m3fn", "bf8": "e5m2", "fp8n": "e4m3fnuz", "bf8n": "e5m2fnuz"}
+    for prefix, code in fp8.items():
+        for letter, scode in scales.items():
+            names[f"{prefix}_{letter}"] = (code, scode)
+            names[f"{prefix}_{letter}c"] = (code, f"{scode}_t0")
+    for bits in (8, 4):
+        for letter, scode in scales.items():
+            names[f"int{bits}_{letter}"] = (f"int{bits}", scode)
+            names[f"int{bits}_{letter}c"] = (f"int{bits}", f"{scode}_t0")
+        for pair, zcode in (("FF", "float32_float32"), ("ff", "float16_float16"), ("bb", "bfloat16_bfloat16"),
+                            ("Fi", "float32_int8"), ("fi", "float16_int8"), ("bi", "bfloat16_int8"),
+                            ("ni", "e4m3fn_int8")):  # fmt: skip
+            names[f"uint{bits}_{pair}c"] = (f"uint{bits}", f"{zcode}_t0")
+        names[f"uint{bits}_ni"] = (f"uint{bits}", "e4m3fn_int8")
+    # float-scaled square tiles
+    for name, code, scode in (("fp8nF", "e4m3fnuz", "float32"), ("fp8nf", "e4m3fnuz", "float16"),
+                              ("bf8nbt", "e5m2fnuz", "bfloat16"), ("fp8F", "e4m3fn", "float32"),
+                              ("fp8f", "e4m3fn", "float16"), ("bf8bt", "e5m2", "bfloat16")):  # fmt: skip
+        names[f"{name}32s"] = (code, f"{scode}_t32d-2_t32d-1")
+    # MX elements on tiles of 16 and on square tiles: mx<e>t16, mx<e>t16s / mx<e>s16 (16x16), mx<e>s (32x32)
+    mx = {"bf8": "e5m2", "fp8": "e4m3fn", "bf6": "e3m2fnuz", "fp6": "e2m3fnuz", "fp4": "e2m1fnuz",
+          "int8": "int8", "int4": "int4"}  # fmt: skip
+    for short, code in mx.items():
+        names[f"mx{short}t16"] = (code, "e8m0_t16")
+        names[f"mx{short}t16s"] = (code, "e8m0_t16d-2_t16d-1")
+        names[f"mx{short}s16"] = (code, "e8m0_t16d-2_t16d-1")
+        names[f"mx{short}s"] = (code, "e8m0_t32d-2_t32d-1")
+    for short, code in (
+        ("b8", "e5m2"),
+        ("f8", "e4m3fn"),
+        ("b6", "e3m2fnuz"),
+        ("f6", "e2m3fnuz"),
+        ("f4", "e2m1fnuz"),
+    ):
+        names[f"nv{short}s"] = (code, "e4m3fn_t16d-2_t16d-1")
+    names["bfp16t16"] = ("int8", "e8m0_t16")
+    # e2m1 with a 1- or 2-bit scale offset per subtile of 8 or 4 under an E8M0 scale per 32: the
+    # codebook of e2m1's values and their halvings (the offset is chosen by least squared error)
+    for offset_bits, halvings in ((1, "e01"), (2, "e0123")):
+        for sub in (8, 4):
+            names[f"e2m1_e32s{sub}o{offset_bits}"] = (
+                f"cb4{offset_bits}f{halvings}_e3m2fnuz",
+                f"e8m0_t32s{sub}",
+            )
+    # its older implicit codebooks: fp4 and int4 patterns moved down 0..7 values of e4m3fn (4),
+    # e3m2fnuz (3) or e2m3fnuz (2), over E8M0 or e5m0 (`f32`: e5m3) scales per 32, subtiles of 16/8/4
+    for digit, compute in (("4", "e4m3fn"), ("3", "e3m2fnuz"), ("2", "e2m3fnuz")):
+        book = f"icb44fi_{compute}"
+        names[f"icb44fi{digit}_e32"] = (book, "e8m0_t32")
+        names[f"icb44fi{digit}_f32"] = (book, "e5m0_t32")
+        for sub in (16, 8, 4):
+            names[f"icb44fi{digit}_e32s{sub}"] = (book, f"e8m0_t32s{sub}")
+            names[f"icb44fi{digit}_f32s{sub}"] = (book, f"e5m3_t32s{sub}")
+    return names
 
 
 PREDEFINED: dict[str, tuple[str, str | None]] = _table()
@@ -163,6 +271,16 @@ ALIASES: dict[str, str] = {
     "mxfp6": "mxfp6e2",
     "mx_int8": "mxint8",
     "mxint8_t32": "mxint8",
+    # the reference project's other spellings
+    "mxbf8": "mxfp8e5",
+    "mxbf6": "mxfp6e3",
+    "fp8": "float8_e4m3fn",
+    "bf8": "float8_e5m2",
+    "fp8n": "float8_e4m3fnuz",
+    "bf8n": "float8_e5m2fnuz",
+    "e8m23": "float32",
+    "e5m10": "float16",
+    "e8m7": "bfloat16",
 }
 
 

@@ -323,7 +323,7 @@ def number(code: Any) -> Any:
     starting `cb` (or a Codebook given)."""
     if isinstance(code, NumberSpec) or getattr(code, "is_codebook", False):
         return code
-    if isinstance(code, str) and code.strip().lower().startswith("cb"):
+    if isinstance(code, str) and code.strip().lower().startswith(("cb", "icb")):
         from ._codebook import parse
 
         return parse(code)
