@@ -10,13 +10,15 @@ the outlier. NVFP4's fine e4m3 scale per 16 values already follows outliers, and
 elements represent the near-Gaussian rotated blocks worse: there the rotation costs SNR (tested).
 
 H is applied as log2(size) butterfly passes (a + b, a - b) in float32 (float64 for float64
-inputs): O(size log size) per block, no matrix.
+inputs): O(size log size) per block, no matrix. On CUDA one Triton kernel does the same
+arithmetic in the same order (tcast/_triton/_hadamard.py), so both give the same bits.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import torch
 
@@ -24,7 +26,7 @@ MIN_SIZE, MAX_SIZE = 16, 4096
 
 
 @functools.lru_cache(maxsize=32)
-def _signs(size: int, seed: int) -> torch.Tensor:
+def signs_for(size: int, seed: int) -> torch.Tensor:
     """The sign vector d: `size` values of +-1 from a CPU generator (the same on every device)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, 2, (size,), generator=generator).mul_(2).sub_(1).to(torch.float32)
@@ -55,23 +57,54 @@ def _butterflies(blocks: torch.Tensor) -> torch.Tensor:
     return blocks
 
 
-def _rotate(x: torch.Tensor, dim: int, size: int, seed: int, inverse: bool) -> torch.Tensor:
+def _use_triton(x: torch.Tensor, computemode: Any) -> bool:
+    """Auto: Triton for CUDA tensors of float32/16/bf16 when triton imports; `triton` insists
+    (CUDA, or the CPU under TRITON_INTERPRET=1); `torch` never."""
+    from ._engine import _triton_importable, interpreting
+    from ._modes import ComputeMode, resolve_compute
+
+    mode = resolve_compute(computemode)
+    if mode is ComputeMode.TORCH:
+        return False
+    why = ""
+    if not _triton_importable():
+        why = "triton is not installed"
+    elif x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        why = f"input dtype {x.dtype}"
+    elif not x.is_cuda and not interpreting():
+        why = "a CPU tensor (Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1)"
+    if mode is ComputeMode.TRITON and why:
+        raise ValueError(f"computemode triton cannot rotate: {why}")
+    return not why and (x.is_cuda or mode is ComputeMode.TRITON)
+
+
+def _rotate(x: torch.Tensor, dim: int, size: int, seed: int, inverse: bool, computemode: Any) -> torch.Tensor:
     dim = _check(x, dim, size)
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     moved = x.movedim(dim, -1)
     shape = moved.shape
+    if _use_triton(x, computemode):
+        from ._triton._hadamard import rotate
+
+        out = rotate(moved.reshape(-1, size).contiguous(), size, seed, inverse)
+        return out.reshape(shape).movedim(-1, dim).contiguous()
     blocks = moved.reshape(-1, size).to(work)  # may be the caller's memory: only read, never written
-    signs = _signs(size, seed).to(device=x.device, dtype=work)
+    signs = signs_for(size, seed).to(device=x.device, dtype=work)
     norm = 1.0 / math.sqrt(size)
     out = _butterflies(blocks).mul_(norm).mul_(signs) if inverse else _butterflies(blocks * signs).mul_(norm)
     return out.reshape(shape).movedim(-1, dim).to(x.dtype).contiguous()
 
 
-def hadamard(x: torch.Tensor, dim: int = -1, size: int = 32, seed: int = 0) -> torch.Tensor:
-    """Blocks of `size` along `dim` rotated by the seeded randomised Hadamard transform."""
-    return _rotate(x, dim, size, seed, inverse=False)
+def hadamard(
+    x: torch.Tensor, dim: int = -1, size: int = 32, seed: int = 0, computemode: Any = None
+) -> torch.Tensor:
+    """Blocks of `size` along `dim` rotated by the seeded randomised Hadamard transform (on CUDA
+    by one Triton pass that gives TorchCast's bits; `computemode` as for `tcast.cast`)."""
+    return _rotate(x, dim, size, seed, False, computemode)
 
 
-def hadamard_inverse(y: torch.Tensor, dim: int = -1, size: int = 32, seed: int = 0) -> torch.Tensor:
+def hadamard_inverse(
+    y: torch.Tensor, dim: int = -1, size: int = 32, seed: int = 0, computemode: Any = None
+) -> torch.Tensor:
     """Undo `hadamard` with the same `dim`, `size` and `seed`."""
-    return _rotate(y, dim, size, seed, inverse=True)
+    return _rotate(y, dim, size, seed, True, computemode)
