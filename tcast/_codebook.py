@@ -123,7 +123,9 @@ class Codebook:
             "meta_bits": self.meta_bits,
             "compute": self.compute.code,
             "max": self.max,
-            "entries": [list(t) for t in self.tables] if len(self.tables) <= 16 else "(large)",
+            "entries": [list(t) for t in self.tables]
+            if len(self.tables) <= 16 and self.index_bits <= 5
+            else f"{len(self.tables)} tables of {1 << self.index_bits}",
         }
 
     def __str__(self) -> str:

@@ -30,9 +30,12 @@ class CodeEntry:
 
 
 def code_table(nspec: NumberSpec) -> list[CodeEntry]:
-    """Every code of a format of 8 bits or fewer, with its value and kind."""
+    """Every code of a format of 8 bits or fewer, with its value and kind (none for a codebook,
+    whose `describe()` lists its tables)."""
     from ._codes import decode_table
 
+    if nspec.is_codebook:
+        return []
     if nspec.bits > 8:
         raise ValueError(f"code tables are for formats of 8 bits or fewer; {nspec.code} has {nspec.bits}")
     values = decode_table(nspec.code).tolist()

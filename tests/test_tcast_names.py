@@ -75,3 +75,15 @@ def test_list_groups_every_name(tcast_cli) -> None:  # type: ignore[no-untyped-d
     assert groups["uint8_ffc"] == "asymmetric (scale + zero point)"
     upper = json.loads(tcast_cli("list", "--filter", "FP8_F", "--json").stdout)
     assert {"fp8_F", "fp8_f", "fp8_Fc", "fp8_fc"} <= {r["name"] for r in upper}
+
+
+def test_inspect_describes_codebooks_and_p3109(tcast_cli) -> None:  # type: ignore[no-untyped-def]
+    mx9 = json.loads(tcast_cli("inspect", "mx9", "--json").stdout)
+    assert mx9["element"]["kind"] == "codebook" and mx9["element"]["meta_bits"] == 1
+    assert mx9["bits_per_value"] == 9.0 and mx9["codes"] == []
+    fi = json.loads(tcast_cli("inspect", "mxfi4", "--json").stdout)["element"]["entries"]
+    assert fi[0] == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+    p3 = json.loads(tcast_cli("inspect", "binary8p3", "--json").stdout)
+    kinds = {c["code"]: c["kind"] for c in p3["codes"]}
+    assert kinds[0x80] == "nan" and kinds[0x7F] == kinds[0xFF] == "inf" and kinds[0] == "zero"
+    assert p3["element"]["max"] == 49152.0
