@@ -98,7 +98,8 @@ def _host(nspec: NumberSpec) -> str | None:
         host = NumberSpec(code)
         if host.torch_dtype is None or (nspec.has_inf and not host.has_inf):
             continue
-        if host.mbits >= nspec.mbits and host.emin <= nspec.emin and host.emax >= nspec.emax:
+        # the whole range too: e4m3fnuz with bias 7 reaches 480 in e4m3fn's exponents, whose max is 448
+        if host.mbits >= nspec.mbits and host.emin <= nspec.emin and host.max >= nspec.max:
             return code
     return None
 

@@ -259,13 +259,15 @@ def test_float32_fast_path_equals_the_general_path(code: str, mode: tcast.RoundM
 EVERY_KIND = (
     "int8", "int4", "int2", "uint8", "uint4", "e5m2", "e4m3", "e4m3fn", "e5m10", "e8m7", "e5m10b9",
     "e4m3b8fnuz", "e5m2b16fnuz", "e3m2fnuz", "e2m1fnuz", "e2m1ocp", "e2m3ocp", "e3m2ocp", "e8m0",
+    "e4m3fnuz",  # bias 7: e4m3fn's exponents but up to 480, beyond e4m3fn's 448 (no host format)
+    "e5m2b16inuz", "e7m0b64inuz",  # P3109
 )  # fmt: skip
 
 
 @pytest.mark.parametrize("code", EVERY_KIND)
 @pytest.mark.parametrize("work", [torch.float32, torch.float64])
 def test_every_code_decodes_to_a_value_that_encodes_back_to_it(code: str, work: torch.dtype) -> None:
-    """Integers, IEEE, FN, FNUZ, OCP and exponent formats, biased or not: each code's value
+    """Integers, IEEE, FN, FNUZ, OCP, P3109 and exponent formats, biased or not: each code's value
     encodes to that code (NaN codes to the format's one NaN code) in both work dtypes."""
     spec = tcast.number(code)
     values = tcast._codes.decode_table(code).to(work)
