@@ -84,7 +84,7 @@ class Codebook:
         """Bits that select a table: 0 for one table."""
         return (len(self.tables) - 1).bit_length()
 
-    @property
+    @functools.cached_property
     def max(self) -> float:
         return max(abs(v) for t in self.tables for v in t)
 
@@ -105,7 +105,7 @@ class Codebook:
     def midmax(self) -> float:
         return self.max
 
-    @property
+    @functools.cached_property
     def smallest_subnormal(self) -> float:
         positive = [abs(v) for t in self.tables for v in t if v != 0]
         return min(positive) if positive else 0.0

@@ -59,20 +59,13 @@ class DataType:
             return "two-level (tile + tensor)"
         if nspec.is_uint:
             return "asymmetric (scale + zero point)"
-        where = (
-            "tensor"
-            if sspec.is_tensor
-            else "channel"
-            if sspec.is_channel
-            else "2-D tile"
-            if sspec.is_2d
-            else "tile"
-        )
+        where = "tensor" if sspec.is_tensor else "channel" if sspec.is_channel else "tile"
+        where = "2-D tile" if sspec.is_2d else where
         return f"{'power-of-two' if sspec.is_exponent else 'float'} scale per {where}"
 
     def bits_per_value(self) -> float | None:
         """Element bits plus the share of scale (and zero-point) bits; None where that depends on the tensor."""
-        meta = getattr(self.nspec, "meta_bits", 0)  # a codebook's table choice
+        meta = self.nspec.meta_bits
         if self.sspec is None:
             return float(self.nspec.bits) if not meta else None
         per = self.sspec.elements_per_scale()

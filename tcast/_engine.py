@@ -76,16 +76,24 @@ def _check(dtype: DataType, shape: tuple[int, ...] | None, source: Any, on_cuda:
             return Support(False, f"tile {tile.size}: Triton takes tiles of 8 to 256")
         if dtype.nspec.bits == 6 and tile.size % 4:
             return Support(False, "6-bit codes need tiles of a multiple of 4")
-    if source is not None:
-        import torch
-
-        if source not in (torch.float32, torch.float16, torch.bfloat16):
-            return Support(False, f"input dtype {source}")
     if shape is not None and sspec is not None:
         if not shape:
             return Support(False, "a tile scale needs a tensor of rank >= 1")
         if sspec.tiles[0].dim not in (-1, len(shape) - 1):
             return Support(False, f"tile along dim {sspec.tiles[0].dim}, not the last dim")
+    return tensor_support(source, on_cuda)
+
+
+def tensor_support(source: Any, on_cuda: bool | None) -> Support:
+    """The rules every Triton kernel has for its input: triton importable, a float32/16/bf16
+    tensor (when `source` is given), on CUDA or under the interpreter."""
+    if not _triton_importable():
+        return Support(False, "triton is not installed")
+    if source is not None:
+        import torch
+
+        if source not in (torch.float32, torch.float16, torch.bfloat16):
+            return Support(False, f"input dtype {source}")
     if on_cuda is False and not interpreting():
         return Support(False, _CPU_REASON)
     return Support(True)
@@ -105,9 +113,16 @@ def use_triton(
     raises ValueError with the reason. Auto takes Triton on CUDA only."""
     if computemode is ComputeMode.TORCH:
         return False
-    support = _check(dtype, shape, source, on_cuda)
+    return choose(computemode, _check(dtype, shape, source, on_cuda), on_cuda, f"{what} {dtype.name}")
+
+
+def choose(computemode: ComputeMode, support: Support, on_cuda: bool, what: str) -> bool:
+    """Triton or not, given what it supports: auto takes it on CUDA only, `triton` insists (a
+    ValueError says why it cannot), `torch` never."""
+    if computemode is ComputeMode.TORCH:
+        return False
     if computemode is ComputeMode.TRITON:
         if not support:
-            raise ValueError(f"computemode triton cannot {what} {dtype.name}: {support.reason}")
+            raise ValueError(f"computemode triton cannot {what}: {support.reason}")
         return True
     return support.ok and on_cuda

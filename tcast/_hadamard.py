@@ -58,24 +58,12 @@ def _butterflies(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def _use_triton(x: torch.Tensor, computemode: Any) -> bool:
-    """Auto: Triton for CUDA tensors of float32/16/bf16 when triton imports; `triton` insists
-    (CUDA, or the CPU under TRITON_INTERPRET=1); `torch` never."""
-    from ._engine import _triton_importable, interpreting
-    from ._modes import ComputeMode, resolve_compute
+    """The engine rule of casts for a rotation (any float32/16/bf16 tensor: the kernel has no
+    format limits)."""
+    from ._engine import choose, tensor_support
+    from ._modes import resolve_compute
 
-    mode = resolve_compute(computemode)
-    if mode is ComputeMode.TORCH:
-        return False
-    why = ""
-    if not _triton_importable():
-        why = "triton is not installed"
-    elif x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        why = f"input dtype {x.dtype}"
-    elif not x.is_cuda and not interpreting():
-        why = "a CPU tensor (Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1)"
-    if mode is ComputeMode.TRITON and why:
-        raise ValueError(f"computemode triton cannot rotate: {why}")
-    return not why and (x.is_cuda or mode is ComputeMode.TRITON)
+    return choose(resolve_compute(computemode), tensor_support(x.dtype, x.is_cuda), x.is_cuda, "rotate")
 
 
 def _rotate(x: torch.Tensor, dim: int, size: int, seed: int, inverse: bool, computemode: Any) -> torch.Tensor:

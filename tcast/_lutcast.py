@@ -20,9 +20,8 @@ from ._datatype import DataType
 from ._metrics import squares
 from ._modes import RoundMode, ScaleMode
 from ._pack import pack_codes, unpack_codes
-from ._scales import exponents_from_codes, pow2
 from ._tensor import Tensor
-from ._torchcast import _scaling, stored_scales
+from ._torchcast import _scaling, combine_piece, in_scale_units, stored_scales, stored_scaling
 
 
 def _book(dtype: DataType) -> Codebook:
@@ -37,22 +36,17 @@ def _unit(dtype: DataType, per_row: int) -> int:
 
 def _run(
     x: torch.Tensor, dtype: DataType, roundmode: RoundMode, scalemode: ScaleMode
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(blocks, element values, codes, table choices, real values, stored scales) of a cast."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(blocks, codes, table choices, real values, stored scales) of a cast."""
     if roundmode is not RoundMode.EVEN:
         raise ValueError(f"codebook {dtype.nspec.code} rounds to the nearest entry (roundmode even) only")
     book = _book(dtype)
     layout = plan(tuple(x.shape), dtype.sspec)
     blocks = to_blocks(x, layout).double()
     scaling = _scaling(blocks, dtype, scalemode, torch.float64)
-    if scaling.to_grid is not None:
-        v = blocks * scaling.to_grid
-    elif scaling.scale is not None:
-        v = blocks / scaling.scale
-    else:
-        if not bool(torch.isfinite(blocks).all()):
-            raise ValueError(f"unscaled codebook {book.code} has no NaN or Inf: the input holds some")
-        v = blocks
+    if scaling.scale is None and not bool(torch.isfinite(blocks).all()):
+        raise ValueError(f"unscaled codebook {book.code} has no NaN or Inf: the input holds some")
+    v = in_scale_units(blocks, scaling, slice(None))
     rows, per = v.shape
     unit = _unit(dtype, per)
     units = v.reshape(rows, per // unit, unit).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
@@ -69,17 +63,9 @@ def _run(
         codes = torch.where(better[..., None], table_codes, codes)
         values = torch.where(better[..., None], table_values, values)
         meta = torch.where(better, table, meta)
-    values = values.reshape(rows, per)
-    real = _scaled(values.clone(), dtype, scaling.scale)
+    real = combine_piece(values.reshape(rows, per), dtype, scaling, slice(None))  # NaN scale: NaN row
     scales, _ = stored_scales(scaling, dtype)
-    return blocks, values, codes.reshape(rows, per), meta, real, scales
-
-
-def _scaled(values: torch.Tensor, dtype: DataType, scale: torch.Tensor | None) -> torch.Tensor:
-    if scale is None:
-        return values
-    assert dtype.sspec is not None
-    return values * (pow2(scale) if dtype.sspec.is_exponent else scale)  # NaN scale: NaN row
+    return blocks, codes.reshape(rows, per), meta, real, scales
 
 
 def virtual_cast(
@@ -97,7 +83,7 @@ def actual_cast(
     x: torch.Tensor, dtype: DataType, roundmode: RoundMode, scalemode: ScaleMode, measure: bool = False
 ) -> Tensor:
     book = _book(dtype)
-    blocks, _, codes, meta, real, scales = _run(x, dtype, roundmode, scalemode)
+    blocks, codes, meta, real, scales = _run(x, dtype, roundmode, scalemode)
     signal = noise = None
     if measure:
         signal = squares(blocks)
@@ -130,11 +116,5 @@ def upcast(t: Tensor, torch_dtype: torch.dtype | None = None) -> torch.Tensor:
         count = rows * (per // unit)
         meta = unpack_codes(t.meta, book.meta_bits, count).reshape(rows, per // unit, 1)
     values = book.lookup(codes.reshape(rows, per // unit, unit), meta, torch.float64).reshape(rows, per)
-    scale = None
-    if t.scales is not None and dtype.sspec is not None:
-        if dtype.sspec.is_exponent:
-            scale = exponents_from_codes(t.scales, dtype.sspec.scale, torch.float64).reshape(-1, 1)
-        else:
-            scale = t.scales.double().reshape(-1, 1)
-    real = _scaled(values, dtype, scale)
+    real = combine_piece(values, dtype, stored_scaling(t, torch.float64), slice(None))
     return from_blocks(real.to(torch_dtype or t.source_dtype), layout)

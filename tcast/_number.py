@@ -167,6 +167,7 @@ class NumberSpec:
         return self.kind in (Kind.FLOAT, Kind.INT)
 
     is_codebook = False
+    meta_bits = 0  # bits a value's format choice costs (a codebook's table choice)
 
     @property
     def has_inf(self) -> bool:

@@ -368,16 +368,21 @@ def _element_piece(
     """Element values (codes for uint) of one piece, before the scale is applied back."""
     if dtype.nspec.is_uint:
         return _uint_piece(piece, dtype, s, rows, mode, noise)
+    return quantize(in_scale_units(piece, s, rows), dtype.nspec, mode, noise)
+
+
+def in_scale_units(piece: torch.Tensor, s: _Scaling, rows: slice) -> torch.Tensor:
+    """Values of a piece over their rows' scales (symmetric scaling; `combine_piece` undoes it)."""
     if s.to_grid is not None:
-        piece = piece * s.to_grid[rows]
-    elif s.effective is not None:
-        piece = piece / s.effective[rows]
-    elif s.scale is not None:
-        piece = piece / s.scale[rows]  # a division rounds differently from a reciprocal's product
-    return quantize(piece, dtype.nspec, mode, noise)
+        return piece * s.to_grid[rows]
+    if s.effective is not None:
+        return piece / s.effective[rows]
+    if s.scale is not None:
+        return piece / s.scale[rows]  # a division rounds differently from a reciprocal's product
+    return piece
 
 
-def _combine_piece(values: torch.Tensor, dtype: DataType, s: _Scaling, rows: slice) -> torch.Tensor:
+def combine_piece(values: torch.Tensor, dtype: DataType, s: _Scaling, rows: slice) -> torch.Tensor:
     """Element values of one piece back to real values."""
     sspec = dtype.sspec
     if sspec is None or s.scale is None:
@@ -432,7 +437,7 @@ def _run(
                 continue
         if values.data_ptr() == piece.data_ptr():
             values = values.clone()  # unscaled formats may hand back their input; never mutate it
-        approximation = _combine_piece(values, dtype, scaling, rows)
+        approximation = combine_piece(values, dtype, scaling, rows)
         if measure:
             signal += squares(piece)
             error += squares(approximation - piece)  # exact: see tcast.energies
@@ -504,7 +509,7 @@ def upcast(t: Tensor, torch_dtype: torch.dtype | None = None) -> torch.Tensor:
     work = _compute_dtype(dtype, t.source_dtype)
     layout = plan(t.shape, sspec)
     rows, per = layout.num_scales, layout.per_scale
-    scaling = _stored_scaling(t, work)
+    scaling = stored_scaling(t, work)
     out = torch.empty((rows, per), dtype=torch_dtype or t.source_dtype, device=t.codes.device)
     data = t.codes.reshape(-1)
     bits = nspec.bits
@@ -521,11 +526,11 @@ def upcast(t: Tensor, torch_dtype: torch.dtype | None = None) -> torch.Tensor:
             chunk = data[first * bits // 8 : (first + count) * bits // 8 + 1]
             codes = unpack_codes(chunk, bits, count).reshape(height, width)
         values = decode(codes, nspec, work)
-        out[piece_rows, piece_cols] = _combine_piece(values, dtype, scaling, piece_rows)
+        out[piece_rows, piece_cols] = combine_piece(values, dtype, scaling, piece_rows)
     return from_blocks(out, layout)
 
 
-def _stored_scaling(t: Tensor, work: torch.dtype) -> _Scaling:
+def stored_scaling(t: Tensor, work: torch.dtype) -> _Scaling:
     """The per-row scaling of an actual cast, from what it stored."""
     sspec = t.dtype.sspec
     scaling = _Scaling()
