@@ -122,7 +122,9 @@ def cast(
         if actual:
             return _lutcast.actual_cast(x, datatype_, round_, scale_, measure)
         return _lutcast.virtual_cast(x, datatype_, round_, scale_, out_dtype)
-    if use_triton(datatype_, resolve_compute(computemode), tuple(x.shape), x.dtype, x.is_cuda, "cast to"):
+    if use_triton(
+        datatype_, resolve_compute(computemode), tuple(x.shape), x.dtype, x.is_cuda, "cast to", round_
+    ):
         from . import _triton
 
         kernel_seed = 0

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._datatype import DataType
-from ._modes import ComputeMode
+from ._modes import ComputeMode, RoundMode
 from ._number import InfNaN, NumberSpec
+from ._scale import ScaleSpec
 
 _TRITON_BITS = (4, 6, 8)
-_TILES = (8, 16, 32, 64, 128, 256)
+_MAX_TILE = 16384  # values of one tile (or channel row) that a program holds in registers
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,71 @@ def _element_support(nspec: NumberSpec) -> str:
 _CPU_REASON = "a CPU tensor (Triton runs on CUDA, or on the CPU with TRITON_INTERPRET=1)"
 
 
-def _check(dtype: DataType, shape: tuple[int, ...] | None, source: Any, on_cuda: bool | None) -> Support:
+def _float_scale_support(sspec: ScaleSpec) -> str:
+    """Float scales: per tensor in any float format (the host applies the scale rule after an
+    amax pass); per tile or channel row in float32 or an 8-bit float (the kernel rounds them),
+    two levels only over 8-bit tile scales."""
+    scale = sspec.scale
+    if scale.torch_dtype is None or scale.is_int or scale.is_uint:
+        return f"scale {sspec.code}: Triton takes E8M0 or float scales"
+    in_kernel = not sspec.is_tensor
+    eight_bit = scale.bits == 8 and scale.infnan is not InfNaN.INUZ
+    if in_kernel and not eight_bit and scale.torch_dtype is not _float32():
+        return f"scale {sspec.code}: tile scales in Triton are float32 or 8-bit floats"
+    if sspec.tensor_scale is not None and (not eight_bit or sspec.tensor_scale.torch_dtype is not _float32()):
+        return f"scale {sspec.code}: two levels in Triton are 8-bit tile scales under a float32 one"
+    return ""
+
+
+def _float32() -> Any:
+    import torch
+
+    return torch.float32
+
+
+def _tile_support(sspec: ScaleSpec, nspec: NumberSpec) -> str:
+    """Tiles along the last dim (1-D, a channel row) or the last two (2-D), powers of two that a
+    program holds in registers."""
+    if sspec.is_tensor:
+        return "" if not sspec.is_exponent else f"scale {sspec.code}: E8M0 per tensor is cast by TorchCast"
+    if sspec.is_channel:
+        if sspec.is_exponent:
+            return f"scale {sspec.code}: E8M0 per channel is cast by TorchCast"
+        return "" if sspec.tiles[0].dim == -1 else f"channel along dim {sspec.tiles[0].dim}, not the last dim"
+    sizes = [t.size for t in sspec.tiles]
+    if any(size & (size - 1) for size in sizes) or sizes[-1] < 8 or _prod(sizes) > _MAX_TILE:
+        return f"tile {'x'.join(map(str, sizes))}: Triton takes power-of-two tiles of 8 to {_MAX_TILE} values"
+    if nspec.bits == 6 and _prod(sizes) % 16:
+        return "6-bit codes need tiles of a multiple of 16"
+    return ""
+
+
+def _prod(sizes: list[int]) -> int:
+    total = 1
+    for size in sizes:
+        total *= size
+    return total
+
+
+def _shape_support(sspec: ScaleSpec, nspec: NumberSpec, shape: tuple[int, ...]) -> str:
+    rank = len(shape)
+    if sspec.is_tensor:
+        return ""
+    if not shape:
+        return "a tile scale needs a tensor of rank >= 1"
+    dims = [t.dim % rank if -rank <= t.dim < rank else None for t in sspec.tiles]
+    if dims[-1] != rank - 1:
+        return f"tile along dim {sspec.tiles[-1].dim}, not the last dim"
+    if len(dims) == 2 and dims[0] != rank - 2:
+        return f"2-D tile along dims {sspec.tiles[0].dim} and {sspec.tiles[1].dim}, not the last two"
+    if sspec.is_channel and (shape[-1] > _MAX_TILE or (nspec.bits < 8 and shape[-1] & (shape[-1] - 1))):
+        return f"channel rows of {shape[-1]} values (Triton: up to {_MAX_TILE}; powers of two below 8 bits)"
+    return ""
+
+
+def _check(
+    dtype: DataType, shape: tuple[int, ...] | None, source: Any, on_cuda: bool | None, roundmode: Any = None
+) -> Support:
     """Every rule, for a dtype alone or for a tensor of `shape`, float dtype `source`, on a device."""
     if not _triton_importable():
         return Support(False, "triton is not installed")
@@ -67,20 +132,21 @@ def _check(dtype: DataType, shape: tuple[int, ...] | None, source: Any, on_cuda:
         return Support(False, problem)
     sspec = dtype.sspec
     if sspec is not None:
-        if not sspec.is_exponent or sspec.scale.code != "e8m0" or sspec.zero is not None:
-            return Support(False, f"scale {sspec.code}: Triton takes E8M0 exponent scales")
-        if len(sspec.tiles) != 1 or sspec.is_channel:
-            return Support(False, f"scale {sspec.code}: Triton takes one tile along the last dim")
-        tile = sspec.tiles[0]
-        if tile.size not in _TILES:
-            return Support(False, f"tile {tile.size}: Triton takes tiles of 8 to 256")
-        if dtype.nspec.bits == 6 and tile.size % 4:
-            return Support(False, "6-bit codes need tiles of a multiple of 4")
-    if shape is not None and sspec is not None:
-        if not shape:
-            return Support(False, "a tile scale needs a tensor of rank >= 1")
-        if sspec.tiles[0].dim not in (-1, len(shape) - 1):
-            return Support(False, f"tile along dim {sspec.tiles[0].dim}, not the last dim")
+        if sspec.zero is not None:
+            return Support(False, f"scale {sspec.code}: zero points are cast by TorchCast")
+        if sspec.is_exponent:
+            problem = (
+                "" if sspec.scale.code == "e8m0" else f"scale {sspec.code}: Triton takes E8M0 or float scales"
+            )
+        else:
+            problem = _float_scale_support(sspec)
+            if not problem and roundmode is RoundMode.STOCHASTIC:
+                problem = "stochastic rounding under float scales is cast by TorchCast"
+        problem = problem or _tile_support(sspec, dtype.nspec)
+        if not problem and shape is not None:
+            problem = _shape_support(sspec, dtype.nspec, shape)
+        if problem:
+            return Support(False, problem)
     return tensor_support(source, on_cuda)
 
 
@@ -99,21 +165,32 @@ def tensor_support(source: Any, on_cuda: bool | None) -> Support:
     return Support(True)
 
 
-def supports(dtype: DataType, x: Any = None) -> Support:
-    """Can TritonCast run this cast (of tensor `x`, when given)? The reason when it cannot."""
+def supports(dtype: DataType, x: Any = None, roundmode: Any = None) -> Support:
+    """Can TritonCast run this cast (of tensor `x`, when given; in `roundmode`, when given)? The
+    reason when it cannot."""
+    from ._modes import resolve_round
+
+    mode = None if roundmode is None else resolve_round(roundmode)
     if x is None:
-        return _check(dtype, None, None, None)
-    return _check(dtype, tuple(x.shape), x.dtype, bool(x.is_cuda))
+        return _check(dtype, None, None, None, mode)
+    return _check(dtype, tuple(x.shape), x.dtype, bool(x.is_cuda), mode)
 
 
 def use_triton(
-    dtype: DataType, computemode: ComputeMode, shape: tuple[int, ...], source: Any, on_cuda: bool, what: str
+    dtype: DataType,
+    computemode: ComputeMode,
+    shape: tuple[int, ...],
+    source: Any,
+    on_cuda: bool,
+    what: str,
+    roundmode: RoundMode | None = None,
 ) -> bool:
     """Pick the engine for a cast (or an upcast) of a tensor; a Triton request that cannot run
     raises ValueError with the reason. Auto takes Triton on CUDA only."""
     if computemode is ComputeMode.TORCH:
         return False
-    return choose(computemode, _check(dtype, shape, source, on_cuda), on_cuda, f"{what} {dtype.name}")
+    support = _check(dtype, shape, source, on_cuda, roundmode)
+    return choose(computemode, support, on_cuda, f"{what} {dtype.name}")
 
 
 def choose(computemode: ComputeMode, support: Support, on_cuda: bool, what: str) -> bool:

@@ -74,7 +74,8 @@ def _next_up(values: torch.Tensor, scale: NumberSpec) -> torch.Tensor:
     format is a torch dtype, else the next code."""
     exact = scale.torch_dtype
     if exact is not None and exact.is_floating_point and exact.itemsize >= 2:
-        return torch.nextafter(values.to(exact), torch.tensor(math.inf, dtype=exact)).to(values.dtype)
+        infinity = torch.tensor(math.inf, dtype=exact, device=values.device)
+        return torch.nextafter(values.to(exact), infinity).to(values.dtype)
     return decode(encode(values, scale).to(torch.int32) + 1, scale, values.dtype)
 
 

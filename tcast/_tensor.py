@@ -55,9 +55,9 @@ class Tensor:
     def value_dtype(self) -> torch.dtype:
         """float32 or float64: the dtype that holds every value of the cast exactly (where upcasts
         compute; an upcast to it loses nothing)."""
-        from ._torchcast import _compute_dtype
+        from ._torchcast import compute_dtype
 
-        return _compute_dtype(self.dtype, self.source_dtype)
+        return compute_dtype(self.dtype, self.source_dtype)
 
     def unpacked_codes(self) -> torch.Tensor:
         """The element codes (uint8 up to 8 bits, else int32) in the tensor's own shape: the block

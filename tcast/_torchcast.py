@@ -30,7 +30,7 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _SIGNIFICANT_BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24, torch.float64: 53}
 
 
-def _compute_dtype(
+def compute_dtype(
     dtype: DataType, source: torch.dtype = torch.float32, roundmode: RoundMode = RoundMode.EVEN
 ) -> torch.dtype:
     """The dtype a cast computes in: float32 where it gives the exact result, else float64.
@@ -295,19 +295,18 @@ def _scaling_of_range(lo: torch.Tensor, hi: torch.Tensor, dtype: DataType, scale
     return _Scaling(scale=float_scales(amax, nspec, sspec.scale, scalemode))
 
 
-def tensor_scale_of(amax: float, dtype: DataType) -> torch.Tensor:
-    """The per-tensor scale of two-level scaling (NVFP4's rule): the largest finite magnitude over
-    the element format's max times the tile scale format's max, rounded to nearest into the
-    tensor scale's format (1 for a tensor of zeros); a float32 0-d tensor."""
+def tensor_scale_of(amax: torch.Tensor, dtype: DataType) -> torch.Tensor:
+    """The per-tensor scale of two-level scaling (NVFP4's rule): the largest finite magnitude (a
+    float64 0-d tensor, on any device) over the element format's max times the tile scale
+    format's max, rounded to nearest into the tensor scale's format (1 for a tensor of zeros);
+    a float32 0-d tensor on amax's device. Torch ops only, so both engines share it."""
     sspec = dtype.sspec
     assert sspec is not None and sspec.tensor_scale is not None
     outer = sspec.tensor_scale
-    if not amax > 0:
-        return torch.ones((), dtype=torch.float32)
     # float64 then the format: double rounding is harmless at 53 >= 2 * 24 + 2 bits
-    raw = torch.tensor(amax / (dtype.nspec.max * sspec.scale.max), dtype=torch.float64)
+    raw = amax.double() / (dtype.nspec.max * sspec.scale.max)
     clamped = torch.clamp(raw, min=outer.smallest_subnormal, max=outer.max)
-    return clamped.to(outer.torch_dtype).float()
+    return torch.where(amax > 0, clamped.to(outer.torch_dtype).float(), 1.0)
 
 
 def _two_level_scaling(
@@ -325,7 +324,7 @@ def _two_level_scaling(
         rest = blocks[~finite].double()
         rest = torch.where(torch.isfinite(rest), rest.abs(), torch.zeros((), dtype=rest.dtype))
         largest = max(largest, float(rest.max()))
-    tensor = tensor_scale_of(largest, dtype)
+    tensor = tensor_scale_of(torch.tensor(largest, dtype=torch.float64), dtype)
     scale = float_scales(amax / tensor.double(), dtype.nspec, sspec.scale, scalemode)
     return _Scaling(scale=scale, tensor=tensor, effective=_two_level_product(scale, tensor))
 
@@ -417,7 +416,7 @@ def _run(
     """
     _check_input(x)
     nspec = dtype.nspec
-    work = _compute_dtype(dtype, x.dtype, roundmode)
+    work = compute_dtype(dtype, x.dtype, roundmode)
     layout = plan(tuple(x.shape), dtype.sspec)
     blocks = to_blocks(x, layout)  # a view where no tile is padded or permuted
     scaling = _scaling(blocks, dtype, scalemode, work)  # min and max are exact in any dtype
@@ -506,7 +505,7 @@ def upcast(t: Tensor, torch_dtype: torch.dtype | None = None) -> torch.Tensor:
     stay cache-sized (codes whose rows do not start on a byte are unpacked at once)."""
     dtype = t.dtype
     nspec, sspec = dtype.nspec, dtype.sspec
-    work = _compute_dtype(dtype, t.source_dtype)
+    work = compute_dtype(dtype, t.source_dtype)
     layout = plan(t.shape, sspec)
     rows, per = layout.num_scales, layout.per_scale
     scaling = stored_scaling(t, work)

@@ -265,3 +265,126 @@ def decode_codes(
     else:  # fn: the all-ones magnitude is NaN
         values = tl.where(magnitude == SIGN - 1, float("nan"), values)
     return values
+
+
+# ----- float (non power-of-two) scales --------------------------------------------------------
+#
+# x / s is not exact, so a float32 quotient can land on the wrong side of a rounding boundary.
+# TorchCast rounds the exact quotient (its float64 or float32 division provably decides as the
+# exact one would: see its compute dtype), and so do these kernels, without a division per
+# element: an approximate quotient q (x times a reciprocal per tile) picks the boundary b of its
+# grid interval - the midpoint for nearest modes, the nearest grid point for directed ones - and
+# one FMA decides the side exactly: fma(b, s, -x) is b*s - x rounded once, so its sign is the
+# exact comparison of x / s with b. Values too small for that sign to survive (b*s - x below
+# 2**-149) are first scaled by 2**64 with their divisor. q only has to lie within half a grid
+# step of the exact quotient, which a float32 reciprocal is far inside of.
+
+
+@triton.jit
+def prescale(divisor):
+    """(f, divisor * f): f = 2**64 for divisors below 2**-64, else 1 (exact both ways)."""
+    f = tl.where(divisor < 2.0**-64, 2.0**64, 1.0)
+    return f, divisor * f
+
+
+@triton.jit
+def exact_steps(
+    af, df, recip, M: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+    IS_INT: tl.constexpr, ROUND: tl.constexpr,
+):  # fmt: skip
+    """(k, e): the exact quotient af / (M * df) of non-negative finite af rounded onto a grid in
+    ROUND (0 even, 1 nearest, 2 zero, 4 up) as k steps of 2**(e - MBITS) (floats: e the binade,
+    clamped to [EMIN, EMAX]; ints: e = 0). `recip` ~ 1 / (M * df); M is a small constant whose
+    products with grid points are exact (1 for element casts, the element max for scales)."""
+    q = af * recip
+    if IS_INT:
+        e = tl.zeros_like(q.to(tl.int32, bitcast=True))
+        y = q * (2.0**MBITS)
+    else:
+        field = q.to(tl.int32, bitcast=True) >> 23
+        e = tl.minimum(tl.maximum(field - 127, EMIN), EMAX)
+        y = q * pow2_normal(MBITS - e)
+    y = tl.minimum(y, 2.0 ** (MBITS + 3))  # saturating anyway; keeps the integer conversions in range
+    half_step = pow2_normal(e - MBITS - 1)
+    if ROUND == 0 or ROUND == 1:
+        k0 = y.to(tl.int32)  # truncation: y >= 0
+        boundary = (2 * k0 + 1).to(tl.float32) * half_step  # the midpoint above k0, exact
+        side = tl.fma(boundary * M, df, -af)  # > 0: the quotient lies below the midpoint
+        if ROUND == 0:  # noqa: SIM108  (constexpr branches)
+            tie_up = (k0 & 1) == 1
+        else:
+            tie_up = True
+        k = k0 + ((side < 0.0) | ((side == 0.0) & tie_up)).to(tl.int32)
+    else:
+        b = (y + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000  # the nearest grid point
+        side = tl.fma((2 * b).to(tl.float32) * half_step * M, df, -af)
+        if ROUND == 2:  # noqa: SIM108
+            k = b - (side > 0.0).to(tl.int32)
+        else:
+            k = b + (side < 0.0).to(tl.int32)
+    return k, e
+
+
+@triton.jit
+def grid_code(k, e, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr, IS_INT: tl.constexpr):
+    """The saturated magnitude code of k steps at binade e (see `element_codes`)."""
+    if IS_INT:  # noqa: SIM108
+        code = tl.minimum(k, MAX_CODE)
+    else:
+        code = tl.minimum(((e - EMIN) << MBITS) + k, MAX_CODE)
+    return code
+
+
+@triton.jit
+def quotient_codes(
+    x, divisor, bad,
+    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    IS_INT: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, ROUND: tl.constexpr,
+):  # fmt: skip
+    """Element codes of [BLOCKS, n] values over their tiles' float scales `divisor` [BLOCKS]
+    (exact quotients, see above); a tile marked `bad` is all NaN codes."""
+    f, df = prescale(divisor)
+    recip = 1.0 / df
+    k, e = exact_steps(
+        tl.abs(x) * f[:, None], df[:, None], recip[:, None], 1.0, MBITS, EMIN, EMAX, IS_INT, ROUND
+    )
+    magnitude = grid_code(k, e, MBITS, EMIN, MAX_CODE, IS_INT)
+    negative = x.to(tl.int32, bitcast=True) < 0
+    if IS_INT:
+        code = tl.where(negative, -magnitude, magnitude) & ((1 << BITS) - 1)
+    else:
+        sign = tl.where(negative, 1 << (BITS - 1), 0)
+        if FNUZ:
+            sign = tl.where(magnitude > 0, sign, 0)
+        code = magnitude | sign
+    return tl.where((bad > 0)[:, None], NAN_CODE, code)
+
+
+@triton.jit
+def float_tile_scales(
+    amax, bad, tensor_scale,
+    ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
+):  # fmt: skip
+    """(value, stored) of each tile's float scale: amax / ELEM_MAX (over `tensor_scale` under two
+    levels) rounded to nearest (CEIL: up) into the scale format, clamped to its smallest and
+    largest values; 1 for a tile of zeros, NaN for a `bad` one. `stored` is the float32 value
+    (S_FP32) or the 8-bit code."""
+    if S_FP32:  # one level: IEEE division rounds the exact quotient to nearest
+        q = tl.math.div_rn(amax, ELEM_MAX)
+        bits = q.to(tl.int32, bitcast=True)  # (constants as bits: Triton types 2**-149 as float64)
+        if CEIL:  # one step up where q * max falls short of amax, below float32's largest value
+            bits = bits + ((tl.fma(q, ELEM_MAX, -amax) < 0.0) & (bits < 0x7F7FFFFF)).to(tl.int32)
+        q = tl.maximum(bits, 1).to(tl.float32, bitcast=True)  # at least the smallest subnormal
+        value = tl.where(bad > 0, float("nan"), tl.where(amax > 0.0, q, 1.0))
+        stored = value
+    else:
+        f, df = prescale(tensor_scale)
+        recip = 1.0 / (df * ELEM_MAX)
+        k, e = exact_steps(amax * f, df, recip, ELEM_MAX, S_MBITS, S_EMIN, S_EMAX, False, 4 if CEIL else 0)
+        code = tl.maximum(grid_code(k, e, S_MBITS, S_EMIN, S_MAX_CODE, False), 1)  # at least the smallest
+        code = tl.where(bad > 0, S_NAN_CODE, tl.where(amax > 0.0, code, S_ONE_CODE))
+        value = decode_codes(code, 8, S_MBITS, S_EMIN, False, S_FNUZ, S_HAS_INF)
+        stored = code
+    return value, stored

@@ -1,4 +1,6 @@
-"""The three kernels: virtual cast, actual cast (packed codes + E8M0 scale codes) and upcast."""
+"""The kernels: virtual cast, actual cast (packed codes + E8M0 scale codes) and upcast for
+unscaled and power-of-two scaled formats; the same three for float scales (per tile, channel
+row or tensor, and two-level); and the amax pass that per-tensor scales need first."""
 
 from __future__ import annotations
 
@@ -9,16 +11,18 @@ from ._elements import (
     decode_codes,
     draw_noise,
     element_codes,
+    float_tile_scales,
     fp8_code,
     fp8_value,
     grid_magnitude,
     grid_values,
     pow2,
+    quotient_codes,
     round_values,
     tile_exponent,
     tile_stats,
 )
-from ._memory import load_codes, load_tiles, narrow, store_codes, tile_offsets
+from ._memory import load_codes, load_tiles, narrow, store_codes, tile_offsets, widen
 
 
 @triton.jit
@@ -27,9 +31,12 @@ def virtual_kernel(
     out_ptr,
     n_blocks,
     blocks_per_row,
+    block_rows,
+    rows,
     cols,
     seed,
     TILE: tl.constexpr,
+    TCOLS: tl.constexpr,
     BLOCKS: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     EVEN: tl.constexpr,
@@ -45,7 +52,9 @@ def virtual_kernel(
     ROUND: tl.constexpr,
     HW_FP8: tl.constexpr,
 ):
-    _, offsets, valid, index, x = load_tiles(x_ptr, n_blocks, blocks_per_row, cols, TILE, BLOCKS, EVEN)
+    _, offsets, valid, index, x = load_tiles(
+        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
+    )
     if HAS_SCALE:
         bad, amax = tile_stats(x)
         exponent = tile_exponent(amax, LIMIT, EMAX, SCALE_MODE)
@@ -80,10 +89,13 @@ def actual_kernel(
     scales_ptr,
     n_blocks,
     blocks_per_row,
+    block_rows,
+    rows,
     cols,
     code_bytes,
     seed,
     TILE: tl.constexpr,
+    TCOLS: tl.constexpr,
     BLOCKS: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     EVEN: tl.constexpr,
@@ -103,7 +115,9 @@ def actual_kernel(
     FAST: tl.constexpr,
     RUNS16: tl.constexpr,
 ):
-    block, _, _, index, x = load_tiles(x_ptr, n_blocks, blocks_per_row, cols, TILE, BLOCKS, EVEN, RUNS16)
+    block, _, _, index, x = load_tiles(
+        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, RUNS16
+    )
     if HAS_SCALE:
         bad, amax = tile_stats(x)
         exponent = tile_exponent(amax, LIMIT, EMAX, SCALE_MODE)
@@ -116,7 +130,7 @@ def actual_kernel(
         to_grid = 1.0
     code = element_codes(x, to_grid, bad, index, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ,
                   HAS_INF, NAN_CODE, ROUND, HW_FP8, FAST)  # fmt: skip
-    store_codes(codes_ptr, code, block, n_blocks, code_bytes, TILE, BLOCKS, BITS, HAS_SCALE)
+    store_codes(codes_ptr, code, block, n_blocks, code_bytes, TILE, TILE, BLOCKS, BITS, HAS_SCALE)
 
 
 @triton.jit
@@ -127,9 +141,12 @@ def upcast_kernel(
     out_ptr,
     n_blocks,
     blocks_per_row,
+    block_rows,
+    rows,
     cols,
     code_bytes,
     TILE: tl.constexpr,
+    TCOLS: tl.constexpr,
     BLOCKS: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     EVEN: tl.constexpr,
@@ -143,8 +160,10 @@ def upcast_kernel(
     VEC: tl.constexpr,
 ):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    offsets, valid, _ = tile_offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
-    code = load_codes(codes_ptr, block, code_bytes, TILE, BLOCKS, BITS, VEC)
+    offsets, valid, _ = tile_offsets(
+        block, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, EVEN
+    )
+    code = load_codes(codes_ptr, block, code_bytes, TILE, TILE, BLOCKS, BITS, VEC)
     if DECODE:
         values = decode_codes(code, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF)
     else:
@@ -154,3 +173,129 @@ def upcast_kernel(
         # the NaN scale code multiplies its tile by NaN: one select per tile, not per element
         values = values * tl.where(scale_code == 255, float("nan"), pow2(scale_code - 127))[:, None]
     tl.store(out_ptr + offsets, narrow(values, out_ptr), mask=valid)
+
+
+# ----- float scales ---------------------------------------------------------------------------
+
+
+@triton.jit
+def float_divisors(
+    x, block, n_blocks, given_ptr, scales_ptr,
+    GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, STORE: tl.constexpr, BLOCKS: tl.constexpr,
+    ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
+):  # fmt: skip
+    """(divisor, bad) per tile: the scale the values divide by (two levels: the tile scale times
+    the tensor scale, in float32) and whether the tile holds a NaN or Inf. GIVEN: one scale for
+    the tensor, computed by the host from the amax pass; else each tile's own, stored (STORE)."""
+    if GIVEN:
+        divisor = tl.zeros([BLOCKS], dtype=tl.float32) + tl.load(given_ptr)
+        bad = (divisor != divisor).to(tl.int32)
+    else:
+        bad, amax = tile_stats(x)
+        if TWO_LEVEL:  # noqa: SIM108  (constexpr branches)
+            tensor_scale = tl.load(given_ptr)
+        else:
+            tensor_scale = 1.0
+        value, stored = float_tile_scales(amax, bad, tensor_scale, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX,
+                                          S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL)  # fmt: skip
+        if STORE:
+            if S_FP32:
+                tl.store(scales_ptr + block, stored, mask=block < n_blocks)
+            else:
+                tl.store(scales_ptr + block, stored.to(tl.uint8), mask=block < n_blocks)
+        divisor = value * tensor_scale if TWO_LEVEL else value
+    return divisor, bad
+
+
+@triton.jit
+def scaled_values(code, divisor, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                  IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr):  # fmt: skip
+    """Values of element codes times their tiles' divisors ([BLOCKS]), one float32 rounding: what
+    TorchCast's product gives once narrowed (torch narrows float64 to 16 bits through float32)."""
+    return decode_codes(code, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF) * divisor[:, None]
+
+
+@triton.jit
+def float_virtual_kernel(
+    x_ptr, out_ptr, given_ptr, n_blocks, blocks_per_row, block_rows, rows, cols,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr,
+    GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+    EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr, IS_INT: tl.constexpr,
+    FNUZ: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr, ROUND: tl.constexpr,
+    ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
+):  # fmt: skip
+    block, offsets, valid, _, x = load_tiles(
+        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
+    )
+    divisor, bad = float_divisors(x, block, n_blocks, given_ptr, given_ptr, GIVEN, TWO_LEVEL, False, BLOCKS,
+                                  ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
+                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL)  # fmt: skip
+    code = quotient_codes(x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND)
+    values = scaled_values(code, divisor, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF)
+    tl.store(out_ptr + offsets, narrow(values, out_ptr), mask=valid)
+
+
+@triton.jit
+def float_actual_kernel(
+    x_ptr, codes_ptr, scales_ptr, given_ptr, n_blocks, blocks_per_row, block_rows, rows, cols,
+    code_bytes, code_stride,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr,
+    WORDS: tl.constexpr, GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, BITS: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr,
+    ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
+):  # fmt: skip
+    block, _, _, _, x = load_tiles(
+        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
+    )
+    divisor, bad = float_divisors(x, block, n_blocks, given_ptr, scales_ptr, GIVEN, TWO_LEVEL, not GIVEN, BLOCKS,
+                                  ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
+                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL)  # fmt: skip
+    code = quotient_codes(x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND)
+    store_codes(codes_ptr, code, block, n_blocks, code_bytes, code_stride, TILE, BLOCKS, BITS, WORDS)
+
+
+@triton.jit
+def float_upcast_kernel(
+    codes_ptr, scales_ptr, given_ptr, out_ptr, n_blocks, blocks_per_row, block_rows, rows, cols,
+    code_bytes, code_stride,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr,
+    GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+    EMIN: tl.constexpr, IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr, VEC: tl.constexpr,
+    S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr, S_FNUZ: tl.constexpr,
+    S_HAS_INF: tl.constexpr,
+):  # fmt: skip
+    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    offsets, valid, _ = tile_offsets(
+        block, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, EVEN
+    )
+    code = load_codes(codes_ptr, block, code_bytes, code_stride, TILE, BLOCKS, BITS, VEC)
+    if GIVEN:
+        divisor = tl.zeros([BLOCKS], dtype=tl.float32) + tl.load(given_ptr)
+    else:
+        if S_FP32:
+            divisor = tl.load(scales_ptr + block, mask=block < n_blocks, other=1.0)
+        else:
+            stored = tl.load(scales_ptr + block, mask=block < n_blocks, other=0).to(tl.int32)
+            divisor = decode_codes(stored, 8, S_MBITS, S_EMIN, False, S_FNUZ, S_HAS_INF)
+        if TWO_LEVEL:
+            divisor = divisor * tl.load(given_ptr)
+    values = scaled_values(code, divisor, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF)
+    tl.store(out_ptr + offsets, narrow(values, out_ptr), mask=valid)
+
+
+@triton.jit
+def amax_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+    """Into out_ptr[0] the largest magnitude's bits (a NaN or Inf pattern when there is one), into
+    out_ptr[1] the largest finite magnitude's: positive floats order as integers."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = widen(tl.load(x_ptr + offsets, mask=offsets < numel, other=0))
+    bits = ((x.to(tl.uint32, bitcast=True) << 1) >> 1).to(tl.int32)
+    tl.atomic_max(out_ptr, tl.max(bits, axis=0))
+    tl.atomic_max(out_ptr + 1, tl.max(tl.where(bits < 0x7F800000, bits, 0), axis=0))

@@ -9,36 +9,80 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .._codes import decode_table, max_code, nan_code
+from .._codes import decode_table, encode, max_code, nan_code
 from .._datatype import DataType
 from .._engine import interpreting
 from .._modes import RoundMode, ScaleMode
 from .._number import InfNaN, NumberSpec
 from .._pack import packed_nbytes
-from .._scales import step_up_limit
+from .._scales import float_scales, step_up_limit
 from .._tensor import Tensor
-from ._kernels import actual_kernel, upcast_kernel, virtual_kernel
+from .._torchcast import tensor_scale_of
+from ._kernels import (
+    actual_kernel,
+    amax_kernel,
+    float_actual_kernel,
+    float_upcast_kernel,
+    float_virtual_kernel,
+    upcast_kernel,
+    virtual_kernel,
+)
 
 _ROUND = {RoundMode.EVEN: 0, RoundMode.NEAREST: 1, RoundMode.ZERO: 2, RoundMode.STOCHASTIC: 3}
 _SCALE = {ScaleMode.MAX: 0, ScaleMode.MIDMAX: 1, ScaleMode.CEIL: 2, ScaleMode.EVEN: 3}
 _PROGRAM_BYTES = 8192  # of the float stream (input of a cast, output of an upcast) per program
 _UNSCALED_TILE = 256  # unscaled casts walk the flat tensor in runs of this many elements
+_AMAX_BYTES = 32768  # of the input per program of the amax pass
 
 
-def _geometry(shape: tuple[int, ...], dtype: DataType) -> tuple[int, int, int, int]:
-    """(tile, blocks per row, cols, blocks): tiles along the last dim, or the flat tensor in runs."""
+@dataclass(frozen=True)
+class _Geometry:
+    """How a kernel walks a tensor: blocks of `tile` elements (a power of two), `tcols` of them
+    along the last dim (a 2-D tile has tile // tcols rows), numbered as TorchCast's layout numbers
+    its scale blocks."""
+
+    tile: int
+    tcols: int
+    per_row: int  # blocks along the last dim
+    block_rows: int  # 2-D tiles: blocks along the second-to-last dim
+    rows: int  # 2-D tiles: the second-to-last dim
+    cols: int  # the last dim; the element count for flat runs
+    blocks: int
+    stride: int  # codes per block as stored: the tile, or a channel row's length
+    flat: bool  # unscaled or one scale per tensor: the tensor in runs, codes unpadded
+
+    @property
+    def even(self) -> bool:
+        """1-D tiles that cover every row exactly: the data is one contiguous run."""
+        return not self.flat and self.tcols == self.tile and self.cols % self.tile == 0
+
+    def args(self) -> tuple[int, int, int, int, int]:
+        return self.blocks, self.per_row, self.block_rows, self.rows, self.cols
+
+
+def _geometry(shape: tuple[int, ...], dtype: DataType) -> _Geometry:
     numel = 1
     for d in shape:
         numel *= d
-    if dtype.sspec is None:
-        tile = _UNSCALED_TILE
-        blocks = -(-numel // tile)
-        return tile, blocks, numel, blocks
-    tile = dtype.sspec.tiles[0].size
-    cols = shape[-1] if shape else 1
-    per_row = -(-cols // tile)
-    rows = numel // cols if cols else 0
-    return tile, per_row, cols, rows * per_row
+    sspec = dtype.sspec
+    if sspec is None or sspec.is_tensor:
+        blocks = -(-numel // _UNSCALED_TILE)
+        return _Geometry(_UNSCALED_TILE, _UNSCALED_TILE, blocks, 1, 1, numel, blocks, _UNSCALED_TILE, True)
+    cols = shape[-1]
+    lines = numel // cols if cols else 0
+    if sspec.is_channel:
+        tile = max(8, triton.next_power_of_2(cols))
+        return _Geometry(tile, tile, 1, 1, 1, cols, lines, cols, False)
+    if len(sspec.tiles) == 1:
+        tile = sspec.tiles[0].size
+        per_row = -(-cols // tile)
+        return _Geometry(tile, tile, per_row, 1, 1, cols, lines * per_row, tile, False)
+    trows, tcols = sspec.tiles[0].size, sspec.tiles[1].size
+    rows = shape[-2]
+    matrices = numel // (rows * cols) if rows * cols else 0
+    per_row, block_rows = -(-cols // tcols), -(-rows // trows)
+    blocks = matrices * per_row * block_rows
+    return _Geometry(trows * tcols, tcols, per_row, block_rows, rows, cols, blocks, trows * tcols, False)
 
 
 @functools.lru_cache(maxsize=128)
@@ -94,7 +138,8 @@ def _capability(index: int) -> tuple[int, int]:
 class LaunchConfig:
     """Elements one program handles and its warps (tuned on an H100: see docs/benchmarks.md).
     elements None: 8 KiB of the float stream, 4,096 16-bit or 2,048 float32 values (with 4,096
-    float32 values ptxas hoists the loads into 116 registers and fp32 -> fp6/fp4 lost 14%)."""
+    float32 values ptxas hoists the loads into 116 registers and fp32 -> fp6/fp4 lost 14%).
+    A tile larger than that is one program, with more warps (about 32 values a thread)."""
 
     elements: int | None = None
     num_warps: int = 4
@@ -102,6 +147,45 @@ class LaunchConfig:
     def blocks(self, tile: int, element_size: int) -> int:
         elements = self.elements or _PROGRAM_BYTES // element_size
         return max(1, elements // tile)
+
+    def warps(self, tile: int) -> int:
+        return max(self.num_warps, min(16, tile // 1024))
+
+
+def _scale_params(dtype: DataType, scalemode: ScaleMode) -> dict[str, object]:
+    """Kernel constants of a float scale: its format (float32, or an 8-bit float by its codes),
+    the element max it divides amax by, and whether it rounds up (ceil) or to nearest."""
+    sspec = dtype.sspec
+    assert sspec is not None
+    scale = sspec.scale
+    fp32 = scale.torch_dtype is torch.float32
+    params: dict[str, object] = {
+        "ELEM_MAX": float(dtype.nspec.max), "S_FP32": fp32, "CEIL": scalemode is ScaleMode.CEIL,
+        "S_MBITS": scale.mbits, "S_EMIN": scale.emin, "S_EMAX": scale.emax,
+        "S_FNUZ": scale.infnan is InfNaN.FNUZ, "S_HAS_INF": scale.has_inf,
+    }  # fmt: skip
+    if fp32:
+        return params | {"S_MAX_CODE": 0, "S_NAN_CODE": 0, "S_ONE_CODE": 0}
+    one = int(encode(torch.ones(1), scale)[0])
+    return params | {"S_MAX_CODE": max_code(scale), "S_NAN_CODE": nan_code(scale), "S_ONE_CODE": one}
+
+
+def _given_scale(x: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> torch.Tensor:
+    """The per-tensor scale of a float-scaled cast, as a float32 [1] on x's device: one amax pass
+    in a kernel, then TorchCast's own scale rule on it (no copy to the host). Two levels: the
+    tensor scale over the largest finite magnitude; one level: the scale over the amax (NaN when
+    the tensor holds a NaN or Inf)."""
+    sspec = dtype.sspec
+    assert sspec is not None
+    stats = torch.zeros(2, dtype=torch.int32, device=x.device)
+    numel = x.numel()
+    if numel:
+        block = _AMAX_BYTES // x.element_size()
+        amax_kernel[(triton.cdiv(numel, block),)](_as_bits(x, loading=True), stats, numel, BLOCK=block)
+    magnitudes = stats.view(torch.float32).double()
+    if sspec.tensor_scale is not None:
+        return tensor_scale_of(magnitudes[1], dtype).reshape(1)
+    return float_scales(magnitudes[:1], dtype.nspec, sspec.scale, scalemode).float()
 
 
 def cast(
@@ -115,19 +199,21 @@ def cast(
     config: LaunchConfig = LaunchConfig(),
 ) -> torch.Tensor | Tensor:
     """The Triton cast (the caller has checked `supports`)."""
+    if dtype.sspec is not None and not dtype.sspec.is_exponent:
+        return _float_cast(x, dtype, roundmode, scalemode, virtual, out_dtype, config)
     nspec = dtype.nspec
     x = x.contiguous()
     shape = tuple(x.shape)
-    tile, per_row, cols, blocks = _geometry(shape, dtype)
+    geo = _geometry(shape, dtype)
     has_scale = dtype.sspec is not None
-    numel_padded = blocks * tile if has_scale else x.numel()
+    numel_padded = geo.blocks * geo.tile if has_scale else x.numel()
     code_bytes = packed_nbytes(numel_padded, nspec.bits)
     out_size = out_dtype.itemsize if virtual and out_dtype is not None else x.element_size()
-    per_program = config.blocks(tile, max(x.element_size(), out_size))
-    grid = (triton.cdiv(blocks, per_program),)
+    per_program = config.blocks(geo.tile, max(x.element_size(), out_size))
+    grid = (triton.cdiv(geo.blocks, per_program),)
     common = {
-        "TILE": tile, "BLOCKS": per_program, "HAS_SCALE": has_scale, "EVEN": has_scale and cols % tile == 0,
-        "ROUND": _ROUND[roundmode], "num_warps": config.num_warps, "enable_fp_fusion": False,
+        "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "HAS_SCALE": has_scale, "EVEN": geo.even,
+        "ROUND": _ROUND[roundmode], "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
     } | _element_params(nspec, virtual)  # fmt: skip
     if has_scale:
         common |= {"LIMIT": float(step_up_limit(nspec, scalemode)), "SCALE_MODE": _SCALE[scalemode]}
@@ -137,20 +223,20 @@ def cast(
     source = _as_bits(x, loading=True)
     if virtual:
         out = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
-        if blocks:
-            virtual_kernel[grid](source, _as_bits(out), blocks, per_row, cols, seed, **common)
+        if geo.blocks:
+            virtual_kernel[grid](source, _as_bits(out), *geo.args(), seed, **common)
         return out
     codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(blocks if has_scale else 0, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(geo.blocks if has_scale else 0, dtype=torch.uint8, device=x.device)
     fast = (
         has_scale and x.element_size() == 2 and roundmode is RoundMode.EVEN
         and nspec.infnan is InfNaN.FNUZ and not nspec.is_int
     )  # fmt: skip
     # 4- and 6-bit codes of 16-bit inputs pack into words from 16-element runs per thread
-    runs16 = nspec.bits in (4, 6) and x.element_size() == 2 and has_scale and tile >= 16
-    if blocks:
+    runs16 = nspec.bits in (4, 6) and x.element_size() == 2 and has_scale and geo.tcols >= 16
+    if geo.blocks:
         actual_kernel[grid](
-            source, codes, scales, blocks, per_row, cols, code_bytes, seed, FAST=fast, RUNS16=runs16, **common
+            source, codes, scales, *geo.args(), code_bytes, seed, FAST=fast, RUNS16=runs16, **common
         )
     return Tensor(
         dtype=dtype,
@@ -163,24 +249,130 @@ def cast(
     )
 
 
+def _float_cast(
+    x: torch.Tensor,
+    dtype: DataType,
+    roundmode: RoundMode,
+    scalemode: ScaleMode,
+    virtual: bool,
+    out_dtype: torch.dtype | None,
+    config: LaunchConfig,
+) -> torch.Tensor | Tensor:
+    """A cast under float scales: per tile (1-D, 2-D or a channel row) computed in the kernel,
+    or one per tensor (and two-level's tensor scale) from an amax pass first."""
+    sspec = dtype.sspec
+    assert sspec is not None
+    nspec = dtype.nspec
+    x = x.contiguous()
+    shape = tuple(x.shape)
+    geo = _geometry(shape, dtype)
+    two_level = sspec.tensor_scale is not None
+    given = _given_scale(x, dtype, scalemode) if geo.flat or two_level else None
+    out = out_dtype or x.dtype
+    per_program = config.blocks(geo.tile, max(x.element_size(), out.itemsize if virtual else 0))
+    grid = (triton.cdiv(geo.blocks, per_program),)
+    common = {
+        "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "EVEN": geo.even, "GIVEN": geo.flat,
+        "TWO_LEVEL": two_level, "ROUND": _ROUND[roundmode], "num_warps": config.warps(geo.tile),
+        "enable_fp_fusion": False,
+    } | _element_params(nspec, False) | _scale_params(dtype, scalemode)  # fmt: skip
+    source = _as_bits(x, loading=True)
+    placeholder = given if given is not None else source
+    if virtual:
+        result = torch.empty(shape, dtype=out, device=x.device)
+        if geo.blocks:
+            float_virtual_kernel[grid](source, _as_bits(result), placeholder, *geo.args(), **common)
+        return result
+    numel_padded = x.numel() if geo.flat else geo.blocks * geo.stride
+    code_bytes = packed_nbytes(numel_padded, nspec.bits)
+    codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
+    scale_dtype = sspec.scale.torch_dtype
+    if geo.flat:
+        assert given is not None
+        scales = given.to(scale_dtype)
+    else:
+        scales = torch.empty(
+            geo.blocks, dtype=torch.float32 if common["S_FP32"] else torch.uint8, device=x.device
+        )
+    if geo.blocks:
+        float_actual_kernel[grid](
+            source,
+            codes,
+            scales,
+            placeholder,
+            *geo.args(),
+            code_bytes,
+            geo.stride,
+            WORDS=not geo.flat,
+            **common,
+        )
+    if not geo.flat and not common["S_FP32"]:
+        scales = scales.view(scale_dtype)
+    return Tensor(
+        dtype=dtype,
+        shape=shape,
+        source_dtype=x.dtype,
+        codes=codes,
+        scales=scales,
+        zeros=None,
+        tensor_scale=given.reshape(()) if two_level and given is not None else None,
+        numel_padded=numel_padded,
+    )
+
+
 def upcast(
     t: Tensor, torch_dtype: torch.dtype | None = None, config: LaunchConfig = LaunchConfig()
 ) -> torch.Tensor:
     nspec = t.dtype.nspec
     device = t.codes.device
-    tile, per_row, cols, blocks = _geometry(t.shape, t.dtype)
+    geo = _geometry(t.shape, t.dtype)
+    out = torch.empty(t.shape, dtype=torch_dtype or t.source_dtype, device=device)
+    per_program = config.blocks(geo.tile, out.element_size())
+    grid = (triton.cdiv(geo.blocks, per_program),)
+    vec = min(geo.tcols, 16 // out.element_size())
+    common = {
+        "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "EVEN": geo.even, "BITS": nspec.bits,
+        "VEC": vec, "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
+    } | _format_params(nspec)  # fmt: skip
+    sspec = t.dtype.sspec
+    if sspec is not None and not sspec.is_exponent:
+        return _float_upcast(t, out, geo, grid, common)
     has_scale = t.scales is not None
     # codes decode by arithmetic where 2**(126 + emin) is a float32; else gather from a value table
     decode = nspec.is_int or nspec.emin <= 1
     table = t.codes if decode else decode_table(nspec.code).to(device=device, dtype=torch.float32)
-    out = torch.empty(t.shape, dtype=torch_dtype or t.source_dtype, device=device)
-    per_program = config.blocks(tile, out.element_size())
-    if blocks:
-        upcast_kernel[(triton.cdiv(blocks, per_program),)](
-            t.codes, t.scales if has_scale else t.codes, table, _as_bits(out), blocks, per_row, cols,
-            t.codes.numel(), TILE=tile, BLOCKS=per_program, HAS_SCALE=has_scale,
-            EVEN=has_scale and cols % tile == 0, BITS=nspec.bits, DECODE=decode,
-            VEC=min(tile, 16 // out.element_size()), num_warps=config.num_warps, enable_fp_fusion=False,
-            **_format_params(nspec),
+    if geo.blocks:
+        upcast_kernel[grid](
+            t.codes, t.scales if has_scale else t.codes, table, _as_bits(out), *geo.args(), t.codes.numel(),
+            HAS_SCALE=has_scale, DECODE=decode, **common,
+        )  # fmt: skip
+    return out
+
+
+def _float_upcast(
+    t: Tensor, out: torch.Tensor, geo: _Geometry, grid: tuple[int], common: dict[str, object]
+) -> torch.Tensor:
+    sspec = t.dtype.sspec
+    assert sspec is not None and t.scales is not None
+    scale = sspec.scale
+    two_level = sspec.tensor_scale is not None
+    if two_level and t.tensor_scale is None:
+        raise ValueError(f"{t.dtype.name} needs the cast's tensor scale to upcast")
+    device = t.codes.device
+    if geo.flat:
+        given = t.scales.to(device=device, dtype=torch.float32).reshape(1)
+    elif two_level:
+        assert t.tensor_scale is not None
+        given = t.tensor_scale.to(device=device, dtype=torch.float32).reshape(1)
+    else:
+        given = t.codes
+    fp32 = scale.torch_dtype is torch.float32
+    scales = t.scales if fp32 or geo.flat else t.scales.view(torch.uint8)
+    if geo.blocks:
+        float_upcast_kernel[grid](
+            t.codes, scales, given, _as_bits(out), *geo.args(), t.codes.numel(), geo.stride, GIVEN=geo.flat,
+            TWO_LEVEL=two_level,
+            S_FP32=fp32, S_MBITS=scale.mbits, S_EMIN=scale.emin, S_FNUZ=scale.infnan is InfNaN.FNUZ,
+            S_HAS_INF=scale.has_inf, **common,
         )  # fmt: skip
     return out

@@ -30,22 +30,42 @@ def narrow(values, out_ptr):
 
 
 @triton.jit
-def tile_offsets(block, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, EVEN: tl.constexpr):
+def tile_offsets(
+    block, n_blocks, blocks_per_row, block_rows, rows, cols,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
     """Element offsets, mask and padded positions of every element of these tiles."""
-    return tile_offsets_at(block, tl.arange(0, TILE), n_blocks, blocks_per_row, cols, TILE, EVEN)
+    j = tl.arange(0, TILE)
+    return tile_offsets_at(block, j, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, EVEN)
 
 
 @triton.jit
-def tile_offsets_at(block, j, n_blocks, blocks_per_row, cols, TILE: tl.constexpr, EVEN: tl.constexpr):
-    """Element offsets, mask and padded positions of the elements at positions j of these tiles."""
-    if EVEN:  # tiles cover the rows exactly: the data is one contiguous run
+def tile_offsets_at(
+    block, j, n_blocks, blocks_per_row, block_rows, rows, cols,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, EVEN: tl.constexpr,
+):  # fmt: skip
+    """Element offsets, mask and padded positions of the elements at positions j of these tiles.
+
+    A tile is TILE // TCOLS rows of TCOLS values along the last two dims: one row (1-D tiles,
+    rows = 1, each tensor row holding `blocks_per_row` tiles) or a 2-D tile of a [.., rows, cols]
+    tensor, numbered row-major over its `block_rows` x `blocks_per_row` tiles per matrix - the
+    block order of TorchCast's layout, so codes and scales land where it puts them."""
+    if EVEN:  # 1-D tiles cover the rows exactly: the data is one contiguous run
         offsets = block[:, None] * TILE + j[None, :]
         valid = (block < n_blocks)[:, None] & (j < TILE)[None, :]
-    else:
+    elif TCOLS == TILE:
         row = block // blocks_per_row
         col = (block % blocks_per_row)[:, None] * TILE + j[None, :]
         offsets = row[:, None] * cols + col
         valid = (block < n_blocks)[:, None] & (col < cols)
+    else:
+        per_matrix = blocks_per_row * block_rows
+        matrix = block // per_matrix
+        within = block % per_matrix
+        row = (within // blocks_per_row)[:, None] * (TILE // TCOLS) + (j // TCOLS)[None, :]
+        col = (within % blocks_per_row)[:, None] * TCOLS + (j % TCOLS)[None, :]
+        offsets = (matrix[:, None] * rows + row) * cols + col
+        valid = (block < n_blocks)[:, None] & (row < rows) & (col < cols)
     return offsets, valid, block[:, None] * TILE + j[None, :]
 
 
@@ -59,8 +79,9 @@ def runs_of_16(a, b, BLOCKS: tl.constexpr, TILE: tl.constexpr):
 
 @triton.jit
 def load_tiles(
-    x_ptr, n_blocks, blocks_per_row, cols,
-    TILE: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr, RUNS16: tl.constexpr = False,
+    x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr,
+    RUNS16: tl.constexpr = False,
 ):  # fmt: skip
     """This program's tiles: (tile indices, element offsets, mask, padded positions, float32 values).
     RUNS16 (16-bit inputs, TILE >= 16): every thread holds 16 consecutive elements rather than
@@ -71,9 +92,11 @@ def load_tiles(
     if RUNS16:
         i = tl.arange(0, TILE // 2)
         j = (i // 8) * 16 + i % 8
-        offsets_a, valid_a, index_a = tile_offsets_at(block, j, n_blocks, blocks_per_row, cols, TILE, EVEN)
+        offsets_a, valid_a, index_a = tile_offsets_at(
+            block, j, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, EVEN
+        )
         offsets_b, valid_b, index_b = tile_offsets_at(
-            block, j + 8, n_blocks, blocks_per_row, cols, TILE, EVEN
+            block, j + 8, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, EVEN
         )
         x_a = widen(tl.load(x_ptr + offsets_a, mask=valid_a, other=0))
         x_b = widen(tl.load(x_ptr + offsets_b, mask=valid_b, other=0))
@@ -81,7 +104,8 @@ def load_tiles(
         index = runs_of_16(index_a, index_b, BLOCKS, TILE)
         x = runs_of_16(x_a, x_b, BLOCKS, TILE)
     else:
-        offsets, valid, index = tile_offsets(block, n_blocks, blocks_per_row, cols, TILE, EVEN)
+        offsets, valid, index = tile_offsets(block, n_blocks, blocks_per_row, block_rows, rows, cols, TILE,
+                                             TCOLS, EVEN)  # fmt: skip
         x = widen(tl.load(x_ptr + offsets, mask=valid, other=0))
     return block, offsets, valid, index, x
 
@@ -97,15 +121,20 @@ def split4(t):
 
 @triton.jit
 def store_codes(
-    codes_ptr, code, block, n_blocks, code_bytes,
+    codes_ptr, code, block, n_blocks, code_bytes, code_stride,
     TILE: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr, WORDS: tl.constexpr,
 ):  # fmt: skip
     """Pack [BLOCKS, TILE] codes little-endian, low bits first: neighbours are split apart in
     registers and OR-ed, so the loads and stores stay contiguous. WORDS: whole tiles (of at least
-    8 codes, 16 for 6 bits) end on 32-bit boundaries, so they are stored a word at a time."""
+    8 codes, 16 for 6 bits) end on 32-bit boundaries, so they are stored a word at a time.
+    8-bit codes of a block start `code_stride` codes apart (a channel row shorter than TILE);
+    packed ones TILE apart."""
     if BITS == 8:
-        offsets = block[:, None] * TILE + tl.arange(0, TILE)[None, :]
-        tl.store(codes_ptr + offsets, code.to(tl.uint8), mask=offsets < code_bytes)
+        j = tl.arange(0, TILE)
+        offsets = block[:, None] * code_stride + j[None, :]
+        tl.store(
+            codes_ptr + offsets, code.to(tl.uint8), mask=(offsets < code_bytes) & (j < code_stride)[None, :]
+        )
     elif BITS == 4 and WORDS:  # eight codes to a 32-bit word
         low, high = tl.split(tl.reshape(code, (BLOCKS, TILE // 8, 2, 2, 2)))  # codes 2i and 2i + 1
         c0, c2, c4, c6 = split4(low)
@@ -152,6 +181,7 @@ def load_codes(
     codes_ptr,
     block,
     code_bytes,
+    code_stride,
     TILE: tl.constexpr,
     BLOCKS: tl.constexpr,
     BITS: tl.constexpr,
@@ -159,11 +189,13 @@ def load_codes(
 ):
     """[BLOCKS, TILE] int32 codes. 8- and 4-bit codes are loaded VEC per thread (as many as one
     16-byte store of the output holds), so loads and stores share a layout and need no exchange
-    through shared memory."""
+    through shared memory. 8-bit codes of a block start `code_stride` codes apart (see
+    `store_codes`)."""
     if BITS == 8:
-        j = tl.arange(0, TILE)
-        offsets = block[:, None] * TILE + ((j // VEC) * VEC + j % VEC)[None, :]
-        return tl.load(codes_ptr + offsets, mask=offsets < code_bytes, other=0).to(tl.int32)
+        j = (tl.arange(0, TILE) // VEC) * VEC + tl.arange(0, TILE) % VEC
+        offsets = block[:, None] * code_stride + j[None, :]
+        inside = (offsets < code_bytes) & (j < code_stride)[None, :]
+        return tl.load(codes_ptr + offsets, mask=inside, other=0).to(tl.int32)
     elif BITS == 4:
         j = tl.arange(0, TILE // 2)
         offsets = block[:, None] * (TILE // 2) + ((j // (VEC // 2)) * (VEC // 2) + j % (VEC // 2))[None, :]
