@@ -106,7 +106,6 @@ class Decoder(nn.Module):
 def _decoder(size: str) -> Decoder:
     """The fp16 model of a size, weights ~ N(0, 0.02) from one seeded generator (built in fp16:
     a float32 copy of 1.1B parameters would need 4.4 GB more)."""
-    torch.manual_seed(0)
     with torch.device("meta"):
         model = Decoder(SHAPES[size])
     model = model.to_empty(device="cpu").half()

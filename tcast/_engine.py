@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -91,18 +92,11 @@ def _tile_support(sspec: ScaleSpec, nspec: NumberSpec) -> str:
             return f"scale {sspec.code}: E8M0 per channel is cast by TorchCast"
         return "" if sspec.tiles[0].dim == -1 else f"channel along dim {sspec.tiles[0].dim}, not the last dim"
     sizes = [t.size for t in sspec.tiles]
-    if any(size & (size - 1) for size in sizes) or sizes[-1] < 8 or _prod(sizes) > _MAX_TILE:
+    if any(size & (size - 1) for size in sizes) or sizes[-1] < 8 or math.prod(sizes) > _MAX_TILE:
         return f"tile {'x'.join(map(str, sizes))}: Triton takes power-of-two tiles of 8 to {_MAX_TILE} values"
-    if nspec.bits == 6 and _prod(sizes) % 16:
+    if nspec.bits == 6 and math.prod(sizes) % 16:
         return "6-bit codes need tiles of a multiple of 16"
     return ""
-
-
-def _prod(sizes: list[int]) -> int:
-    total = 1
-    for size in sizes:
-        total *= size
-    return total
 
 
 def _shape_support(sspec: ScaleSpec, nspec: NumberSpec, shape: tuple[int, ...]) -> str:

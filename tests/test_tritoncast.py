@@ -74,18 +74,28 @@ def test_every_mx_format_round_and_scale_mode_is_bit_exact(name: str, source: to
     x = corner_input(source)
     for roundmode in ROUNDS:
         for scalemode in SCALES:
-            modes = {"roundmode": roundmode, "scalemode": scalemode}
-            virtual_torch, virtual_triton = _both(x, name, **modes)
-            assert same_bits(virtual_torch, virtual_triton), (roundmode, scalemode)
-            actual_torch, actual_triton = _both(x, name, castmode="actual", **modes)
-            assert torch.equal(actual_torch.codes, actual_triton.codes), (roundmode, scalemode)
-            assert torch.equal(actual_torch.scales, actual_triton.scales)
-            assert actual_triton.numel_padded == actual_torch.numel_padded
-            # upcast(actual) == virtual, by either engine, for either engine's codes
-            assert same_bits(tcast.upcast(actual_triton, computemode="triton"), virtual_torch)
-            assert same_bits(tcast.upcast(actual_triton, computemode="torch"), virtual_torch)
-            upcast32 = tcast.upcast(actual_torch, torch.float32, computemode="triton")
-            assert same_bits(upcast32, tcast.upcast(actual_torch, torch.float32, computemode="torch"))
+            _assert_engines_agree(x, name, roundmode=roundmode, scalemode=scalemode)
+
+
+def _assert_engines_agree(x: torch.Tensor, name: str, **modes: str) -> None:
+    """Virtual values, codes, scales (and a two-level cast's tensor scale) and upcasts: Triton's
+    equal TorchCast's, and upcast(actual) equals virtual by either engine for either's codes."""
+    virtual_torch, virtual_triton = _both(x, name, **modes)
+    assert same_bits(virtual_torch, virtual_triton), modes
+    actual_torch, actual_triton = _both(x, name, castmode="actual", **modes)
+    assert torch.equal(actual_torch.codes, actual_triton.codes), modes
+    assert actual_triton.scales.dtype == actual_torch.scales.dtype
+    assert same_bits(actual_torch.scales.float(), actual_triton.scales.float())
+    assert actual_triton.numel_padded == actual_torch.numel_padded
+    assert (actual_torch.tensor_scale is None) == (actual_triton.tensor_scale is None)
+    if actual_torch.tensor_scale is not None:
+        assert same_bits(
+            actual_torch.tensor_scale.reshape(1).to(DEVICE), actual_triton.tensor_scale.reshape(1)
+        )
+    assert same_bits(tcast.upcast(actual_triton, computemode="triton"), virtual_torch)
+    assert same_bits(tcast.upcast(actual_triton, computemode="torch"), virtual_torch)
+    upcast32 = tcast.upcast(actual_torch, torch.float32, computemode="triton")
+    assert same_bits(upcast32, tcast.upcast(actual_torch, torch.float32, computemode="torch"))
 
 
 @pytest.mark.parametrize("name", MX)
@@ -293,26 +303,6 @@ FLOAT_SCALED = ("nvfp4", "nvf4", "nvb8", "fp8_F", "fp8_f", "fp8_Fc", "fp8_1x128"
 SQUARE_TILES = ("mxfp4s16", "mxbf8s", "mxbf6s")
 
 
-def _assert_engines_agree(x: torch.Tensor, name: str, **modes: str) -> None:
-    """Virtual values, codes, scales (and the tensor scale) and upcasts: Triton's equal TorchCast's."""
-    virtual_torch, virtual_triton = _both(x, name, **modes)
-    assert same_bits(virtual_torch, virtual_triton)
-    actual_torch, actual_triton = _both(x, name, castmode="actual", **modes)
-    assert torch.equal(actual_torch.codes, actual_triton.codes)
-    assert actual_triton.scales.dtype == actual_torch.scales.dtype
-    assert same_bits(actual_torch.scales.float(), actual_triton.scales.float())
-    assert actual_triton.numel_padded == actual_torch.numel_padded
-    assert (actual_torch.tensor_scale is None) == (actual_triton.tensor_scale is None)
-    if actual_torch.tensor_scale is not None:
-        assert same_bits(
-            actual_torch.tensor_scale.reshape(1).to(DEVICE), actual_triton.tensor_scale.reshape(1)
-        )
-    assert same_bits(tcast.upcast(actual_triton, computemode="triton"), virtual_torch)
-    assert same_bits(tcast.upcast(actual_triton, computemode="torch"), virtual_torch)
-    upcast32 = tcast.upcast(actual_torch, torch.float32, computemode="triton")
-    assert same_bits(upcast32, tcast.upcast(actual_torch, torch.float32, computemode="torch"))
-
-
 @pytest.mark.parametrize("name", FLOAT_SCALED + SQUARE_TILES)
 @pytest.mark.parametrize("source", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
 def test_float_scales_and_square_tiles_are_bit_exact(name: str, source: torch.dtype) -> None:
@@ -326,14 +316,14 @@ def test_float_scales_and_square_tiles_are_bit_exact(name: str, source: torch.dt
         _assert_engines_agree(x, name, roundmode=roundmode, scalemode=scalemode)
 
 
-def boundary_input(dtype: object, seed: int = 0) -> torch.Tensor:
+def boundary_input(name: str, seed: int = 0) -> torch.Tensor:
     """Rows of 1-D tiles whose first value sets the tile's amax (scales that are not powers of
     two, some with few bits so that quotients tie exactly), then every grid point and midpoint of
     the element format times the divisor the cast uses (its scale; under two levels times the
     tensor scale), and each one's float32 neighbours, with random signs."""
     from tcast._codes import decode_table
 
-    dtype = tcast.lookup(dtype) if isinstance(dtype, str) else dtype
+    dtype = tcast.lookup(name)
     nspec, sspec = dtype.nspec, dtype.sspec
     tile = sspec.tiles[-1].size if sspec.tiles and sspec.tiles[-1].size else 16
     table = decode_table(nspec.code).double()

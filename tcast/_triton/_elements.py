@@ -140,6 +140,38 @@ def draw_noise(seed, index, ROUND: tl.constexpr):
 
 
 @triton.jit
+def grid_code(k, e, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr, IS_INT: tl.constexpr):
+    """The saturated magnitude code of k grid steps at binade e. A float grid point r * 2**(e - m)
+    with e >= emin has the code (e - emin) * 2**m + r (subnormals, normals and a carry into the
+    next binade alike); codes order as values, so saturation is a min with the largest one."""
+    if IS_INT:  # noqa: SIM108  (constexpr branches)
+        code = tl.minimum(k, MAX_CODE)
+    else:
+        code = tl.minimum(((e - EMIN) << MBITS) + k, MAX_CODE)
+    return code
+
+
+@triton.jit
+def sign_bit(v, BITS: tl.constexpr):
+    """The sign of float32 v as the top bit of a BITS-wide code."""
+    return (v.to(tl.int32, bitcast=True) >> (32 - BITS)) & (1 << (BITS - 1))
+
+
+@triton.jit
+def signed_code(magnitude, v, BITS: tl.constexpr, IS_INT: tl.constexpr, FNUZ: tl.constexpr):
+    """The code of a magnitude code with v's sign: two's complement for ints, a sign bit for
+    floats (none on zero for fnuz formats, which have no -0)."""
+    if IS_INT:
+        code = tl.where(v.to(tl.int32, bitcast=True) < 0, -magnitude, magnitude) & ((1 << BITS) - 1)
+    else:
+        sign = sign_bit(v, BITS)
+        if FNUZ:
+            sign = tl.where(magnitude > 0, sign, 0)
+        code = magnitude | sign
+    return code
+
+
+@triton.jit
 def element_codes(
     x,
     to_grid,
@@ -172,21 +204,10 @@ def element_codes(
     noise = draw_noise(seed, index, ROUND)
     y, e = grid_values(v, MBITS, EMIN, EMAX, IS_INT, HAS_SCALE)
     k = round_to_int(y, noise, ROUND)
-    if IS_INT:
-        k = tl.minimum(k, MAX_CODE)
-        code = tl.where(v < 0.0, -k, k) & ((1 << BITS) - 1)
-    else:
-        # a grid point r * 2**(e - m) with e >= emin has the code (e - emin) * 2**m + r (subnormals,
-        # normals and a carry into the next binade alike); codes order as values, so saturation
-        # is a min with the code of the largest value
-        magnitude = tl.minimum(((e - EMIN) << MBITS) + k, MAX_CODE)
-        sign = (v.to(tl.int32, bitcast=True) >> (32 - BITS)) & (1 << (BITS - 1))  # the sign bit, in place
-        if FNUZ:
-            sign = tl.where(magnitude > 0, sign, 0)
-        code = magnitude | sign
-        if HAS_INF and not HAS_SCALE:
-            inf_code = (((1 << (BITS - 1 - MBITS)) - 1) << MBITS) | sign
-            code = tl.where(tl.abs(v) == float("inf"), inf_code, code)
+    code = signed_code(grid_code(k, e, MBITS, EMIN, MAX_CODE, IS_INT), v, BITS, IS_INT, FNUZ)
+    if HAS_INF and not HAS_SCALE and not IS_INT:
+        inf_code = (((1 << (BITS - 1 - MBITS)) - 1) << MBITS) | sign_bit(v, BITS)
+        code = tl.where(tl.abs(v) == float("inf"), inf_code, code)
     if HAS_SCALE:  # noqa: SIM108  (constexpr branches) a NaN or Inf anywhere in a tile: the whole tile is NaN
         code = tl.where((bad > 0)[:, None], NAN_CODE, code)
     else:
@@ -326,16 +347,6 @@ def exact_steps(
 
 
 @triton.jit
-def grid_code(k, e, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr, IS_INT: tl.constexpr):
-    """The saturated magnitude code of k steps at binade e (see `element_codes`)."""
-    if IS_INT:  # noqa: SIM108
-        code = tl.minimum(k, MAX_CODE)
-    else:
-        code = tl.minimum(((e - EMIN) << MBITS) + k, MAX_CODE)
-    return code
-
-
-@triton.jit
 def quotient_codes(
     x, divisor, bad,
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
@@ -348,15 +359,7 @@ def quotient_codes(
     k, e = exact_steps(
         tl.abs(x) * f[:, None], df[:, None], recip[:, None], 1.0, MBITS, EMIN, EMAX, IS_INT, ROUND
     )
-    magnitude = grid_code(k, e, MBITS, EMIN, MAX_CODE, IS_INT)
-    negative = x.to(tl.int32, bitcast=True) < 0
-    if IS_INT:
-        code = tl.where(negative, -magnitude, magnitude) & ((1 << BITS) - 1)
-    else:
-        sign = tl.where(negative, 1 << (BITS - 1), 0)
-        if FNUZ:
-            sign = tl.where(magnitude > 0, sign, 0)
-        code = magnitude | sign
+    code = signed_code(grid_code(k, e, MBITS, EMIN, MAX_CODE, IS_INT), x, BITS, IS_INT, FNUZ)
     return tl.where((bad > 0)[:, None], NAN_CODE, code)
 
 

@@ -56,6 +56,11 @@ class _Geometry:
         """1-D tiles that cover every row exactly: the data is one contiguous run."""
         return not self.flat and self.tcols == self.tile and self.cols % self.tile == 0
 
+    @property
+    def stored(self) -> int:
+        """Codes an actual cast stores: every element of a flat run, else whole blocks."""
+        return self.cols if self.flat else self.blocks * self.stride
+
     def args(self) -> tuple[int, int, int, int, int]:
         return self.blocks, self.per_row, self.block_rows, self.rows, self.cols
 
@@ -152,19 +157,27 @@ class LaunchConfig:
         return max(self.num_warps, min(16, tile // 1024))
 
 
+@functools.lru_cache(maxsize=32)
+def _scale_format_params(scale: NumberSpec) -> dict[str, object]:
+    """The constants every float-scale kernel takes of the scale format: float32, or an 8-bit
+    float decoded from its codes (the upcast needs no more)."""
+    return {
+        "S_FP32": scale.torch_dtype is torch.float32, "S_MBITS": scale.mbits, "S_EMIN": scale.emin,
+        "S_FNUZ": scale.infnan is InfNaN.FNUZ, "S_HAS_INF": scale.has_inf,
+    }  # fmt: skip
+
+
 def _scale_params(dtype: DataType, scalemode: ScaleMode) -> dict[str, object]:
-    """Kernel constants of a float scale: its format (float32, or an 8-bit float by its codes),
-    the element max it divides amax by, and whether it rounds up (ceil) or to nearest."""
+    """Kernel constants of a float scale for a cast: its format, the codes an 8-bit scale
+    saturates, fails and starts at, the element max it divides amax by, and whether it rounds
+    up (ceil) or to nearest."""
     sspec = dtype.sspec
     assert sspec is not None
     scale = sspec.scale
-    fp32 = scale.torch_dtype is torch.float32
-    params: dict[str, object] = {
-        "ELEM_MAX": float(dtype.nspec.max), "S_FP32": fp32, "CEIL": scalemode is ScaleMode.CEIL,
-        "S_MBITS": scale.mbits, "S_EMIN": scale.emin, "S_EMAX": scale.emax,
-        "S_FNUZ": scale.infnan is InfNaN.FNUZ, "S_HAS_INF": scale.has_inf,
+    params = _scale_format_params(scale) | {
+        "ELEM_MAX": float(dtype.nspec.max), "S_EMAX": scale.emax, "CEIL": scalemode is ScaleMode.CEIL,
     }  # fmt: skip
-    if fp32:
+    if params["S_FP32"]:
         return params | {"S_MAX_CODE": 0, "S_NAN_CODE": 0, "S_ONE_CODE": 0}
     one = int(encode(torch.ones(1), scale)[0])
     return params | {"S_MAX_CODE": max_code(scale), "S_NAN_CODE": nan_code(scale), "S_ONE_CODE": one}
@@ -206,7 +219,7 @@ def cast(
     shape = tuple(x.shape)
     geo = _geometry(shape, dtype)
     has_scale = dtype.sspec is not None
-    numel_padded = geo.blocks * geo.tile if has_scale else x.numel()
+    numel_padded = geo.stored
     code_bytes = packed_nbytes(numel_padded, nspec.bits)
     out_size = out_dtype.itemsize if virtual and out_dtype is not None else x.element_size()
     per_program = config.blocks(geo.tile, max(x.element_size(), out_size))
@@ -283,7 +296,7 @@ def _float_cast(
         if geo.blocks:
             float_virtual_kernel[grid](source, _as_bits(result), placeholder, *geo.args(), **common)
         return result
-    numel_padded = x.numel() if geo.flat else geo.blocks * geo.stride
+    numel_padded = geo.stored
     code_bytes = packed_nbytes(numel_padded, nspec.bits)
     codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
     scale_dtype = sspec.scale.torch_dtype
@@ -366,13 +379,11 @@ def _float_upcast(
         given = t.tensor_scale.to(device=device, dtype=torch.float32).reshape(1)
     else:
         given = t.codes
-    fp32 = scale.torch_dtype is torch.float32
-    scales = t.scales if fp32 or geo.flat else t.scales.view(torch.uint8)
+    params = _scale_format_params(scale)
+    scales = t.scales if params["S_FP32"] or geo.flat else t.scales.view(torch.uint8)
     if geo.blocks:
         float_upcast_kernel[grid](
             t.codes, scales, given, _as_bits(out), *geo.args(), t.codes.numel(), geo.stride, GIVEN=geo.flat,
-            TWO_LEVEL=two_level,
-            S_FP32=fp32, S_MBITS=scale.mbits, S_EMIN=scale.emin, S_FNUZ=scale.infnan is InfNaN.FNUZ,
-            S_HAS_INF=scale.has_inf, **common,
+            TWO_LEVEL=two_level, **params, **common,
         )  # fmt: skip
     return out
