@@ -41,7 +41,7 @@ def user_errors() -> Iterator[None]:
         raise
     except ModelFileError as exc:
         fail(str(exc))
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, ImportError) as exc:  # ImportError: an optional extra not installed
         fail(str(exc))
     except Exception as exc:
         if os.environ.get("COREOPT_DEBUG"):

@@ -249,6 +249,7 @@ from coreai_opt.compression import (  # noqa: E402  (enums and choice lists: no 
     QUANTIZE_GRANULARITIES,
     WEIGHT_DTYPES,
     DType,
+    ExecutorKind,
     PalettizeConfig,
     QScheme,
     QuantizeConfig,
@@ -262,20 +263,39 @@ ObserverChoice = _choices("ObserverChoice", tuple(Observer))
 Scheme = _choices("Scheme", tuple(QScheme))
 QuantizeGranularity = _choices("QuantizeGranularity", QUANTIZE_GRANULARITIES)
 ScaleDType = _choices("ScaleDType", (DType.FP8_E8M0FNU,))
+ExecutorChoice = _choices("ExecutorChoice", tuple(ExecutorKind))
 PaletteGranularity = _choices("PaletteGranularity", PALETTIZE_GRANULARITIES)
 LutDType = _choices("LutDType", LUT_DTYPES)
 JointDType = _choices("JointDType", JOINT_DTYPES)
 
 
+def _executor_option() -> Any:
+    return typer.Option(
+        ExecutorKind.LOCAL.value,
+        "--executor",
+        help="Where the per-weight encoding runs: local (this process), or ray (Ray tasks on the cluster "
+        "ray.init() finds: RAY_ADDRESS, else a new local one; pip install 'coreopt[ray]'). The output file "
+        "is the same either way.",
+    )
+
+
 def _compress(
-    model: Path, output: Path | None, config: Any, force: bool, as_json: bool, what: str, trust_pickle: bool
+    model: Path,
+    output: Path | None,
+    config: Any,
+    force: bool,
+    as_json: bool,
+    what: str,
+    trust_pickle: bool,
+    executor: Any,
 ) -> None:
     from coreai_opt.coreai_utils import compress_file
 
     with user_errors(), _weight_progress(not as_json, what) as progress:
         result = compress_file(
-            model, output, config, force=force, progress=progress, trust_pickle=trust_pickle
-        )
+            model, output, config, force=force, progress=progress, trust_pickle=trust_pickle,
+            executor=executor.value,
+        )  # fmt: skip
     _show_compression(result, as_json)
 
 
@@ -339,6 +359,7 @@ def quantize(
         help="Output file (default: model.<dtype>.<suffix>, or model.w8a8.pt2 with --activations, beside the "
         "input).",
     ),
+    executor: ExecutorChoice = _executor_option(),  # type: ignore[valid-type]
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
@@ -369,7 +390,7 @@ def quantize(
     if activations is None:
         if calibration is not None:
             raise typer.BadParameter("--calibration calibrates --activations", param_hint="--calibration")
-        _compress(model, output, config, force, as_json, "quantizing", trust_pickle)
+        _compress(model, output, config, force, as_json, "quantizing", trust_pickle, executor)
         return
     if calibration is None:
         raise typer.BadParameter(
@@ -379,6 +400,8 @@ def quantize(
         )
     if override:
         raise typer.BadParameter("--override applies to weight-only quantization", param_hint="--override")
+    if executor.value != ExecutorKind.LOCAL.value:
+        raise typer.BadParameter("--executor applies to weight-only quantization", param_hint="--executor")
     from coreai_opt.quantization import QuantizerConfig, quantize_activations_file
 
     from ._render import render_activation_quantization
@@ -440,6 +463,7 @@ def palettize(
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Output file (default: model.lut<nbits>.<suffix> beside the input)."
     ),
+    executor: ExecutorChoice = _executor_option(),  # type: ignore[valid-type]
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
@@ -453,6 +477,8 @@ def palettize(
     Example: coreopt palettize model.aimodel --nbits 4 --granularity grouped --group-size 16 --lut-dtype int8
 
     Example: coreopt palettize model.aimodel --nbits 2 --cluster-dim 2 --override 'head*:n_bits=8' --json
+
+    Example: RAY_ADDRESS=auto coreopt palettize big.aimodel --nbits 4 --executor ray   (on a Ray cluster)
     """
     import os
 
@@ -462,7 +488,7 @@ def palettize(
             per_channel_scale, workers or os.cpu_count() or 1, fast, rounding_precision, threshold,
             _overrides(override, PalettizeConfig),
         )  # fmt: skip
-    _compress(model, output, config, force, as_json, "palettizing", trust_pickle)
+    _compress(model, output, config, force, as_json, "palettizing", trust_pickle, executor)
 
 
 def _n_m_ratio(text: str | None) -> tuple[int, int] | None:
@@ -497,6 +523,7 @@ def sparsify(
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Output file (default: model.sparse<..>.<suffix> beside the input)."
     ),
+    executor: ExecutorChoice = _executor_option(),  # type: ignore[valid-type]
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
@@ -521,7 +548,7 @@ def sparsify(
             sparsity, block_size, ratio, quantize.value if quantize is not None else None, palettize, threshold,
             _overrides(override, SparsifyConfig),
         )  # fmt: skip
-    _compress(model, output, config, force, as_json, "sparsifying", trust_pickle)
+    _compress(model, output, config, force, as_json, "sparsifying", trust_pickle, executor)
 
 
 @app.command()

@@ -183,7 +183,9 @@ class CoreAIWeights:
 
             import tcast
 
-            data = tcast.pack_codes(torch.from_numpy(np.ascontiguousarray(stored.values)), bits).numpy()
+            data = tcast.pack_codes(
+                torch.from_numpy(np.require(stored.values, requirements="CW")), bits
+            ).numpy()
         else:
             data = np.ascontiguousarray(stored.values).view(np.uint8).reshape(-1)
         self._count += 1

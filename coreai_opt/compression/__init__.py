@@ -26,6 +26,7 @@ from ._config import (
     parse_override,
 )
 from ._encoded import Encoding, Palettized, Quantized, ShiftScale, Sparse, Stored
+from ._executors import Executor, ExecutorKind, LocalExecutor, RayExecutor, executor_of
 from ._options import CompressionGranularity, DType, QScheme
 from ._results import CompressionReport, Progress, WeightResult
 from ._sites import Candidate, Consumer, Container, SkipKind, Skipped, Use, WeightSite, Written
@@ -45,6 +46,9 @@ __all__ = [
     "Container",
     "DType",
     "Encoding",
+    "Executor",
+    "ExecutorKind",
+    "LocalExecutor",
     "Override",
     "PalettizeConfig",
     "Palettized",
@@ -52,6 +56,7 @@ __all__ = [
     "QScheme",
     "QuantizeConfig",
     "Quantized",
+    "RayExecutor",
     "ShiftScale",
     "SkipKind",
     "Skipped",
@@ -64,6 +69,7 @@ __all__ = [
     "Written",
     "compress_",
     "container_of",
+    "executor_of",
     "parse_override",
 ]
 
@@ -83,10 +89,19 @@ def container_of(program: Any) -> Container:
     raise TypeError(f"cannot compress a {kind}: give a Core AI program (AIProgram) or an ExportedProgram")
 
 
-def compress_(program: Any, config: Config, progress: Progress | None = None) -> CompressionReport:
-    """Compress `program`'s weights in place as `config` says; report every weight and skip."""
+def compress_(
+    program: Any,
+    config: Config,
+    progress: Progress | None = None,
+    executor: str | ExecutorKind | Executor | None = None,
+) -> CompressionReport:
+    """Compress `program`'s weights in place as `config` says; report every weight and skip.
+
+    `executor` runs the per-weight encoding: `"local"` (None) in this process, `"ray"` as Ray
+    tasks (`pip install 'coreopt[ray]'`), or a `RayExecutor(...)` / any `Executor`; the result is
+    the same program whichever runs it."""
     from ._driver import compress_container  # the encoders import torch: only when compressing
 
     if not isinstance(config, (QuantizeConfig, PalettizeConfig, SparsifyConfig)):
         raise TypeError(f"config must be a QuantizeConfig, PalettizeConfig or SparsifyConfig, not {config!r}")
-    return compress_container(container_of(program), config, progress)
+    return compress_container(container_of(program), config, progress, executor)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ import tcast
 
 from ._config import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig
 from ._encoded import Encoding
+from ._executors import Executor, executor_of
 from ._palettize import palettize
 from ._quantize import quantize
 from ._results import CompressionReport, Progress, WeightResult
@@ -28,25 +30,28 @@ _ENCODERS: dict[type, Encoder] = {
 
 
 def compress_container(
-    container: Container, config: Config, progress: Progress | None = None
+    container: Container,
+    config: Config,
+    progress: Progress | None = None,
+    executor: str | Executor | None = None,
 ) -> CompressionReport:
     """Compress every eligible weight of `container` in place with `config`; report each one.
 
+    The encoding runs on `executor` (`local`, `ray` or an `Executor`; None: local); weights are
+    read and written here in site order, so every executor writes the same program.
     `progress(done, total, name)` is called after each weight (for progress bars).
     """
-    encode = _ENCODERS[type(config)]
+    run = executor_of(executor)
     candidates = container.candidates()
     sites, skipped = select_sites(candidates, config.weight_num_threshold, config.for_weight)
     unmatched = [o.pattern for o in config.unmatched_overrides([c.name for c in candidates])]
     report = CompressionReport(
         skipped=list(skipped), unmatched_overrides=unmatched, already_compressed=container.compressed()
     )
-    for done, (site, site_config) in enumerate(sites, 1):
-        w = container.read(site)
-        if (reason := _non_finite(w)) is not None:
-            report.skipped.append(Skipped(site.name, site.shape, reason, SkipKind.NON_FINITE))
-        elif isinstance(outcome := encode(w, site, site_config), str):
-            report.skipped.append(Skipped(site.name, site.shape, outcome, SkipKind.LAYOUT))
+    jobs = ((container.read(site), replace(site, handle=None), cfg) for site, cfg in sites)
+    for done, ((site, _), outcome) in enumerate(zip(sites, run.map(encode_weight, jobs), strict=True), 1):
+        if isinstance(outcome, Skipped):
+            report.skipped.append(outcome)
         elif (refusal := container.refusal(site, outcome)) is not None:
             report.skipped.append(Skipped(site.name, site.shape, refusal, SkipKind.LAYOUT))
         else:
@@ -61,6 +66,17 @@ def compress_container(
             progress(done, len(sites), site.name)
     container.finish()
     return report
+
+
+def encode_weight(w: torch.Tensor, site: WeightSite, config: Config) -> Encoding | Skipped:
+    """One weight's encoding under its config, or why it stays as it is: the unit of work an
+    executor runs (it needs no container, so it runs in any process)."""
+    if (reason := _non_finite(w)) is not None:
+        return Skipped(site.name, site.shape, reason, SkipKind.NON_FINITE)
+    outcome = _ENCODERS[type(config)](w, site, config)
+    if isinstance(outcome, str):
+        return Skipped(site.name, site.shape, outcome, SkipKind.LAYOUT)
+    return outcome
 
 
 def _non_finite(w: torch.Tensor) -> str | None:

@@ -10,11 +10,13 @@ from typing import Any
 from coreai_opt.compression import (
     CompressionReport,
     Config,
+    Executor,
     PalettizeConfig,
     Progress,
     QuantizeConfig,
     SparsifyConfig,
     compress_,
+    executor_of,
 )
 from coreai_opt.io import (
     ModelFormat,
@@ -74,23 +76,26 @@ def compress_file(
     force: bool = False,
     progress: Progress | None = None,
     trust_pickle: bool = False,
+    executor: str | Executor | None = None,
 ) -> CompressionFileResult:
     """Compress a model's weights as `config` says into a new file (the input is never touched).
 
     The container follows the suffix: an `.aimodel` is rewritten with Core AI's decompression ops,
     a `.pt2` with coreai-torch's (the output has the input's format). Paths are checked first, so
-    bad input fails before any work; the output is written atomically.
+    bad input fails before any work; the output is written atomically. `executor` runs the
+    per-weight encoding (`local`, `ray`, or an `Executor`); the file is the same whichever runs it.
     """
     source = Path(source)
     kind = model_format(source, (ModelFormat.AIMODEL, ModelFormat.PT2))
     out = Path(output) if output is not None else default_output(source, config)
     model_format(out, (kind,))
     check_output(out, force=force, inputs=(source,))
+    run = executor_of(executor)  # an unknown name or a missing extra fails before the load
     program = (
         load_aimodel(source) if kind is ModelFormat.AIMODEL else load_pt2(source, trust_pickle=trust_pickle)
     )
     start = time.perf_counter()
-    report = compress_(program, config, progress)
+    report = compress_(program, config, progress, run)
     seconds = time.perf_counter() - start
     if kind is ModelFormat.AIMODEL:
         save_aimodel(program, out, force=force, inputs=(source,))

@@ -87,8 +87,10 @@ def save_pt2(
     import torch
 
     def write(tmp: Path) -> None:
-        with _quiet_torch_export():
-            torch.export.save(program, tmp)
+        # Through a file object: torch names the archive's root folder after a path's file name,
+        # which would leak the temporary name and make every save differ.
+        with _quiet_torch_export(), open(tmp, "wb") as stream:
+            torch.export.save(program, stream)
 
     write_atomically(path, write)
     return path

@@ -1,0 +1,120 @@
+"""Executors run the per-weight encoding elsewhere; the file written is the same byte for byte."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SAMPLE_NAMES, SAMPLES
+
+from coreai_opt.compression import (
+    LocalExecutor,
+    PalettizeConfig,
+    QuantizeConfig,
+    RayExecutor,
+    SparsifyConfig,
+    executor_of,
+)
+from coreai_opt.coreai_utils import compress_file
+
+CONFIGS = {
+    "quantize": QuantizeConfig("int4", granularity="block", block_size=16, weight_num_threshold=256),
+    "palettize": PalettizeConfig(4, granularity="grouped", group_size=4, weight_num_threshold=256),
+    "sparsify": SparsifyConfig(n_m_ratio=(2, 4), quantize_dtype="int8", weight_num_threshold=256),
+}
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    if path.is_file():
+        return {"": path.read_bytes()}
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _same_file(source: Path, tmp_path: Path, config: Any, executor: Any) -> None:
+    """Compress `source` on this process and on `executor`: same report, same bytes."""
+    local = compress_file(source, tmp_path / f"local{source.suffix}", config)
+    other = compress_file(source, tmp_path / f"other{source.suffix}", config, executor=executor)
+    assert _files(local.output) == _files(other.output)
+    assert other.report.to_dict() == local.report.to_dict()
+    assert local.report.weights, f"{source.name}: nothing compressed, the comparison proves nothing"
+
+
+class OutOfOrderExecutor:
+    """Runs jobs on threads and finishes them in reverse order, yielding in the jobs' order: what a
+    cluster does to results, without one."""
+
+    def map(self, fn: Callable[..., Any], jobs: Iterable[tuple[Any, ...]]) -> Iterator[Any]:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(fn, *job) for job in list(jobs)]
+            results = [f.result() for f in reversed(futures)][::-1]
+        yield from results
+
+
+@pytest.mark.parametrize("suffix", [".aimodel", ".pt2"])
+def test_an_executor_that_finishes_out_of_order_writes_the_same_file(
+    suffix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    _same_file(SAMPLES / f"transformer{suffix}", tmp_path, CONFIGS["palettize"], OutOfOrderExecutor())
+
+
+def test_executors_by_name_and_bad_values() -> None:
+    assert isinstance(executor_of(None), LocalExecutor)
+    assert isinstance(executor_of("local"), LocalExecutor)
+    custom = OutOfOrderExecutor()
+    assert executor_of(custom) is custom
+    with pytest.raises(ValueError, match="unknown executor 'dask': choose one of local, ray"):
+        executor_of("dask")
+    with pytest.raises(TypeError, match="map"):
+        executor_of(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="in_flight"):
+        RayExecutor(in_flight=0)
+
+
+def test_executor_ray_without_the_extra_fails_before_any_work(
+    coreopt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    out = tmp_path / "out.aimodel"
+    result = coreopt("quantize", SAMPLES / "mlp.aimodel", "-o", out, "--executor", "ray")
+    assert result.exit_code == 1
+    assert (
+        result.stderr
+        == "error: the Ray executor needs Ray: pip install 'coreopt[ray]' (or run with executor 'local')\n"
+    )
+    assert not out.exists()
+
+
+def test_ray_cluster_of_four_workers_writes_the_local_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every sample model, both containers, every pass: byte-identical to the local path (one test,
+    so one cluster on the machine)."""
+    ray = pytest.importorskip("ray", reason="the Ray extra is not installed (pip install 'coreopt[ray]')")
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        assert ray.cluster_resources()["CPU"] == 4
+        executor = RayExecutor(in_flight=3)  # fewer than the weights: the window refills
+        compared = 0
+        for name in SAMPLE_NAMES:
+            for suffix in (".aimodel", ".pt2"):
+                for method, config in CONFIGS.items():
+                    folder = tmp_path / f"{name}{suffix}.{method}"
+                    folder.mkdir()
+                    try:
+                        _same_file(SAMPLES / f"{name}{suffix}", folder, config, executor)
+                    except AssertionError as error:
+                        if "nothing compressed" in str(error) and name == "int_arith":
+                            continue  # integer arithmetic only: no float weight to compress
+                        raise
+                    compared += 1
+        assert compared >= 24
+    finally:
+        ray.shutdown()
