@@ -3,50 +3,112 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 
 EXIT_OK = 0
-EXIT_USER_ERROR = 1  # usage errors exit 2, click's own code
+EXIT_USER_ERROR = 1  # bad input: a file, its contents, the environment
+EXIT_USAGE = 2  # bad options or option values (click's own code for usage errors)
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 
-def fail(message: str) -> NoReturn:
-    """One line on stderr, exit code 1: the contract every command keeps for bad input."""
+def error_document(message: str, exit_code: int, **details: Any) -> dict[str, Any]:
+    """What `--json` prints on stdout when a command fails (the one-line error still goes to stderr)."""
+    return {"error": {"message": message, "exit_code": exit_code, **details}}
+
+
+def fail(message: str, as_json: bool = False, path: Any = None) -> NoReturn:
+    """One line on stderr (and a JSON error object on stdout with --json), exit code 1: the
+    contract every command keeps for bad input."""
     line = " ".join(str(message).split())
+    if as_json:
+        print_json(error_document(line, EXIT_USER_ERROR, **({"path": str(path)} if path is not None else {})))
     sys.stderr.write(f"error: {line}\n")
     sys.stderr.flush()
     raise typer.Exit(EXIT_USER_ERROR)
 
 
 @contextlib.contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn every failure inside a command into one line and exit code 1.
+def user_errors(as_json: bool = False, flags: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Turn every failure inside a command into one line and exit code 1; an invalid option value
+    the library finds late (a `ConfigError` naming one of `flags`) exits 2 as `option_errors` does.
 
     Set COREOPT_DEBUG=1 to let unexpected exceptions through with their traceback.
     """
+    from coreai_opt._errors import ConfigError
     from coreai_opt.io import ModelFileError
 
     try:
         yield
-    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+    except (typer.Exit, typer.Abort, KeyboardInterrupt, typer.BadParameter):
         raise
+    except ConfigError as exc:
+        if flags and any(f in flags for f in exc.fields):
+            raise bad_parameter(exc, flags) from None
+        fail(str(exc), as_json)
     except ModelFileError as exc:
-        fail(str(exc))
+        fail(str(exc), as_json, exc.path)
     except (ValueError, OSError, ImportError) as exc:  # ImportError: an optional extra not installed
-        fail(str(exc))
+        fail(str(exc), as_json)
     except Exception as exc:
         if os.environ.get("COREOPT_DEBUG"):
             raise
-        fail(f"unexpected {type(exc).__name__}: {exc} (set COREOPT_DEBUG=1 for a traceback)")
+        fail(f"unexpected {type(exc).__name__}: {exc} (set COREOPT_DEBUG=1 for a traceback)", as_json)
+
+
+@contextlib.contextmanager
+def option_errors(flags: Mapping[str, str], default: str | None = None) -> Iterator[None]:
+    """Invalid option values exit 2 naming the flag, as click's own checks do. `flags` maps the
+    library's parameter names (a `ConfigError`'s `fields`) to this command's flags; messages say the
+    flag instead of the parameter (except inside an --override, whose syntax uses the names)."""
+    try:
+        yield
+    except ValueError as exc:
+        raise bad_parameter(exc, flags, default) from None
+
+
+def bad_parameter(
+    exc: ValueError, flags: Mapping[str, str], default: str | None = None
+) -> typer.BadParameter:
+    fields = getattr(exc, "fields", ())
+    flag = next((flags[f] for f in fields if f in flags), default)
+    message = " ".join(str(exc).split())
+    if "overrides" not in fields:
+        for name, option in flags.items():
+            message = re.sub(rf"(?<![\w-]){re.escape(name)}\b", option, message)
+    return typer.BadParameter(message, param_hint=flag)
+
+
+def run(app: typer.Typer) -> None:
+    """Run a CLI as its console script: usage errors exit 2 as click prints them, and with --json
+    also print a JSON error object on stdout, as every other failure does."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # click's usage errors (typer carries its own click)
+        exit_code = getattr(exc, "exit_code", EXIT_USAGE)
+        if "--json" in sys.argv[1:]:
+            print_json(error_document(" ".join(exc.format_message().split()), exit_code))
+        exc.show()
+        sys.exit(exit_code)
+    except typer.Abort:
+        sys.stderr.write("Aborted!\n")
+        sys.exit(EXIT_USER_ERROR)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+def choices(name: str, members: tuple[enum.Enum, ...]) -> type[enum.StrEnum]:
+    """A CLI choice type offering exactly the library's members (by their values)."""
+    return enum.StrEnum(name, {m.value: m.value for m in members})  # type: ignore[return-value]
 
 
 def print_json(document: Any) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import enum
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,10 +12,13 @@ import typer
 from coreai_opt import __version__
 
 from ._common import (
+    choices,
     err_console,
     force_option,
     json_option,
+    option_errors,
     print_json,
+    run,
     trust_pickle_option,
     user_errors,
     version_option,
@@ -54,7 +56,7 @@ def inspect(
 
     from ._render import render_model_report
 
-    with user_errors():
+    with user_errors(as_json):
         report = inspect_model(model, trust_pickle=trust_pickle)
     if as_json:
         print_json(report.to_dict())
@@ -83,7 +85,7 @@ def convert(
 
     from ._render import render_conversion
 
-    with user_errors():
+    with user_errors(as_json):
         with (
             err_console.status(f"converting {model} ...", spinner="dots")
             if not as_json
@@ -149,7 +151,7 @@ def cast(
     from ._render import render_cast
 
     with (
-        user_errors(),
+        user_errors(as_json, {"ignored_ops": "--ignore-op"}),
         err_console.status(f"casting {model} ...", spinner="dots")
         if not as_json
         else contextlib.nullcontext(),
@@ -171,11 +173,6 @@ def cast(
         render_cast(result)
     if result.check is not None and not result.check.ok:
         raise typer.Exit(1)
-
-
-def _choices(name: str, members: tuple[enum.Enum, ...]) -> type[enum.StrEnum]:
-    """A CLI choice type offering exactly the library's members (by their values)."""
-    return enum.StrEnum(name, {m.value: m.value for m in members})  # type: ignore[return-value]
 
 
 def _default(config: type, name: str) -> Any:
@@ -206,7 +203,26 @@ def _override_option() -> Any:
 def _overrides(texts: list[str], config: type) -> tuple[Any, ...]:
     from coreai_opt.compression import parse_override
 
-    return tuple(parse_override(text, config) for text in texts)
+    with option_errors({}, "--override"):
+        return tuple(parse_override(text, config) for text in texts)
+
+
+# The library's parameter names -> this CLI's flags, so errors name what the user typed.
+_COMMON_FLAGS = {"weight_num_threshold": "--threshold", "overrides": "--override"}
+_QUANTIZE_FLAGS = _COMMON_FLAGS | {
+    "dtype": "--dtype", "qscheme": "--scheme", "granularity": "--granularity", "block_size": "--block-size",
+    "scale_dtype": "--scale-dtype",
+}  # fmt: skip
+_PALETTIZE_FLAGS = _COMMON_FLAGS | {
+    "n_bits": "--nbits", "lut_dtype": "--lut-dtype", "granularity": "--granularity", "group_size": "--group-size",
+    "cluster_dim": "--cluster-dim", "enable_per_channel_scale": "--per-channel-scale",
+    "num_kmeans_workers": "--workers", "enable_fast_kmeans_mode": "--fast",
+    "rounding_precision": "--rounding-precision",
+}  # fmt: skip
+_SPARSIFY_FLAGS = _COMMON_FLAGS | {
+    "target_sparsity": "--sparsity", "block_size": "--block-size", "n_m_ratio": "--nm",
+    "quantize_dtype": "--quantize", "palettize_nbits": "--palettize",
+}  # fmt: skip
 
 
 def _show_compression(result: CompressionFileResult, as_json: bool) -> None:
@@ -257,16 +273,16 @@ from coreai_opt.compression import (  # noqa: E402  (enums and choice lists: no 
 )
 from coreai_opt.quantization import ACTIVATION_DTYPES, ActivationConfig, Observer, OpConfig  # noqa: E402
 
-WeightDType = _choices("WeightDType", WEIGHT_DTYPES)
-ActivationDType = _choices("ActivationDType", ACTIVATION_DTYPES)
-ObserverChoice = _choices("ObserverChoice", tuple(Observer))
-Scheme = _choices("Scheme", tuple(QScheme))
-QuantizeGranularity = _choices("QuantizeGranularity", QUANTIZE_GRANULARITIES)
-ScaleDType = _choices("ScaleDType", (DType.FP8_E8M0FNU,))
-ExecutorChoice = _choices("ExecutorChoice", tuple(ExecutorKind))
-PaletteGranularity = _choices("PaletteGranularity", PALETTIZE_GRANULARITIES)
-LutDType = _choices("LutDType", LUT_DTYPES)
-JointDType = _choices("JointDType", JOINT_DTYPES)
+WeightDType = choices("WeightDType", WEIGHT_DTYPES)
+ActivationDType = choices("ActivationDType", ACTIVATION_DTYPES)
+ObserverChoice = choices("ObserverChoice", tuple(Observer))
+Scheme = choices("Scheme", tuple(QScheme))
+QuantizeGranularity = choices("QuantizeGranularity", QUANTIZE_GRANULARITIES)
+ScaleDType = choices("ScaleDType", (DType.FP8_E8M0FNU,))
+ExecutorChoice = choices("ExecutorChoice", tuple(ExecutorKind))
+PaletteGranularity = choices("PaletteGranularity", PALETTIZE_GRANULARITIES)
+LutDType = choices("LutDType", LUT_DTYPES)
+JointDType = choices("JointDType", JOINT_DTYPES)
 
 
 def _executor_option() -> Any:
@@ -291,7 +307,7 @@ def _compress(
 ) -> None:
     from coreai_opt.coreai_utils import compress_file
 
-    with user_errors(), _weight_progress(not as_json, what) as progress:
+    with user_errors(as_json), _weight_progress(not as_json, what) as progress:
         result = compress_file(
             model, output, config, force=force, progress=progress, trust_pickle=trust_pickle,
             executor=executor.value,
@@ -382,7 +398,7 @@ def quantize(
     if threshold is None:
         defaults = OpConfig().weights if activations is not None else QuantizeConfig()
         threshold = defaults.weight_num_threshold  # type: ignore[union-attr]
-    with user_errors():
+    with option_errors(_QUANTIZE_FLAGS):
         config = QuantizeConfig(
             dtype.value, scheme.value, granularity.value if granularity is not None else None, block_size,
             scale_dtype.value if scale_dtype is not None else None, threshold, _overrides(override, QuantizeConfig),
@@ -406,10 +422,10 @@ def quantize(
 
     from ._render import render_activation_quantization
 
-    with user_errors():
+    with option_errors(_QUANTIZE_FLAGS):
         acts = ActivationConfig(activations.value, activation_scheme.value, observer.value)
         qconfig = QuantizerConfig(OpConfig(config, acts))
-    with user_errors(), _weight_progress(not as_json, "calibrating") as progress:
+    with user_errors(as_json), _weight_progress(not as_json, "calibrating") as progress:
         result = quantize_activations_file(
             model, output, qconfig, calibration=calibration, random_samples=calibration_samples,
             force=force, progress=progress, trust_pickle=trust_pickle,
@@ -482,7 +498,7 @@ def palettize(
     """
     import os
 
-    with user_errors():
+    with option_errors(_PALETTIZE_FLAGS):
         config = PalettizeConfig(
             nbits, lut_dtype.value if lut_dtype is not None else None, granularity.value, group_size, cluster_dim,
             per_channel_scale, workers or os.cpu_count() or 1, fast, rounding_precision, threshold,
@@ -543,7 +559,7 @@ def sparsify(
         raise typer.BadParameter("give --sparsity or --nm, not both", param_hint="--nm")
     if quantize is not None and palettize is not None:
         raise typer.BadParameter("give --quantize or --palettize, not both", param_hint="--palettize")
-    with user_errors():
+    with option_errors(_SPARSIFY_FLAGS):
         config = SparsifyConfig(
             sparsity, block_size, ratio, quantize.value if quantize is not None else None, palettize, threshold,
             _overrides(override, SparsifyConfig),
@@ -600,7 +616,7 @@ def compare(
 
     if inputs is not None and samples != 1:
         raise typer.BadParameter("give --inputs or --samples, not both", param_hint="--samples")
-    with user_errors(), _weight_progress(not as_json, "comparing") as progress:
+    with user_errors(as_json), _weight_progress(not as_json, "comparing") as progress:
         result = compare_files(
             reference,
             candidate,
@@ -621,7 +637,7 @@ def compare(
 
 
 def main() -> None:
-    app()
+    run(app)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,23 @@ from rich.panel import Panel
 from rich.progress import Progress
 from rich.table import Table
 
-from tcast import __version__
+from tcast import CastMode, RoundMode, __version__
 
-from ._common import console, err_console, force_option, json_option, print_json, user_errors, version_option
+from ._common import (
+    choices,
+    console,
+    err_console,
+    force_option,
+    json_option,
+    option_errors,
+    print_json,
+    run,
+    user_errors,
+    version_option,
+)
+
+ModeChoice = choices("ModeChoice", tuple(CastMode))
+RoundChoice = choices("RoundChoice", tuple(RoundMode))
 
 app = typer.Typer(
     name="tcast",
@@ -58,7 +72,7 @@ def inspect(
     """
     from tcast._files import code_table
 
-    with user_errors():
+    with user_errors(as_json):
         dtype = _resolve(name)
         codes = code_table(dtype.nspec) if dtype.nspec.bits <= 8 else []
     doc = dtype.describe() | {"codes": [c.__dict__ for c in codes]}
@@ -134,10 +148,12 @@ def cast(
     source: Path = typer.Argument(..., help="Input .safetensors file."),
     dtype: str = typer.Option(..., "--dtype", help="Target datatype, e.g. mxfp4e2."),
     output: Path = typer.Option(..., "-o", "--output", help="Output .safetensors file."),
-    mode: str = typer.Option(
-        "virtual", "--mode", help="virtual (fake-quantized floats) or actual (codes + scales)."
+    mode: ModeChoice = typer.Option(  # type: ignore[valid-type]
+        CastMode.VIRTUAL.value, "--mode", help="virtual (fake-quantized floats) or actual (codes + scales)."
     ),
-    roundmode: str = typer.Option("even", "--round", help="even, nearest, zero or stochastic."),
+    roundmode: RoundChoice = typer.Option(  # type: ignore[valid-type]
+        RoundMode.EVEN.value, "--round", help="Rounding of the elements."
+    ),
     only: str | None = typer.Option(None, "--only", help="Cast only tensors whose name matches this regex."),
     force: bool = force_option(),
     as_json: bool = json_option(),
@@ -146,24 +162,34 @@ def cast(
 
     Example: tcast cast weights.safetensors --dtype mxfp4e2 -o weights.mxfp4.safetensors
     """
+    import re
+
     from tcast._files import cast_file
 
-    if mode not in ("virtual", "actual"):
-        raise typer.BadParameter("--mode must be virtual or actual")
-    with user_errors():
+    with option_errors({}, "--dtype"):
         target = _resolve(dtype)
-        with Progress(console=err_console, transient=True, disable=as_json) as progress:
-            task = progress.add_task("casting", total=None)
-            results = cast_file(
-                source,
-                output,
-                target,
-                castmode=mode,
-                roundmode=roundmode,
-                only=only,
-                force=force,
-                progress=lambda name: progress.update(task, description=f"casting {name}", advance=1),
-            )
+    with option_errors({}, "--only"):
+        try:
+            re.compile(only or "")
+        except re.error as exc:
+            raise ValueError(f"{only!r} is not a regular expression ({exc})") from None
+    with (
+        user_errors(as_json),
+        Progress(
+            console=err_console, transient=True, disable=as_json or not err_console.is_terminal
+        ) as progress,
+    ):
+        task = progress.add_task("casting", total=None)
+        results = cast_file(
+            source,
+            output,
+            target,
+            castmode=mode.value,
+            roundmode=roundmode.value,
+            only=only,
+            force=force,
+            progress=lambda name: progress.update(task, description=f"casting {name}", advance=1),
+        )
     done = [r for r in results if not r.skipped]
     if as_json:
         print_json(
@@ -171,13 +197,13 @@ def cast(
                 "source": str(source),
                 "output": str(output),
                 "datatype": target.name,
-                "mode": mode,
+                "mode": mode.value,
                 "tensors": [r.to_dict() for r in results],
                 "cast": len(done),
             }
         )
         return
-    table = Table(title=f"{source} -> {output} ({target.name}, {mode})", title_justify="left")
+    table = Table(title=f"{source} -> {output} ({target.name}, {mode.value})", title_justify="left")
     for column in ("tensor", "shape", "SQNR dB", "max abs err", "bits/value"):
         table.add_column(column, justify="left" if column in ("tensor", "shape") else "right")
     for r in results:
@@ -202,20 +228,26 @@ def upcast(
     source: Path = typer.Argument(..., help="A file written by `tcast cast --mode actual`."),
     output: Path = typer.Option(..., "-o", "--output", help="Output .safetensors file of floats."),
     force: bool = force_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Restore float tensors from codes and scales.
 
     Example: tcast upcast weights.mxfp4.safetensors -o weights.restored.safetensors
+
+    Example: tcast upcast weights.mxfp4.safetensors -o weights.restored.safetensors --force --json
     """
     from tcast._files import upcast_file
 
-    with user_errors():
+    with user_errors(as_json):
         names = upcast_file(source, output, force=force)
+    if as_json:
+        print_json({"source": str(source), "output": str(output), "restored": names})
+        return
     console.print(f"restored {len(names)} tensors into {output}")
 
 
 def main() -> None:
-    app()
+    run(app)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ._datatype import DataType
 from ._metrics import sqnr_db
 from ._number import NumberSpec
+
+if TYPE_CHECKING:
+    import torch
 
 METADATA_KEY = "tcast"
 
@@ -68,13 +69,22 @@ class TensorCastResult:
         return asdict(self) | {"shape": list(self.shape)}
 
 
+def check_paths(source: Path, output: Path, *, force: bool) -> None:
+    """Every path error before any work (and before torch loads): a missing or non-file input, an
+    output onto the input, an existing output without `force`."""
+    if not source.exists():
+        raise ValueError(f"{source}: no such file")
+    if source.is_dir():
+        raise ValueError(f"{source}: is a directory, not a .safetensors file")
+    if output.resolve() == source.resolve():
+        raise ValueError(f"{output}: refusing to write the output onto the input file")
+    if output.exists() and not force:
+        raise ValueError(f"{output}: output already exists (pass --force to overwrite)")
+
+
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     from safetensors import SafetensorError, safe_open
 
-    if not path.exists():
-        raise ValueError(f"{path}: no such file")
-    if path.is_dir():
-        raise ValueError(f"{path}: is a directory, not a .safetensors file")
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
@@ -121,13 +131,13 @@ def cast_file(
     With a CUDA device present each tensor is cast there (TritonCast where it supports the type);
     results come back to the CPU and are the same bits either way.
     """
+    source, output = Path(source), Path(output)
+    check_paths(source, output, force=force)
+    import torch
+
     from . import cast, upcast
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-
-    source, output = Path(source), Path(output)
-    if output.resolve() == source.resolve():
-        raise ValueError(f"{output}: refusing to write the output onto the input file")
     pattern = re.compile(only) if only else None
     tensors, metadata = _read(source)
     written: dict[str, torch.Tensor] = {}
@@ -180,10 +190,13 @@ _PARTS = (".codes", ".scales", ".zeros", ".tensor_scale", ".meta")  # what an ac
 
 def upcast_file(source: Path | str, output: Path | str, *, force: bool = False) -> list[str]:
     """Read a file written by an actual cast back to float tensors; returns the restored names."""
+    source, output = Path(source), Path(output)
+    check_paths(source, output, force=force)
+    import torch
+
     from . import upcast
     from ._tensor import Tensor
 
-    source, output = Path(source), Path(output)
     tensors, metadata = _read(source)
     if METADATA_KEY not in metadata:
         raise ValueError(f"{source}: no tcast metadata (was it written by `tcast cast --mode actual`?)")

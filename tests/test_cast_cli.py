@@ -88,7 +88,6 @@ def test_rich_report_shows_dtype_changes(tmp_path: Path, coreopt) -> None:  # ty
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--ignore-op", "aten.no_such_op.default"], "unknown op"),
         (["--inputs", "missing.safetensors"], "missing.safetensors"),
         (["-o", "out.aimodel"], ".pt2"),
     ],

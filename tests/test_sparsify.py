@@ -233,7 +233,7 @@ def test_cli_sparsify_json_and_errors(coreopt, tmp_path: Path) -> None:  # type:
     bad_nm = coreopt("sparsify", model, "--nm", "2-4")
     assert bad_nm.exit_code == 2
     bad_value = coreopt("sparsify", model, "--sparsity", "1.5", "-o", tmp_path / "x.aimodel")
-    assert bad_value.exit_code == 1 and "strictly between 0 and 1" in bad_value.stderr
+    assert bad_value.exit_code == 2 and "strictly between 0 and 1" in bad_value.stderr
     assert not (tmp_path / "x.aimodel").exists()
     missing = coreopt("sparsify", tmp_path / "nope.aimodel")
     assert missing.exit_code == 1 and "nope.aimodel" in missing.stderr

@@ -5,14 +5,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from coreai_opt.io import ModelFileError, ModelFormat, check_output, load_pt2, model_format, save_pt2
+from coreai_opt.io import (
+    ModelFileError,
+    ModelFormat,
+    check_output,
+    load_pt2,
+    model_format,
+    require_existing,
+    save_pt2,
+)
 
-from ._api import CastTarget, cast_program
-from ._check import CheckResult, check_inputs, compare_programs
-from ._graph import resolve_op
-from ._report import CastReport
+from ._target import CastTarget
+
+if TYPE_CHECKING:
+    from ._check import CheckResult
+    from ._report import CastReport
 
 
 @dataclass
@@ -55,9 +64,15 @@ def cast_file(
     source = Path(source)
     target = CastTarget(target)
     model_format(source, (ModelFormat.PT2,))
+    require_existing(source)
     out = Path(output) if output is not None else default_output(source, target)
     model_format(out, (ModelFormat.PT2,))
     check_output(out, force=force, inputs=(source,))
+    # torch loads only now: a wrong path fails at once
+    from ._api import cast_program
+    from ._check import check_inputs, compare_programs
+    from ._graph import resolve_op
+
     ops = tuple(resolve_op(name) for name in ignored_ops)
     program = load_pt2(source, trust_pickle=trust_pickle)
     # a second load, not a deep copy: mapped weights cost no memory until they are read

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.fx import Graph, Node
 
+from coreai_opt._errors import ConfigError
 from coreai_opt._fx import CAST_PACKETS, packet
 
 aten = torch.ops.aten
@@ -253,11 +254,12 @@ def resolve_op(name: str) -> Any:
     """`aten.exp.default` -> the overload; `aten.exp` -> the overload packet (a leading `torch.ops.` is fine)."""
     parts = name.removeprefix("torch.ops.").split(".")
     if len(parts) not in (2, 3) or not all(parts):
-        raise ValueError(
-            f"op name {name!r} is not of the form namespace.op[.overload], e.g. aten.exp.default"
+        raise ConfigError(
+            f"op name {name!r} is not of the form namespace.op[.overload], e.g. aten.exp.default",
+            "ignored_ops",
         )
     try:
         op = getattr(getattr(torch.ops, parts[0]), parts[1])
         return getattr(op, parts[2]) if len(parts) == 3 else op
     except (AttributeError, RuntimeError):
-        raise ValueError(f"unknown op {name!r}") from None
+        raise ConfigError(f"unknown op {name!r}", "ignored_ops") from None

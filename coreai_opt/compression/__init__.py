@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from coreai_opt._errors import ConfigError
+
 from ._config import (
     JOINT_DTYPES,
     LUT_DTYPES,
@@ -42,6 +44,7 @@ __all__ = [
     "CompressionGranularity",
     "CompressionReport",
     "Config",
+    "ConfigError",
     "Consumer",
     "Container",
     "DType",

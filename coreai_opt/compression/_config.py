@@ -14,6 +14,8 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from coreai_opt._errors import ConfigError
+
 from ._options import CompressionGranularity, DType, QScheme
 
 G = CompressionGranularity
@@ -115,22 +117,23 @@ class _Config:
 
     def _check_common(self) -> None:
         if not isinstance(self.weight_num_threshold, int) or self.weight_num_threshold < 0:
-            raise ValueError("weight_num_threshold must be 0 or more")
+            raise ConfigError("weight_num_threshold must be 0 or more", "weight_num_threshold")
         object.__setattr__(self, "overrides", tuple(self.overrides))
         for override in self.overrides:
             if not isinstance(override, Override):
-                raise ValueError(f"overrides take Override records, not {override!r}")
+                raise ConfigError(f"overrides take Override records, not {override!r}", "overrides")
             names = {f.name for f in dataclasses.fields(self)}  # type: ignore[arg-type]
             unknown = [key for key, _ in override.changes if key not in names]
             if unknown:
-                raise ValueError(
-                    f"override {override.pattern!r}: {type(self).__name__} has no option {unknown[0]!r}"
+                raise ConfigError(
+                    f"override {override.pattern!r}: {type(self).__name__} has no option {unknown[0]!r}",
+                    "overrides",
                 )
             if not override.skip:  # the changed config must be valid too: fail now, not mid-run
                 try:
                     dataclasses.replace(self, overrides=(), **self._changes(override))  # type: ignore[type-var]
                 except (ValueError, TypeError) as exc:
-                    raise ValueError(f"override {override.pattern!r}: {exc}") from None
+                    raise ConfigError(f"override {override.pattern!r}: {exc}", "overrides") from None
 
     def for_weight(self: C, name: str) -> C | Override | None:
         """The config for one weight: itself, the first matching override's version of it, or the
@@ -168,14 +171,14 @@ class _Config:
         return out
 
 
-def _enum(kind: type, value: Any) -> Any:
+def _enum(kind: type, value: Any, field_name: str) -> Any:
     if value is None or isinstance(value, kind):
         return value
     try:
         return kind(value)
     except ValueError:
         choices = ", ".join(m.value for m in kind)
-        raise ValueError(f"unknown {kind.__name__} {value!r}; choose one of {choices}") from None
+        raise ConfigError(f"unknown {kind.__name__} {value!r}; choose one of {choices}", field_name) from None
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,7 @@ class QuantizeConfig(_Config):
             ("granularity", G),
             ("scale_dtype", DType),
         ):
-            object.__setattr__(self, name, _enum(kind, getattr(self, name)))
+            object.__setattr__(self, name, _enum(kind, getattr(self, name), name))
         if self.granularity is None:
             object.__setattr__(
                 self, "granularity", G.PER_BLOCK if self.dtype is DType.FP4_E2M1FN else G.PER_CHANNEL
@@ -208,21 +211,28 @@ class QuantizeConfig(_Config):
         self._check_common()
         dtype, granularity = self.dtype, self.granularity
         if dtype is DType.FP8_E8M0FNU:
-            raise ValueError("FP8_E8M0FNU is a scale dtype, not a weight dtype")
+            raise ConfigError("FP8_E8M0FNU is a scale dtype, not a weight dtype", "dtype")
         if granularity not in QUANTIZE_GRANULARITIES:
-            raise ValueError("quantization takes per-tensor, per-channel or per-block granularity")
+            raise ConfigError(
+                "quantization takes per-tensor, per-channel or per-block granularity", "granularity"
+            )
         if not dtype.is_int and self.qscheme is QScheme.ASYMMETRIC:
-            raise ValueError(
-                f"{dtype.name} takes the symmetric scheme only (floating-point data has no zero point)"
+            raise ConfigError(
+                f"{dtype.name} takes the symmetric scheme only (floating-point data has no zero point)",
+                "qscheme",
             )
         if self.scale_dtype is not None and self.scale_dtype is not DType.FP8_E8M0FNU:
-            raise ValueError("scale_dtype is None (the weight's float dtype) or FP8_E8M0FNU")
+            raise ConfigError("scale_dtype is None (the weight's float dtype) or FP8_E8M0FNU", "scale_dtype")
         if self.scale_dtype is not None and dtype.is_int:
-            raise ValueError("scale_dtype applies to FP8/FP4 data; integer data takes float scales")
+            raise ConfigError(
+                "scale_dtype applies to FP8/FP4 data; integer data takes float scales", "scale_dtype"
+            )
         if dtype is DType.FP4_E2M1FN and (granularity is not G.PER_BLOCK or self.block_size != 32):
-            raise ValueError("FP4_E2M1FN is MX: per-block granularity with block_size 32")
+            raise ConfigError(
+                "FP4_E2M1FN is MX: per-block granularity with block_size 32", "block_size", "granularity"
+            )
         if not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError("block_size must be a positive integer")
+            raise ConfigError("block_size must be a positive integer", "block_size")
 
     @property
     def e8m0_scales(self) -> bool:
@@ -253,33 +263,40 @@ class PalettizeConfig(_Config):
     overrides: tuple[Override, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lut_dtype", _enum(DType, self.lut_dtype))
-        object.__setattr__(self, "granularity", _enum(G, self.granularity))
+        object.__setattr__(self, "lut_dtype", _enum(DType, self.lut_dtype, "lut_dtype"))
+        object.__setattr__(self, "granularity", _enum(G, self.granularity, "granularity"))
         self._check_common()
         if self.n_bits not in N_BITS:
-            raise ValueError(f"n_bits must be one of {', '.join(map(str, N_BITS))}, not {self.n_bits}")
+            raise ConfigError(
+                f"n_bits must be one of {', '.join(map(str, N_BITS))}, not {self.n_bits}", "n_bits"
+            )
         if self.lut_dtype is not None and self.lut_dtype not in LUT_DTYPES:
-            raise ValueError("lut_dtype is None, INT8, UINT8, FP8_E4M3FN or FP8_E5M2")
+            raise ConfigError("lut_dtype is None, INT8, UINT8, FP8_E4M3FN or FP8_E5M2", "lut_dtype")
         if self.granularity not in PALETTIZE_GRANULARITIES:
-            raise ValueError("palettization takes per-tensor, per-channel or per-grouped-channel granularity")
+            raise ConfigError(
+                "palettization takes per-tensor, per-channel or per-grouped-channel granularity",
+                "granularity",
+            )
         if self.group_size < 1:
-            raise ValueError("group_size must be positive")
+            raise ConfigError("group_size must be positive", "group_size")
         if self.cluster_dim < 1:
-            raise ValueError("cluster_dim must be positive")
+            raise ConfigError("cluster_dim must be positive", "cluster_dim")
         if self.cluster_dim > 1 and self.granularity is G.PER_CHANNEL:
-            raise ValueError(
-                "cluster_dim > 1 clusters vectors across output channels: use per-tensor or grouped granularity"
+            raise ConfigError(
+                "cluster_dim > 1 clusters vectors across output channels: use per-tensor or grouped granularity",
+                "cluster_dim",
+                "granularity",
             )
         if (
             self.cluster_dim > 1
             and self.granularity is G.PER_GROUPED_CHANNEL
             and self.group_size % self.cluster_dim
         ):
-            raise ValueError("group_size must be a multiple of cluster_dim")
+            raise ConfigError("group_size must be a multiple of cluster_dim", "group_size", "cluster_dim")
         if self.num_kmeans_workers < 1:
-            raise ValueError("num_kmeans_workers must be 1 or more")
+            raise ConfigError("num_kmeans_workers must be 1 or more", "num_kmeans_workers")
         if self.rounding_precision < 0:
-            raise ValueError("rounding_precision must be 0 or more")
+            raise ConfigError("rounding_precision must be 0 or more", "rounding_precision")
 
     @property
     def tag(self) -> str:
@@ -301,7 +318,7 @@ class SparsifyConfig(_Config):
     overrides: tuple[Override, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "quantize_dtype", _enum(DType, self.quantize_dtype))
+        object.__setattr__(self, "quantize_dtype", _enum(DType, self.quantize_dtype, "quantize_dtype"))
         if self.n_m_ratio is not None:
             object.__setattr__(self, "n_m_ratio", tuple(self.n_m_ratio))
         self._check_common()
@@ -309,31 +326,39 @@ class SparsifyConfig(_Config):
             if self.target_sparsity is None:
                 object.__setattr__(self, "target_sparsity", 0.5)
             if not 0.0 < float(self.target_sparsity) < 1.0:  # type: ignore[arg-type]
-                raise ValueError(
-                    f"target_sparsity must lie strictly between 0 and 1, not {self.target_sparsity}"
+                raise ConfigError(
+                    f"target_sparsity must lie strictly between 0 and 1, not {self.target_sparsity}",
+                    "target_sparsity",
                 )
         else:
             if self.target_sparsity is not None:
-                raise ValueError("give exactly one of target_sparsity and n_m_ratio")
+                raise ConfigError(
+                    "give exactly one of target_sparsity and n_m_ratio", "n_m_ratio", "target_sparsity"
+                )
             ratio = self.n_m_ratio
             if (
                 len(ratio) != 2
                 or not all(isinstance(v, int) and not isinstance(v, bool) for v in ratio)
                 or not 0 < ratio[0] < ratio[1]
             ):
-                raise ValueError(
-                    f"n_m_ratio is (n, m) with 0 < n < m: n of every m weights are kept, not {ratio}"
+                raise ConfigError(
+                    f"n_m_ratio is (n, m) with 0 < n < m: n of every m weights are kept, not {ratio}",
+                    "n_m_ratio",
                 )
             if self.block_size is not None:
-                raise ValueError("block_size applies to magnitude sparsity, not to n:m")
+                raise ConfigError("block_size applies to magnitude sparsity, not to n:m", "block_size")
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 2):
-            raise ValueError("block_size must be 2 or more (None prunes single weights)")
+            raise ConfigError("block_size must be 2 or more (None prunes single weights)", "block_size")
         if self.quantize_dtype is not None and self.palettize_nbits is not None:
-            raise ValueError("give at most one of quantize_dtype and palettize_nbits")
+            raise ConfigError(
+                "give at most one of quantize_dtype and palettize_nbits", "palettize_nbits", "quantize_dtype"
+            )
         if self.quantize_dtype is not None and self.quantize_dtype not in JOINT_DTYPES:
-            raise ValueError("quantize_dtype is INT8, UINT8, FP8_E4M3FN or FP8_E5M2")
+            raise ConfigError("quantize_dtype is INT8, UINT8, FP8_E4M3FN or FP8_E5M2", "quantize_dtype")
         if self.palettize_nbits is not None and self.palettize_nbits not in N_BITS:
-            raise ValueError(f"palettize_nbits must be one of {', '.join(map(str, N_BITS))}")
+            raise ConfigError(
+                f"palettize_nbits must be one of {', '.join(map(str, N_BITS))}", "palettize_nbits"
+            )
 
     def _changes(self, override: Override) -> dict[str, Any]:
         """Switching between magnitude and n:m pruning clears the other one."""
