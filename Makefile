@@ -10,7 +10,7 @@ DEMO_OUT ?= build/demo
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,ray,plot]'
 	touch $(STAMP)
 
 demo: $(STAMP)

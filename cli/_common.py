@@ -145,5 +145,14 @@ def trust_pickle_option() -> Any:
     )
 
 
+def allow_empty_option() -> Any:
+    return typer.Option(
+        False,
+        "--allow-empty",
+        help="Write the output even when the options changed nothing (nothing compressed, a pattern or op "
+        "name that matches nothing); without it such a run exits 1 and writes nothing.",
+    )
+
+
 def force_option() -> Any:
     return typer.Option(False, "--force", help="Overwrite an existing output.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.panel import Panel
 from rich.table import Table
 
@@ -13,7 +14,7 @@ from ._common import console, human_bytes
 if TYPE_CHECKING:
     from coreai_opt._agreement import Agreement
     from coreai_opt.casting import CastFileResult
-    from coreai_opt.comparison import ComparisonResult, OutputComparison
+    from coreai_opt.comparison import ComparisonResult, OutputComparison, SweepResult
     from coreai_opt.compression import CompressionReport, Skipped
     from coreai_opt.conversion import ConversionResult
     from coreai_opt.coreai_utils import CompressionFileResult
@@ -257,8 +258,10 @@ def render_compression(result: CompressionFileResult) -> None:
     _skipped_table(report.skipped, result.options.get("weight_num_threshold"))
     if report.weights:
         console.print(
-            f"[bold]Totals[/bold]: compressed weights {human_bytes(report.bytes_before)} -> "
-            f"{human_bytes(report.bytes_after)} ({report.ratio:.2f}x)   "
+            f"[bold]Totals[/bold]: all float tensors {human_bytes(report.total_bytes_before)} -> "
+            f"{human_bytes(report.total_bytes_after)} ({report.total_ratio:.2f}x), of which compressed "
+            f"weights {human_bytes(report.bytes_before)} -> {human_bytes(report.bytes_after)} "
+            f"({report.ratio:.2f}x) and kept {human_bytes(report.kept_bytes)}   "
             f"mean bits/weight {report.bits_per_weight:.2f}   file on disk "
             f"{human_bytes(result.file_bytes_before)} -> {human_bytes(result.file_bytes_after)}"
         )
@@ -347,3 +350,39 @@ def render_comparison(result: ComparisonResult) -> None:
             )
         console.print(spread)
     _render_nonfinite((o.name, o.metrics) for o in result.outputs)
+
+
+def middle_ellipsis(text: str, width: int) -> str:
+    """`text` cut in the middle to `width` characters (names differ at both ends: layer index and
+    parameter)."""
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: (keep + 1) // 2] + "…" + text[len(text) - keep // 2 :]
+
+
+def render_sweep(result: SweepResult) -> None:
+    first = result.comparisons[0]
+    console.print(
+        f"[bold]reference[/bold] {result.reference.name} ({human_bytes(result.reference_bytes)}, "
+        f"{result.reference_bits_per_weight:.2f} bits/weight), {len(first.samples)} sample"
+        f"{'s' * (len(first.samples) > 1)} from {first.inputs_source}"
+    )
+    table = Table(
+        title="Candidates (over every output and sample; --csv, --json: every column)",
+        title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+    )  # fmt: skip
+    for column in ("candidate", "size", "ratio", "bits/w", "cos mean", "cos min", "SNR min"):
+        table.add_column(column, justify="left" if column == "candidate" else "right", no_wrap=True)
+    if result.ok is not None:
+        table.add_column("ok", no_wrap=True)
+    for row in result.rows:
+        cells = [
+            middle_ellipsis(row.candidate.name, 18), human_bytes(row.file_bytes), f"{row.ratio:.2f}x",
+            f"{row.bits_per_weight:.2f}", _number(row.cosine_mean, ".5f"), _number(row.cosine_min, ".5f"),
+            _db(row.snr_db_min),
+        ]  # fmt: skip
+        if result.ok is not None:
+            cells.append("[green]yes[/green]" if row.ok else "[red]no[/red]")
+        table.add_row(*cells)
+    console.print(table)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ import typer
 from coreai_opt import __version__
 
 from ._common import (
+    allow_empty_option,
     choices,
     err_console,
     force_option,
@@ -136,6 +138,7 @@ def cast(
         help="safetensors file with one tensor per user input (by input name) for the check.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random check inputs."),
+    allow_empty: bool = allow_empty_option(),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
@@ -166,6 +169,7 @@ def cast(
             seed=seed,
             force=force,
             trust_pickle=trust_pickle,
+            allow_empty=allow_empty,
         )
     if as_json:
         print_json(result.to_dict())
@@ -304,13 +308,14 @@ def _compress(
     what: str,
     trust_pickle: bool,
     executor: Any,
+    allow_empty: bool,
 ) -> None:
     from coreai_opt.coreai_utils import compress_file
 
     with user_errors(as_json), _weight_progress(not as_json, what) as progress:
         result = compress_file(
             model, output, config, force=force, progress=progress, trust_pickle=trust_pickle,
-            executor=executor.value,
+            executor=executor.value, allow_empty=allow_empty,
         )  # fmt: skip
     _show_compression(result, as_json)
 
@@ -376,6 +381,7 @@ def quantize(
         "input).",
     ),
     executor: ExecutorChoice = _executor_option(),  # type: ignore[valid-type]
+    allow_empty: bool = allow_empty_option(),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
@@ -406,7 +412,7 @@ def quantize(
     if activations is None:
         if calibration is not None:
             raise typer.BadParameter("--calibration calibrates --activations", param_hint="--calibration")
-        _compress(model, output, config, force, as_json, "quantizing", trust_pickle, executor)
+        _compress(model, output, config, force, as_json, "quantizing", trust_pickle, executor, allow_empty)
         return
     if calibration is None:
         raise typer.BadParameter(
@@ -480,6 +486,7 @@ def palettize(
         None, "-o", "--output", help="Output file (default: model.lut<nbits>.<suffix> beside the input)."
     ),
     executor: ExecutorChoice = _executor_option(),  # type: ignore[valid-type]
+    allow_empty: bool = allow_empty_option(),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
@@ -504,7 +511,7 @@ def palettize(
             per_channel_scale, workers or os.cpu_count() or 1, fast, rounding_precision, threshold,
             _overrides(override, PalettizeConfig),
         )  # fmt: skip
-    _compress(model, output, config, force, as_json, "palettizing", trust_pickle, executor)
+    _compress(model, output, config, force, as_json, "palettizing", trust_pickle, executor, allow_empty)
 
 
 def _n_m_ratio(text: str | None) -> tuple[int, int] | None:
@@ -540,6 +547,7 @@ def sparsify(
         None, "-o", "--output", help="Output file (default: model.sparse<..>.<suffix> beside the input)."
     ),
     executor: ExecutorChoice = _executor_option(),  # type: ignore[valid-type]
+    allow_empty: bool = allow_empty_option(),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
@@ -564,7 +572,7 @@ def sparsify(
             sparsity, block_size, ratio, quantize.value if quantize is not None else None, palettize, threshold,
             _overrides(override, SparsifyConfig),
         )  # fmt: skip
-    _compress(model, output, config, force, as_json, "sparsifying", trust_pickle, executor)
+    _compress(model, output, config, force, as_json, "sparsifying", trust_pickle, executor, allow_empty)
 
 
 @app.command()
@@ -572,7 +580,9 @@ def compare(
     reference: Path = typer.Argument(
         ..., help="The reference .aimodel or .pt2 (e.g. before compression; a .pt2 runs in PyTorch)."
     ),
-    candidate: Path = typer.Argument(..., help="The .aimodel or .pt2 to check against it."),
+    candidates: list[Path] = typer.Argument(
+        ..., help="One or more .aimodel or .pt2 files to check against it (several: one row each)."
+    ),
     inputs: Path | None = typer.Option(
         None,
         "--inputs",
@@ -592,13 +602,19 @@ def compare(
     min_cosine: float | None = typer.Option(
         None, "--min-cosine", help="Exit 1 when any output's cosine falls below this (for CI)."
     ),
+    as_csv: bool = typer.Option(False, "--csv", help="Print one CSV row per candidate instead of tables."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Also write a size-vs-accuracy plot as PNG here (pip install 'coreopt[plot]')."
+    ),
     trust_pickle: bool = trust_pickle_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """Run two models on the same samples; per output cosine, SNR and max abs error.
+    """Run models on the same samples; per output cosine, SNR and max abs error.
 
     An .aimodel runs on the Core AI runtime, a .pt2 in PyTorch (compressed weights decoded once).
     Over several samples each metric is its worst sample's, with the mean cosine and SNR beside it.
+    With several candidates the reference runs once and each candidate gets one row: size on disk,
+    bits per weight, cosine mean/min and SNR (a size/accuracy sweep).
 
     Example: coreopt compare sample_models/transformer.aimodel build/t.int8.aimodel --min-cosine 0.999
 
@@ -606,32 +622,39 @@ def compare(
 
     Example: coreopt compare ref.aimodel cand.aimodel --inputs batch.safetensors --json
 
-    Example: coreopt compare model.pt2 model.lut4.pt2 --inputs calibration/ --min-cosine 0.99
-
     Example: coreopt compare model.pt2 model.int4.pt2 --samples 16
-    """
-    from coreai_opt.comparison import compare_files, parse_int_range
 
-    from ._render import render_comparison
+    Example: coreopt compare ref.aimodel a.aimodel b.aimodel c.aimodel --inputs samples/ --csv --plot sweep.png
+    """
+    from coreai_opt.comparison import check_plot_path, compare_sweep, parse_int_range, plot_sweep
+
+    from ._render import render_comparison, render_sweep
 
     if inputs is not None and samples != 1:
         raise typer.BadParameter("give --inputs or --samples, not both", param_hint="--samples")
-    with user_errors(as_json), _weight_progress(not as_json, "comparing") as progress:
-        result = compare_files(
-            reference,
-            candidate,
-            inputs=inputs,
-            samples=samples,
-            seed=seed,
-            int_range=parse_int_range(int_range) if int_range is not None else None,
-            min_cosine=min_cosine,
-            trust_pickle=trust_pickle,
-            progress=progress,
-        )
+    if as_csv and as_json:
+        raise typer.BadParameter("give --csv or --json, not both", param_hint="--csv")
+    with option_errors({}, "--int-range"):
+        parsed_range = parse_int_range(int_range) if int_range is not None else None
+    if plot is not None:
+        with option_errors({}, "--plot"):
+            check_plot_path(plot)
+    flags = {"min_cosine": "--min-cosine", "samples": "--samples"}
+    with user_errors(as_json, flags), _weight_progress(not (as_json or as_csv), "comparing") as progress:
+        result = compare_sweep(
+            reference, candidates, inputs=inputs, samples=samples, seed=seed, int_range=parsed_range,
+            min_cosine=min_cosine, trust_pickle=trust_pickle, progress=progress,
+        )  # fmt: skip
+        if plot is not None:
+            plot_sweep(result, plot)
     if as_json:
-        print_json(result.to_dict())
+        print_json(result.comparisons[0].to_dict() if len(candidates) == 1 else result.to_dict())
+    elif as_csv:
+        sys.stdout.write(result.to_csv())
+    elif len(candidates) == 1:
+        render_comparison(result.comparisons[0])
     else:
-        render_comparison(result)
+        render_sweep(result)
     if result.ok is False:
         raise typer.Exit(1)
 

@@ -10,3 +10,8 @@ class ConfigError(ValueError):
     def __init__(self, message: str, *fields: str) -> None:
         super().__init__(message)
         self.fields = fields
+
+
+class NothingDoneError(ValueError):
+    """A run whose options did nothing they asked for (nothing compressed, a pattern or op name
+    matching nothing); callers may allow it (`allow_empty`)."""

@@ -103,14 +103,24 @@ def test_quantize_default_output_and_no_overwrite(tmp_path: Path, coreopt) -> No
     assert coreopt("quantize", source, "--dtype", "uint4", "--force").exit_code == 0
 
 
-def test_quantize_with_nothing_eligible_warns_and_succeeds(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+def test_quantize_with_nothing_eligible_fails_unless_allowed(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "same.aimodel"
-    doc = _json(coreopt("quantize", SAMPLES / "mlp.aimodel", "--threshold", "1000000", "-o", out, "--json"))
-    assert doc["report"]["weights"] == [] and doc["report"]["warnings"]
-    human = coreopt(
-        "quantize", SAMPLES / "mlp.aimodel", "--threshold", "1000000", "-o", tmp_path / "h.aimodel"
+    args = ("quantize", SAMPLES / "mlp.aimodel", "--threshold", "1000000", "-o", out)
+    refused = coreopt(*args, "--json")
+    assert refused.exit_code == 1 and not out.exists()
+    assert json.loads(refused.stdout)["error"]["message"].endswith(
+        "nothing was compressed (no eligible weight among 6 float tensors): no output written (--allow-empty "
+        "writes it anyway)"
     )
-    assert human.exit_code == 0 and "warning: no eligible weight" in human.stdout
+    doc = _json(coreopt(*args, "--json", "--allow-empty"))
+    assert doc["report"]["weights"] == [] and doc["report"]["warnings"]
+    assert (
+        doc["report"]["total_bytes_before"]
+        == doc["report"]["total_bytes_after"]
+        == doc["report"]["kept_bytes"]
+    )
+    human = coreopt(*args, "--allow-empty", "--force")
+    assert human.exit_code == 0 and "warning: nothing was compressed" in human.stdout
 
 
 def test_quantize_usage_errors_exit_2(coreopt) -> None:  # type: ignore[no-untyped-def]
@@ -129,8 +139,13 @@ def test_quantize_usage_errors_exit_2(coreopt) -> None:  # type: ignore[no-untyp
 )
 def test_compare_rejects_bad_requests(candidate: str, args: tuple[str, ...], message: str, coreopt) -> None:  # type: ignore[no-untyped-def]
     result = coreopt("compare", SAMPLES / "mlp.aimodel", SAMPLES / f"{candidate}.aimodel", *args)
-    assert result.exit_code == 1, result.stdout
-    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    if args:  # an invalid option value: a usage error naming the flag
+        assert (
+            result.exit_code == 2 and args[0] in result.stderr and message in " ".join(result.stderr.split())
+        )
+    else:
+        assert result.exit_code == 1, result.stdout
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coreai_opt._errors import NothingDoneError
 from coreai_opt.io import (
     ModelFileError,
     ModelFormat,
@@ -60,7 +61,11 @@ def cast_file(
     seed: int = 0,
     force: bool = False,
     trust_pickle: bool = False,
+    allow_empty: bool = False,
 ) -> CastFileResult:
+    """Cast a `.pt2` to 16 bits into a new file, checked against the original unless `check` is
+    off. An ignored op that the program never calls raises `NothingDoneError` (a typo, most
+    likely) and writes nothing, unless `allow_empty`."""
     source = Path(source)
     target = CastTarget(target)
     model_format(source, (ModelFormat.PT2,))
@@ -71,10 +76,19 @@ def cast_file(
     # torch loads only now: a wrong path fails at once
     from ._api import cast_program
     from ._check import check_inputs, compare_programs
-    from ._graph import resolve_op
+    from ._graph import op_matcher, resolve_op
 
     ops = tuple(resolve_op(name) for name in ignored_ops)
     program = load_pt2(source, trust_pickle=trust_pickle)
+    calls = [n for n in program.graph.nodes if n.op == "call_function"]
+    unmatched = [
+        name for name, op in zip(ignored_ops, ops, strict=True) if not any(map(op_matcher(op), calls))
+    ]
+    if unmatched and not allow_empty:
+        raise NothingDoneError(
+            f"{source}: the program calls no {', no '.join(unmatched)} (--ignore-op matches nothing): no output "
+            "written (--allow-empty writes it anyway)"
+        )
     # a second load, not a deep copy: mapped weights cost no memory until they are read
     original = load_pt2(source, trust_pickle=trust_pickle) if check else None
     start = time.perf_counter()

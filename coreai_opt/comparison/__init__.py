@@ -1,7 +1,21 @@
 """Run two models (`.aimodel` on the Core AI runtime, `.pt2` in PyTorch) on the same samples and
 measure how closely their outputs agree."""
 
-from ._compare import ComparisonResult, OutputComparison, SampleSpread, compare_files
+from ._compare import ComparisonResult, OutputComparison, SampleSpread, compare_files, compare_many
 from ._inputs import parse_int_range
+from ._plot import check_plot_path, plot_sweep
+from ._sweep import SweepResult, SweepRow, compare_sweep
 
-__all__ = ["ComparisonResult", "OutputComparison", "SampleSpread", "compare_files", "parse_int_range"]
+__all__ = [
+    "ComparisonResult",
+    "OutputComparison",
+    "SampleSpread",
+    "SweepResult",
+    "SweepRow",
+    "check_plot_path",
+    "compare_files",
+    "compare_many",
+    "compare_sweep",
+    "parse_int_range",
+    "plot_sweep",
+]

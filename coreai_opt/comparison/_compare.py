@@ -15,6 +15,7 @@ import numpy as np
 from coreai_opt._agreement import Agreement, agreement, mean_of, worst_of
 from coreai_opt._coreai._runtime import RunResult, TensorSpec, run_in
 from coreai_opt._coreai._sandbox import AssetWorker
+from coreai_opt._errors import ConfigError
 from coreai_opt.compression import Progress
 from coreai_opt.inputs import (
     Draw,
@@ -234,17 +235,39 @@ def compare_files(
     policy (`coreai_opt.inputs`; seeds `seed`, `seed + 1`, ...), with every integer input from
     [low, high) when `int_range` is given. Inputs follow the reference's descriptors and are
     converted to each model's own input dtypes, so an fp16 candidate can be compared with its fp32
-    reference. `progress(done, total, label)` is called after each sample.
+    reference. `progress(done, total, label)` is called after each model run.
     """
-    reference, candidate = Path(reference), Path(candidate)
+    return compare_many(
+        reference, [candidate], inputs=inputs, samples=samples, seed=seed, int_range=int_range,
+        min_cosine=min_cosine, trust_pickle=trust_pickle, progress=progress,
+    )[0]  # fmt: skip
+
+
+def compare_many(
+    reference: Path | str,
+    candidates: list[Path | str] | tuple[Path | str, ...],
+    *,
+    inputs: Path | str | None = None,
+    samples: int = 1,
+    seed: int = 0,
+    int_range: tuple[int, int] | None = None,
+    min_cosine: float | None = None,
+    trust_pickle: bool = False,
+    progress: Progress | None = None,
+) -> list[ComparisonResult]:
+    """`compare_files` for several candidates against one reference, which runs once per sample
+    (its outputs are kept): n candidates cost 1 + n runs per sample, not 2n."""
+    reference, paths = Path(reference), [Path(c) for c in candidates]
+    if not paths:
+        raise ValueError("give at least one candidate")
     if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
-        raise ValueError(f"min_cosine {min_cosine} is not in [-1, 1]")
+        raise ConfigError(f"min_cosine {min_cosine} is not in [-1, 1]", "min_cosine")
     if samples < 1:
-        raise ValueError(f"samples must be 1 or more, not {samples}")
+        raise ConfigError(f"samples must be 1 or more, not {samples}", "samples")
     if inputs is not None and samples != 1:
         raise ValueError("give inputs or a number of random samples, not both")
     start = time.perf_counter()
-    for path in (reference, candidate):
+    for path in (reference, *paths):
         require_existing(path)
         model_format(path, _FORMATS)
     with contextlib.ExitStack() as stack:
@@ -256,36 +279,52 @@ def compare_files(
             seeds = range(seed, seed + samples)
             sampled, rules = _drawn(ref_side, seeds, int_range)
             total, blame, label = samples, reference, seeded_source(seeds)
-        cand_side = _open(candidate, trust_pickle, stack)
-        names, cand_names = sorted(s.name for s in ref_side.inputs), sorted(s.name for s in cand_side.inputs)
-        if names != cand_names:
-            raise ModelFileError(
-                candidate, f"takes inputs {', '.join(cand_names)}; the reference takes {', '.join(names)}"
-            )
-        labels: list[str] = []
-        per_output: list[list[Agreement]] = []
-        pairs: list[tuple[TensorSpec, TensorSpec]] = []
-        for done, (name, arrays) in enumerate(sampled, 1):
-            for side in (ref_side, cand_side):
-                _fits(blame, arrays, side.inputs)
-            ref_run, cand_run = ref_side.run(arrays), cand_side.run(arrays)
-            if not pairs:
-                pairs = _pair_outputs(ref_run.outputs, cand_run.outputs, candidate)
-                per_output = [[] for _ in pairs]
-            for found, (ref, cand) in zip(per_output, pairs, strict=True):
-                found.append(agreement(ref_run.values[ref.name], cand_run.values[cand.name]))
-            labels.append(name)
+        runs = total * (1 + len(paths))
+        ref_runs: list[tuple[str, dict[str, np.ndarray], RunResult]] = []
+        for name, arrays in sampled:
+            _fits(blame, arrays, ref_side.inputs)
+            ref_runs.append((name, arrays, ref_side.run(arrays)))
             if progress is not None:
-                progress(done, total, name)
-    result = ComparisonResult(reference, candidate, label, ref_side.inputs, min_cosine, rules, labels)
-    for found, (ref, cand) in zip(per_output, pairs, strict=True):
-        metrics = worst_of(found)
-        ok = metrics.passes(min_cosine) if min_cosine is not None else None
-        dtype = ref.dtype.name if ref.dtype == cand.dtype else f"{ref.dtype.name} -> {cand.dtype.name}"
-        spread = _spread(found, labels)
-        result.outputs.append(OutputComparison(ref.name, cand.name, ref.shape, dtype, metrics, spread, ok))
-    result.seconds = time.perf_counter() - start
-    return result
+                progress(len(ref_runs), runs, f"{reference.name} {name}")
+    shared = time.perf_counter() - start
+    results = []
+    for index, candidate in enumerate(paths):
+        begun = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            cand_side = _open(candidate, trust_pickle, stack)
+            names, cand_names = (
+                sorted(s.name for s in ref_side.inputs),
+                sorted(s.name for s in cand_side.inputs),
+            )
+            if names != cand_names:
+                raise ModelFileError(
+                    candidate, f"takes inputs {', '.join(cand_names)}; the reference takes {', '.join(names)}"
+                )
+            per_output: list[list[Agreement]] = []
+            pairs: list[tuple[TensorSpec, TensorSpec]] = []
+            for done, (name, arrays, ref_run) in enumerate(ref_runs, 1):
+                _fits(blame, arrays, cand_side.inputs)
+                cand_run = cand_side.run(arrays)
+                if not pairs:
+                    pairs = _pair_outputs(ref_run.outputs, cand_run.outputs, candidate)
+                    per_output = [[] for _ in pairs]
+                for found, (ref, cand) in zip(per_output, pairs, strict=True):
+                    found.append(agreement(ref_run.values[ref.name], cand_run.values[cand.name]))
+                if progress is not None:
+                    progress(total * (1 + index) + done, runs, f"{candidate.name} {name}")
+        labels = [name for name, _, _ in ref_runs]
+        result = ComparisonResult(reference, candidate, label, ref_side.inputs, min_cosine, rules, labels)
+        for found, (ref, cand) in zip(per_output, pairs, strict=True):
+            metrics = worst_of(found)
+            ok = metrics.passes(min_cosine) if min_cosine is not None else None
+            dtype = ref.dtype.name if ref.dtype == cand.dtype else f"{ref.dtype.name} -> {cand.dtype.name}"
+            spread = _spread(found, labels)
+            result.outputs.append(
+                OutputComparison(ref.name, cand.name, ref.shape, dtype, metrics, spread, ok)
+            )
+        result.seconds = shared + time.perf_counter() - begun
+        results.append(result)
+    return results
 
 
 def _spread(found: list[Agreement], labels: list[str]) -> SampleSpread:

@@ -53,7 +53,7 @@ def compress_container(
         if isinstance(outcome, Skipped):
             report.skipped.append(outcome)
         elif (refusal := container.refusal(site, outcome)) is not None:
-            report.skipped.append(Skipped(site.name, site.shape, refusal, SkipKind.LAYOUT))
+            report.skipped.append(site.skipped(refusal, SkipKind.LAYOUT))
         else:
             written = container.write(site, outcome)
             report.weights.append(
@@ -69,13 +69,18 @@ def compress_container(
 
 
 def encode_weight(w: torch.Tensor, site: WeightSite, config: Config) -> Encoding | Skipped:
-    """One weight's encoding under its config, or why it stays as it is: the unit of work an
-    executor runs (it needs no container, so it runs in any process)."""
+    """One weight's encoding under its config, or why it stays as it is (an encoding that would not
+    shrink it is not applied): the unit of work an executor runs (it needs no container, so it runs
+    in any process)."""
     if (reason := _non_finite(w)) is not None:
-        return Skipped(site.name, site.shape, reason, SkipKind.NON_FINITE)
+        return site.skipped(reason, SkipKind.NON_FINITE)
     outcome = _ENCODERS[type(config)](w, site, config)
     if isinstance(outcome, str):
-        return Skipped(site.name, site.shape, outcome, SkipKind.LAYOUT)
+        return site.skipped(outcome, SkipKind.LAYOUT)
+    if outcome.nbytes >= site.nbytes:
+        return site.skipped(
+            f"kept: would grow ({site.nbytes:,} -> {outcome.nbytes:,} bytes)", SkipKind.WOULD_GROW
+        )
     return outcome
 
 

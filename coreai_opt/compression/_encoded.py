@@ -14,6 +14,7 @@ FP4 and E8M0 bit patterns. Containers pack sub-byte codes themselves.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,11 @@ class Stored:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.values.shape)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes stored, sub-byte codes packed."""
+        return math.ceil(self.values.size * self.element.bits / 8)
+
 
 @dataclass(frozen=True)
 class ShiftScale:
@@ -38,11 +44,23 @@ class ShiftScale:
     scale: Stored  # the weight's float element, or E8M0 codes
     offset: Stored | None  # in the data's element; None: zero
 
+    @property
+    def nbytes(self) -> int:
+        return self.scale.nbytes + (self.offset.nbytes if self.offset is not None else 0)
+
+
+def _decode_nbytes(decode: ShiftScale | None) -> int:
+    return decode.nbytes if decode is not None else 0
+
 
 @dataclass(frozen=True)
 class Quantized:
     data: Stored  # codes in the weight's shape (or the kept values' 1-D shape)
     decode: ShiftScale
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + self.decode.nbytes
 
 
 @dataclass(frozen=True)
@@ -53,12 +71,20 @@ class Palettized:
     decode: ShiftScale | None  # quantized LUT entries and per-channel scales
     luts: int
 
+    @property
+    def nbytes(self) -> int:
+        return self.indices.nbytes + self.lut.nbytes + _decode_nbytes(self.decode)
+
 
 @dataclass(frozen=True)
 class Sparse:
     mask: np.ndarray  # bool, the weight's shape: True where a value is kept
     kept: Stored | Quantized | Palettized  # one entry (or code) per True, in row-major order
     decode: ShiftScale | None  # applied to the dense codes (symmetric codes of zero are zero)
+
+    @property
+    def nbytes(self) -> int:
+        return math.ceil(self.mask.size / 8) + self.kept.nbytes + _decode_nbytes(self.decode)
 
 
 Form = Quantized | Palettized | Sparse
@@ -73,3 +99,8 @@ class Encoding:
     noise: float
     luts: int | None = None
     sparsity: float | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """What the encoding stores (a container may add a few bytes of alignment)."""
+        return self.form.nbytes

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ._sites import Skipped
+from ._sites import SkipKind, Skipped
 
 Progress = Callable[[int, int, str], None]  # (weights done, weights in all, the one just done)
 
@@ -40,11 +41,30 @@ class CompressionReport:
 
     @property
     def bytes_before(self) -> int:
+        """Bytes of the weights compressed, before (the `total_` figures add what was left)."""
         return sum(w.bytes_before for w in self.weights)
 
     @property
     def bytes_after(self) -> int:
         return sum(w.bytes_after for w in self.weights)
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of every float tensor left as it was (small, not a weight, skipped, kept)."""
+        return sum(s.nbytes for s in self.skipped)
+
+    @property
+    def total_bytes_before(self) -> int:
+        """Every float tensor of the program, before: the figure the file's size follows."""
+        return self.bytes_before + self.kept_bytes
+
+    @property
+    def total_bytes_after(self) -> int:
+        return self.bytes_after + self.kept_bytes
+
+    @property
+    def total_ratio(self) -> float | None:
+        return self.total_bytes_before / self.total_bytes_after if self.total_bytes_after else None
 
     @property
     def elements(self) -> int:
@@ -60,15 +80,27 @@ class CompressionReport:
         return self.bytes_after * 8 / self.elements if self.elements else None
 
     @property
-    def warnings(self) -> list[str]:
+    def problems(self) -> list[str]:
+        """What suggests the config did not do what was meant: an override matching no weight, or
+        nothing compressed (with the commonest reason eligible weights were left)."""
         found = [f"override {pattern!r} matched no weight" for pattern in self.unmatched_overrides]
+        if not self.weights:
+            left = [s for s in self.skipped if s.kind not in (SkipKind.SMALL, SkipKind.NOT_A_WEIGHT)]
+            if left:
+                reason, count = Counter(s.reason for s in left).most_common(1)[0]
+                why = f"{len(left)} weights left, e.g. {count} as '{reason}'"
+            else:
+                other = " other" if self.already_compressed else ""
+                why = f"no{other} eligible weight among {len(self.skipped)} float tensors"
+            found.append(f"nothing was compressed ({why})")
+        return found
+
+    @property
+    def warnings(self) -> list[str]:
+        found = []
         if self.already_compressed:
             found.append(f"{self.already_compressed} weights were already compressed: left as they were")
-        if not self.weights:
-            found.append(
-                f"no eligible weight: nothing was compressed ({len(self.skipped)} constants skipped)"
-            )
-        return found
+        return found + self.problems
 
     def to_dict(self) -> dict[str, Any]:
         def plain(record: Any) -> dict[str, Any]:
@@ -89,6 +121,10 @@ class CompressionReport:
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,
             "ratio": self.ratio,
+            "kept_bytes": self.kept_bytes,
+            "total_bytes_before": self.total_bytes_before,
+            "total_bytes_after": self.total_bytes_after,
+            "total_ratio": self.total_ratio,
             "bits_per_weight": self.bits_per_weight,
             "already_compressed": self.already_compressed,
             "warnings": self.warnings,

@@ -80,6 +80,18 @@ class WeightSite:
     def count(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def nbytes(self) -> int:
+        return stored_nbytes(self.shape, self.element)
+
+    def skipped(self, reason: str, kind: SkipKind) -> Skipped:
+        return Skipped(self.name, self.shape, reason, kind, self.nbytes)
+
+
+def stored_nbytes(shape: tuple[int, ...], element: Element) -> int:
+    """Bytes a tensor of `element` values takes as it is stored now."""
+    return math.ceil(math.prod(shape) * element.bits / 8)
+
 
 class SkipKind(enum.Enum):
     """Why a float tensor was left alone, in a form a renderer can group by."""
@@ -89,6 +101,7 @@ class SkipKind(enum.Enum):
     LAYOUT = "layout"  # a weight, but its shape does not fit the requested granularity
     NON_FINITE = "non-finite"  # a weight holding NaN or Inf: no scale, LUT or mask represents it
     OVERRIDE = "override"  # excluded by an override
+    WOULD_GROW = "would-grow"  # its encoding would take more bytes than the weight does now
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,7 @@ class Skipped:
     shape: tuple[int, ...]
     reason: str
     kind: SkipKind
+    nbytes: int = 0  # what it keeps taking in the program, as stored
 
 
 def _not_a_weight(candidate: Candidate) -> str | None:
@@ -122,30 +136,19 @@ def select_sites(
     skipped: list[Skipped] = []
     for candidate in candidates:
         count = math.prod(candidate.shape)
+        nbytes = stored_nbytes(candidate.shape, candidate.element)
         if count <= threshold:
-            skipped.append(
-                Skipped(
-                    candidate.name,
-                    candidate.shape,
-                    f"{count} elements <= threshold {threshold}",
-                    SkipKind.SMALL,
-                )
-            )
+            reason = f"{count} elements <= threshold {threshold}"
+            skipped.append(Skipped(candidate.name, candidate.shape, reason, SkipKind.SMALL, nbytes))
             continue
         reason = _not_a_weight(candidate)
         if reason is not None:
-            skipped.append(Skipped(candidate.name, candidate.shape, reason, SkipKind.NOT_A_WEIGHT))
+            skipped.append(Skipped(candidate.name, candidate.shape, reason, SkipKind.NOT_A_WEIGHT, nbytes))
             continue
         config = config_for(candidate.name)
         if isinstance(config, Override):
-            skipped.append(
-                Skipped(
-                    candidate.name,
-                    candidate.shape,
-                    f"excluded by override {config.pattern!r}",
-                    SkipKind.OVERRIDE,
-                )
-            )
+            reason = f"excluded by override {config.pattern!r}"
+            skipped.append(Skipped(candidate.name, candidate.shape, reason, SkipKind.OVERRIDE, nbytes))
             continue
         out, inp = candidate.uses[0].axes(len(candidate.shape))
         site = WeightSite(candidate.handle, candidate.name, candidate.shape, candidate.element, out, inp)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coreai_opt._errors import NothingDoneError
 from coreai_opt.compression import (
     CompressionReport,
     Config,
@@ -20,6 +21,7 @@ from coreai_opt.compression import (
 )
 from coreai_opt.io import (
     ModelFormat,
+    asset_bytes,
     check_output,
     load_aimodel,
     load_pt2,
@@ -55,13 +57,6 @@ class CompressionFileResult:
         }
 
 
-def _asset_bytes(path: Path) -> int:
-    """Bytes on disk: an `.aimodel` directory's files, or a `.pt2` file."""
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 def default_output(source: Path, config: Config) -> Path:
     """`model.aimodel` -> `model.int8.aimodel` (`.lut4`, `.sparse50`, ...; a `.pt2` stays a `.pt2`)
     beside the input."""
@@ -77,6 +72,7 @@ def compress_file(
     progress: Progress | None = None,
     trust_pickle: bool = False,
     executor: str | Executor | None = None,
+    allow_empty: bool = False,
 ) -> CompressionFileResult:
     """Compress a model's weights as `config` says into a new file (the input is never touched).
 
@@ -84,6 +80,8 @@ def compress_file(
     a `.pt2` with coreai-torch's (the output has the input's format). Paths are checked first, so
     bad input fails before any work; the output is written atomically. `executor` runs the
     per-weight encoding (`local`, `ray`, or an `Executor`); the file is the same whichever runs it.
+    A run that compresses nothing, or with an override that matches no weight, raises
+    `NothingDoneError` and writes nothing, unless `allow_empty`.
     """
     source = Path(source)
     kind = model_format(source, (ModelFormat.AIMODEL, ModelFormat.PT2))
@@ -97,6 +95,10 @@ def compress_file(
     start = time.perf_counter()
     report = compress_(program, config, progress, run)
     seconds = time.perf_counter() - start
+    if report.problems and not allow_empty:
+        raise NothingDoneError(
+            f"{source}: {'; '.join(report.problems)}: no output written (--allow-empty writes it anyway)"
+        )
     if kind is ModelFormat.AIMODEL:
         save_aimodel(program, out, force=force, inputs=(source,))
     else:
@@ -108,8 +110,8 @@ def compress_file(
         config.options(),
         report,
         seconds,
-        _asset_bytes(source),
-        _asset_bytes(out),
+        asset_bytes(source),
+        asset_bytes(out),
     )
 
 

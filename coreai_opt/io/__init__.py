@@ -16,7 +16,15 @@ from ._errors import (
     UnwritableOutputError,
     WrongSuffixError,
 )
-from ._paths import ModelFormat, atomic_output, check_output, model_format, require_existing, write_atomically
+from ._paths import (
+    ModelFormat,
+    asset_bytes,
+    atomic_output,
+    check_output,
+    model_format,
+    require_existing,
+    write_atomically,
+)
 from ._pt2 import load_pt2, save_pt2
 
 __all__ = [
@@ -34,6 +42,7 @@ __all__ = [
     "UnsafeArchiveError",
     "UnwritableOutputError",
     "WrongSuffixError",
+    "asset_bytes",
     "atomic_output",
     "check_output",
     "load_aimodel",

@@ -35,6 +35,13 @@ def model_format(path: Path | str, accepted: tuple[ModelFormat, ...] = tuple(Mod
     raise WrongSuffixError(path, tuple(f.value for f in accepted))
 
 
+def asset_bytes(path: Path) -> int:
+    """Bytes on disk: an `.aimodel` directory's files, or a `.pt2` file."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def require_existing(path: Path) -> None:
     if not path.exists():
         raise MissingPathError(path)

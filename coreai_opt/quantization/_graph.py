@@ -169,11 +169,11 @@ def _weights(
     for site, site_config in sites:
         if site.count <= site_config.weight_num_threshold:
             reason = f"{site.count} elements <= threshold {site_config.weight_num_threshold}"
-            skipped.append(Skipped(site.name, site.shape, reason, SkipKind.SMALL))
+            skipped.append(site.skipped(reason, SkipKind.SMALL))
         elif isinstance(layout := scale_shape(site, site_config), str):
-            skipped.append(Skipped(site.name, site.shape, layout, SkipKind.LAYOUT))
+            skipped.append(site.skipped(layout, SkipKind.LAYOUT))
         elif site.name not in attrs:
-            skipped.append(Skipped(site.name, site.shape, "not a module attribute", SkipKind.NOT_A_WEIGHT))
+            skipped.append(site.skipped("not a module attribute", SkipKind.NOT_A_WEIGHT))
         else:
             points.append(WeightPoint(attrs[site.name], site, site_config, wanted[site.name][1]))
     return points, skipped
