@@ -185,9 +185,10 @@ def test_bad_metadata_is_a_typed_error(metadata: object, problem: str, tmp_path:
     assert str(caught.value) == f"{asset}: {problem}"
 
 
-# Bit flips (hash recomputed) that MLIR parses but coreai-core aborts on while converting the
-# program out of its serialized form ("LLVM ERROR: unexpected parameters' size for dict attr").
-CRASHING_SEED = 0
+# Bit flips (hash recomputed) that coreai-core aborts on while reading the program (a seed found by
+# searching: which one crashes depends on the committed sample bytes, so rebuilding the samples
+# may move it; test_the_crash_is_real says when).
+CRASHING_SEED = 12
 
 
 def _crashing_bit_flips(tmp_path: Path) -> Path:

@@ -197,6 +197,39 @@ def constant_array(op: Any) -> Any:
     return buffer
 
 
+_IDENTIFIERS = 'identifiers = ["'
+
+
+def location_name(op: Any) -> str | None:
+    """The source name an op carries: the first torch identifier in its location metadata (the
+    module's qualified name `coreopt convert` puts first, `layers.0.fc2.weight`, or coreai-torch's
+    FX node name such as `permute_9`), else None."""
+    text = str(op.location)
+    if _IDENTIFIERS not in text:
+        return None
+    start = text.index(_IDENTIFIERS) + len(_IDENTIFIERS)
+    return text[start : text.index('"', start)]
+
+
+_METADATA = "metadata = ["
+
+
+def named_location(op: Any, name: str) -> Any:
+    """`op`'s location with `name` as its first source identifier (coreai-core serializes only its
+    debuginfo locations, so the name goes into their metadata), or None where that form is not
+    there to extend."""
+    from coreai._compiler import ir
+
+    text = str(op.location)
+    if not text.startswith("#debuginfo.location<") or _METADATA not in text or '"' in name or "\\" in name:
+        return None
+    source = f'<"sources": [{{id = 0 : ui64, identifiers = ["{name}"], name = "coreopt"}}]>, '
+    try:
+        return ir.Location.from_attr(ir.Attribute.parse(text.replace(_METADATA, _METADATA + source, 1)))
+    except Exception:  # a location form this does not know: keep the old one
+        return None
+
+
 def constant_bytes(op: Any) -> bytes:
     """The raw stored bytes of a `coreai.constant`, as the runtime reads them."""
     return bytes(constant_array(op))

@@ -8,6 +8,7 @@ place. Sub-byte codes are packed low bits first, as Core AI reads them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,9 @@ from ._ir import (
     constant_bytes,
     constant_nbytes,
     constant_ops,
+    location_name,
     mlir_module,
+    named_location,
     stored_nbytes,
     tensor_shape,
 )
@@ -40,14 +43,38 @@ WEIGHT_CONSUMERS = {
 
 
 def constant_name(op: Any, index: int) -> str:
-    """A readable name: the torch identifier in the op's location metadata, else `const#<index>`,
-    the constant's position in the program (the same in every process, unlike a hash)."""
-    text = str(op.location)
-    marker = 'identifiers = ["'
-    if marker in text:
-        start = text.index(marker) + len(marker)
-        return text[start : text.index('"', start)]
-    return f"const#{index}"
+    """A readable name: the source name in the op's location, else `const#<index>`, the constant's
+    position in the program (the same in every process, unlike a hash)."""
+    return location_name(op) or f"const#{index}"
+
+
+def name_constants(program: Any, name_of: Callable[[np.ndarray], str | None]) -> int:
+    """Give every float constant that `name_of` recognises (its values as a numpy array of their own
+    dtype and shape) that name in its location, so reports and overrides see the source's names;
+    returns how many were named. The constant is rebuilt with the same value attribute
+    (locations cannot be changed in place)."""
+    from coreai._compiler import ir
+    from coreai._compiler.dialects import coreai as dialect
+
+    module = mlir_module(program)
+    named = 0
+    for op in constant_ops(module):
+        mlir_type = op.result.type
+        kind = ELEMENTS.get(str(getattr(mlir_type, "element_type", "")))
+        if kind is None or not kind.is_float or kind.bits not in (16, 32) or not hasattr(mlir_type, "shape"):
+            continue
+        values = constant_array(op).view(kind.numpy_dtype()).reshape(tensor_shape(mlir_type))
+        name = name_of(values)
+        with module.context:
+            location = named_location(op, name) if name is not None else None
+        if location is None:
+            continue
+        with module.context, location, ir.InsertionPoint(op):
+            new = dialect.ConstantOp(value=op.attributes["value"]).result
+        op.result.replace_all_uses_with(new)
+        op.erase()
+        named += 1
+    return named
 
 
 def _transpose_perm(op: Any) -> tuple[int, ...] | None:

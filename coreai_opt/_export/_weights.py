@@ -11,7 +11,7 @@ nibble first), masks as booleans.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -154,6 +154,7 @@ class ExportWeights:
         taken = [n.name.split("_")[1] for n in ep.graph.nodes if n.name.startswith("coreopt_w")]
         self._count = max((int(t[1:]) for t in taken if t[1:].isdigit()), default=0)
         self._prefixes: dict[str, str] = {}  # weight -> the module path of its buffers
+        self._ties: dict[str, list[_Slot]] = {}  # weight -> unused placeholders of the same tensor
         self._fake_mode = next(
             (
                 n.meta["val"].fake_mode
@@ -186,7 +187,32 @@ class ExportWeights:
                 continue
             slot = _Slot(spec, node, spec.target in self.ep.state_dict)
             found.append(Candidate(slot, spec.target, tuple(tensor.shape), element, uses(node, consumers)))
-        return found
+        return self._tie(found)
+
+    def _tie(self, found: list[Candidate]) -> list[Candidate]:
+        """Mark the placeholders torch.export leaves unused for a tied tensor (an embedding that is
+        also the lm_head: the graph reads it through one name) as tied to the one it reads; writing
+        that one drops them too, so the file holds the tensor once, compressed."""
+        import torch
+
+        used = [c for c in found if c.uses]
+        marked = []
+        for candidate in found:
+            if not candidate.uses:
+                tensor = self._tensor(candidate.handle.spec)
+                twin = next(
+                    (
+                        u for u in used
+                        if u.shape == candidate.shape and u.element == candidate.element
+                        and torch.equal(self._tensor(u.handle.spec), tensor)  # type: ignore[arg-type]
+                    ),
+                    None,
+                )  # fmt: skip
+                if twin is not None:
+                    self._ties.setdefault(twin.name, []).append(candidate.handle)
+                    candidate = replace(candidate, tied_to=twin.name)
+            marked.append(candidate)
+        return marked
 
     def compressed(self) -> int:
         def root(node: Node) -> bool:
@@ -214,6 +240,8 @@ class ExportWeights:
             value = self._build(site, encoding.form)
         slot.node.replace_all_uses_with(value)
         self._drop(slot)
+        for tied in self._ties.pop(site.name, []):
+            self._drop(tied)
         stored = stored_form(self.ep, value)  # as inspect reads it back: encoding, packed bytes
         before = math.prod(site.shape) * site.element.bits // 8
         return WrittenWeight(stored.encoding, before, stored.nbytes)

@@ -14,6 +14,7 @@ from coreai_opt.io import (
     check_output,
     load_pt2,
     model_format,
+    one_line,
     require_existing,
     save_pt2,
 )
@@ -100,7 +101,7 @@ def cast_file(
         try:
             result = compare_programs(original, program, tensors, label, rules)
         except (RuntimeError, IndexError, ValueError) as exc:
-            message = " ".join(str(exc).split())[:300]
+            message = one_line(exc)
             hint = "" if inputs is not None else "; pass --inputs with valid example inputs, or --no-check"
             raise ModelFileError(source, f"the check could not run the programs ({message}){hint}") from None
     save_pt2(program, out, force=force, inputs=(source,))

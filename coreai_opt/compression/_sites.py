@@ -63,6 +63,7 @@ class Candidate:
     shape: tuple[int, ...]
     element: Element
     uses: tuple[Use, ...]
+    tied_to: str | None = None  # another candidate holding the same tensor (stored once, with it)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,8 @@ class Skipped:
 
 
 def _not_a_weight(candidate: Candidate) -> str | None:
+    if candidate.tied_to is not None:
+        return f"tied to {candidate.tied_to} (one tensor): stored, and compressed, with it"
     if not candidate.uses:
         return "not used by any op"
     others = sorted({u.op for u in candidate.uses if u.consumer is Consumer.OTHER})
@@ -136,7 +139,8 @@ def select_sites(
     skipped: list[Skipped] = []
     for candidate in candidates:
         count = math.prod(candidate.shape)
-        nbytes = stored_nbytes(candidate.shape, candidate.element)
+        # a tied tensor is stored once, under the name that holds it
+        nbytes = 0 if candidate.tied_to is not None else stored_nbytes(candidate.shape, candidate.element)
         if count <= threshold:
             reason = f"{count} elements <= threshold {threshold}"
             skipped.append(Skipped(candidate.name, candidate.shape, reason, SkipKind.SMALL, nbytes))

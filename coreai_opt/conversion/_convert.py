@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from coreai_opt._elements import of_torch
 from coreai_opt.io import ConversionError, ModelFormat, check_output, load_pt2, model_format, save_aimodel
 
 if TYPE_CHECKING:
@@ -27,9 +32,59 @@ class ConversionResult:
 
 
 def convert_exported_program(program: ExportedProgram) -> AIProgram:
-    """Convert with coreai-torch; its console chatter is kept out of our output."""
-    program, _ = _convert(program)
-    return program
+    """Convert with coreai-torch; its console chatter is kept out of our output. Every weight
+    constant of the result carries its source's qualified name (`layers.0.fc2.weight`)."""
+    converted, _ = _convert(program)
+    return converted
+
+
+def _digest(values: np.ndarray) -> bytes:
+    """What identifies a tensor's values: dtype, shape and bytes (sha256, the same in every process)."""
+    head = f"{values.dtype.str}{values.shape}".encode()
+    return hashlib.sha256(head + np.ascontiguousarray(values).tobytes()).digest()
+
+
+def _source_names(program: ExportedProgram) -> Callable[[np.ndarray], str | None]:
+    """Recognise a converted constant by its values: the qualified name of the parameter, buffer or
+    constant it holds, as stored or transposed (the converter folds a weight's transpose into it).
+    Tied tensors (one embedding read by the lookup and the lm_head) share the first name."""
+    import torch
+    from torch.export.graph_signature import InputKind
+
+    tensors: list[tuple[str, np.ndarray]] = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind not in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            continue
+        tensor = program.state_dict.get(spec.target, program.constants.get(spec.target))
+        if tensor is None or not tensor.is_floating_point():
+            continue
+        try:
+            element = of_torch(tensor.dtype)
+        except ValueError:
+            continue
+        if element.bits not in (16, 32):  # weights are stored in 16 or 32 bits; codes and scales are not
+            continue
+        raw = tensor.detach().contiguous().view(element.torch_dtype())
+        values = (
+            raw.view(torch.int16 if element.bits == 16 else torch.int32).numpy().view(element.numpy_dtype())
+        )
+        tensors.append((spec.target, values))
+    direct: dict[bytes, str] = {}
+    for name, values in tensors:
+        direct.setdefault(_digest(values), name)
+    transposed: dict[bytes, str] = {}
+
+    def name_of(values: np.ndarray) -> str | None:
+        found = direct.get(_digest(values))
+        if found is None and values.ndim == 2:
+            if not transposed:  # only when some constant is not stored as its source is
+                for name, source in tensors:
+                    if source.ndim == 2:
+                        transposed.setdefault(_digest(source.T), name)
+            found = transposed.get(_digest(values))
+        return found
+
+    return name_of
 
 
 class _ConverterFailure(RuntimeError):
@@ -66,6 +121,9 @@ def _convert(program: ExportedProgram) -> tuple[AIProgram, str]:
         message = " ".join(str(failure).split()) or type(failure).__name__
         detail = first_error(diagnostics)
         raise _ConverterFailure(f"{message} ({detail})" if detail else message) from failure
+    from coreai_opt._coreai._rewrite import name_constants
+
+    name_constants(result, _source_names(program))
     return result, "\n".join([log.getvalue().strip(), *diagnostics]).strip()
 
 

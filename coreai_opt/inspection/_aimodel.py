@@ -20,7 +20,6 @@ from ._encoding import Stored
 from ._report import ModelReport, TensorInfo, WeightInfo
 
 _FLOAT_ELEMENTS = re.compile(r"^(f\d+|bf16|f\d+E\d+M\d+\w*)$")
-_IDENTIFIER = re.compile(r'identifiers = \["([^"]+)"')
 
 
 def _constant_is_zero(op: Any) -> bool:
@@ -84,8 +83,8 @@ def weight_encoding(value: Any) -> str:
 
 
 def _weight_name(index: int, op: Any) -> str:
-    found = _IDENTIFIER.search(str(op.location))
-    return f"w{index}:{found.group(1)}" if found else f"w{index}"
+    name = _coreai.location_name(op)
+    return f"w{index}:{name}" if name else f"w{index}"
 
 
 def inspect_ai_program(program: Any, path: Path | str = "") -> ModelReport:

@@ -15,6 +15,7 @@ from ._errors import (
     UnsafeArchiveError,
     UnwritableOutputError,
     WrongSuffixError,
+    one_line,
 )
 from ._paths import (
     ModelFormat,
@@ -48,6 +49,7 @@ __all__ = [
     "load_aimodel",
     "load_pt2",
     "model_format",
+    "one_line",
     "require_existing",
     "save_aimodel",
     "save_pt2",

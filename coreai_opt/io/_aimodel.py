@@ -16,6 +16,7 @@ from ._errors import (
     IncompleteAssetError,
     ModelFileError,
     UnwritableOutputError,
+    one_line,
 )
 from ._paths import ModelFormat, check_output, model_format, require_existing, write_atomically
 
@@ -122,7 +123,9 @@ def save_aimodel(
             program.save_asset(tmp)
         except RuntimeError as exc:
             cause = exc.__cause__ or exc
-            raise UnwritableOutputError(path, f"coreai-core could not save the program ({cause})") from exc
+            raise UnwritableOutputError(
+                path, f"coreai-core could not save the program ({one_line(cause)})"
+            ) from exc
         _settle_metadata(tmp / METADATA_FILE)
 
     write_atomically(path, write)

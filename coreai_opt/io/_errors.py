@@ -5,6 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def one_line(text: object, limit: int = 300) -> str:
+    """A library's message as one line of at most `limit` characters (native errors can carry a
+    whole program's IR)."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 14] + " ... (cut off)"
+
+
 class ModelFileError(Exception):
     """A model file cannot be read or written; `str()` is one line for the user."""
 
