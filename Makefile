@@ -3,9 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# A second environment without triton (as on macOS, where triton ships no wheel): everything but
+# the Triton engine must work there.
+BARE ?= .venv-notriton
+BARE_STAMP := $(BARE)/.installed-stamp
+# What touches tcast's engine choice, the CLIs and the compression passes (the rest of the suite
+# imports triton nowhere either; the whole of it twice would not fit the CI budget).
+BARE_TESTS ?= tests/test_tcast_*.py tests/test_tritoncast.py tests/test_cli*.py tests/test_executors.py tests/test_quantize_cli.py tests/test_no_silent_noops.py
 DEMO_OUT ?= build/demo
 
-.PHONY: demo test lint samples clean
+.PHONY: demo test test-without-triton lint samples clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +25,18 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
+	$(MAKE) test-without-triton
+
+$(BARE_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(BARE)
+	$(BARE)/bin/python -m pip install --quiet --upgrade pip
+	$(BARE)/bin/python -m pip install --quiet -e '.[dev]'
+	$(BARE)/bin/python -m pip uninstall --quiet --yes triton
+	touch $(BARE_STAMP)
+
+test-without-triton: $(BARE_STAMP)
+	$(BARE)/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('triton') is not None)"
+	$(BARE)/bin/python -m pytest -n 2 -q -rs $(BARE_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -27,4 +46,4 @@ samples: $(STAMP)
 	$(BIN)/python sample_models/build.py
 
 clean:
-	rm -rf $(VENV) build
+	rm -rf $(VENV) $(BARE) build

@@ -132,6 +132,12 @@ def version_option(name: str, version: str) -> Any:
     return typer.Option(False, "--version", callback=show, is_eager=True, help="Show the version and exit.")
 
 
+def quiet_option() -> Any:
+    return typer.Option(
+        False, "--quiet", "-q", help="Print one summary line instead of tables (for CI logs)."
+    )
+
+
 def json_option() -> Any:
     return typer.Option(False, "--json", help="Print one JSON document instead of tables.")
 

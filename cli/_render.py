@@ -23,6 +23,40 @@ if TYPE_CHECKING:
     from coreai_opt.quantization import ActivationsFileResult
 
 
+def fitted_table(
+    title: str,
+    columns: list[tuple[str, str]],
+    rows: list[list[str]],
+    *,
+    squeeze: tuple[tuple[int, int, bool], ...] = ((0, 12, True),),
+    wrap: int | None = None,
+) -> Table:
+    """A table as wide as the terminal at most (80 columns in CI logs) whose rows never wrap: the
+    columns in `squeeze` (index, narrowest width, cut in the middle or else at the end), in that
+    order, give up what the others need; the column `wrap` (a free-text reason, the last one) may
+    wrap instead. Cells are plain text; --json carries them whole."""
+    widths = [max([len(header), *(len(row[i]) for row in rows)]) for i, (header, _) in enumerate(columns)]
+    edges = 2 * len(columns)  # one space either side of every column, collapsed between them
+    for index, narrowest, middle in squeeze:
+        others = sum(w for i, w in enumerate(widths) if i not in (index, wrap))
+        room = console.width - edges - others - (24 if wrap is not None else 0)
+        if widths[index] > room:
+            widths[index] = max(narrowest, room, len(columns[index][0]))
+            for row in rows:
+                text = row[index]
+                if len(text) > widths[index]:
+                    cut = widths[index]
+                    row[index] = middle_ellipsis(text, cut) if middle else text[: cut - 1] + "…"
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True
+    )
+    for i, (header, justify) in enumerate(columns):
+        table.add_column(header, justify=justify, no_wrap=i != wrap)  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
@@ -58,16 +92,11 @@ def render_model_report(report: ModelReport, *, max_ops: int = 25) -> None:
         ops.add_row(f"... {len(items) - max_ops} more op kinds", str(sum(c for _, c in items[max_ops:])))
     console.print(ops)
 
-    weights = Table(title="Weights", title_justify="left")
-    for column, justify in (("name", "left"), ("kind", "left"), ("shape", "left"), ("encoding", "left")):
-        weights.add_column(column, justify=justify)  # type: ignore[arg-type]
-    weights.add_column("bytes", justify="right")
-    weights.add_column("bits/w", justify="right")
-    for w in report.weights:
-        weights.add_row(
-            w.name, w.kind, _shape(w.shape), w.encoding, f"{w.nbytes:,}", f"{w.bits_per_weight:.2f}"
-        )
-    console.print(weights)
+    columns = [("name", "left"), ("kind", "left"), ("shape", "left"), ("encoding", "left"), ("bytes", "right"),
+               ("bits/w", "right")]  # fmt: skip
+    rows = [[w.name, w.kind, _shape(w.shape), w.encoding, f"{w.nbytes:,}", f"{w.bits_per_weight:.2f}"]
+            for w in report.weights]  # fmt: skip
+    console.print(fitted_table("Weights", columns, rows, squeeze=((3, 20, False), (0, 16, True))))
 
     console.print(
         f"[bold]Totals[/bold]: parameters {report.parameters:,}   weight elements {report.weight_elements:,}"
@@ -205,22 +234,19 @@ def _db(value: float | None) -> str:
 
 
 def _weights_table(report: CompressionReport) -> None:
-    """Every compressed weight: shape, encoding, bytes, bits per weight, SNR."""
-    luts = any(w.luts is not None for w in report.weights)
+    """Every compressed weight: shape, encoding (LUT counts in it), stored bytes, bits per weight, SNR."""
     zeros = any(w.sparsity is not None for w in report.weights)
-    table = Table(title="Weights", title_justify="left")
-    columns = ("name", "shape", "encoding", *(("LUTs",) if luts else ()), *(("zeros",) if zeros else ()),
-               "bytes before -> after", "bits/w", "SNR dB")  # fmt: skip
-    for column in columns:
-        right = column in ("LUTs", "zeros", "bits/w", "SNR dB")
-        table.add_column(column, justify="right" if right else "left")
-    for w in report.weights:
-        table.add_row(
-            w.name, _shape(w.shape), w.encoding, *((f"{w.luts:,}",) if luts else ()),
+    headers = ("name", "shape", "encoding", *(("zeros",) if zeros else ()), "stored", "bits/w", "SNR dB")
+    columns = [(h, "left" if h in ("name", "shape", "encoding") else "right") for h in headers]
+    rows = [
+        [
+            w.name, _shape(w.shape), w.encoding,
             *((f"{w.sparsity:.1%}" if w.sparsity is not None else "",) if zeros else ()),
-            f"{w.bytes_before:,} -> {w.bytes_after:,}", f"{w.bits_per_weight:.2f}", _db(w.snr_db),
-        )  # fmt: skip
-    console.print(table)
+            human_bytes(w.bytes_after), f"{w.bits_per_weight:.2f}", _db(w.snr_db),
+        ]
+        for w in report.weights
+    ]  # fmt: skip
+    console.print(fitted_table("Weights", columns, rows, squeeze=((2, 20, False), (0, 16, True))))
 
 
 def _skipped_table(skipped: list[Skipped], threshold: object) -> None:
@@ -229,12 +255,9 @@ def _skipped_table(skipped: list[Skipped], threshold: object) -> None:
 
     listed = [s for s in skipped if s.kind is not SkipKind.SMALL]
     if listed:
-        table = Table(title="Skipped", title_justify="left")
-        for column in ("name", "shape", "reason"):
-            table.add_column(column)
-        for s in listed:
-            table.add_row(s.name, _shape(s.shape), s.reason)
-        console.print(table)
+        rows = [[s.name, _shape(s.shape), s.reason] for s in listed]
+        columns = [("name", "left"), ("shape", "left"), ("reason", "left")]
+        console.print(fitted_table("Skipped", columns, rows, wrap=2))
     small = len(skipped) - len(listed)
     if small:
         console.print(
@@ -368,21 +391,102 @@ def render_sweep(result: SweepResult) -> None:
         f"{result.reference_bits_per_weight:.2f} bits/weight), {len(first.samples)} sample"
         f"{'s' * (len(first.samples) > 1)} from {first.inputs_source}"
     )
-    table = Table(
-        title="Candidates (over every output and sample; --csv, --json: every column)",
-        title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
-    )  # fmt: skip
-    for column in ("candidate", "size", "ratio", "bits/w", "cos mean", "cos min", "SNR min"):
-        table.add_column(column, justify="left" if column == "candidate" else "right", no_wrap=True)
+    columns = [("candidate", "left")] + [
+        (c, "right") for c in ("size", "ratio", "bits/w", "cos mean", "cos min", "SNR min")
+    ]
     if result.ok is not None:
-        table.add_column("ok", no_wrap=True)
-    for row in result.rows:
+        columns.append(("ok", "left"))
+    rows = []
+    for name, row in zip(distinct_tails([r.candidate.name for r in result.rows]), result.rows, strict=True):
         cells = [
-            middle_ellipsis(row.candidate.name, 18), human_bytes(row.file_bytes), f"{row.ratio:.2f}x",
-            f"{row.bits_per_weight:.2f}", _number(row.cosine_mean, ".5f"), _number(row.cosine_min, ".5f"),
-            _db(row.snr_db_min),
+            name, human_bytes(row.file_bytes), f"{row.ratio:.2f}x", f"{row.bits_per_weight:.2f}",
+            _number(row.cosine_mean, ".5f"), _number(row.cosine_min, ".5f"), _db(row.snr_db_min),
         ]  # fmt: skip
         if result.ok is not None:
-            cells.append("[green]yes[/green]" if row.ok else "[red]no[/red]")
-        table.add_row(*cells)
-    console.print(table)
+            cells.append("yes" if row.ok else "no")
+        rows.append(cells)
+    title = "Candidates (over every output and sample; --csv, --json: every column)"
+    console.print(fitted_table(title, columns, rows))
+
+
+def distinct_tails(names: list[str]) -> list[str]:
+    """Names without the start they all share (up to a separator: `model.int8.aimodel`,
+    `model.lut4.aimodel` -> `…int8.aimodel`, `…lut4.aimodel`), so what tells them apart survives a
+    narrow column."""
+    if len(names) < 2:
+        return names
+    shared = names[0]
+    for name in names[1:]:
+        while not name.startswith(shared):
+            shared = shared[:-1]
+    cut = max((shared.rfind(sep) for sep in "./_-"), default=-1) + 1
+    return ["…" + n[cut:] for n in names] if cut > 1 else names
+
+
+# ----- --quiet: one line per command, for CI logs --------------------------------------------------
+
+
+def print_line(text: str) -> None:
+    """One summary line, never wrapped (a CI log keeps it whole)."""
+    console.print(text, soft_wrap=True, highlight=False, markup=False)
+
+
+def model_line(report: ModelReport) -> str:
+    return (
+        f"inspect {report.path}: {report.format}, {sum(report.ops.values())} ops, {len(report.weights)} weights, "
+        f"{human_bytes(report.weight_bytes)}, {report.mean_bits_per_weight:.2f} bits/weight"
+    )
+
+
+def conversion_line(result: ConversionResult, report: ModelReport) -> str:
+    return (
+        f"convert {result.source} -> {result.output}: {sum(report.ops.values())} ops, {len(report.weights)} "
+        f"weights, {human_bytes(report.weight_bytes)}, {result.seconds:.1f} s"
+    )
+
+
+def cast_line(result: CastFileResult) -> str:
+    report, check = result.report, result.check
+    verdict = "not checked" if check is None else ("check ok" if check.ok else "check FAILED")
+    return (
+        f"cast {result.source} -> {result.output} ({result.target.value}): {len(report.ops)} ops and "
+        f"{len(report.state)} tensors changed, state {human_bytes(report.state_bytes_before)} -> "
+        f"{human_bytes(report.state_bytes_after)}, {verdict}, {result.seconds:.1f} s"
+    )
+
+
+def compression_line(result: CompressionFileResult) -> str:
+    report = result.report
+    ratio = f" ({report.total_ratio:.2f}x)" if report.total_ratio else ""
+    warnings = f", {len(report.warnings)} warnings" if report.warnings else ""
+    return (
+        f"{result.method} {result.source} -> {result.output}: {len(report.weights)} weights compressed, "
+        f"{len(report.skipped)} kept; float tensors {human_bytes(report.total_bytes_before)} -> "
+        f"{human_bytes(report.total_bytes_after)}{ratio}; file {human_bytes(result.file_bytes_before)} -> "
+        f"{human_bytes(result.file_bytes_after)}{warnings}; {result.seconds:.1f} s"
+    )
+
+
+def comparison_line(result: ComparisonResult) -> str:
+    verdict = {None: "", True: ", ok", False: f", FAILS --min-cosine {result.min_cosine}"}[result.ok]
+    return (
+        f"compare {result.reference} vs {result.candidate}: worst cosine {_number(result.worst_cosine, '.6f')} "
+        f"over {len(result.outputs)} outputs x {len(result.samples)} samples{verdict}"
+    )
+
+
+def sweep_line(result: SweepResult) -> str:
+    rows = "; ".join(
+        f"{r.candidate.name} {human_bytes(r.file_bytes)} cos min {_number(r.cosine_min, '.5f')}"
+        for r in result.rows
+    )
+    return f"compare {result.reference.name} vs {len(result.rows)} candidates: {rows}"
+
+
+def activations_line(result: ActivationsFileResult) -> str:
+    report = result.report
+    return (
+        f"quantize {result.source} -> {result.output}: {len(report.activations)} activations and "
+        f"{len(report.weights.weights)} weights quantized ({result.samples} calibration samples); file "
+        f"{human_bytes(result.file_bytes_before)} -> {human_bytes(result.file_bytes_after)}; {result.seconds:.1f} s"
+    )

@@ -20,6 +20,7 @@ from ._common import (
     json_option,
     option_errors,
     print_json,
+    quiet_option,
     run,
     trust_pickle_option,
     user_errors,
@@ -48,6 +49,7 @@ def _root(version: bool = version_option("coreopt", __version__)) -> None:
 def inspect(
     model: Path = typer.Argument(..., help="A .pt2 (torch.export) or .aimodel (Core AI) file."),
     trust_pickle: bool = trust_pickle_option(),
+    quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Show inputs, outputs, an op histogram and how every weight is stored.
@@ -56,12 +58,14 @@ def inspect(
     """
     from coreai_opt.inspection import inspect_model
 
-    from ._render import render_model_report
+    from ._render import model_line, print_line, render_model_report
 
     with user_errors(as_json):
         report = inspect_model(model, trust_pickle=trust_pickle)
     if as_json:
         print_json(report.to_dict())
+    elif quiet:
+        print_line(model_line(report))
     else:
         render_model_report(report)
 
@@ -76,6 +80,7 @@ def convert(
     ),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
+    quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Convert a torch.export program to a Core AI asset through coreai-torch.
@@ -85,12 +90,12 @@ def convert(
     from coreai_opt.conversion import convert_file
     from coreai_opt.inspection import inspect_model
 
-    from ._render import render_conversion
+    from ._render import conversion_line, print_line, render_conversion
 
     with user_errors(as_json):
         with (
             err_console.status(f"converting {model} ...", spinner="dots")
-            if not as_json
+            if not (as_json or quiet)
             else contextlib.nullcontext()
         ):
             result = convert_file(model, output, force=force, trust_pickle=trust_pickle)
@@ -105,6 +110,8 @@ def convert(
                 "model": report.to_dict(),
             }
         )
+    elif quiet:
+        print_line(conversion_line(result, report))
     else:
         render_conversion(result, report)
 
@@ -141,6 +148,7 @@ def cast(
     allow_empty: bool = allow_empty_option(),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
+    quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Cast a torch.export program to 16 bits and report every dtype it changed.
@@ -151,12 +159,12 @@ def cast(
     """
     from coreai_opt.casting import cast_file
 
-    from ._render import render_cast
+    from ._render import cast_line, print_line, render_cast
 
     with (
         user_errors(as_json, {"ignored_ops": "--ignore-op"}),
         err_console.status(f"casting {model} ...", spinner="dots")
-        if not as_json
+        if not (as_json or quiet)
         else contextlib.nullcontext(),
     ):
         result = cast_file(
@@ -173,6 +181,8 @@ def cast(
         )
     if as_json:
         print_json(result.to_dict())
+    elif quiet:
+        print_line(cast_line(result))
     else:
         render_cast(result)
     if result.check is not None and not result.check.ok:
@@ -229,11 +239,13 @@ _SPARSIFY_FLAGS = _COMMON_FLAGS | {
 }  # fmt: skip
 
 
-def _show_compression(result: CompressionFileResult, as_json: bool) -> None:
-    from ._render import render_compression
+def _show_compression(result: CompressionFileResult, as_json: bool, quiet: bool) -> None:
+    from ._render import compression_line, print_line, render_compression
 
     if as_json:
         print_json(result.to_dict())
+    elif quiet:
+        print_line(compression_line(result))
     else:
         render_compression(result)
 
@@ -309,15 +321,16 @@ def _compress(
     trust_pickle: bool,
     executor: Any,
     allow_empty: bool,
+    quiet: bool,
 ) -> None:
     from coreai_opt.coreai_utils import compress_file
 
-    with user_errors(as_json), _weight_progress(not as_json, what) as progress:
+    with user_errors(as_json), _weight_progress(not (as_json or quiet), what) as progress:
         result = compress_file(
             model, output, config, force=force, progress=progress, trust_pickle=trust_pickle,
             executor=executor.value, allow_empty=allow_empty,
         )  # fmt: skip
-    _show_compression(result, as_json)
+    _show_compression(result, as_json, quiet)
 
 
 @app.command()
@@ -384,6 +397,7 @@ def quantize(
     allow_empty: bool = allow_empty_option(),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
+    quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Quantize the weights of a Core AI asset or a torch.export program and report every weight;
@@ -412,7 +426,9 @@ def quantize(
     if activations is None:
         if calibration is not None:
             raise typer.BadParameter("--calibration calibrates --activations", param_hint="--calibration")
-        _compress(model, output, config, force, as_json, "quantizing", trust_pickle, executor, allow_empty)
+        _compress(
+            model, output, config, force, as_json, "quantizing", trust_pickle, executor, allow_empty, quiet
+        )
         return
     if calibration is None:
         raise typer.BadParameter(
@@ -426,18 +442,20 @@ def quantize(
         raise typer.BadParameter("--executor applies to weight-only quantization", param_hint="--executor")
     from coreai_opt.quantization import QuantizerConfig, quantize_activations_file
 
-    from ._render import render_activation_quantization
+    from ._render import activations_line, print_line, render_activation_quantization
 
     with option_errors(_QUANTIZE_FLAGS):
         acts = ActivationConfig(activations.value, activation_scheme.value, observer.value)
         qconfig = QuantizerConfig(OpConfig(config, acts))
-    with user_errors(as_json), _weight_progress(not as_json, "calibrating") as progress:
+    with user_errors(as_json), _weight_progress(not (as_json or quiet), "calibrating") as progress:
         result = quantize_activations_file(
             model, output, qconfig, calibration=calibration, random_samples=calibration_samples,
             force=force, progress=progress, trust_pickle=trust_pickle,
         )  # fmt: skip
     if as_json:
         print_json(result.to_dict())
+    elif quiet:
+        print_line(activations_line(result))
     else:
         render_activation_quantization(result)
 
@@ -489,6 +507,7 @@ def palettize(
     allow_empty: bool = allow_empty_option(),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
+    quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Palettize weights with exact optimal k-means look-up tables and report every weight.
@@ -511,7 +530,9 @@ def palettize(
             per_channel_scale, workers or os.cpu_count() or 1, fast, rounding_precision, threshold,
             _overrides(override, PalettizeConfig),
         )  # fmt: skip
-    _compress(model, output, config, force, as_json, "palettizing", trust_pickle, executor, allow_empty)
+    _compress(
+        model, output, config, force, as_json, "palettizing", trust_pickle, executor, allow_empty, quiet
+    )
 
 
 def _n_m_ratio(text: str | None) -> tuple[int, int] | None:
@@ -550,6 +571,7 @@ def sparsify(
     allow_empty: bool = allow_empty_option(),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
+    quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Prune weights to a bitmask-sparse form (optionally quantized or palettized) and report every weight.
@@ -572,7 +594,9 @@ def sparsify(
             sparsity, block_size, ratio, quantize.value if quantize is not None else None, palettize, threshold,
             _overrides(override, SparsifyConfig),
         )  # fmt: skip
-    _compress(model, output, config, force, as_json, "sparsifying", trust_pickle, executor, allow_empty)
+    _compress(
+        model, output, config, force, as_json, "sparsifying", trust_pickle, executor, allow_empty, quiet
+    )
 
 
 @app.command()
@@ -607,6 +631,7 @@ def compare(
         None, "--plot", help="Also write a size-vs-accuracy plot as PNG here (pip install 'coreopt[plot]')."
     ),
     trust_pickle: bool = trust_pickle_option(),
+    quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Run models on the same samples; per output cosine, SNR and max abs error.
@@ -628,7 +653,7 @@ def compare(
     """
     from coreai_opt.comparison import check_plot_path, compare_sweep, parse_int_range, plot_sweep
 
-    from ._render import render_comparison, render_sweep
+    from ._render import comparison_line, print_line, render_comparison, render_sweep, sweep_line
 
     if inputs is not None and samples != 1:
         raise typer.BadParameter("give --inputs or --samples, not both", param_hint="--samples")
@@ -640,7 +665,10 @@ def compare(
         with option_errors({}, "--plot"):
             check_plot_path(plot)
     flags = {"min_cosine": "--min-cosine", "samples": "--samples"}
-    with user_errors(as_json, flags), _weight_progress(not (as_json or as_csv), "comparing") as progress:
+    with (
+        user_errors(as_json, flags),
+        _weight_progress(not (as_json or as_csv or quiet), "comparing") as progress,
+    ):
         result = compare_sweep(
             reference, candidates, inputs=inputs, samples=samples, seed=seed, int_range=parsed_range,
             min_cosine=min_cosine, trust_pickle=trust_pickle, progress=progress,
@@ -651,6 +679,8 @@ def compare(
         print_json(result.comparisons[0].to_dict() if len(candidates) == 1 else result.to_dict())
     elif as_csv:
         sys.stdout.write(result.to_csv())
+    elif quiet:
+        print_line(comparison_line(result.comparisons[0]) if len(candidates) == 1 else sweep_line(result))
     elif len(candidates) == 1:
         render_comparison(result.comparisons[0])
     else:

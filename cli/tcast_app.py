@@ -20,10 +20,12 @@ from ._common import (
     json_option,
     option_errors,
     print_json,
+    quiet_option,
     run,
     user_errors,
     version_option,
 )
+from ._render import print_line
 
 ModeChoice = choices("ModeChoice", tuple(CastMode))
 RoundChoice = choices("RoundChoice", tuple(RoundMode))
@@ -156,6 +158,7 @@ def cast(
     ),
     only: str | None = typer.Option(None, "--only", help="Cast only tensors whose name matches this regex."),
     force: bool = force_option(),
+    quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Cast every float tensor of a safetensors file and report the error of each.
@@ -176,7 +179,7 @@ def cast(
     with (
         user_errors(as_json),
         Progress(
-            console=err_console, transient=True, disable=as_json or not err_console.is_terminal
+            console=err_console, transient=True, disable=as_json or quiet or not err_console.is_terminal
         ) as progress,
     ):
         task = progress.add_task("casting", total=None)
@@ -201,6 +204,13 @@ def cast(
                 "tensors": [r.to_dict() for r in results],
                 "cast": len(done),
             }
+        )
+        return
+    if quiet:
+        sqnrs = [r.sqnr_db for r in done if math.isfinite(r.sqnr_db)]
+        mean = f", mean SQNR {sum(sqnrs) / len(sqnrs):.2f} dB" if sqnrs else ""
+        print_line(
+            f"tcast cast {source} -> {output} ({target.name}, {mode.value}): {len(done)} tensors cast{mean}"
         )
         return
     table = Table(title=f"{source} -> {output} ({target.name}, {mode.value})", title_justify="left")
@@ -228,6 +238,7 @@ def upcast(
     source: Path = typer.Argument(..., help="A file written by `tcast cast --mode actual`."),
     output: Path = typer.Option(..., "-o", "--output", help="Output .safetensors file of floats."),
     force: bool = force_option(),
+    quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Restore float tensors from codes and scales.
@@ -243,7 +254,7 @@ def upcast(
     if as_json:
         print_json({"source": str(source), "output": str(output), "restored": names})
         return
-    console.print(f"restored {len(names)} tensors into {output}")
+    print_line(f"tcast upcast {source} -> {output}: restored {len(names)} tensors")
 
 
 def main() -> None:

@@ -32,6 +32,9 @@ coreopt palettize "$out/transformer.aimodel" --nbits 4 --granularity channel -o 
 echo "== coreopt compare $out/transformer.aimodel $out/transformer.lut4.aimodel --min-cosine 0.99"
 coreopt compare "$out/transformer.aimodel" "$out/transformer.lut4.aimodel" --min-cosine 0.99
 
+echo "== coreopt compare $out/transformer.aimodel int8 lut4   (a sweep: the reference runs once, one row each)"
+coreopt compare "$out/transformer.aimodel" "$out/transformer.int8.aimodel" "$out/transformer.lut4.aimodel"
+
 # The .pt2 route: compress the export itself (coreai-torch's ops), check it in PyTorch in seconds,
 # then cast it to 16-bit and convert it - no full-precision .aimodel needed.
 echo "== coreopt palettize $model.pt2 --nbits 4 --granularity channel"

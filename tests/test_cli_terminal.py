@@ -1,0 +1,68 @@
+"""What a CI log shows: tables fit 80 columns with whole rows, and --quiet prints one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SAMPLES
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", COLUMNS="80")
+    return subprocess.run(
+        [sys.executable, "-m", f"cli.{args[0]}_app", *args[1:]], cwd=cwd, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_compression_tables_fit_80_columns_one_line_per_weight(tmp_path: Path) -> None:
+    args = ["coreopt", "palettize", str(SAMPLES / "transformer.aimodel"), "--nbits", "4", "--granularity",
+            "grouped", "--group-size", "16", "--lut-dtype", "int8", "-o", "t.aimodel"]  # fmt: skip
+    done = _run(args, tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    rows = [line for line in lines if line.startswith((" tokens.", " layers."))]
+    names = ["tokens.weight"] + [
+        f"layers.{i}.{p}.weight" for i in (0, 1) for p in ("qkv", "proj", "ff1", "ff2")
+    ]
+    assert [row.split()[0] for row in rows] == names  # whole names, one row each
+    assert all("ui4 LUT(16 x si8)" in row for row in rows)  # the encoding cut at its end, not its start
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["coreopt", "inspect", str(SAMPLES / "mlp.aimodel")],
+        ["coreopt", "quantize", str(SAMPLES / "mlp.aimodel"), "--dtype", "int8", "-o", "q.aimodel"],
+        ["coreopt", "sparsify", str(SAMPLES / "mlp.pt2"), "--nm", "2:4", "-o", "s.pt2"],
+        ["coreopt", "cast", str(SAMPLES / "mlp.pt2"), "--to", "fp16", "-o", "c.pt2"],
+        [
+            "coreopt",
+            "compare",
+            str(SAMPLES / "mlp.aimodel"),
+            str(SAMPLES / "mlp.aimodel"),
+            "--min-cosine",
+            "0.99",
+        ],
+    ],
+    ids=lambda a: a[1],
+)
+def test_quiet_prints_one_summary_line(args: list[str], tmp_path: Path) -> None:
+    done = _run([*args, "--quiet"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, done.stdout
+    assert lines[0].startswith(args[1])
+    expected = {
+        "inspect": "19 ops, 6 weights",
+        "quantize": "3 weights compressed",
+        "sparsify": "3 weights compressed",
+        "cast": "check ok",
+        "compare": "worst cosine 1.000000 over 1 outputs x 1 samples, ok",
+    }[args[1]]
+    assert expected in lines[0]
