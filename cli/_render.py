@@ -145,21 +145,27 @@ def render_cast(result: CastFileResult) -> None:
         io.add_row(change.name, change.kind, _arrow(change.before, change.after))
     console.print(io)
 
-    state = Table(title="State (parameters, buffers, constants)", title_justify="left")
-    for column in ("outcome", "count", "bytes", "detail"):
-        state.add_column(column, justify="right" if column in ("count", "bytes") else "left")
     groups: dict[str, list] = {}
     for s in report.state:
         groups.setdefault(s.outcome.value, []).append(s)
+    rows = []
     for outcome, items in groups.items():
         detail = ", ".join(
-            f"{s.name} (max {s.max_abs:g})" if s.max_abs is not None else s.name for s in items[:4]
-        ) + (f", ... {len(items) - 4} more" if len(items) > 4 else "")
+            f"{s.name} (max {s.max_abs:g})" if s.max_abs is not None else s.name for s in items
+        )
         nbytes = f"{human_bytes(sum(s.bytes_before for s in items))} -> {human_bytes(sum(s.bytes_after for s in items))}"
-        state.add_row(outcome, str(len(items)), nbytes, detail)
+        rows.append([outcome, str(len(items)), nbytes, detail])
     if not report.state:
-        state.add_row("no floating-point state", "0", "", "")
-    console.print(state)
+        rows.append(["no floating-point state", "0", "", ""])
+    columns = [
+        ("outcome", "left"),
+        ("count", "right"),
+        ("bytes", "right"),
+        ("tensors (--json: each)", "left"),
+    ]
+    console.print(
+        fitted_table("State (parameters, buffers, constants)", columns, rows, squeeze=((3, 24, False),))
+    )
 
     ops = Table(title="Ops by outcome", title_justify="left")
     for column in ("outcome", "op", "count"):
