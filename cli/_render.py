@@ -191,7 +191,7 @@ def render_cast(result: CastFileResult) -> None:
         _render_nonfinite((o.name, o.metrics) for o in result.check.outputs)
         overflows = result.check.overflows
         if overflows:
-            where = ", ".join(f"{o.node} ({o.op})" for o in overflows)
+            where = ", ".join(f"{o.node} ({o.op}{' in ' + o.module if o.module else ''})" for o in overflows)
             console.print(f"[yellow]fp16 overflows first at: {where}[/yellow]", highlight=False)
             ops = sorted({op for o in overflows for op in o.ignore})
             if ops:

@@ -60,6 +60,13 @@ VIEW_PACKETS = frozenset(
 ARITHMETIC = frozenset({aten.add, aten.mul, aten.sub})
 
 
+def module_path(node: Node) -> str:
+    """The qualified name of the module a node ran in (`layers.0.mlp`), from torch.export's
+    `nn_module_stack`; empty at the top level."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return str(list(stack.values())[-1][0]) if stack else ""
+
+
 def packet(node: Node) -> Any:
     return getattr(node.target, "overloadpacket", node.target)
 

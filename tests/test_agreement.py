@@ -190,6 +190,7 @@ def test_a_cast_that_overflows_names_the_op_and_suggests_ignore_op(tmp_path: Pat
     assert overflow == {
         "node": "exp_to_fp16",
         "op": "aten.exp.default",
+        "module": "",  # the top-level module
         "ignore_ops": ["aten.sum.dim_IntList"],
         "output": False,
     }
@@ -220,6 +221,24 @@ def test_first_overflows_finds_the_first_node_only() -> None:
     cast = cast_fp32_to_fp16(program)
     found = first_overflows(original, cast, [torch.randn(4, 16)])
     assert [o.op for o in found] == ["aten.exp.default"]  # not the sum that carries its inf
+
+
+def test_an_overflow_names_the_module_it_happens_in() -> None:
+    from coreai_opt.casting import cast_fp32_to_fp16
+
+    class Nested(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Sequential(nn.Identity(), Overflowing())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(x)
+
+    torch.manual_seed(0)
+    model, x = Nested(), torch.randn(4, 16)
+    original, program = _export(model, x), _export(model, x)
+    (found,) = first_overflows(original, cast_fp32_to_fp16(program), [x])
+    assert (found.op, found.module) == ("aten.exp.default", "head.1")
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])

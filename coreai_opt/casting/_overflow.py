@@ -10,6 +10,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Interpreter, Node
 
+from coreai_opt._fx import module_path
+
 from . import _graph as g
 
 
@@ -26,9 +28,11 @@ class Overflow:
     op: str  # the op whose value overflows
     ignore: tuple[str, ...]
     output: bool = False  # the value is a program output
+    module: str = ""  # the qualified name of the module the op ran in (`layers.3.mlp`)
 
     def to_dict(self) -> dict[str, object]:
-        return {"node": self.node, "op": self.op, "ignore_ops": list(self.ignore), "output": self.output}
+        return {"node": self.node, "op": self.op, "module": self.module, "ignore_ops": list(self.ignore),
+                "output": self.output}  # fmt: skip
 
 
 class _FiniteRecorder(Interpreter):
@@ -80,10 +84,10 @@ def first_overflows(
             readers = [u for u in node.users if u.op == "call_function"]
             output = any(u.op == "output" for u in node.users)
             ignore = () if output else tuple(sorted({_op_name(u) for u in readers}))
-            overflow = Overflow(node.name, _op_name(source), ignore, output)
+            overflow = Overflow(node.name, _op_name(source), ignore, output, module_path(source))
         else:
             source = node
-            overflow = Overflow(node.name, _op_name(node), (_op_name(node),))
+            overflow = Overflow(node.name, _op_name(node), (_op_name(node),), module=module_path(node))
         if before.get(source.name, True) is False:
             continue  # the original is non-finite there too
         found.append(overflow)

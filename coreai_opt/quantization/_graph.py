@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from coreai_opt._fx import module_path
 from coreai_opt.compression import Override, QuantizeConfig, SkipKind, Skipped, WeightSite
 from coreai_opt.compression._quantize import scale_shape
 from coreai_opt.compression._sites import select_sites
@@ -58,11 +59,6 @@ def _state_root(node: Node, views: set[Any]) -> Node | None:
             return None
         node = first
     return node if node.op == "get_attr" else None
-
-
-def _module_of(node: Node) -> str:
-    stack = node.meta.get("nn_module_stack") or {}
-    return str(list(stack.values())[-1][0]) if stack else ""
 
 
 def _is_float(node: Node) -> bool:
@@ -109,7 +105,7 @@ def plan(gm: GraphModule, ep: ExportedProgram, config: QuantizerConfig) -> Plan:
         if entry is None:
             continue
         op_type, operands = entry
-        op_config = config.for_op(_module_of(node), op_type)
+        op_config = config.for_op(module_path(node), op_type)
         if op_config is None:
             float_ops.append(node.name)
             continue
