@@ -651,7 +651,13 @@ def compare(
 
     Example: coreopt compare ref.aimodel a.aimodel b.aimodel c.aimodel --inputs samples/ --csv --plot sweep.png
     """
-    from coreai_opt.comparison import check_plot_path, compare_sweep, parse_int_range, plot_sweep
+    from coreai_opt.comparison import (
+        check_plot_path,
+        compare_files,
+        compare_sweep,
+        parse_int_range,
+        plot_sweep,
+    )
 
     from ._render import comparison_line, print_line, render_comparison, render_sweep, sweep_line
 
@@ -669,20 +675,29 @@ def compare(
         user_errors(as_json, flags),
         _weight_progress(not (as_json or as_csv or quiet), "comparing") as progress,
     ):
-        result = compare_sweep(
-            reference, candidates, inputs=inputs, samples=samples, seed=seed, int_range=parsed_range,
-            min_cosine=min_cosine, trust_pickle=trust_pickle, progress=progress,
-        )  # fmt: skip
+        options = {
+            "inputs": inputs, "samples": samples, "seed": seed, "int_range": parsed_range,
+            "min_cosine": min_cosine, "trust_pickle": trust_pickle, "progress": progress,
+        }  # fmt: skip
+        # a sweep's rows inspect every model for its size: only when rows are asked for
+        sweep = len(candidates) > 1 or as_csv or plot is not None
+        result = (
+            compare_sweep(reference, candidates, **options)
+            if sweep
+            else compare_files(reference, candidates[0], **options)
+        )
         if plot is not None:
             plot_sweep(result, plot)
-    if as_json:
-        print_json(result.comparisons[0].to_dict() if len(candidates) == 1 else result.to_dict())
-    elif as_csv:
+    # one candidate is shown as its comparison, every output of it
+    one = None if len(candidates) > 1 else (result.comparisons[0] if sweep else result)
+    if as_csv:
         sys.stdout.write(result.to_csv())
+    elif as_json:
+        print_json((one or result).to_dict())
     elif quiet:
-        print_line(comparison_line(result.comparisons[0]) if len(candidates) == 1 else sweep_line(result))
-    elif len(candidates) == 1:
-        render_comparison(result.comparisons[0])
+        print_line(comparison_line(one) if one is not None else sweep_line(result))
+    elif one is not None:
+        render_comparison(one)
     else:
         render_sweep(result)
     if result.ok is False:

@@ -95,8 +95,12 @@ class ComparisonResult:
     @property
     def worst_cosine(self) -> float | None:
         """The lowest cosine over outputs and samples; None when any was not measured."""
-        cosines = [o.metrics.cosine for o in self.outputs]
-        return None if not cosines or any(c is None for c in cosines) else min(cosines)  # type: ignore[type-var]
+        return _lowest([o.metrics.cosine for o in self.outputs])
+
+    @property
+    def worst_snr_db(self) -> float | None:
+        """The lowest SNR over outputs and samples; None when any was not measured."""
+        return _lowest([o.metrics.snr_db for o in self.outputs])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -112,6 +116,10 @@ class ComparisonResult:
             "seconds": round(self.seconds, 4),
             "outputs": [o.to_dict() for o in self.outputs],
         }
+
+
+def _lowest(values: list[float | None]) -> float | None:
+    return None if not values or any(v is None for v in values) else min(values)  # type: ignore[type-var]
 
 
 def _pair_outputs(
@@ -214,33 +222,10 @@ def _fits(path: Path, arrays: dict[str, np.ndarray], specs: tuple[TensorSpec, ..
                 raise ModelFileError(path, f"input {spec.name} has values outside {spec.dtype.name}")
 
 
-def compare_files(
-    reference: Path | str,
-    candidate: Path | str,
-    *,
-    inputs: Path | str | None = None,
-    samples: int = 1,
-    seed: int = 0,
-    int_range: tuple[int, int] | None = None,
-    min_cosine: float | None = None,
-    trust_pickle: bool = False,
-    progress: Progress | None = None,
-) -> ComparisonResult:
-    """Run both models on the same samples; per output cosine, SNR and max error, each at its worst
-    over the samples, with the mean cosine and SNR beside them.
-
-    An `.aimodel` runs on the Core AI runtime (lowered once), a `.pt2` in PyTorch (its compressed
-    weights decoded once), in any mix. `inputs` names a safetensors file (one sample, or several
-    along a leading axis) or a directory of them; without it, `samples` seeded draws of the input
-    policy (`coreai_opt.inputs`; seeds `seed`, `seed + 1`, ...), with every integer input from
-    [low, high) when `int_range` is given. Inputs follow the reference's descriptors and are
-    converted to each model's own input dtypes, so an fp16 candidate can be compared with its fp32
-    reference. `progress(done, total, label)` is called after each model run.
-    """
-    return compare_many(
-        reference, [candidate], inputs=inputs, samples=samples, seed=seed, int_range=int_range,
-        min_cosine=min_cosine, trust_pickle=trust_pickle, progress=progress,
-    )[0]  # fmt: skip
+def compare_files(reference: Path | str, candidate: Path | str, **options: Any) -> ComparisonResult:
+    """Run both models on the same samples: `compare_many` with one candidate (the same keyword
+    options)."""
+    return compare_many(reference, [candidate], **options)[0]
 
 
 def compare_many(
@@ -255,8 +240,19 @@ def compare_many(
     trust_pickle: bool = False,
     progress: Progress | None = None,
 ) -> list[ComparisonResult]:
-    """`compare_files` for several candidates against one reference, which runs once per sample
-    (its outputs are kept): n candidates cost 1 + n runs per sample, not 2n."""
+    """Run the reference and every candidate on the same samples; per output cosine, SNR and max
+    error, each at its worst over the samples, with the mean cosine and SNR beside them.
+
+    An `.aimodel` runs on the Core AI runtime (lowered once), a `.pt2` in PyTorch (its compressed
+    weights decoded once), in any mix. `inputs` names a safetensors file (one sample, or several
+    along a leading axis) or a directory of them; without it, `samples` seeded draws of the input
+    policy (`coreai_opt.inputs`; seeds `seed`, `seed + 1`, ...), with every integer input from
+    [low, high) when `int_range` is given. Inputs follow the reference's descriptors and are
+    converted to each model's own input dtypes, so an fp16 candidate can be compared with its fp32
+    reference. The reference runs once per sample (its outputs are kept): n candidates cost 1 + n
+    runs per sample, not 2n. `progress(done, total, label)` is called after each model run; one
+    `ComparisonResult` per candidate, in order.
+    """
     reference, paths = Path(reference), [Path(c) for c in candidates]
     if not paths:
         raise ValueError("give at least one candidate")

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from coreai_opt._agreement import mean_of
-from coreai_opt.compression import Progress
 from coreai_opt.io import asset_bytes
 
 from ._compare import ComparisonResult, compare_many
@@ -79,30 +78,16 @@ class SweepResult:
         return out.getvalue()
 
 
-def _minimum(values: list[float | None]) -> float | None:
-    return None if not values or any(v is None for v in values) else min(values)  # type: ignore[type-var]
-
-
 def compare_sweep(
-    reference: Path | str,
-    candidates: list[Path | str] | tuple[Path | str, ...],
-    *,
-    inputs: Path | str | None = None,
-    samples: int = 1,
-    seed: int = 0,
-    int_range: tuple[int, int] | None = None,
-    min_cosine: float | None = None,
-    trust_pickle: bool = False,
-    progress: Progress | None = None,
+    reference: Path | str, candidates: list[Path | str] | tuple[Path | str, ...], **options: Any
 ) -> SweepResult:
-    """Every candidate against the reference on the same samples (the reference runs once), one row
-    each: size on disk, bits per weight (as `inspect` counts them), cosine and SNR."""
+    """Every candidate against the reference on the same samples (`compare_many`, the same keyword
+    options: the reference runs once), one row each: size on disk, bits per weight (as `inspect`
+    counts them), cosine and SNR."""
     from coreai_opt.inspection import inspect_model
 
-    comparisons = compare_many(
-        reference, candidates, inputs=inputs, samples=samples, seed=seed, int_range=int_range,
-        min_cosine=min_cosine, trust_pickle=trust_pickle, progress=progress,
-    )  # fmt: skip
+    trust_pickle = options.get("trust_pickle", False)
+    comparisons = compare_many(reference, candidates, **options)
     reference = Path(reference)
     ref_bytes = asset_bytes(reference)
     result = SweepResult(
@@ -114,8 +99,8 @@ def compare_sweep(
         row = SweepRow(
             comparison.candidate, size, ref_bytes / size,
             inspect_model(comparison.candidate, trust_pickle=trust_pickle).mean_bits_per_weight,
-            mean_of([o.spread.cosine_mean for o in outputs]), _minimum([o.metrics.cosine for o in outputs]),
-            mean_of([o.spread.snr_db_mean for o in outputs]), _minimum([o.metrics.snr_db for o in outputs]),
+            mean_of([o.spread.cosine_mean for o in outputs]), comparison.worst_cosine,
+            mean_of([o.spread.snr_db_mean for o in outputs]), comparison.worst_snr_db,
             comparison.ok,
         )  # fmt: skip
         result.rows.append(row)

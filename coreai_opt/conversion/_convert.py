@@ -64,10 +64,8 @@ def _source_names(program: ExportedProgram) -> Callable[[np.ndarray], str | None
             continue
         if element.bits not in (16, 32):  # weights are stored in 16 or 32 bits; codes and scales are not
             continue
-        raw = tensor.detach().contiguous().view(element.torch_dtype())
-        values = (
-            raw.view(torch.int16 if element.bits == 16 else torch.int32).numpy().view(element.numpy_dtype())
-        )
+        bits = tensor.detach().contiguous().view(torch.int16 if element.bits == 16 else torch.int32)
+        values = bits.numpy().view(element.numpy_dtype())  # numpy has no bfloat16: through the bits
         tensors.append((spec.target, values))
     direct: dict[bytes, str] = {}
     for name, values in tensors:
