@@ -94,6 +94,7 @@ def cast(
     out_dtype: Any = None,
     computemode: Any = None,
     measure: bool = False,
+    tensor_scale: Any = None,
 ) -> Any:
     """Cast a float32/float16/bfloat16 tensor to a tcast DataType.
 
@@ -104,6 +105,13 @@ def cast(
     Stochastic rounding is reproducible with `seed` or a `generator` (the Triton engine draws its
     own Philox stream from them). computemode auto (default) runs TritonCast on CUDA tensors it
     supports (see `tcast.supports`), else TorchCast. The input is never modified.
+
+    `tensor_scale` gives the scale per tensor instead of deriving it from the tensor's amax: the
+    outer fp32 scale of a two-level type (nvfp4) or the scale of a type with one float scale per
+    tensor (fp8_F), as calibration or a previous step supplies it. It is rounded into the scale's
+    format; the cast then reads the input once (without it, a pass over the whole tensor finds the
+    amax first), values beyond the scale's range saturate, and a NaN or Inf in the input affects
+    only its own element (two levels: its tile).
     """
     from . import _torchcast
     from ._engine import use_triton
@@ -116,8 +124,12 @@ def cast(
     if measure and not actual:
         raise ValueError("measure records the error of an actual cast (castmode='actual')")
     _torchcast._check_input(x)
+    given = None if tensor_scale is None else _torchcast.given_tensor_scale(datatype_, tensor_scale, x.device)
     if datatype_.nspec.is_codebook:
         from . import _lutcast
+
+        if given is not None:
+            raise ValueError(f"tensor_scale: codebook type {datatype_.name} takes no scale per tensor")
 
         if actual:
             return _lutcast.actual_cast(x, datatype_, round_, scale_, measure)
@@ -131,7 +143,7 @@ def cast(
         if round_ is RoundMode.STOCHASTIC:
             kernel_seed = _kernel_seed(x, seed, generator)
         result = _triton.cast(
-            x, datatype_, round_, scale_, kernel_seed, not actual, None if actual else out_dtype
+            x, datatype_, round_, scale_, kernel_seed, not actual, None if actual else out_dtype, given
         )
         if measure:
             import dataclasses
@@ -141,8 +153,8 @@ def cast(
         return result
     gen = _generator(x, seed, generator)
     if actual:
-        return _torchcast.actual_cast(x, datatype_, round_, scale_, gen, measure)
-    return _torchcast.virtual_cast(x, datatype_, round_, scale_, gen, out_dtype)
+        return _torchcast.actual_cast(x, datatype_, round_, scale_, gen, measure, given)
+    return _torchcast.virtual_cast(x, datatype_, round_, scale_, gen, out_dtype, given)
 
 
 def _kernel_seed(x: Any, seed: int | None, generator: Any) -> int:

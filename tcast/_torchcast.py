@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -257,16 +258,27 @@ class _Scaling:
     effective: torch.Tensor | None = None  # two-level: each row's scale times the tensor's, in float32
 
 
-def _scaling(blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode, work: torch.dtype) -> _Scaling:
+def _scaling(
+    blocks: torch.Tensor,
+    dtype: DataType,
+    scalemode: ScaleMode,
+    work: torch.dtype,
+    given: torch.Tensor | None = None,
+) -> _Scaling:
+    """Per-row scaling of `blocks`; `given` (see `given_tensor_scale`) replaces the scale that
+    would come from the tensor's amax, so a one-level per-tensor cast reads no statistics."""
     sspec = dtype.sspec
     if sspec is None:
         return _Scaling()
-    # exact, and small; two reductions run faster than torch.aminmax along a dim
-    lo, hi = blocks.amin(dim=1, keepdim=True).double(), blocks.amax(dim=1, keepdim=True).double()
-    if sspec.tensor_scale is not None:
-        scaling = _two_level_scaling(lo, hi, blocks, dtype, scalemode)
+    if given is not None and sspec.tensor_scale is None:
+        scaling = _Scaling(scale=given.double().reshape(1, 1))
     else:
-        scaling = _scaling_of_range(lo, hi, dtype, scalemode)
+        # exact, and small; two reductions run faster than torch.aminmax along a dim
+        lo, hi = blocks.amin(dim=1, keepdim=True).double(), blocks.amax(dim=1, keepdim=True).double()
+        if sspec.tensor_scale is not None:
+            scaling = _two_level_scaling(lo, hi, blocks, dtype, scalemode, given)
+        else:
+            scaling = _scaling_of_range(lo, hi, dtype, scalemode)
     for name in ("scale", "zero", "to_grid", "divisor", "effective"):  # exact in the work dtype
         value = getattr(scaling, name)
         if value is not None:
@@ -310,14 +322,24 @@ def tensor_scale_of(amax: torch.Tensor, dtype: DataType) -> torch.Tensor:
 
 
 def _two_level_scaling(
-    lo: torch.Tensor, hi: torch.Tensor, blocks: torch.Tensor, dtype: DataType, scalemode: ScaleMode
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    blocks: torch.Tensor,
+    dtype: DataType,
+    scalemode: ScaleMode,
+    given: torch.Tensor | None,
 ) -> _Scaling:
-    """Tile scales relative to a tensor scale: each block's amax over the tensor scale is scaled
-    and rounded as a one-level float scale; the values divide by the product of the two levels
-    rounded to float32 (what an upcast multiplies by)."""
+    """Tile scales relative to a tensor scale (`given`, else from the largest finite magnitude):
+    each block's amax over the tensor scale is scaled and rounded as a one-level float scale; the
+    values divide by the product of the two levels rounded to float32 (what an upcast multiplies
+    by)."""
     sspec = dtype.sspec
     assert sspec is not None
     amax = torch.maximum(hi, -lo)
+    if given is not None:
+        tensor = given.float().reshape(())
+        scale = float_scales(amax / tensor.double(), dtype.nspec, sspec.scale, scalemode)
+        return _Scaling(scale=scale, tensor=tensor, effective=_two_level_product(scale, tensor))
     finite = torch.isfinite(amax).reshape(-1)
     largest = float(amax[finite].max()) if bool(finite.any()) else 0.0
     if not bool(finite.all()):  # a block holding NaN or Inf still counts its finite values
@@ -327,6 +349,32 @@ def _two_level_scaling(
     tensor = tensor_scale_of(torch.tensor(largest, dtype=torch.float64), dtype)
     scale = float_scales(amax / tensor.double(), dtype.nspec, sspec.scale, scalemode)
     return _Scaling(scale=scale, tensor=tensor, effective=_two_level_product(scale, tensor))
+
+
+def given_tensor_scale(dtype: DataType, value: Any, device: torch.device) -> torch.Tensor:
+    """A caller's scale per tensor as a float32 [1] on `device`: the outer scale of a two-level
+    type, or the only scale of a type with one float scale per tensor. It is rounded to nearest
+    into the scale's format and must then be positive and finite; types without such a scale
+    refuse one (their scales come from each tile's own values)."""
+    sspec = dtype.sspec
+    if sspec is not None and sspec.tensor_scale is not None:
+        spec = sspec.tensor_scale
+    elif sspec is not None and sspec.is_tensor and not sspec.is_exponent and sspec.zero is None:
+        spec = sspec.scale
+    else:
+        raise ValueError(
+            f"tensor_scale: {dtype.name} has no float scale per tensor "
+            "(it applies to two-level types such as nvfp4 and to one scale per tensor such as fp8_F)"
+        )
+    given = torch.as_tensor(value, dtype=torch.float64).detach()
+    if given.numel() != 1:
+        raise ValueError(f"tensor_scale: one value per tensor, got {given.numel()}")
+    rounded = given.reshape(1).cpu().to(spec.torch_dtype).float()
+    if not bool(torch.isfinite(rounded).all()) or float(rounded[0]) <= 0.0:
+        raise ValueError(
+            f"tensor_scale: a positive finite {spec.code} value, got {float(given.reshape(()))!r}"
+        )
+    return rounded.to(device)
 
 
 def _two_level_product(block_scales: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
@@ -406,6 +454,7 @@ def _run(
     generator: torch.Generator | None,
     virtual_dtype: torch.dtype | None,
     measure: bool = False,
+    given: torch.Tensor | None = None,
 ) -> tuple[Blocking, torch.Tensor, _Scaling, tuple[float, float] | None]:
     """Cast `x` piece by piece: fake-quantized values in `virtual_dtype`, or (None) element codes,
     and with `measure` the energies (signal, noise) of the input and of the error.
@@ -419,7 +468,7 @@ def _run(
     work = compute_dtype(dtype, x.dtype, roundmode)
     layout = plan(tuple(x.shape), dtype.sspec)
     blocks = to_blocks(x, layout)  # a view where no tile is padded or permuted
-    scaling = _scaling(blocks, dtype, scalemode, work)  # min and max are exact in any dtype
+    scaling = _scaling(blocks, dtype, scalemode, work, given)  # min and max are exact in any dtype
     noise = None
     if roundmode is RoundMode.STOCHASTIC:
         noise = draw_noise(blocks.shape, torch.empty(0, dtype=work, device=x.device), generator)
@@ -453,8 +502,9 @@ def virtual_cast(
     scalemode: ScaleMode,
     generator: torch.Generator | None,
     out_dtype: torch.dtype | None,
+    given: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    layout, out, _, _ = _run(x, dtype, roundmode, scalemode, generator, out_dtype or x.dtype)
+    layout, out, _, _ = _run(x, dtype, roundmode, scalemode, generator, out_dtype or x.dtype, False, given)
     return from_blocks(out, layout)
 
 
@@ -465,11 +515,12 @@ def actual_cast(
     scalemode: ScaleMode,
     generator: torch.Generator | None,
     measure: bool = False,
+    given: torch.Tensor | None = None,
 ) -> Tensor:
     nspec = dtype.nspec
     if nspec.bits > 16:
         raise ValueError(f"actual casts store codes of at most 16 bits; {dtype.name} has {nspec.bits}")
-    _, codes, scaling, energies = _run(x, dtype, roundmode, scalemode, generator, None, measure)
+    _, codes, scaling, energies = _run(x, dtype, roundmode, scalemode, generator, None, measure, given)
     scales, zeros = stored_scales(scaling, dtype)
     return Tensor(
         dtype=dtype,

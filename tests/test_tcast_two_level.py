@@ -37,10 +37,12 @@ def _to_odd_float32(q: np.ndarray) -> np.ndarray:
     return bits.view(np.float32)
 
 
-def _nvfp4_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.float32]:
+def _nvfp4_reference(
+    x: np.ndarray, given: np.float32 | None = None
+) -> tuple[np.ndarray, np.ndarray, np.float32]:
     """NVFP4 of a [rows, 16k] float32 array: values, e4m3 block scales, the fp32 tensor scale.
 
-    Tensor scale: amax over the finite values / (6 * 448) in fp32 (1 for zeros). Block scale:
+    Tensor scale: `given`, else amax over the finite values / (6 * 448) in fp32 (1 for zeros). Block scale:
     block amax / tensor scale / 6, clamped to [2**-9, 448], to e4m3 by round-to-nearest-even (1 for
     a zero block, NaN for a block holding NaN or Inf). Elements: x / (e4m3 scale * tensor scale in
     fp32), clamped to +-6, to e2m1 by round-to-nearest-even; values: element * that product.
@@ -49,6 +51,8 @@ def _nvfp4_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.float32]
     finite = np.isfinite(x64)
     amax = float(np.abs(np.where(finite, x64, 0.0)).max())
     tensor = np.float32(amax / (E2M1_MAX * E4M3_MAX)) if amax > 0 else np.float32(1.0)
+    if given is not None:
+        tensor = given
     blocks = x64.reshape(-1, 16)
     block_amax = np.abs(blocks).max(axis=1)
     raw = np.clip(block_amax / np.float64(tensor) / E2M1_MAX, 2.0**-9, E4M3_MAX)
@@ -122,6 +126,67 @@ def test_nvfp4_corner_cases() -> None:
         assert torch.equal(tcast.upcast(t), tcast.cast(v, "nvfp4"))
         ref, _, _ = _nvfp4_reference(v.float().numpy())
         assert np.array_equal(tcast.cast(v, "nvfp4", out_dtype=torch.float32).numpy(), ref)
+
+
+def test_nvfp4_under_a_given_tensor_scale_follows_the_published_rule() -> None:
+    """A calibrated tensor scale replaces the amax one: blocks far above it saturate at
+    448 * 6 * scale, the rest follow the same rule; upcast gives the virtual cast back."""
+    x = _heavy_tailed(64, 256, 5)
+    own = tcast.cast(x, "nvfp4", castmode="actual").tensor_scale.item()
+    for given in (np.float32(own), np.float32(own / 7.3), np.float32(own * 3.1)):
+        values, scales, _ = _nvfp4_reference(x.numpy(), given)
+        t = tcast.cast(x, "nvfp4", castmode="actual", tensor_scale=float(given))
+        assert t.tensor_scale.item() == given
+        assert np.array_equal(t.scales.float().numpy(), scales)
+        virtual = tcast.cast(x, "nvfp4", tensor_scale=torch.tensor(given))
+        assert np.array_equal(virtual.numpy(), values)
+        assert torch.equal(tcast.upcast(t), virtual)
+    small = np.float32(own / 7.3)
+    assert (
+        tcast.cast(x, "nvfp4", tensor_scale=float(small)).abs().max() == np.float32(448 * 6 * small)
+    ).item()
+    # the given scale is rounded into float32 the way torch rounds a float64
+    t = tcast.cast(x, "nvfp4", castmode="actual", tensor_scale=0.1)
+    assert t.tensor_scale.item() == np.float32(0.1)
+
+
+def test_fp8_per_tensor_under_a_given_scale_is_x_over_scale_element_by_element() -> None:
+    """fp8_F with a caller's scale: every element is x / scale by torch's float8 conversion
+    (saturating at +-448, Inf too), a NaN stays a NaN without touching its neighbours."""
+    x = _heavy_tailed(64, 96, 6)
+    x[3, 4], x[5, 6], x[7, 8] = math.nan, math.inf, -math.inf
+    scale = 0.0123
+    s32 = float(np.float32(scale))
+    quotient = torch.from_numpy(_to_odd_float32((x.double() / s32).clamp(-448, 448).numpy()))
+    expected = (quotient.to(torch.float8_e4m3fn).double() * s32).float()
+    got = tcast.cast(x, "fp8_F", tensor_scale=scale)
+    assert torch.equal(torch.isnan(got), torch.isnan(x)) and torch.isnan(got).sum() == 1
+    assert torch.equal(got.nan_to_num(), expected.nan_to_num())
+    assert got[5, 6].item() == float(np.float32(448 * s32)) and got[7, 8].item() == -got[5, 6].item()
+    t = tcast.cast(x, "fp8_F", castmode="actual", tensor_scale=scale)
+    assert t.scales.tolist() == [s32] and torch.equal(tcast.upcast(t).nan_to_num(), expected.nan_to_num())
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("mxfp8e4", 1.0, "no float scale per tensor"),
+        ("fp8_Fc", 1.0, "no float scale per tensor"),
+        ("nvf4", 1.0, "no float scale per tensor"),
+        ("e4m3fn", 1.0, "no float scale per tensor"),
+        ("nvfp4", 0.0, "positive finite"),
+        ("nvfp4", -2.0, "positive finite"),
+        ("fp8_F", math.nan, "positive finite"),
+        ("fp8_F", 1e39, "positive finite"),  # beyond float32: Inf once rounded
+        ("nvfp4", [1.0, 2.0], "one value per tensor"),
+    ],
+)
+def test_a_given_tensor_scale_is_refused_where_it_has_no_meaning(
+    name: str, value: object, message: str
+) -> None:
+    x = torch.randn(4, 32)
+    with pytest.raises(ValueError, match=message):
+        tcast.cast(x, name, tensor_scale=value)
 
 
 def test_nvfp4_beats_mxfp4_on_heavy_tailed_data() -> None:

@@ -77,7 +77,7 @@ def test_every_mx_format_round_and_scale_mode_is_bit_exact(name: str, source: to
             _assert_engines_agree(x, name, roundmode=roundmode, scalemode=scalemode)
 
 
-def _assert_engines_agree(x: torch.Tensor, name: str, **modes: str) -> None:
+def _assert_engines_agree(x: torch.Tensor, name: str, **modes: object) -> None:
     """Virtual values, codes, scales (and a two-level cast's tensor scale) and upcasts: Triton's
     equal TorchCast's, and upcast(actual) equals virtual by either engine for either's codes."""
     virtual_torch, virtual_triton = _both(x, name, **modes)
@@ -314,6 +314,19 @@ def test_float_scales_and_square_tiles_are_bit_exact(name: str, source: torch.dt
         x = x.reshape(2, 18, 70)
     for roundmode, scalemode in (("even", "max"), ("nearest", "midmax"), ("zero", "ceil")):
         _assert_engines_agree(x, name, roundmode=roundmode, scalemode=scalemode)
+
+
+@pytest.mark.parametrize("name", ("nvfp4", "fp8_F", "fp8_f"))
+@pytest.mark.parametrize("source", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
+def test_a_given_tensor_scale_is_bit_exact(name: str, source: torch.dtype) -> None:
+    """One pass under a caller's tensor scale: scales far below and above the data's (saturation,
+    flushed tiles), NaN elements one by one under one scale per tensor, NaN tiles under two."""
+    x = corner_input(source, rows=36, cols=70)
+    for tensor_scale in (1e-3, 0.7, 300.0):
+        for roundmode, scalemode in (("even", "max"), ("nearest", "midmax"), ("zero", "ceil")):
+            _assert_engines_agree(
+                x, name, roundmode=roundmode, scalemode=scalemode, tensor_scale=tensor_scale
+            )
 
 
 def boundary_input(name: str, seed: int = 0) -> torch.Tensor:

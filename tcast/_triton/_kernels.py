@@ -235,6 +235,8 @@ def float_virtual_kernel(
                                   ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
                                   S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL)  # fmt: skip
     code = quotient_codes(x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND)
+    if GIVEN:  # a caller's scale per tensor is finite: NaN elements stay NaN one by one
+        code = tl.where(x != x, NAN_CODE, code)
     values = scaled_values(code, divisor, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF)
     tl.store(out_ptr + offsets, narrow(values, out_ptr), mask=valid)
 
@@ -258,6 +260,8 @@ def float_actual_kernel(
                                   ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
                                   S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL)  # fmt: skip
     code = quotient_codes(x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND)
+    if GIVEN:  # a caller's scale per tensor is finite: NaN elements stay NaN one by one
+        code = tl.where(x != x, NAN_CODE, code)
     store_codes(codes_ptr, code, block, n_blocks, code_bytes, code_stride, TILE, BLOCKS, BITS, WORDS)
 
 

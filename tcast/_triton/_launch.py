@@ -209,11 +209,15 @@ def cast(
     seed: int,
     virtual: bool,
     out_dtype: torch.dtype | None = None,
+    given: torch.Tensor | None = None,
     config: LaunchConfig = LaunchConfig(),
 ) -> torch.Tensor | Tensor:
-    """The Triton cast (the caller has checked `supports`)."""
+    """The Triton cast (the caller has checked `supports`); `given`: the caller's scale per
+    tensor (`tcast.cast`'s tensor_scale, float32 [1] on x's device), which only float-scaled
+    types take."""
     if dtype.sspec is not None and not dtype.sspec.is_exponent:
-        return _float_cast(x, dtype, roundmode, scalemode, virtual, out_dtype, config)
+        return _float_cast(x, dtype, roundmode, scalemode, virtual, out_dtype, given, config)
+    assert given is None
     nspec = dtype.nspec
     x = x.contiguous()
     shape = tuple(x.shape)
@@ -269,10 +273,11 @@ def _float_cast(
     scalemode: ScaleMode,
     virtual: bool,
     out_dtype: torch.dtype | None,
+    given: torch.Tensor | None,
     config: LaunchConfig,
 ) -> torch.Tensor | Tensor:
     """A cast under float scales: per tile (1-D, 2-D or a channel row) computed in the kernel,
-    or one per tensor (and two-level's tensor scale) from an amax pass first."""
+    or one per tensor (and two-level's tensor scale): `given`, else from an amax pass first."""
     sspec = dtype.sspec
     assert sspec is not None
     nspec = dtype.nspec
@@ -280,7 +285,8 @@ def _float_cast(
     shape = tuple(x.shape)
     geo = _geometry(shape, dtype)
     two_level = sspec.tensor_scale is not None
-    given = _given_scale(x, dtype, scalemode) if geo.flat or two_level else None
+    if given is None and (geo.flat or two_level):
+        given = _given_scale(x, dtype, scalemode)
     out = out_dtype or x.dtype
     per_program = config.blocks(geo.tile, max(x.element_size(), out.itemsize if virtual else 0))
     grid = (triton.cdiv(geo.blocks, per_program),)
