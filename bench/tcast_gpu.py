@@ -82,7 +82,8 @@ def _cast_args(x: torch.Tensor, name: str) -> tuple[str, dict]:
     if not name.endswith(GIVEN):
         return name, {}
     base = name.removesuffix(GIVEN)
-    t = tcast.cast(x, base, castmode="actual", computemode="triton")
+    finite = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)  # the check's NaN/Inf: per element
+    t = tcast.cast(finite, base, castmode="actual", computemode="triton")
     given = t.tensor_scale if t.tensor_scale is not None else t.scales
     return base, {"tensor_scale": float(given.float().reshape(()))}  # a float: no read-back per call
 

@@ -111,7 +111,8 @@ def cast(
     tensor (fp8_F), as calibration or a previous step supplies it. It is rounded into the scale's
     format; the cast then reads the input once (without it, a pass over the whole tensor finds the
     amax first), values beyond the scale's range saturate, and a NaN or Inf in the input affects
-    only its own element (two levels: its tile).
+    only its own element (two levels: its tile). Give a Python float: a tensor on the GPU is
+    read back to check it, which waits for the GPU.
     """
     from . import _torchcast
     from ._engine import use_triton

@@ -366,15 +366,16 @@ def given_tensor_scale(dtype: DataType, value: Any, device: torch.device) -> tor
             f"tensor_scale: {dtype.name} has no float scale per tensor "
             "(it applies to two-level types such as nvfp4 and to one scale per tensor such as fp8_F)"
         )
-    given = torch.as_tensor(value, dtype=torch.float64).detach()
+    given = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float64)
     if given.numel() != 1:
         raise ValueError(f"tensor_scale: one value per tensor, got {given.numel()}")
-    rounded = given.reshape(1).cpu().to(spec.torch_dtype).float()
-    if not bool(torch.isfinite(rounded).all()) or float(rounded[0]) <= 0.0:
-        raise ValueError(
-            f"tensor_scale: a positive finite {spec.code} value, got {float(given.reshape(()))!r}"
-        )
-    return rounded.to(device)
+    number = float(given.reshape(()))  # a GPU tensor is read back here: a Python float is not
+    rounded = float(torch.tensor(number, dtype=torch.float64).to(spec.torch_dtype).float())
+    if not math.isfinite(rounded) or rounded <= 0.0:
+        kind = str(spec.torch_dtype).removeprefix("torch.")
+        raise ValueError(f"tensor_scale: a positive finite {kind} value, got {number!r}")
+    # a fill on the device: no copy from the host, so the call queues without a synchronization
+    return torch.full((1,), rounded, dtype=torch.float32, device=device)
 
 
 def _two_level_product(block_scales: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:
