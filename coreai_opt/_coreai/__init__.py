@@ -7,6 +7,7 @@ layout is mended here once. coreai is imported lazily: importing coreopt costs n
 from __future__ import annotations
 
 from ._ir import (
+    BYTECODE_FILE,
     BYTECODE_MAGIC,
     DECOMPRESSION_OPS,
     GraphSignature,
@@ -31,6 +32,7 @@ from ._ir import (
 )
 
 __all__ = [
+    "BYTECODE_FILE",
     "BYTECODE_MAGIC",
     "DECOMPRESSION_OPS",
     "GraphSignature",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Every MLIR bytecode file starts with these four bytes ("ML\xefR").
+BYTECODE_FILE = "main.mlirb"  # an .aimodel asset's program
 BYTECODE_MAGIC = b"ML\xefR"
 
 # Ops that turn stored (compressed) constants into a dense weight.

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from coreai_opt._elements import ELEMENTS, element
+from coreai_opt._memory import release_file_pages
 from coreai_opt.compression._encoded import Encoding, Palettized, Quantized, ShiftScale, Sparse, Stored
 from coreai_opt.compression._sites import Candidate, Consumer, Use, WeightSite
 
 from ._ir import (
+    BYTECODE_FILE,
     constant_array,
     constant_bytes,
     constant_nbytes,
@@ -185,6 +187,8 @@ class CoreAIWeights:
             new = self._build(site, encoding.form)
         op.result.replace_all_uses_with(new)
         op.erase()
+        # the weight was read from coreai-core's map of the bytecode: its pages need not stay
+        release_file_pages(BYTECODE_FILE)
         return WrittenWeight(weight_encoding(new), before, stored_nbytes(new))
 
     def finish(self) -> None:

@@ -21,7 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-BYTECODE_FILE = "main.mlirb"
+from ._ir import BYTECODE_FILE
+
+_RELEASE_AFTER = 1 << 20  # bytes of a constant after which its pages are handed back
 
 
 class WorkerError(Exception):
@@ -42,15 +44,19 @@ def verify(path: Path) -> dict[str, Any]:
     """Every native step an asset meets in coreopt, on this process's life."""
     from coreai._compiler import ir
 
+    from coreai_opt._memory import release_file_pages
+
     from ._ir import BYTECODE_MAGIC, constant_array, mlir_module, new_context, walk_ops
 
-    data = (path / BYTECODE_FILE).read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    if not data.startswith(BYTECODE_MAGIC):
+    with open(path / BYTECODE_FILE, "rb") as bytecode:
+        magic = bytecode.read(len(BYTECODE_MAGIC))
+        bytecode.seek(0)
+        digest = hashlib.file_digest(bytecode, "sha256").hexdigest()  # in chunks: gigabytes
+    if magic != BYTECODE_MAGIC:
         raise WorkerError("bytecode", f"{BYTECODE_FILE}: not MLIR bytecode (bad magic number)")
     try:
         with new_context():
-            module = ir.Module.parse(data)
+            module = ir.Module.parseFile(str(path / BYTECODE_FILE))  # mapped, not read into memory
             names = [op.operation.name for op in module.body.operations]
     except Exception as exc:
         raise WorkerError("bytecode", f"{BYTECODE_FILE}: damaged bytecode ({_first_line(exc)})") from None
@@ -76,21 +82,29 @@ def verify(path: Path) -> dict[str, Any]:
     inspect_ai_program(program, path)  # walks every op and decodes every weight's encoding
     for op in walk_ops(module):
         str(op.location)
-        if op.name == "coreai.constant":
-            constant_array(op)
+        if op.name == "coreai.constant" and constant_array(op).nbytes >= _RELEASE_AFTER:
+            release_file_pages(BYTECODE_FILE)  # each weight's pages once read: the peak stays one weight
     sink = _Sink()
     module.operation.write_bytecode(sink)  # the printer, as a save will run it
     return {"sha256": digest}
 
 
 class _Sink:
-    """A file-like object that counts what it is given (the printer's output is not needed)."""
+    """A file-like object that counts what it is given (the printer's output is not needed) and,
+    as the printer walks the program's constants, hands their read pages back every so often."""
 
     def __init__(self) -> None:
         self.size = 0
+        self._unreleased = 0
 
     def write(self, data: bytes) -> int:
         self.size += len(data)
+        self._unreleased += len(data)
+        if self._unreleased >= _RELEASE_AFTER * 64:
+            from coreai_opt._memory import release_file_pages
+
+            release_file_pages(BYTECODE_FILE)
+            self._unreleased = 0
         return len(data)
 
 

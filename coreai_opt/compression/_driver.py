@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 import tcast
+from coreai_opt._memory import trim_heap
 
 from ._config import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig
 from ._encoded import Encoding
@@ -62,6 +63,7 @@ def compress_container(
                     tcast.snr_db(outcome.signal, outcome.noise), outcome.luts, outcome.sparsity,
                 )
             )  # fmt: skip
+        trim_heap()  # the weight's temporaries are freed: their pages go back, so the peak stays one weight's
         if progress is not None:
             progress(done, len(sites), site.name)
     container.finish()

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coreai_opt._coreai._ir import BYTECODE_FILE
+
 from ._errors import (
     BadBytecodeError,
     BadMetadataError,
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 
     from coreai_opt._coreai._sandbox import AssetWorker
 
-BYTECODE_FILE = "main.mlirb"
 HASH_FILE = "main.hash"
 METADATA_FILE = "metadata.json"
 MAX_METADATA_BYTES = 1 << 20
@@ -56,7 +57,8 @@ def _check_files(path: Path) -> tuple[dict[str, Any], str, str]:
         raise BadMetadataError(path, f"{METADATA_FILE} is not a JSON object")
     if not isinstance(metadata.get("assetVersion"), str):
         raise BadMetadataError(path, f"{METADATA_FILE} has no assetVersion string")
-    digest = hashlib.sha256((path / BYTECODE_FILE).read_bytes())
+    with open(path / BYTECODE_FILE, "rb") as bytecode:
+        digest = hashlib.file_digest(bytecode, "sha256")  # in chunks: the file may be gigabytes
     if (path / HASH_FILE).read_bytes() != digest.digest():
         raise HashMismatchError(path, f"{HASH_FILE} does not match the SHA-256 of {BYTECODE_FILE}")
     return metadata, digest.hexdigest(), hashlib.sha256(metadata_bytes).hexdigest()

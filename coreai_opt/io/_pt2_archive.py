@@ -79,7 +79,6 @@ class Pt2Archive:
         self.entries: dict[str, ZipEntry] = {name[len(self.root) :]: e for name, e in entries.items()}
         if MODEL_JSON not in self.entries:
             raise CorruptArchiveError(path, "zip archive holds no torch.export program")
-        self._mapped: Any = None
 
     # ----- raw access ---------------------------------------------------------------------------
 
@@ -95,7 +94,10 @@ class Pt2Archive:
             raise CorruptArchiveError(self.path, f"{name} is not valid JSON ({exc})") from None
 
     def record_bytes(self, name: str) -> torch.Tensor:
-        """A record's bytes as a uint8 tensor: a copy-on-write map of stored entries, else read."""
+        """A record's bytes as a uint8 tensor: a copy-on-write map of a stored entry, else read.
+
+        Each record is mapped on its own, so the pages of a weight a pass has replaced leave the
+        process with its last tensor (one map of the file would keep every page it ever read)."""
         import numpy as np
         import torch
 
@@ -104,9 +106,8 @@ class Pt2Archive:
             return torch.zeros(0, dtype=torch.uint8)
         if not entry.stored:
             return torch.frombuffer(bytearray(self.read(name)), dtype=torch.uint8)
-        if self._mapped is None:
-            self._mapped = np.memmap(self.path, dtype=np.uint8, mode="c")
-        return torch.from_numpy(self._mapped[entry.data_offset : entry.data_offset + entry.size])
+        mapped = np.memmap(self.path, dtype=np.uint8, mode="c", offset=entry.data_offset, shape=(entry.size,))
+        return torch.from_numpy(mapped)
 
     # ----- what would run on load ---------------------------------------------------------------
 
