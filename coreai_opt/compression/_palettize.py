@@ -28,6 +28,7 @@ from ._config import PalettizeConfig
 from ._encoded import Encoding, Palettized, ShiftScale, Stored
 from ._kmeans import in_threads, kmeans_1d
 from ._options import CompressionGranularity, DType, QScheme
+from ._pieces import spans
 from ._quantize import cast_codes, stored_codes, stored_float
 from ._sites import WeightSite
 
@@ -86,17 +87,22 @@ _PATTERNS = 1 << 16
 _MAX_HISTOGRAM_BINS = 1 << 26  # groups x 65,536 counters for the 16-bit histogram path
 
 
+def _patterns(rows: torch.Tensor) -> torch.Tensor:
+    """The bit patterns of 16-bit values as int64 in [0, 65536)."""
+    return rows.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+
+
 def _clusters_16_bit(rows: torch.Tensor, config: PalettizeConfig) -> tuple[np.ndarray, torch.Tensor]:
     """Exact 16-bit weights in few large groups: histogram every bit pattern, no sorting.
 
-    Every element's cluster is then a table lookup by its bit pattern.
+    Every element's cluster is then a table lookup by its bit pattern; both passes run over
+    pieces of the rows, so no temporary is the size of the weight.
     """
-    groups = rows.shape[0]
-    patterns = rows.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
-    keyed = patterns + (torch.arange(groups)[:, None] * _PATTERNS)
-    counts = (
-        torch.bincount(keyed.reshape(-1), minlength=groups * _PATTERNS).reshape(groups, _PATTERNS).numpy()
-    )
+    groups, size = rows.shape
+    counts = np.zeros((groups, _PATTERNS), np.int64)
+    for g in range(groups):
+        for a, b in spans(size, 1):  # column pieces of one group's row
+            counts[g] += torch.bincount(_patterns(rows[g, a:b]), minlength=_PATTERNS).numpy()
     every_value = torch.arange(_PATTERNS, dtype=torch.int32).to(torch.int16).view(rows.dtype).double().numpy()
     xs, ws, offsets = [], [], [0]
     for g in range(groups):
@@ -107,22 +113,24 @@ def _clusters_16_bit(rows: torch.Tensor, config: PalettizeConfig) -> tuple[np.nd
         offsets.append(offsets[-1] + len(values))
     x = np.concatenate(xs)
     centroids, bounds = _finish(x, np.concatenate(ws), x.astype(np.float32), np.array(offsets), config)
-    table = torch.searchsorted(
-        torch.from_numpy(bounds),
-        torch.from_numpy(every_value.astype(np.float32)).expand(groups, -1).contiguous(),
-    )
-    return centroids, table.reshape(-1)[keyed]
+    every_key = torch.from_numpy(every_value.astype(np.float32))
+    index = torch.empty((groups, size), dtype=torch.uint8)
+    for g in range(groups):
+        table = torch.searchsorted(torch.from_numpy(bounds[g]), every_key).to(torch.uint8)
+        for a, b in spans(size, 1):
+            index[g, a:b] = table[_patterns(rows[g, a:b])]
+    return centroids, index
 
 
 def _scalar_clusters(
     rows: torch.Tensor, native: torch.Tensor | None, config: PalettizeConfig
 ) -> tuple[np.ndarray, torch.Tensor]:
-    """rows [G, m] (float32) -> centroids [G, P] (float64) and the index of every element [G, m].
+    """rows [G, m] (float32, or the 16-bit `native` rows themselves) -> centroids [G, P] (float64)
+    and the index of every element [G, m] (uint8).
 
     `native` holds the same rows in their 16-bit dtype when their values are clustered exactly.
+    Groups are independent, so they are clustered a few at a time (about `_pieces.PIECE` values).
     """
-    from ._kmeans_kernels import assign
-
     groups, size = rows.shape
     if (
         native is not None
@@ -131,17 +139,32 @@ def _scalar_clusters(
         and groups * _PATTERNS <= _MAX_HISTOGRAM_BINS
     ):
         return _clusters_16_bit(native, config)  # the histogram is smaller than the data: no sort
+    index = torch.empty((groups, size), dtype=torch.uint8)
+    centroids = [
+        _sorted_clusters(rows[a:b].float(), native is not None, config, index[a:b].numpy())
+        for a, b in spans(groups, size)
+    ]
+    return np.concatenate(centroids), index
+
+
+def _sorted_clusters(
+    rows: torch.Tensor, exact: bool, config: PalettizeConfig, index: np.ndarray
+) -> np.ndarray:
+    """Centroids [g, P] of a few groups' rows [g, m] (float32) by sorting them, and each element's
+    cluster into `index` [g, m]."""
+    from ._kmeans_kernels import assign
+
+    groups = rows.shape[0]
     # every key function here is monotone, so sorting the values sorts their keys too; numpy's
     # vectorised sort of values alone is several times faster than an argsort
     sorted_values = rows.numpy().copy()
     in_threads(lambda a, b: sorted_values[a:b].sort(axis=1), groups, config.num_kmeans_workers)
-    sorted_keys = _keys(torch.from_numpy(sorted_values), config, native is not None).numpy()
+    sorted_keys = _keys(torch.from_numpy(sorted_values), config, exact).numpy()
     x, w, bin_keys, offsets = _bins(sorted_keys, sorted_values.astype(np.float64))
     centroids, bounds = _finish(x, w, bin_keys, offsets, config)
-    keys = _keys(rows, config, native is not None).contiguous().numpy()
-    index = np.empty((groups, size), np.int64)
+    keys = _keys(rows, config, exact).contiguous().numpy()
     in_threads(lambda a, b: assign(keys, bounds, index, a, b), groups, config.num_kmeans_workers)
-    return centroids, torch.from_numpy(index)
+    return centroids
 
 
 def _vector_clusters(vectors: torch.Tensor, config: PalettizeConfig) -> tuple[np.ndarray, torch.Tensor]:
@@ -220,22 +243,24 @@ def palettize(w: torch.Tensor, site: WeightSite, config: PalettizeConfig) -> Enc
         return f"{channels} output channels are not a multiple of cluster_dim {dim}"
     moved = w.movedim(axis, 0)
     moved_shape = tuple(moved.shape)
-    matrix = moved.reshape(channels, -1).float()
+    rows = moved.reshape(channels, -1)  # in the weight's dtype: widened a piece at a time
+    cols = rows.shape[1]
     per_channel = config.enable_per_channel_scale
     exact = site.element.bits == 16 and not per_channel
     channel_scale = np.ones(channels)
+    matrix = rows
     if per_channel:
+        matrix = rows.float()
         amax = matrix.abs().amax(dim=1).double().numpy()  # float32 values
         channel_scale = np.where(amax > 0, amax, 1.0)
         matrix = matrix / torch.from_numpy(channel_scale).float()[:, None]
-    cols = matrix.shape[1]
     if dim == 1:
-        native = moved.reshape(groups, -1) if exact else None
+        native = rows.reshape(groups, -1) if exact else None
         centroids, index = _scalar_clusters(matrix.reshape(groups, -1), native, config)
         centroids = centroids[:, :, None]  # [G, P, 1]
         index = index.reshape(channels, cols)
     else:
-        vectors = matrix.reshape(channels // dim, dim, cols).transpose(1, 2)  # [C/V, cols, V]
+        vectors = matrix.float().reshape(channels // dim, dim, cols).transpose(1, 2)  # [C/V, cols, V]
         centroids, index = _vector_clusters(vectors.reshape(groups, -1, dim), config)
         index = index.reshape(channels // dim, cols)
     entries_per_lut = 2**config.n_bits
@@ -254,17 +279,26 @@ def palettize(w: torch.Tensor, site: WeightSite, config: PalettizeConfig) -> Enc
 
     # the reconstruction, for the SNR: LUT entry (less zero point) x scale
     group_of_index_row = torch.arange(groups).repeat_interleave(index.shape[0] // groups)
+    per_row = None
+    if needs_scale:
+        stored = scale.values.astype(np.float64)
+        per_row = torch.from_numpy(stored if per_channel else stored[group_of])[:, None]
     if dim == 1:  # scalar LUTs are a tcast codebook: one table per group, chosen by the row's group
         entries = site.element.tcast if config.lut_dtype is None else "float32"  # integers less zero points
         book = tcast.codebook(lut_values[:, :, 0], entries)
-        dense = tcast.decode(index, book, torch.float64, meta=group_of_index_row[:, None])
+        signal = noise = 0.0
+        for a, b in spans(channels, cols):  # row pieces: no float64 copy of the whole weight
+            dense = tcast.decode(index[a:b].long(), book, torch.float64, meta=group_of_index_row[a:b, None])
+            if per_row is not None:
+                dense *= per_row[a:b]
+            piece_signal, piece_noise = tcast.energies(rows[a:b], dense)
+            signal, noise = signal + piece_signal, noise + piece_noise
     else:  # vector entries fill `dim` channels: no element format of tcast
         dense = torch.from_numpy(lut_values)[group_of_index_row[:, None], index]
         dense = dense.permute(0, 2, 1).reshape(channels, cols)  # [rows, cols, V] -> channels x cols
-    if needs_scale:
-        per_row = scale.values.astype(np.float64)
-        dense = dense * torch.from_numpy(per_row if per_channel else per_row[group_of])[:, None]
-    signal, noise = tcast.energies(moved.reshape(channels, -1), dense)
+        if per_row is not None:
+            dense = dense * per_row
+        signal, noise = tcast.energies(rows, dense)
 
     index_shape = (channels // dim, *moved_shape[1:])
     indices = index.reshape(index_shape).movedim(0, axis).contiguous().to(torch.uint8).numpy()

@@ -124,7 +124,10 @@ def _unview(t: torch.Tensor, w: torch.Tensor, site: WeightSite, config: Quantize
 
 
 def stored_float(values: torch.Tensor, element: Element) -> Stored:
-    """Float values already on `element`'s grid, as `element` stores them (the conversion is exact)."""
+    """Float values already on `element`'s grid, as `element` stores them (the conversion is exact;
+    values already of that dtype are copied once, without a float64 pass)."""
+    if values.dtype in (torch.float16, torch.float32) and values.dtype == element.torch_dtype():
+        return Stored(values.numpy().copy(), element)
     return Stored(values.double().numpy().astype(element.numpy_dtype()), element)
 
 

@@ -33,6 +33,7 @@ from ._config import PalettizeConfig, QuantizeConfig, SparsifyConfig
 from ._encoded import Encoding, Palettized, Quantized, Sparse, Stored
 from ._options import CompressionGranularity, DType, QScheme
 from ._palettize import _scalar_clusters
+from ._pieces import spans
 from ._quantize import quantize, stored_float
 from ._sites import WeightSite
 
@@ -59,17 +60,19 @@ def _kept_units(units: int, sparsity: float, unit_size: int, uint8: bool) -> int
 
 def sparsity_mask(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> torch.Tensor | str:
     """The kept positions of one weight (bool, its shape), or why its layout cannot take the config."""
-    magnitude = w.float().abs()
     uint8 = config.quantize_dtype is DType.UINT8
     if config.n_m_ratio is not None:
         n, m = config.n_m_ratio
-        moved = magnitude.movedim(site.input_axis, -1)
+        moved = w.movedim(site.input_axis, -1)
         if moved.shape[-1] % m:
             return f"input axis length {moved.shape[-1]} is not a multiple of m={m}"
         runs = moved.reshape(-1, m)
-        order = torch.sort(runs, dim=1, descending=True, stable=True).indices
-        mask = torch.zeros_like(runs, dtype=torch.bool).scatter_(1, order[:, :n], True)
+        mask = torch.empty(runs.shape, dtype=torch.bool)
+        for a, b in spans(runs.shape[0], m):  # runs are independent: a piece at a time
+            order = torch.sort(runs[a:b].float().abs(), dim=1, descending=True, stable=True).indices
+            mask[a:b] = torch.zeros((b - a, m), dtype=torch.bool).scatter_(1, order[:, :n], True)
         return mask.reshape(moved.shape).movedim(-1, site.input_axis)
+    magnitude = w.float().abs()
     sparsity = float(config.target_sparsity or 0.0)
     if config.block_size is None:
         keep = _kept_units(magnitude.numel(), sparsity, 1, uint8)
@@ -93,7 +96,7 @@ def _quantized(
     """(kept values, the decode after scattering, squared error over the kept values)."""
     dtype = config.quantize_dtype
     assert dtype is not None
-    kept = int(mask.sum())
+    kept = int(np.count_nonzero(mask.numpy()))
     if dtype is DType.UINT8:
         block = math.gcd(kept, _UINT8_BLOCK)
         if block < 8:
@@ -102,7 +105,7 @@ def _quantized(
         inner = QuantizeConfig(
             dtype, QScheme.ASYMMETRIC, CompressionGranularity.PER_BLOCK, block, weight_num_threshold=0
         )
-        encoded = quantize(w[mask].contiguous(), line, inner)
+        encoded = quantize(_kept(w, mask), line, inner)
         assert isinstance(encoded, Encoding) and isinstance(encoded.form, Quantized)
         return encoded.form, None, encoded.noise
     pruned = torch.where(mask, w, torch.zeros((), dtype=w.dtype))
@@ -120,16 +123,35 @@ def _palettized(
 ) -> tuple[Palettized, float]:
     n_bits = config.palettize_nbits
     assert n_bits is not None
-    values = w[mask].contiguous()
+    values = _kept(w, mask)
     exact = site.element.bits == 16
     rows = values.float()[None, :]
     centroids, index = _scalar_clusters(rows, values[None, :] if exact else None, PalettizeConfig(n_bits))
     lut = stored_float(tcast.cast(torch.from_numpy(centroids[0]), site.element.tcast), site.element)
-    _, noise = tcast.energies(values, torch.from_numpy(lut.values.astype(np.float64))[index[0]])
+    _, noise = tcast.energies(values, torch.from_numpy(lut.values.astype(np.float64))[index[0].long()])
     rank = len(site.shape)
     lut = Stored(lut.values.reshape((*(1,) * rank, 2**n_bits, 1)), site.element)
     indices = Stored(index[0].to(torch.uint8).numpy(), element(f"ui{n_bits}"))
     return Palettized(indices, lut, site.output_axis, None, 1), noise
+
+
+def _kept(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`w[mask]` (in row-major order) by numpy, which builds no index array: torch's boolean
+    indexing makes an int64 index per kept value first, four times the kept values' bytes."""
+    as_bits = w.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[w.element_size()])
+    return torch.from_numpy(as_bits.numpy()[mask.numpy()]).view(w.dtype)
+
+
+def _pruned_energies(w: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
+    """(energy of the weight, energy of what pruning removes), summed over pieces of it."""
+    flat_w, flat_mask = w.reshape(-1), mask.reshape(-1)
+    zero = torch.zeros((), dtype=w.dtype)
+    signal = removed = 0.0
+    for a, b in spans(flat_w.numel(), 1):
+        piece = flat_w[a:b]
+        piece_signal, piece_removed = tcast.energies(piece, torch.where(flat_mask[a:b], piece, zero))
+        signal, removed = signal + piece_signal, removed + piece_removed
+    return signal, removed
 
 
 def sparsify(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> Encoding | str:
@@ -146,9 +168,8 @@ def sparsify(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> Encod
             return outcome
         kept, decode, kept_noise = outcome  # type: ignore[assignment]
     else:
-        values = w[mask].contiguous()
-        kept, kept_noise = stored_float(values.double(), site.element), 0.0
-    signal, pruned_energy = tcast.energies(w, torch.where(mask, w, torch.zeros((), dtype=w.dtype)))
-    zeros = 1.0 - int(mask.sum()) / math.prod(site.shape)
+        kept, kept_noise = stored_float(_kept(w, mask), site.element), 0.0
+    signal, pruned_energy = _pruned_energies(w, mask)
+    zeros = 1.0 - int(np.count_nonzero(mask.numpy())) / math.prod(site.shape)
     form = Sparse(mask.numpy(), kept, decode)  # type: ignore[arg-type]
     return Encoding(form, signal, kept_noise + pruned_energy, sparsity=zeros)
