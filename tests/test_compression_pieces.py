@@ -68,7 +68,9 @@ def test_pieces_change_no_encoding(name: str, dtype: torch.dtype, monkeypatch: p
     a, b = _arrays(whole.form), _arrays(pieces.form)
     assert len(a) == len(b) > 0
     for x, y in zip(a, b, strict=True):
-        assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x.view(np.uint8), y.view(np.uint8))
+        assert (
+            x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x.view(np.uint8), y.view(np.uint8))
+        )
     assert math.isclose(whole.signal, pieces.signal, rel_tol=1e-6)
     assert math.isclose(whole.noise, pieces.noise, rel_tol=1e-5)
     assert w.dtype == dtype  # the input is not touched
