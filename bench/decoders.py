@@ -103,12 +103,12 @@ class Decoder(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def _decoder(size: str) -> Decoder:
-    """The fp16 model of a size, weights ~ N(0, 0.02) from one seeded generator (built in fp16:
-    a float32 copy of 1.1B parameters would need 4.4 GB more)."""
+def _decoder(size: str, dtype: torch.dtype = torch.float16) -> Decoder:
+    """The model of a size in `dtype`, weights ~ N(0, 0.02) from one seeded generator (built in
+    that dtype: a float32 copy of 1.1B parameters would need 4.4 GB more)."""
     with torch.device("meta"):
         model = Decoder(SHAPES[size])
-    model = model.to_empty(device="cpu").half()
+    model = model.to_empty(device="cpu").to(dtype)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -119,16 +119,17 @@ def _decoder(size: str) -> Decoder:
     return model.eval()
 
 
-def program(size: str) -> Path:
-    """Build (once) `build/bench/decoder_<size>.pt2`."""
-    path = CACHE / f"decoder_{size}.pt2"
+def program(size: str, fp32: bool = False) -> Path:
+    """Build (once) `build/bench/decoder_<size>.pt2` (fp32: `decoder_<size>_fp32.pt2`, the same
+    weights in float32, for `coreopt cast`)."""
+    path = CACHE / f"decoder_{size}{'_fp32' if fp32 else ''}.pt2"
     if path.is_file():
         return path
     import coreai_torch
 
     from coreai_opt.io import save_pt2
 
-    model = _decoder(size)
+    model = _decoder(size, torch.float32 if fp32 else torch.float16)
     with torch.no_grad():
         exported = torch.export.export(model, (torch.zeros(1, SEQUENCE, dtype=torch.long),))
         exported = exported.run_decompositions(coreai_torch.get_decomp_table())

@@ -7,7 +7,8 @@ Each pass runs as its own `coreopt` process under `/usr/bin/time -v` (peak RSS i
 maximum resident set, so every pass starts from a fresh interpreter), writing to a temporary
 directory. The table gives wall seconds, seconds per 100M parameters, peak RSS, and peak RSS less
 the model's fp16 bytes (goal: at most 1.5 GiB for each pass at 1.1B). Models are built by
-bench/decoders.py when missing.
+bench/decoders.py when missing. The conversions run on the .pt2 only: `convert` of the fp16
+program, `cast` of the same decoder built in fp32 (its input is twice the fp16 bytes).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ PASSES: dict[str, list[str]] = {
     "palettize 4-bit tensor": ["palettize", "--nbits", "4", "--granularity", "tensor"],
     "sparsify 2:4": ["sparsify", "--nm", "2:4"],
 }
+# the conversions, on the .pt2 only: (coreopt arguments, input is the fp32 program)
+CONVERSIONS: dict[str, tuple[list[str], bool]] = {
+    "convert to .aimodel": (["convert"], False),
+    "cast fp32 -> fp16": (["cast"], True),
+}
 GIB = 1 << 30
 
 
@@ -61,7 +67,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--containers", nargs="+", default=["aimodel", "pt2"], choices=["aimodel", "pt2"])
-    parser.add_argument("--passes", nargs="+", default=list(PASSES), choices=list(PASSES), metavar="PASS")
+    every = [*PASSES, *CONVERSIONS]
+    parser.add_argument("--passes", nargs="+", default=every, choices=every, metavar="PASS")
     args = parser.parse_args()
     coreopt = str(Path(sys.executable).with_name("coreopt"))
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
@@ -74,9 +81,16 @@ def main() -> None:
         for container in args.containers:
             model = asset(size) if container == "aimodel" else program(size)
             for label in args.passes:
+                source, suffix, command = model, container, PASSES.get(label)
+                if command is None:  # a conversion: from the .pt2 (fp16, or fp32 for cast)
+                    if container != "pt2":
+                        continue
+                    command, fp32 = CONVERSIONS[label]
+                    source = program(size, fp32=fp32)
+                    suffix = "aimodel" if command == ["convert"] else "pt2"
                 with tempfile.TemporaryDirectory(dir=ROOT / "build") as tmp:
-                    out = Path(tmp) / f"out.{container}"
-                    wall, rss, rc = _measure([coreopt, *PASSES[label], str(model), "-o", str(out), "--json"])
+                    out = Path(tmp) / f"out.{suffix}"
+                    wall, rss, rc = _measure([coreopt, *command, str(source), "-o", str(out), "--json"])
                 print(f"{size:<6} {container:<8} {label:<27} {rc:>2} {wall:>8.1f} "
                       f"{wall / parameters * 1e8:>7.2f} {rss / GIB:>9.2f} {(rss - fp16) / GIB:>10.2f}",
                       flush=True)  # fmt: skip

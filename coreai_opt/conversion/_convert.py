@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from coreai_opt._elements import of_torch
+from coreai_opt._memory import trim_heap
 from coreai_opt.io import ConversionError, ModelFormat, check_output, load_pt2, model_format, save_aimodel
 
 if TYPE_CHECKING:
@@ -139,5 +140,9 @@ def convert_file(
         program, log = _convert(exported)
     except _ConverterFailure as exc:
         raise ConversionError(source, f"coreai-torch could not convert the program: {exc}") from None
+    # the Core AI program holds its own copy of every weight: the source's mapped pages and the
+    # converter's freed temporaries go back before the save serializes it
+    del exported
+    trim_heap()
     save_aimodel(program, output, force=force, inputs=(source,))
     return ConversionResult(source, output, time.perf_counter() - start, log)
