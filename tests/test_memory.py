@@ -1,0 +1,45 @@
+"""Memory handed back between weights: read pages of a mapped file leave the resident set."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from coreai_opt._memory import release_file_pages, trim_heap
+
+
+def _kernel() -> tuple[int, ...]:
+    release = os.uname().release.split("-")[0].split(".")
+    return tuple(int(part) for part in release[:2] if part.isdigit())
+
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or _kernel() < (5, 4), reason="MADV_PAGEOUT: Linux 5.4 or later"
+)
+SIZE = 32 << 20
+
+
+def _resident_file_bytes() -> int:
+    with open("/proc/self/status", encoding="utf-8") as status:
+        line = next(line for line in status if line.startswith("RssFile:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_read_pages_of_a_mapped_file_are_released_and_read_again(tmp_path: Path) -> None:
+    path = tmp_path / "weights.bin"
+    pattern = bytes(range(256)) * (SIZE // 256)
+    path.write_bytes(pattern)
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        before = _resident_file_bytes()
+        assert sum(mapped[i] for i in range(7, SIZE, 4096)) == 7 * (SIZE // 4096)  # a byte of every page
+        touched = _resident_file_bytes()
+        assert touched - before > SIZE // 2  # every page was read in
+        assert release_file_pages("weights.bin") == 1
+        assert touched - _resident_file_bytes() > SIZE // 2  # and handed back
+        assert mapped[:SIZE] == pattern  # the data is read again from the file
+    assert release_file_pages("no-such-file.bin") == 0
+    trim_heap()  # harmless at any time
