@@ -160,8 +160,8 @@ class LaunchConfig:
 def _square_tile_config(tile: int) -> LaunchConfig:
     """Square (2-D) E8M0 tiles, whose values lie in strided rows: 32 values a thread, a 32x32 tile
     to a one-warp program, where the default launch leaves the stream short of bandwidth (H100:
-    mxfp4s actual from bf16 40% -> 86% of copy, from fp32 85% -> 100%; upcasts of square tiles to
-    bf16 78-88% -> 95-97%; docs/benchmarks.md)."""
+    mxfp4s actual from bf16 40% -> 86% of copy, from fp32 85% -> 100%, virtual from bf16 86% ->
+    96%; upcasts of square tiles to bf16 78-88% -> 95-97%; docs/benchmarks.md)."""
     elements = tile if tile >= 1024 else 2048
     return LaunchConfig(elements, max(1, elements // 1024))
 
@@ -233,8 +233,8 @@ def cast(
     geo = _geometry(shape, dtype)
     has_scale = dtype.sspec is not None
     # 4- and 6-bit codes under square tiles pack best from plain loads (no 16-element runs)
-    narrow_square = not virtual and has_scale and dtype.sspec.is_2d and nspec.bits in (4, 6)
-    if narrow_square and config == LaunchConfig():
+    narrow_square = has_scale and dtype.sspec.is_2d and nspec.bits in (4, 6)
+    if narrow_square and (not virtual or x.element_size() == 2) and config == LaunchConfig():
         config = _square_tile_config(geo.tile)
     numel_padded = geo.stored
     code_bytes = packed_nbytes(numel_padded, nspec.bits)
