@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from coreai_opt._memory import release_file_pages
+
 from ._ir import BYTECODE_FILE
 
 _RELEASE_AFTER = 1 << 20  # bytes of a constant after which its pages are handed back
@@ -43,8 +45,6 @@ def _first_line(exc: BaseException) -> str:
 def verify(path: Path) -> dict[str, Any]:
     """Every native step an asset meets in coreopt, on this process's life."""
     from coreai._compiler import ir
-
-    from coreai_opt._memory import release_file_pages
 
     from ._ir import BYTECODE_MAGIC, constant_array, mlir_module, new_context, walk_ops
 
@@ -101,8 +101,6 @@ class _Sink:
         self.size += len(data)
         self._unreleased += len(data)
         if self._unreleased >= _RELEASE_AFTER * 64:
-            from coreai_opt._memory import release_file_pages
-
             release_file_pages(BYTECODE_FILE)
             self._unreleased = 0
         return len(data)

@@ -28,7 +28,7 @@ from ._config import PalettizeConfig
 from ._encoded import Encoding, Palettized, ShiftScale, Stored
 from ._kmeans import in_threads, kmeans_1d
 from ._options import CompressionGranularity, DType, QScheme
-from ._pieces import spans
+from ._pieces import energies_in_pieces, spans
 from ._quantize import cast_codes, stored_codes, stored_float
 from ._sites import WeightSite
 
@@ -286,13 +286,12 @@ def palettize(w: torch.Tensor, site: WeightSite, config: PalettizeConfig) -> Enc
     if dim == 1:  # scalar LUTs are a tcast codebook: one table per group, chosen by the row's group
         entries = site.element.tcast if config.lut_dtype is None else "float32"  # integers less zero points
         book = tcast.codebook(lut_values[:, :, 0], entries)
-        signal = noise = 0.0
-        for a, b in spans(channels, cols):  # row pieces: no float64 copy of the whole weight
-            dense = tcast.decode(index[a:b].long(), book, torch.float64, meta=group_of_index_row[a:b, None])
-            if per_row is not None:
-                dense *= per_row[a:b]
-            piece_signal, piece_noise = tcast.energies(rows[a:b], dense)
-            signal, noise = signal + piece_signal, noise + piece_noise
+
+        def dense(a: int, b: int) -> torch.Tensor:  # rows a:b: no float64 copy of the whole weight
+            values = tcast.decode(index[a:b].long(), book, torch.float64, meta=group_of_index_row[a:b, None])
+            return values if per_row is None else values.mul_(per_row[a:b])
+
+        signal, noise = energies_in_pieces(rows, dense)
     else:  # vector entries fill `dim` channels: no element format of tcast
         dense = torch.from_numpy(lut_values)[group_of_index_row[:, None], index]
         dense = dense.permute(0, 2, 1).reshape(channels, cols)  # [rows, cols, V] -> channels x cols

@@ -7,6 +7,12 @@ about `PIECE` elements the working set stays near a hundred MB, whatever the wei
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
 PIECE = 1 << 22  # elements
 
 
@@ -15,3 +21,17 @@ def spans(count: int, width: int) -> list[tuple[int, int]]:
     elements (at least one row)."""
     step = max(1, PIECE // max(width, 1))
     return [(a, min(count, a + step)) for a in range(0, count, step)]
+
+
+def energies_in_pieces(
+    reference: torch.Tensor, approximation: Callable[[int, int], torch.Tensor]
+) -> tuple[float, float]:
+    """`tcast.energies(reference, approximation)` of a [rows, cols] reference, summed over row
+    pieces: `approximation(a, b)` gives rows a:b only, so the full approximation never exists."""
+    import tcast
+
+    signal = noise = 0.0
+    for a, b in spans(*reference.shape):
+        piece_signal, piece_noise = tcast.energies(reference[a:b], approximation(a, b))
+        signal, noise = signal + piece_signal, noise + piece_noise
+    return signal, noise

@@ -33,7 +33,7 @@ from ._config import PalettizeConfig, QuantizeConfig, SparsifyConfig
 from ._encoded import Encoding, Palettized, Quantized, Sparse, Stored
 from ._options import CompressionGranularity, DType, QScheme
 from ._palettize import _scalar_clusters
-from ._pieces import spans
+from ._pieces import energies_in_pieces, spans
 from ._quantize import quantize, stored_float
 from ._sites import WeightSite
 
@@ -142,18 +142,6 @@ def _kept(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(as_bits.numpy()[mask.numpy()]).view(w.dtype)
 
 
-def _pruned_energies(w: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
-    """(energy of the weight, energy of what pruning removes), summed over pieces of it."""
-    flat_w, flat_mask = w.reshape(-1), mask.reshape(-1)
-    zero = torch.zeros((), dtype=w.dtype)
-    signal = removed = 0.0
-    for a, b in spans(flat_w.numel(), 1):
-        piece = flat_w[a:b]
-        piece_signal, piece_removed = tcast.energies(piece, torch.where(flat_mask[a:b], piece, zero))
-        signal, removed = signal + piece_signal, removed + piece_removed
-    return signal, removed
-
-
 def sparsify(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> Encoding | str:
     """One weight's mask and kept values (or why its layout cannot take the config)."""
     mask = sparsity_mask(w, site, config)
@@ -169,7 +157,11 @@ def sparsify(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> Encod
         kept, decode, kept_noise = outcome  # type: ignore[assignment]
     else:
         kept, kept_noise = stored_float(_kept(w, mask), site.element), 0.0
-    signal, pruned_energy = _pruned_energies(w, mask)
+    # the energy of the weight and of what pruning removes, over pieces of it
+    flat_w, flat_mask, zero = w.reshape(-1, 1), mask.reshape(-1, 1), torch.zeros((), dtype=w.dtype)
+    signal, pruned_energy = energies_in_pieces(
+        flat_w, lambda a, b: torch.where(flat_mask[a:b], flat_w[a:b], zero)
+    )
     zeros = 1.0 - int(np.count_nonzero(mask.numpy())) / math.prod(site.shape)
     form = Sparse(mask.numpy(), kept, decode)  # type: ignore[arg-type]
     return Encoding(form, signal, kept_noise + pruned_energy, sparsity=zeros)
