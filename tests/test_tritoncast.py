@@ -299,7 +299,19 @@ def test_hadamard_kernel_gives_torchs_bits(size: int, dtype: torch.dtype) -> Non
 
 # ----- float scales (NVFP4, FP8 recipes) and 2-D tiles --------------------------------------------
 
-FLOAT_SCALED = ("nvfp4", "nvf4", "nvb8", "fp8_F", "fp8_f", "fp8_Fc", "fp8_1x128", "fp8_128x128", "fp8nF32s")
+FLOAT_SCALED = (
+    "nvfp4",
+    "nvf4",
+    "nvb8",
+    "fp8_F",
+    "fp8_f",
+    "fp8_Fc",
+    "fp8_1x128",
+    "fp8_128x128",
+    "fp8nF32s",
+    "int8_f",
+    "int4_f",
+)
 SQUARE_TILES = ("mxfp4s16", "mxbf8s", "mxbf6s")
 
 
@@ -307,8 +319,8 @@ SQUARE_TILES = ("mxfp4s16", "mxbf8s", "mxbf6s")
 @pytest.mark.parametrize("source", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
 def test_float_scales_and_square_tiles_are_bit_exact(name: str, source: torch.dtype) -> None:
     """NVFP4 (two levels), e4m3 tile scales, float32 scales per tensor, channel row, 1x128 and
-    128x128 block, square E8M0 tiles: corner values, tiles the shape does not divide, a batch
-    of matrices under 2-D tiles."""
+    128x128 block, integer elements under float scales, square E8M0 tiles: corner values, tiles
+    the shape does not divide, a batch of matrices under 2-D tiles."""
     x = corner_input(source, rows=36, cols=70)
     if tcast.lookup(name).sspec.is_2d:
         x = x.reshape(2, 18, 70)
@@ -320,13 +332,31 @@ def test_float_scales_and_square_tiles_are_bit_exact(name: str, source: torch.dt
 @pytest.mark.parametrize("source", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
 def test_a_given_tensor_scale_is_bit_exact(name: str, source: torch.dtype) -> None:
     """One pass under a caller's tensor scale: scales far below and above the data's (saturation,
-    flushed tiles), NaN elements one by one under one scale per tensor, NaN tiles under two."""
+    of huge finite quotients too; flushed tiles), NaN elements one by one under one scale per
+    tensor, NaN tiles under two."""
     x = corner_input(source, rows=36, cols=70)
-    for tensor_scale in (1e-3, 0.7, 300.0):
+    sspec = tcast.lookup(name).sspec
+    tiny = torch.finfo((sspec.tensor_scale or sspec.scale).torch_dtype).tiny
+    for tensor_scale in (tiny, 1e-3, 0.7, 300.0):
         for roundmode, scalemode in (("even", "max"), ("nearest", "midmax"), ("zero", "ceil")):
             _assert_engines_agree(
                 x, name, roundmode=roundmode, scalemode=scalemode, tensor_scale=tensor_scale
             )
+
+
+def test_the_lean_nearest_path_takes_the_small_float_grids_of_these_tests() -> None:
+    """The bit-exact tests here exercise the kernels' lean nearest path (`nearest_magnitudes`)
+    for the element and 8-bit scale grids below in nearest modes, and exact_steps for directed
+    modes, integer elements and grids whose half steps are not normal float32 values."""
+    from tcast._modes import RoundMode
+    from tcast._triton._launch import lean_nearest
+
+    grids = [tcast.lookup(name).nspec for name in ("nvfp4", "nvb8", "fp8_1x128")]  # e2m1, e5m2, e4m3
+    for grid in [*grids, tcast.lookup("nvfp4").sspec.scale]:  # and the e4m3 tile scale
+        assert lean_nearest(grid, RoundMode.EVEN) and lean_nearest(grid, RoundMode.NEAREST)
+        assert not lean_nearest(grid, RoundMode.ZERO) and not lean_nearest(grid, RoundMode.STOCHASTIC)
+    assert not lean_nearest(tcast.lookup("int8_f").nspec, RoundMode.EVEN)
+    assert not lean_nearest(tcast.lookup("bfloat16").nspec, RoundMode.EVEN)  # half steps below 2**-126
 
 
 def boundary_input(name: str, seed: int = 0) -> torch.Tensor:

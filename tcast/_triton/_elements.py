@@ -298,7 +298,9 @@ def decode_codes(
 # one FMA decides the side exactly: fma(b, s, -x) is b*s - x rounded once, so its sign is the
 # exact comparison of x / s with b. Values too small for that sign to survive (b*s - x below
 # 2**-149) are first scaled by 2**64 with their divisor. q only has to lie within half a grid
-# step of the exact quotient, which a float32 reciprocal is far inside of.
+# step of the exact quotient, which a float32 reciprocal is far inside of. Nearest modes on
+# small float grids take a leaner form of the same decision (nearest_magnitudes), about half the
+# instructions: these kernels are bound by instruction issue on 16-bit inputs.
 
 
 @triton.jit
@@ -347,20 +349,92 @@ def exact_steps(
 
 
 @triton.jit
+def nearest_magnitudes(
+    a, df, recip, M: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+    MAX_CODE: tl.constexpr, ROUND: tl.constexpr,
+):  # fmt: skip
+    """Saturated magnitude codes of the exact quotients |a| / (M * df) rounded to nearest (ROUND
+    0: ties to even, 1: away) on a float grid (launch.lean_nearest says which): what exact_steps
+    and grid_code give, in about half the instructions (these kernels are bound by instruction
+    issue and the integer/logic pipe on 16-bit inputs). recip ~ 1 / (M * df); M is a constant
+    whose products with grid points are exact (1 for elements, the element max for scales).
+
+    The binade e comes from q = |a| * recip (its exponent field, clamped to the grid's binades
+    and one above: saturation). With s = 2**(e - MBITS) the binade's step and B = 2**23 * s, one
+    float32 addition t = q + (B - s/2) rounds q - s/2 to a multiple k of s - t = B + k*s, so k is
+    t's bits less B's - and leaves the exact quotient within (k - 1/2, k + 3/2) steps: the
+    midpoint k + 1/2 decides, its negation (B - s/2) - t exact, by one FMA. The sign test is on
+    the FMA's bits, where a tie (+0: an exact zero sum is +0 to nearest, never -0) steps up only
+    from an odd k under ties to even. An Inf or NaN quotient gives a code above MAX_CODE
+    (compared unsigned), so it saturates; a NaN's code is replaced by the caller. q < s/4 gives
+    t = B - s/2: k = -1 with midpoint 0, which steps up to 0. Negated operands and absolute
+    values are free operand modifiers of the float instructions; the sign bit is shifted out
+    of the field."""
+    q = a * recip
+    # the exponent field, the sign shifted out: a high product runs on the FMA pipe, a shift not
+    field = tl.umulhi(q.to(tl.uint32, bitcast=True) * 2, 256).to(tl.int32)
+    field = tl.minimum(tl.maximum(field, EMIN + 127), EMAX + 128)
+    magic = (((field + (23 - MBITS)) << 23) - 1).to(tl.float32, bitcast=True)  # B - s/2
+    t = tl.abs(q) + magic
+    bits = t.to(tl.int32, bitcast=True)  # B's bits + k
+    side = tl.fma((magic - t) * M, df, tl.abs(a)).to(tl.int32, bitcast=True)  # > 0: above the midpoint
+    if ROUND == 0:  # constexpr
+        side = side - (~bits & 1)  # a tie (+0) steps up from an odd k (B's bits are even)
+    # ((field - EMIN - 127) << MBITS) + k + up, B's bits being (field + 23 - MBITS) << 23; up is
+    # 1 + (side >> 31): no compare and select
+    code = field * ((1 << MBITS) - (1 << 23)) + bits + (side >> 31)
+    code = code + (1 - ((EMIN + 127) << MBITS) - ((23 - MBITS) << 23))
+    return tl.minimum(code.to(tl.uint32, bitcast=True), MAX_CODE).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def quotient_magnitudes(
+    x, divisor, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    IS_INT: tl.constexpr, ROUND: tl.constexpr, LEAN: tl.constexpr,
+):  # fmt: skip
+    """(magnitude, a): saturated magnitude codes of [BLOCKS, n] values x over their tiles' float
+    scales `divisor` [BLOCKS] (exact quotients, see above; LEAN: by nearest_magnitudes), and x
+    prescaled, whose sign is x's (callers take signs from it, so x need not stay live)."""
+    f, df = prescale(divisor)
+    recip = 1.0 / df
+    a = x * f[:, None]
+    if LEAN:
+        magnitude = nearest_magnitudes(
+            a, df[:, None], recip[:, None], 1.0, MBITS, EMIN, EMAX, MAX_CODE, ROUND
+        )
+    else:
+        k, e = exact_steps(tl.abs(a), df[:, None], recip[:, None], 1.0, MBITS, EMIN, EMAX, IS_INT, ROUND)
+        magnitude = grid_code(k, e, MBITS, EMIN, MAX_CODE, IS_INT)
+    return magnitude, a
+
+
+@triton.jit
 def quotient_codes(
     x, divisor, bad,
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-    IS_INT: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, ROUND: tl.constexpr,
+    IS_INT: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, ROUND: tl.constexpr, LEAN: tl.constexpr,
 ):  # fmt: skip
-    """Element codes of [BLOCKS, n] values over their tiles' float scales `divisor` [BLOCKS]
-    (exact quotients, see above); a tile marked `bad` is all NaN codes."""
-    f, df = prescale(divisor)
-    recip = 1.0 / df
-    k, e = exact_steps(
-        tl.abs(x) * f[:, None], df[:, None], recip[:, None], 1.0, MBITS, EMIN, EMAX, IS_INT, ROUND
-    )
-    code = signed_code(grid_code(k, e, MBITS, EMIN, MAX_CODE, IS_INT), x, BITS, IS_INT, FNUZ)
+    """Element codes of [BLOCKS, n] values over their tiles' float scales `divisor` [BLOCKS]; a
+    tile marked `bad` is all NaN codes."""
+    magnitude, a = quotient_magnitudes(x, divisor, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN)
+    code = signed_code(magnitude, a, BITS, IS_INT, FNUZ)
     return tl.where((bad > 0)[:, None], NAN_CODE, code)
+
+
+@triton.jit
+def quotient_values(
+    x, divisor, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    ROUND: tl.constexpr, LEAN: tl.constexpr,
+):  # fmt: skip
+    """The signed float-grid values (in scale units) that quotient_codes' codes decode to, for
+    the finite codes it makes of finite tiles: the magnitude code shifted into float32's fields
+    (as decode_codes), x's sign set. No NaN selects: a bad tile's divisor is NaN and makes its
+    values NaN; a fnuz format's -0 is left to the caller (adding +0 after the divisor's product
+    clears it, where a select would take the integer pipe)."""
+    magnitude, a = quotient_magnitudes(x, divisor, MBITS, EMIN, EMAX, MAX_CODE, False, ROUND, LEAN)
+    values = (magnitude << (23 - MBITS)).to(tl.float32, bitcast=True) * (2.0 ** (126 + EMIN))
+    sign = a.to(tl.int32, bitcast=True) & -2147483648
+    return (values.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -368,12 +442,12 @@ def float_tile_scales(
     amax, bad, tensor_scale,
     ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
-    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, S_LEAN: tl.constexpr,
 ):  # fmt: skip
     """(value, stored) of each tile's float scale: amax / ELEM_MAX (over `tensor_scale` under two
     levels) rounded to nearest (CEIL: up) into the scale format, clamped to its smallest and
     largest values; 1 for a tile of zeros, NaN for a `bad` one. `stored` is the float32 value
-    (S_FP32) or the 8-bit code."""
+    (S_FP32) or the 8-bit code; S_LEAN: rounded by nearest_magnitudes."""
     if S_FP32:  # one level: IEEE division rounds the exact quotient to nearest
         q = tl.math.div_rn(amax, ELEM_MAX)
         bits = q.to(tl.int32, bitcast=True)  # (constants as bits: Triton types 2**-149 as float64)
@@ -385,8 +459,14 @@ def float_tile_scales(
     else:
         f, df = prescale(tensor_scale)
         recip = 1.0 / (df * ELEM_MAX)
-        k, e = exact_steps(amax * f, df, recip, ELEM_MAX, S_MBITS, S_EMIN, S_EMAX, False, 4 if CEIL else 0)
-        code = tl.maximum(grid_code(k, e, S_MBITS, S_EMIN, S_MAX_CODE, False), 1)  # at least the smallest
+        if S_LEAN:
+            code = nearest_magnitudes(amax * f, df, recip, ELEM_MAX, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, 0)
+        else:
+            k, e = exact_steps(
+                amax * f, df, recip, ELEM_MAX, S_MBITS, S_EMIN, S_EMAX, False, 4 if CEIL else 0
+            )
+            code = grid_code(k, e, S_MBITS, S_EMIN, S_MAX_CODE, False)
+        code = tl.maximum(code, 1)  # at least the smallest
         code = tl.where(bad > 0, S_NAN_CODE, tl.where(amax > 0.0, code, S_ONE_CODE))
         value = decode_codes(code, 8, S_MBITS, S_EMIN, False, S_FNUZ, S_HAS_INF)
         stored = code

@@ -18,6 +18,7 @@ from ._elements import (
     grid_values,
     pow2,
     quotient_codes,
+    quotient_values,
     round_values,
     tile_exponent,
     tile_stats,
@@ -184,7 +185,7 @@ def float_divisors(
     GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, STORE: tl.constexpr, BLOCKS: tl.constexpr,
     ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
-    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, S_LEAN: tl.constexpr,
 ):  # fmt: skip
     """(divisor, bad) per tile: the scale the values divide by (two levels: the tile scale times
     the tensor scale, in float32) and whether the tile holds a NaN or Inf. GIVEN: one scale for
@@ -199,7 +200,7 @@ def float_divisors(
         else:
             tensor_scale = 1.0
         value, stored = float_tile_scales(amax, bad, tensor_scale, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX,
-                                          S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL)  # fmt: skip
+                                          S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN)  # fmt: skip
         if STORE:
             if S_FP32:
                 tl.store(scales_ptr + block, stored, mask=block < n_blocks)
@@ -226,18 +227,30 @@ def float_virtual_kernel(
     FNUZ: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr, ROUND: tl.constexpr,
     ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
-    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
+    S_LEAN: tl.constexpr,
 ):  # fmt: skip
     block, offsets, valid, _, x = load_tiles(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
     )
     divisor, bad = float_divisors(x, block, n_blocks, given_ptr, given_ptr, GIVEN, TWO_LEVEL, False, BLOCKS,
                                   ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
-                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL)  # fmt: skip
-    code = quotient_codes(x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND)
-    if GIVEN:  # a caller's scale per tensor is finite: NaN elements stay NaN one by one
-        code = tl.where(x != x, NAN_CODE, code)
-    values = scaled_values(code, divisor, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF)
+                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN)  # fmt: skip
+    if IS_INT:
+        code = quotient_codes(
+            x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, LEAN
+        )
+        if GIVEN:  # a caller's scale per tensor is finite: NaN elements stay NaN one by one
+            code = tl.where(x != x, NAN_CODE, code)
+        values = scaled_values(code, divisor, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF)
+    else:  # the values of the codes, without building them (a bad tile's divisor is NaN)
+        values = quotient_values(x, divisor, MBITS, EMIN, EMAX, MAX_CODE, ROUND, LEAN)
+        if GIVEN:  # NaN elements as their NaN code decodes: NaN, or -0 where the format has none
+            NAN_IS_MINUS_ZERO: tl.constexpr = NAN_CODE == (1 << (BITS - 1)) and not FNUZ
+            values = tl.where(x != x, -0.0 if NAN_IS_MINUS_ZERO else float("nan"), values)
+        values = values * divisor[:, None]
+        if FNUZ:  # no negative zero: -0 + 0 is +0 to nearest, any other value unchanged
+            values = values + 0.0
     tl.store(out_ptr + offsets, narrow(values, out_ptr), mask=valid)
 
 
@@ -251,15 +264,18 @@ def float_actual_kernel(
     IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr,
     ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
-    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
+    S_LEAN: tl.constexpr,
 ):  # fmt: skip
     block, _, _, _, x = load_tiles(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
     )
     divisor, bad = float_divisors(x, block, n_blocks, given_ptr, scales_ptr, GIVEN, TWO_LEVEL, not GIVEN, BLOCKS,
                                   ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
-                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL)  # fmt: skip
-    code = quotient_codes(x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND)
+                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN)  # fmt: skip
+    code = quotient_codes(
+        x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, LEAN
+    )
     if GIVEN:  # a caller's scale per tensor is finite: NaN elements stay NaN one by one
         code = tl.where(x != x, NAN_CODE, code)
     store_codes(codes_ptr, code, block, n_blocks, code_bytes, code_stride, TILE, BLOCKS, BITS, WORDS)

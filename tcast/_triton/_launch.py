@@ -192,6 +192,17 @@ def _scale_params(dtype: DataType, scalemode: ScaleMode) -> dict[str, object]:
     return params | {"S_MAX_CODE": max_code(scale), "S_NAN_CODE": nan_code(scale), "S_ONE_CODE": one}
 
 
+def lean_nearest(nspec: NumberSpec, roundmode: RoundMode) -> bool:
+    """Whether quotients onto this grid round by the kernels' lean nearest path
+    (`_elements.nearest_magnitudes`): nearest modes on a float grid whose every half step is a
+    normal float32 (so the midpoint is exact), whose steps times 2**23 stay finite one binade
+    above the largest, and whose binades hold at most 2**17 steps (the approximate quotient,
+    within 2**-21 of the exact one, then lies within 1/16 step of it)."""
+    nearest = roundmode in (RoundMode.EVEN, RoundMode.NEAREST)
+    grid = nspec.mbits <= 16 and nspec.emin - nspec.mbits - 1 >= -126 and nspec.emax - nspec.mbits + 24 <= 127
+    return nearest and not nspec.is_int and grid
+
+
 def _given_scale(x: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> torch.Tensor:
     """The per-tensor scale of a float-scaled cast, as a float32 [1] on x's device: one amax pass
     in a kernel, then TorchCast's own scale rule on it (no copy to the host). Two levels: the
@@ -308,7 +319,8 @@ def _float_cast(
     common = {
         "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "EVEN": geo.even, "GIVEN": geo.flat,
         "TWO_LEVEL": two_level, "ROUND": _ROUND[roundmode], "num_warps": config.warps(geo.tile),
-        "enable_fp_fusion": False,
+        "enable_fp_fusion": False, "LEAN": lean_nearest(nspec, roundmode),
+        "S_LEAN": scalemode is not ScaleMode.CEIL and lean_nearest(sspec.scale, RoundMode.EVEN),
     } | _element_params(nspec, False) | _scale_params(dtype, scalemode)  # fmt: skip
     source = _as_bits(x, loading=True)
     placeholder = given if given is not None else source
