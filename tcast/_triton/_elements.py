@@ -350,8 +350,8 @@ def exact_steps(
 
 @triton.jit
 def nearest_magnitudes(
-    a, df, recip, M: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-    MAX_CODE: tl.constexpr, ROUND: tl.constexpr,
+    a, df, recip, M: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr,
+    ROUND: tl.constexpr,
 ):  # fmt: skip
     """Saturated magnitude codes of the exact quotients |a| / (M * df) rounded to nearest (ROUND
     0: ties to even, 1: away) on a float grid (launch.lean_nearest says which): what exact_steps
@@ -359,21 +359,24 @@ def nearest_magnitudes(
     issue and the integer/logic pipe on 16-bit inputs). recip ~ 1 / (M * df); M is a constant
     whose products with grid points are exact (1 for elements, the element max for scales).
 
-    The binade e comes from q = |a| * recip (its exponent field, clamped to the grid's binades
-    and one above: saturation). With s = 2**(e - MBITS) the binade's step and B = 2**23 * s, one
+    The binade e comes from q = |a| * recip (its exponent field, at least the lowest binade's).
+    With s = 2**(e - MBITS) the binade's step and B = 2**23 * s, one
     float32 addition t = q + (B - s/2) rounds q - s/2 to a multiple k of s - t = B + k*s, so k is
     t's bits less B's - and leaves the exact quotient within (k - 1/2, k + 3/2) steps: the
     midpoint k + 1/2 decides, its negation (B - s/2) - t exact, by one FMA. The sign test is on
     the FMA's bits, where a tie (+0: an exact zero sum is +0 to nearest, never -0) steps up only
-    from an odd k under ties to even. An Inf or NaN quotient gives a code above MAX_CODE
-    (compared unsigned), so it saturates; a NaN's code is replaced by the caller. q < s/4 gives
-    t = B - s/2: k = -1 with midpoint 0, which steps up to 0. Negated operands and absolute
-    values are free operand modifiers of the float instructions; the sign bit is shifted out
-    of the field."""
+    from an odd k under ties to even. q < s/4 gives t = B - s/2: k = -1 with midpoint 0, which
+    steps up to 0. Quotients above the grid need no clamp: with B finite their codes exceed
+    MAX_CODE by construction; where B's exponent leaves float32 (e > 104 + MBITS under
+    launch.lean_nearest) the constant is the largest float (t overflows to Inf, the code stays
+    above MAX_CODE), a NaN (t's bits 0x7FFFFFFF: likewise) or a negative tiny float (t = q, and
+    the code is negative), all saturated by the unsigned minimum; a NaN's code is replaced by
+    the caller. Negated operands and absolute values are free operand modifiers of the float
+    instructions; the sign bit is shifted out of the field."""
     q = a * recip
     # the exponent field, the sign shifted out: a high product runs on the FMA pipe, a shift not
     field = tl.umulhi(q.to(tl.uint32, bitcast=True) * 2, 256).to(tl.int32)
-    field = tl.minimum(tl.maximum(field, EMIN + 127), EMAX + 128)
+    field = tl.maximum(field, EMIN + 127)
     magic = (((field + (23 - MBITS)) << 23) - 1).to(tl.float32, bitcast=True)  # B - s/2
     t = tl.abs(q) + magic
     bits = t.to(tl.int32, bitcast=True)  # B's bits + k
@@ -399,9 +402,7 @@ def quotient_magnitudes(
     recip = 1.0 / df
     a = x * f[:, None]
     if LEAN:
-        magnitude = nearest_magnitudes(
-            a, df[:, None], recip[:, None], 1.0, MBITS, EMIN, EMAX, MAX_CODE, ROUND
-        )
+        magnitude = nearest_magnitudes(a, df[:, None], recip[:, None], 1.0, MBITS, EMIN, MAX_CODE, ROUND)
     else:
         k, e = exact_steps(tl.abs(a), df[:, None], recip[:, None], 1.0, MBITS, EMIN, EMAX, IS_INT, ROUND)
         magnitude = grid_code(k, e, MBITS, EMIN, MAX_CODE, IS_INT)
@@ -460,7 +461,7 @@ def float_tile_scales(
         f, df = prescale(tensor_scale)
         recip = 1.0 / (df * ELEM_MAX)
         if S_LEAN:
-            code = nearest_magnitudes(amax * f, df, recip, ELEM_MAX, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, 0)
+            code = nearest_magnitudes(amax * f, df, recip, ELEM_MAX, S_MBITS, S_EMIN, S_MAX_CODE, 0)
         else:
             k, e = exact_steps(
                 amax * f, df, recip, ELEM_MAX, S_MBITS, S_EMIN, S_EMAX, False, 4 if CEIL else 0

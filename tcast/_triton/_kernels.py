@@ -265,10 +265,10 @@ def float_actual_kernel(
     ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
     S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
-    S_LEAN: tl.constexpr,
+    S_LEAN: tl.constexpr, RUNS16: tl.constexpr,
 ):  # fmt: skip
     block, _, _, _, x = load_tiles(
-        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
+        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, RUNS16
     )
     divisor, bad = float_divisors(x, block, n_blocks, given_ptr, scales_ptr, GIVEN, TWO_LEVEL, not GIVEN, BLOCKS,
                                   ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,

@@ -192,6 +192,23 @@ def _scale_params(dtype: DataType, scalemode: ScaleMode) -> dict[str, object]:
     return params | {"S_MAX_CODE": max_code(scale), "S_NAN_CODE": nan_code(scale), "S_ONE_CODE": one}
 
 
+def _runs16(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
+    """Whether 4- and 6-bit codes of 16-bit inputs pack into words from 16-element runs per
+    thread (tiles with rows of at least 16 values)."""
+    return nspec.bits in (4, 6) and x.element_size() == 2 and not geo.flat and geo.tcols >= 16
+
+
+def _float_actual_config(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> LaunchConfig:
+    """The launch of a float-scaled actual cast, where the default is short (H100 sweeps,
+    docs/benchmarks.md): one scale per tensor from float32, 1,024 values a program (fp8_F 79% ->
+    102% of copy, int4_f 70% -> 95%); 4-bit codes from 16-bit runs, 2,048 (nvf4 69% -> 74%)."""
+    if geo.flat and x.element_size() == 4:
+        return LaunchConfig(1024, 4)
+    if nspec.bits == 4 and _runs16(nspec, x, geo):
+        return LaunchConfig(2048, 4)
+    return LaunchConfig()
+
+
 def lean_nearest(nspec: NumberSpec, roundmode: RoundMode) -> bool:
     """Whether quotients onto this grid round by the kernels' lean nearest path
     (`_elements.nearest_magnitudes`): nearest modes on a float grid whose every half step is a
@@ -273,10 +290,7 @@ def cast(
         has_scale and x.element_size() == 2 and roundmode is RoundMode.EVEN
         and nspec.infnan is InfNaN.FNUZ and not nspec.is_int
     )  # fmt: skip
-    # 4- and 6-bit codes of 16-bit inputs pack into words from 16-element runs per thread
-    runs16 = (
-        nspec.bits in (4, 6) and x.element_size() == 2 and has_scale and geo.tcols >= 16 and not narrow_square
-    )
+    runs16 = has_scale and not narrow_square and _runs16(nspec, x, geo)
     if geo.blocks:
         actual_kernel[grid](
             source, codes, scales, *geo.args(), code_bytes, seed, FAST=fast, RUNS16=runs16, **common
@@ -314,6 +328,8 @@ def _float_cast(
     if given is None and (geo.flat or two_level):
         given = _given_scale(x, dtype, scalemode)
     out = out_dtype or x.dtype
+    if not virtual and config == LaunchConfig():
+        config = _float_actual_config(nspec, x, geo)
     per_program = config.blocks(geo.tile, max(x.element_size(), out.itemsize if virtual else 0))
     grid = (triton.cdiv(geo.blocks, per_program),)
     common = {
@@ -350,6 +366,7 @@ def _float_cast(
             code_bytes,
             geo.stride,
             WORDS=not geo.flat,
+            RUNS16=_runs16(nspec, x, geo),
             **common,
         )
     if not geo.flat and not common["S_FP32"]:
