@@ -360,10 +360,10 @@ def nearest_magnitudes(
     whose products with grid points are exact (1 for elements, the element max for scales).
 
     The binade e comes from q = |a| * recip (its exponent field, at least the lowest binade's).
-    With s = 2**(e - MBITS) the binade's step and B = 2**23 * s, one
-    float32 addition t = q + (B - s/2) rounds q - s/2 to a multiple k of s - t = B + k*s, so k is
-    t's bits less B's - and leaves the exact quotient within (k - 1/2, k + 3/2) steps: the
-    midpoint k + 1/2 decides, its negation (B - s/2) - t exact, by one FMA. The sign test is on
+    With s = 2**(e - MBITS) the binade's step and B = 2**23 * s, one float32 addition
+    t = q + (B - s/2) rounds q - s/2 to a multiple k of s - t = B + k*s, so k is t's bits less
+    B's - and leaves the exact quotient within (k - 1/2, k + 3/2) steps: the midpoint k + 1/2
+    decides, its negation (B - s/2) - t exact, by one FMA. The sign test is on
     the FMA's bits, where a tie (+0: an exact zero sum is +0 to nearest, never -0) steps up only
     from an odd k under ties to even. q < s/4 gives t = B - s/2: k = -1 with midpoint 0, which
     steps up to 0. Quotients above the grid need no clamp: with B finite their codes exceed

@@ -198,12 +198,16 @@ def _runs16(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
     return nspec.bits in (4, 6) and x.element_size() == 2 and not geo.flat and geo.tcols >= 16
 
 
-def _float_actual_config(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> LaunchConfig:
-    """The launch of a float-scaled actual cast, where the default is short (H100 sweeps,
-    docs/benchmarks.md): one scale per tensor from float32, 1,024 values a program (fp8_F 79% ->
-    102% of copy, int4_f 70% -> 95%); 4-bit codes from 16-bit runs, 2,048 (nvf4 69% -> 74%)."""
-    if geo.flat and x.element_size() == 4:
+def _float_actual_config(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry, two_level: bool) -> LaunchConfig:
+    """The launch of a float-scaled actual cast where the default is short (H100 sweeps,
+    docs/benchmarks.md): from float32, one scale per tensor 1,024 values a program (fp8_F 79% ->
+    102% of copy, int4_f 70% -> 95%), two levels 1,024 on 2 warps (nvfp4 88% -> 90%); 4-bit codes
+    from 16-bit runs 2,048 (nvf4 69% -> 74%)."""
+    wide = x.element_size() == 4
+    if geo.flat and wide:
         return LaunchConfig(1024, 4)
+    if two_level and wide:
+        return LaunchConfig(1024, 2)
     if nspec.bits == 4 and _runs16(nspec, x, geo):
         return LaunchConfig(2048, 4)
     return LaunchConfig()
@@ -329,7 +333,7 @@ def _float_cast(
         given = _given_scale(x, dtype, scalemode)
     out = out_dtype or x.dtype
     if not virtual and config == LaunchConfig():
-        config = _float_actual_config(nspec, x, geo)
+        config = _float_actual_config(nspec, x, geo, two_level)
     per_program = config.blocks(geo.tile, max(x.element_size(), out.itemsize if virtual else 0))
     grid = (triton.cdiv(geo.blocks, per_program),)
     common = {
