@@ -311,6 +311,7 @@ FLOAT_SCALED = (
     "fp8nF32s",
     "int8_f",
     "int4_f",
+    "int8_F",
 )
 SQUARE_TILES = ("mxfp4s16", "mxbf8s", "mxbf6s")
 
@@ -320,12 +321,18 @@ SQUARE_TILES = ("mxfp4s16", "mxbf8s", "mxbf6s")
 def test_float_scales_and_square_tiles_are_bit_exact(name: str, source: torch.dtype) -> None:
     """NVFP4 (two levels), e4m3 tile scales, float32 scales per tensor, channel row, 1x128 and
     128x128 block, integer elements under float scales, square E8M0 tiles: corner values, tiles
-    the shape does not divide, a batch of matrices under 2-D tiles."""
+    the shape does not divide, a batch of matrices under 2-D tiles; one scale per tensor also
+    from finite values (a NaN anywhere makes it NaN)."""
     x = corner_input(source, rows=36, cols=70)
-    if tcast.lookup(name).sspec.is_2d:
+    sspec = tcast.lookup(name).sspec
+    if sspec.is_2d:
         x = x.reshape(2, 18, 70)
-    for roundmode, scalemode in (("even", "max"), ("nearest", "midmax"), ("zero", "ceil")):
-        _assert_engines_agree(x, name, roundmode=roundmode, scalemode=scalemode)
+    inputs = [x]
+    if not sspec.tiles and sspec.tensor_scale is None:  # one scale per tensor: NaN makes it NaN
+        inputs.append(torch.nan_to_num(x, nan=0.0, posinf=7.0, neginf=-7.0))
+    for values in inputs:
+        for roundmode, scalemode in (("even", "max"), ("nearest", "midmax"), ("zero", "ceil")):
+            _assert_engines_agree(values, name, roundmode=roundmode, scalemode=scalemode)
 
 
 @pytest.mark.parametrize("name", ("nvfp4", "fp8_F", "fp8_f"))

@@ -182,19 +182,28 @@ def upcast_kernel(
 @triton.jit
 def float_divisors(
     x, block, n_blocks, given_ptr, scales_ptr,
-    GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, STORE: tl.constexpr, BLOCKS: tl.constexpr,
-    ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
-    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
-    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, S_LEAN: tl.constexpr,
+    GIVEN: tl.constexpr, TENSOR_AMAX: tl.constexpr, TWO_LEVEL: tl.constexpr, STORE: tl.constexpr,
+    BLOCKS: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr,
+    S_EMIN: tl.constexpr, S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr,
+    S_ONE_CODE: tl.constexpr, S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
+    S_LEAN: tl.constexpr,
 ):  # fmt: skip
     """(divisor, bad) per tile: the scale the values divide by (two levels: the tile scale times
     the tensor scale, in float32) and whether the tile holds a NaN or Inf. GIVEN: one scale for
-    the tensor, computed by the host from the amax pass; else each tile's own, stored (STORE)."""
-    if GIVEN:
+    the tensor, the caller's or the host's, at given_ptr; with TENSOR_AMAX computed here from the
+    amax pass's bits of the largest magnitude at given_ptr, as a tile of the whole tensor
+    (program 0 stores it: STORE). Else each tile's own, stored (STORE)."""
+    if GIVEN and not TENSOR_AMAX:
         divisor = tl.zeros([BLOCKS], dtype=tl.float32) + tl.load(given_ptr)
         bad = (divisor != divisor).to(tl.int32)
     else:
-        bad, amax = tile_stats(x)
+        if GIVEN:  # the tensor's amax, every tile's; its scale has one place
+            top = tl.zeros([BLOCKS], dtype=tl.int32) + tl.load(given_ptr)
+            bad, amax = (top >= 0x7F800000).to(tl.int32), top.to(tl.float32, bitcast=True)
+            store = block == 0
+        else:
+            bad, amax = tile_stats(x)
+            store = block < n_blocks
         if TWO_LEVEL:  # noqa: SIM108  (constexpr branches)
             tensor_scale = tl.load(given_ptr)
         else:
@@ -203,9 +212,9 @@ def float_divisors(
                                           S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN)  # fmt: skip
         if STORE:
             if S_FP32:
-                tl.store(scales_ptr + block, stored, mask=block < n_blocks)
+                tl.store(scales_ptr + block, stored, mask=store)
             else:
-                tl.store(scales_ptr + block, stored.to(tl.uint8), mask=block < n_blocks)
+                tl.store(scales_ptr + block, stored.to(tl.uint8), mask=store)
         divisor = value * tensor_scale if TWO_LEVEL else value
     return divisor, bad
 
@@ -222,10 +231,10 @@ def scaled_values(code, divisor, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: 
 def float_virtual_kernel(
     x_ptr, out_ptr, given_ptr, n_blocks, blocks_per_row, block_rows, rows, cols,
     TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr,
-    GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
-    EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr, IS_INT: tl.constexpr,
-    FNUZ: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr, ROUND: tl.constexpr,
-    ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    GIVEN: tl.constexpr, TENSOR_AMAX: tl.constexpr, TWO_LEVEL: tl.constexpr, BITS: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr,
+    ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
     S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
     S_LEAN: tl.constexpr,
@@ -233,8 +242,8 @@ def float_virtual_kernel(
     block, offsets, valid, _, x = load_tiles(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
     )
-    divisor, bad = float_divisors(x, block, n_blocks, given_ptr, given_ptr, GIVEN, TWO_LEVEL, False, BLOCKS,
-                                  ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
+    divisor, bad = float_divisors(x, block, n_blocks, given_ptr, given_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL, False,
+                                  BLOCKS, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
                                   S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN)  # fmt: skip
     if IS_INT:
         code = quotient_codes(
@@ -259,7 +268,8 @@ def float_actual_kernel(
     x_ptr, codes_ptr, scales_ptr, given_ptr, n_blocks, blocks_per_row, block_rows, rows, cols,
     code_bytes, code_stride,
     TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr,
-    WORDS: tl.constexpr, GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, BITS: tl.constexpr,
+    WORDS: tl.constexpr, GIVEN: tl.constexpr, TENSOR_AMAX: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    BITS: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
     IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr,
     ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
@@ -270,7 +280,8 @@ def float_actual_kernel(
     block, _, _, _, x = load_tiles(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, RUNS16
     )
-    divisor, bad = float_divisors(x, block, n_blocks, given_ptr, scales_ptr, GIVEN, TWO_LEVEL, not GIVEN, BLOCKS,
+    divisor, bad = float_divisors(x, block, n_blocks, given_ptr, scales_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL,
+                                  TENSOR_AMAX or not GIVEN, BLOCKS,
                                   ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
                                   S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN)  # fmt: skip
     code = quotient_codes(

@@ -224,6 +224,17 @@ def lean_nearest(nspec: NumberSpec, roundmode: RoundMode) -> bool:
     return nearest and not nspec.is_int and grid
 
 
+def _amax_stats(x: torch.Tensor) -> torch.Tensor:
+    """The amax pass: int32 [2], the bits of x's largest magnitude (a NaN or Inf pattern when it
+    holds one) and of its largest finite magnitude."""
+    stats = torch.zeros(2, dtype=torch.int32, device=x.device)
+    numel = x.numel()
+    if numel:
+        block = _AMAX_BYTES // x.element_size()
+        amax_kernel[(triton.cdiv(numel, block),)](_as_bits(x, loading=True), stats, numel, BLOCK=block)
+    return stats
+
+
 def _given_scale(x: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> torch.Tensor:
     """The per-tensor scale of a float-scaled cast, as a float32 [1] on x's device: one amax pass
     in a kernel, then TorchCast's own scale rule on it (no copy to the host). Two levels: the
@@ -231,12 +242,7 @@ def _given_scale(x: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> torc
     the tensor holds a NaN or Inf)."""
     sspec = dtype.sspec
     assert sspec is not None
-    stats = torch.zeros(2, dtype=torch.int32, device=x.device)
-    numel = x.numel()
-    if numel:
-        block = _AMAX_BYTES // x.element_size()
-        amax_kernel[(triton.cdiv(numel, block),)](_as_bits(x, loading=True), stats, numel, BLOCK=block)
-    magnitudes = stats.view(torch.float32).double()
+    magnitudes = _amax_stats(x).view(torch.float32).double()
     if sspec.tensor_scale is not None:
         return tensor_scale_of(magnitudes[1], dtype).reshape(1)
     return float_scales(magnitudes[:1], dtype.nspec, sspec.scale, scalemode).float()
@@ -329,7 +335,13 @@ def _float_cast(
     shape = tuple(x.shape)
     geo = _geometry(shape, dtype)
     two_level = sspec.tensor_scale is not None
-    if given is None and (geo.flat or two_level):
+    # one scale per tensor in float32 or 8 bits: the kernel takes it from the amax pass's bits (as
+    # a tile's), where the host's rule would launch a dozen tiny kernels between the two passes
+    in_kernel = sspec.scale.torch_dtype is torch.float32 or sspec.scale.bits == 8
+    tensor_amax = given is None and geo.flat and not two_level and in_kernel and x.numel() > 0
+    if tensor_amax:
+        given = _amax_stats(x)
+    elif given is None and (geo.flat or two_level):
         given = _given_scale(x, dtype, scalemode)
     out = out_dtype or x.dtype
     if not virtual and config == LaunchConfig():
@@ -338,8 +350,8 @@ def _float_cast(
     grid = (triton.cdiv(geo.blocks, per_program),)
     common = {
         "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "EVEN": geo.even, "GIVEN": geo.flat,
-        "TWO_LEVEL": two_level, "ROUND": _ROUND[roundmode], "num_warps": config.warps(geo.tile),
-        "enable_fp_fusion": False, "LEAN": lean_nearest(nspec, roundmode),
+        "TENSOR_AMAX": tensor_amax, "TWO_LEVEL": two_level, "ROUND": _ROUND[roundmode],
+        "num_warps": config.warps(geo.tile), "enable_fp_fusion": False, "LEAN": lean_nearest(nspec, roundmode),
         "S_LEAN": scalemode is not ScaleMode.CEIL and lean_nearest(sspec.scale, RoundMode.EVEN),
     } | _element_params(nspec, False) | _scale_params(dtype, scalemode)  # fmt: skip
     source = _as_bits(x, loading=True)
@@ -353,13 +365,12 @@ def _float_cast(
     code_bytes = packed_nbytes(numel_padded, nspec.bits)
     codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
     scale_dtype = sspec.scale.torch_dtype
-    if geo.flat:
+    if geo.flat and not tensor_amax:
         assert given is not None
         scales = given.to(scale_dtype)
     else:
-        scales = torch.empty(
-            geo.blocks, dtype=torch.float32 if common["S_FP32"] else torch.uint8, device=x.device
-        )
+        count = 1 if geo.flat else geo.blocks
+        scales = torch.empty(count, dtype=torch.float32 if common["S_FP32"] else torch.uint8, device=x.device)
     if geo.blocks:
         float_actual_kernel[grid](
             source,
@@ -373,7 +384,7 @@ def _float_cast(
             RUNS16=_runs16(nspec, x, geo),
             **common,
         )
-    if not geo.flat and not common["S_FP32"]:
+    if (tensor_amax or not geo.flat) and not common["S_FP32"]:
         scales = scales.view(scale_dtype)
     return Tensor(
         dtype=dtype,
