@@ -439,6 +439,20 @@ def quotient_values(
 
 
 @triton.jit
+def float32_scales(amax, bad, DIVISOR: tl.constexpr, CEIL: tl.constexpr):
+    """float32 scales amax / DIVISOR: IEEE division rounds the exact quotient to nearest (CEIL:
+    one step up where that falls short), at least the smallest subnormal; 1 where amax is 0, NaN
+    where `bad`. Also NVFP4's tensor scale (DIVISOR = element max x tile scale max: rounding the
+    float64 quotient to float32, as TorchCast does, rounds the exact one)."""
+    q = tl.math.div_rn(amax, DIVISOR)
+    bits = q.to(tl.int32, bitcast=True)  # (constants as bits: Triton types 2**-149 as float64)
+    if CEIL:  # one step up where q * max falls short of amax, below float32's largest value
+        bits = bits + ((tl.fma(q, DIVISOR, -amax) < 0.0) & (bits < 0x7F7FFFFF)).to(tl.int32)
+    q = tl.maximum(bits, 1).to(tl.float32, bitcast=True)
+    return tl.where(bad > 0, float("nan"), tl.where(amax > 0.0, q, 1.0))
+
+
+@triton.jit
 def float_tile_scales(
     amax, bad, tensor_scale,
     ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
@@ -449,13 +463,8 @@ def float_tile_scales(
     levels) rounded to nearest (CEIL: up) into the scale format, clamped to its smallest and
     largest values; 1 for a tile of zeros, NaN for a `bad` one. `stored` is the float32 value
     (S_FP32) or the 8-bit code; S_LEAN: rounded by nearest_magnitudes."""
-    if S_FP32:  # one level: IEEE division rounds the exact quotient to nearest
-        q = tl.math.div_rn(amax, ELEM_MAX)
-        bits = q.to(tl.int32, bitcast=True)  # (constants as bits: Triton types 2**-149 as float64)
-        if CEIL:  # one step up where q * max falls short of amax, below float32's largest value
-            bits = bits + ((tl.fma(q, ELEM_MAX, -amax) < 0.0) & (bits < 0x7F7FFFFF)).to(tl.int32)
-        q = tl.maximum(bits, 1).to(tl.float32, bitcast=True)  # at least the smallest subnormal
-        value = tl.where(bad > 0, float("nan"), tl.where(amax > 0.0, q, 1.0))
+    if S_FP32:  # one level
+        value = float32_scales(amax, bad, ELEM_MAX, CEIL)
         stored = value
     else:
         f, df = prescale(tensor_scale)

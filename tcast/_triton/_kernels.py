@@ -11,6 +11,7 @@ from ._elements import (
     decode_codes,
     draw_noise,
     element_codes,
+    float32_scales,
     float_tile_scales,
     fp8_code,
     fp8_value,
@@ -186,13 +187,15 @@ def float_divisors(
     BLOCKS: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr,
     S_EMIN: tl.constexpr, S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr,
     S_ONE_CODE: tl.constexpr, S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
-    S_LEAN: tl.constexpr,
+    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr,
 ):  # fmt: skip
     """(divisor, bad) per tile: the scale the values divide by (two levels: the tile scale times
     the tensor scale, in float32) and whether the tile holds a NaN or Inf. GIVEN: one scale for
     the tensor, the caller's or the host's, at given_ptr; with TENSOR_AMAX computed here from the
     amax pass's bits of the largest magnitude at given_ptr, as a tile of the whole tensor
-    (program 0 stores it: STORE). Else each tile's own, stored (STORE)."""
+    (program 0 stores it: STORE). Else each tile's own, stored (STORE), over a two-level tensor
+    scale at given_ptr - with TENSOR_AMAX computed from the pass's largest finite magnitude
+    (given_ptr + 1) and kept by program 0 at given_ptr + 2."""
     if GIVEN and not TENSOR_AMAX:
         divisor = tl.zeros([BLOCKS], dtype=tl.float32) + tl.load(given_ptr)
         bad = (divisor != divisor).to(tl.int32)
@@ -204,7 +207,11 @@ def float_divisors(
         else:
             bad, amax = tile_stats(x)
             store = block < n_blocks
-        if TWO_LEVEL:  # noqa: SIM108  (constexpr branches)
+        if TWO_LEVEL and TENSOR_AMAX:  # from the largest finite magnitude; program 0 keeps it
+            finite = tl.load(given_ptr + 1).to(tl.float32, bitcast=True)
+            tensor_scale = float32_scales(finite, 0, TENSOR_DIVISOR, False)
+            tl.store(given_ptr + 2, tensor_scale.to(tl.int32, bitcast=True), mask=tl.program_id(0) == 0)
+        elif TWO_LEVEL:
             tensor_scale = tl.load(given_ptr)
         else:
             tensor_scale = 1.0
@@ -237,14 +244,14 @@ def float_virtual_kernel(
     ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
     S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
-    S_LEAN: tl.constexpr,
+    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr,
 ):  # fmt: skip
     block, offsets, valid, _, x = load_tiles(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
     )
     divisor, bad = float_divisors(x, block, n_blocks, given_ptr, given_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL, False,
                                   BLOCKS, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
-                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN)  # fmt: skip
+                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN, TENSOR_DIVISOR)  # fmt: skip
     if IS_INT:
         code = quotient_codes(
             x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, LEAN
@@ -275,7 +282,7 @@ def float_actual_kernel(
     ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
     S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
-    S_LEAN: tl.constexpr, RUNS16: tl.constexpr,
+    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr, RUNS16: tl.constexpr,
 ):  # fmt: skip
     block, _, _, _, x = load_tiles(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, RUNS16
@@ -283,7 +290,7 @@ def float_actual_kernel(
     divisor, bad = float_divisors(x, block, n_blocks, given_ptr, scales_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL,
                                   TENSOR_AMAX or not GIVEN, BLOCKS,
                                   ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
-                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN)  # fmt: skip
+                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN, TENSOR_DIVISOR)  # fmt: skip
     code = quotient_codes(
         x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, LEAN
     )

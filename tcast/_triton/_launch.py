@@ -225,14 +225,21 @@ def lean_nearest(nspec: NumberSpec, roundmode: RoundMode) -> bool:
 
 
 def _amax_stats(x: torch.Tensor) -> torch.Tensor:
-    """The amax pass: int32 [2], the bits of x's largest magnitude (a NaN or Inf pattern when it
-    holds one) and of its largest finite magnitude."""
-    stats = torch.zeros(2, dtype=torch.int32, device=x.device)
+    """The amax pass: int32 [3], the bits of x's largest magnitude (a NaN or Inf pattern when it
+    holds one) and of its largest finite magnitude; the third is where a cast kernel keeps a
+    two-level tensor scale it computes from them."""
+    stats = torch.zeros(3, dtype=torch.int32, device=x.device)
     numel = x.numel()
     if numel:
         block = _AMAX_BYTES // x.element_size()
         amax_kernel[(triton.cdiv(numel, block),)](_as_bits(x, loading=True), stats, numel, BLOCK=block)
     return stats
+
+
+def _tensor_scale(given: torch.Tensor, from_amax: bool) -> torch.Tensor:
+    """A two-level cast's tensor scale, a float32 0-d tensor: the caller's or the host's, or the
+    one the cast kernel computed from the amax pass and kept beside its bits."""
+    return given[2:3].view(torch.float32).reshape(()) if from_amax else given.reshape(())
 
 
 def _given_scale(x: torch.Tensor, dtype: DataType, scalemode: ScaleMode) -> torch.Tensor:
@@ -335,10 +342,14 @@ def _float_cast(
     shape = tuple(x.shape)
     geo = _geometry(shape, dtype)
     two_level = sspec.tensor_scale is not None
-    # one scale per tensor in float32 or 8 bits: the kernel takes it from the amax pass's bits (as
-    # a tile's), where the host's rule would launch a dozen tiny kernels between the two passes
-    in_kernel = sspec.scale.torch_dtype is torch.float32 or sspec.scale.bits == 8
-    tensor_amax = given is None and geo.flat and not two_level and in_kernel and x.numel() > 0
+    # one scale per tensor in float32 or 8 bits, or a float32 tensor scale over tile scales: the
+    # kernel derives it from the amax pass's bits, where the host's rule would launch a dozen
+    # tiny kernels between the two passes
+    if two_level:
+        in_kernel = sspec.tensor_scale.torch_dtype is torch.float32
+    else:
+        in_kernel = geo.flat and (sspec.scale.torch_dtype is torch.float32 or sspec.scale.bits == 8)
+    tensor_amax = given is None and in_kernel and x.numel() > 0
     if tensor_amax:
         given = _amax_stats(x)
     elif given is None and (geo.flat or two_level):
@@ -351,7 +362,8 @@ def _float_cast(
     common = {
         "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "EVEN": geo.even, "GIVEN": geo.flat,
         "TENSOR_AMAX": tensor_amax, "TWO_LEVEL": two_level, "ROUND": _ROUND[roundmode],
-        "num_warps": config.warps(geo.tile), "enable_fp_fusion": False, "LEAN": lean_nearest(nspec, roundmode),
+        "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
+        "TENSOR_DIVISOR": float(nspec.max * sspec.scale.max) if two_level else 1.0, "LEAN": lean_nearest(nspec, roundmode),
         "S_LEAN": scalemode is not ScaleMode.CEIL and lean_nearest(sspec.scale, RoundMode.EVEN),
     } | _element_params(nspec, False) | _scale_params(dtype, scalemode)  # fmt: skip
     source = _as_bits(x, loading=True)
@@ -393,7 +405,7 @@ def _float_cast(
         codes=codes,
         scales=scales,
         zeros=None,
-        tensor_scale=given.reshape(()) if two_level and given is not None else None,
+        tensor_scale=_tensor_scale(given, tensor_amax) if two_level else None,
         numel_padded=numel_padded,
     )
 
