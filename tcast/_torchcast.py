@@ -307,6 +307,14 @@ def _scaling_of_range(lo: torch.Tensor, hi: torch.Tensor, dtype: DataType, scale
     return _Scaling(scale=float_scales(amax, nspec, sspec.scale, scalemode))
 
 
+def tensor_scale_divisor(dtype: DataType) -> float:
+    """What two-level scaling divides the largest finite magnitude by for its tensor scale
+    (NVFP4's rule): the element format's max times the tile scale format's max."""
+    sspec = dtype.sspec
+    assert sspec is not None and sspec.tensor_scale is not None
+    return float(dtype.nspec.max * sspec.scale.max)
+
+
 def tensor_scale_of(amax: torch.Tensor, dtype: DataType) -> torch.Tensor:
     """The per-tensor scale of two-level scaling (NVFP4's rule): the largest finite magnitude (a
     float64 0-d tensor, on any device) over the element format's max times the tile scale
@@ -316,7 +324,7 @@ def tensor_scale_of(amax: torch.Tensor, dtype: DataType) -> torch.Tensor:
     assert sspec is not None and sspec.tensor_scale is not None
     outer = sspec.tensor_scale
     # float64 then the format: double rounding is harmless at 53 >= 2 * 24 + 2 bits
-    raw = amax.double() / (dtype.nspec.max * sspec.scale.max)
+    raw = amax.double() / tensor_scale_divisor(dtype)
     clamped = torch.clamp(raw, min=outer.smallest_subnormal, max=outer.max)
     return torch.where(amax > 0, clamped.to(outer.torch_dtype).float(), 1.0)
 

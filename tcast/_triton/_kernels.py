@@ -195,7 +195,7 @@ def float_divisors(
     amax pass's bits of the largest magnitude at given_ptr, as a tile of the whole tensor
     (program 0 stores it: STORE). Else each tile's own, stored (STORE), over a two-level tensor
     scale at given_ptr - with TENSOR_AMAX computed from the pass's largest finite magnitude
-    (given_ptr + 1) and kept by program 0 at given_ptr + 2."""
+    (given_ptr + 1) and kept by program 0 at given_ptr + 2 (STORE)."""
     if GIVEN and not TENSOR_AMAX:
         divisor = tl.zeros([BLOCKS], dtype=tl.float32) + tl.load(given_ptr)
         bad = (divisor != divisor).to(tl.int32)
@@ -210,7 +210,8 @@ def float_divisors(
         if TWO_LEVEL and TENSOR_AMAX:  # from the largest finite magnitude; program 0 keeps it
             finite = tl.load(given_ptr + 1).to(tl.float32, bitcast=True)
             tensor_scale = float32_scales(finite, 0, TENSOR_DIVISOR, False)
-            tl.store(given_ptr + 2, tensor_scale.to(tl.int32, bitcast=True), mask=tl.program_id(0) == 0)
+            if STORE:
+                tl.store(given_ptr + 2, tensor_scale.to(tl.int32, bitcast=True), mask=tl.program_id(0) == 0)
         elif TWO_LEVEL:
             tensor_scale = tl.load(given_ptr)
         else:

@@ -17,7 +17,7 @@ from .._number import InfNaN, NumberSpec
 from .._pack import packed_nbytes
 from .._scales import float_scales, step_up_limit
 from .._tensor import Tensor
-from .._torchcast import tensor_scale_of
+from .._torchcast import tensor_scale_divisor, tensor_scale_of
 from ._kernels import (
     actual_kernel,
     amax_kernel,
@@ -363,7 +363,8 @@ def _float_cast(
         "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "EVEN": geo.even, "GIVEN": geo.flat,
         "TENSOR_AMAX": tensor_amax, "TWO_LEVEL": two_level, "ROUND": _ROUND[roundmode],
         "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
-        "TENSOR_DIVISOR": float(nspec.max * sspec.scale.max) if two_level else 1.0, "LEAN": lean_nearest(nspec, roundmode),
+        "TENSOR_DIVISOR": tensor_scale_divisor(dtype) if two_level else 1.0,
+        "LEAN": lean_nearest(nspec, roundmode),
         "S_LEAN": scalemode is not ScaleMode.CEIL and lean_nearest(sspec.scale, RoundMode.EVEN),
     } | _element_params(nspec, False) | _scale_params(dtype, scalemode)  # fmt: skip
     source = _as_bits(x, loading=True)
@@ -377,12 +378,13 @@ def _float_cast(
     code_bytes = packed_nbytes(numel_padded, nspec.bits)
     codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
     scale_dtype = sspec.scale.torch_dtype
-    if geo.flat and not tensor_amax:
-        assert given is not None
-        scales = given.to(scale_dtype)
-    else:
+    stored_by_kernel = tensor_amax or not geo.flat  # float32 values or 8-bit codes
+    if stored_by_kernel:
         count = 1 if geo.flat else geo.blocks
         scales = torch.empty(count, dtype=torch.float32 if common["S_FP32"] else torch.uint8, device=x.device)
+    else:
+        assert given is not None
+        scales = given.to(scale_dtype)
     if geo.blocks:
         float_actual_kernel[grid](
             source,
@@ -396,7 +398,7 @@ def _float_cast(
             RUNS16=_runs16(nspec, x, geo),
             **common,
         )
-    if (tensor_amax or not geo.flat) and not common["S_FP32"]:
+    if stored_by_kernel and not common["S_FP32"]:
         scales = scales.view(scale_dtype)
     return Tensor(
         dtype=dtype,
