@@ -125,7 +125,7 @@ def cast(
     if measure and not actual:
         raise ValueError("measure records the error of an actual cast (castmode='actual')")
     _torchcast._check_input(x)
-    given = None if tensor_scale is None else _torchcast.given_tensor_scale(datatype_, tensor_scale, x.device)
+    given = None if tensor_scale is None else _torchcast.rounded_tensor_scale(datatype_, tensor_scale)
     if datatype_.nspec.is_codebook:
         from . import _lutcast
 
@@ -153,9 +153,10 @@ def cast(
             result = dataclasses.replace(result, signal=signal, noise=noise)
         return result
     gen = _generator(x, seed, generator)
+    on_device = None if given is None else _torchcast.given_tensor_scale(datatype_, given, x.device)
     if actual:
-        return _torchcast.actual_cast(x, datatype_, round_, scale_, gen, measure, given)
-    return _torchcast.virtual_cast(x, datatype_, round_, scale_, gen, out_dtype, given)
+        return _torchcast.actual_cast(x, datatype_, round_, scale_, gen, measure, on_device)
+    return _torchcast.virtual_cast(x, datatype_, round_, scale_, gen, out_dtype, on_device)
 
 
 def _kernel_seed(x: Any, seed: int | None, generator: Any) -> int:

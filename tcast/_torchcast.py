@@ -360,10 +360,16 @@ def _two_level_scaling(
 
 
 def given_tensor_scale(dtype: DataType, value: Any, device: torch.device) -> torch.Tensor:
-    """A caller's scale per tensor as a float32 [1] on `device`: the outer scale of a two-level
-    type, or the only scale of a type with one float scale per tensor. It is rounded to nearest
-    into the scale's format and must then be positive and finite; types without such a scale
-    refuse one (their scales come from each tile's own values)."""
+    """A caller's scale per tensor (`rounded_tensor_scale`) as a float32 [1] on `device`."""
+    # a fill on the device: no copy from the host, so the call queues without a synchronization
+    return torch.full((1,), rounded_tensor_scale(dtype, value), dtype=torch.float32, device=device)
+
+
+def rounded_tensor_scale(dtype: DataType, value: Any) -> float:
+    """A caller's scale per tensor: the outer scale of a two-level type, or the only scale of a
+    type with one float scale per tensor. It is rounded to nearest into the scale's format and
+    must then be positive and finite; types without such a scale refuse one (their scales come
+    from each tile's own values)."""
     sspec = dtype.sspec
     if sspec is not None and sspec.tensor_scale is not None:
         spec = sspec.tensor_scale
@@ -382,8 +388,7 @@ def given_tensor_scale(dtype: DataType, value: Any, device: torch.device) -> tor
     if not math.isfinite(rounded) or rounded <= 0.0:
         kind = str(spec.torch_dtype).removeprefix("torch.")
         raise ValueError(f"tensor_scale: a positive finite {kind} value, got {number!r}")
-    # a fill on the device: no copy from the host, so the call queues without a synchronization
-    return torch.full((1,), rounded, dtype=torch.float32, device=device)
+    return rounded
 
 
 def _two_level_product(block_scales: torch.Tensor, tensor_scale: torch.Tensor) -> torch.Tensor:

@@ -351,6 +351,42 @@ def test_a_given_tensor_scale_is_bit_exact(name: str, source: torch.dtype) -> No
             )
 
 
+WORD_PAIRS = (
+    ("nvfp4",), ("nvf4",), ("e2m1", "e4m3fn_t16"), ("int4", "e4m3fn_t16"), ("e2m1fnuz", "float32_t16"),
+    ("e2m1fnuz", "e5m2_t16"),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", WORD_PAIRS, ids="_".join)
+@pytest.mark.parametrize("source", (torch.bfloat16, torch.float16), ids=str)
+def test_4_bit_codes_of_16_bit_tiles_read_as_word_pairs_are_bit_exact(
+    spec: tuple[str, ...], source: torch.dtype
+) -> None:
+    """The actual cast of 16-bit inputs in whole 16-value tiles reads words of two values
+    (`_kernels.float_pair_codes`: magnitudes and signs split from the words, signs packed a word
+    at a time): fnuz, plain and integer elements, 8-bit and float32 tile scales; corner values,
+    the data scaled down 2**-120 (divisors below 2**-64: the prescaled branch, and for NVFP4 a
+    tensor scale computed that small), a caller's tensor scale; a stream not on a word boundary
+    takes the element path and gives the same codes."""
+    from tcast._triton._launch import _geometry, _pairs
+
+    dtype = tcast.lookup(spec[0]) if len(spec) == 1 else tcast.datatype(*spec)
+    x = corner_input(source, rows=36, cols=64)
+    assert _pairs(dtype.nspec, x, _geometry(tuple(x.shape), dtype))
+    for values in (x, x * 2.0**-120):
+        for roundmode, scalemode in (("even", "max"), ("nearest", "midmax"), ("zero", "ceil")):
+            _assert_engines_agree(values, dtype, roundmode=roundmode, scalemode=scalemode)
+    if dtype.sspec.tensor_scale is not None:
+        for tensor_scale in (torch.finfo(torch.float32).tiny, 0.7):
+            _assert_engines_agree(x, dtype, tensor_scale=tensor_scale)
+    shifted = torch.cat([x.reshape(-1)[:1], x.reshape(-1)])[1:].reshape(x.shape)  # 2 bytes past a word
+    assert shifted.data_ptr() % 4 == 2 and not _pairs(dtype.nspec, shifted, _geometry(tuple(x.shape), dtype))
+    assert torch.equal(
+        tcast.cast(shifted, dtype, castmode="actual", computemode="triton").codes,
+        tcast.cast(x, dtype, castmode="actual", computemode="triton").codes,
+    )
+
+
 def test_the_lean_nearest_path_takes_the_small_float_grids_of_these_tests() -> None:
     """The bit-exact tests here exercise the kernels' lean nearest path (`nearest_magnitudes`)
     for the element and 8-bit scale grids below in nearest modes, and exact_steps for directed
@@ -366,11 +402,12 @@ def test_the_lean_nearest_path_takes_the_small_float_grids_of_these_tests() -> N
     assert not lean_nearest(tcast.lookup("bfloat16").nspec, RoundMode.EVEN)  # half steps below 2**-126
 
 
-def boundary_input(name: str, seed: int = 0) -> torch.Tensor:
+def boundary_input(name: str, seed: int = 0, magnitude: float = 1.0) -> torch.Tensor:
     """Rows of 1-D tiles whose first value sets the tile's amax (scales that are not powers of
     two, some with few bits so that quotients tie exactly), then every grid point and midpoint of
     the element format times the divisor the cast uses (its scale; under two levels times the
-    tensor scale), and each one's float32 neighbours, with random signs."""
+    tensor scale), and each one's float32 neighbours, with random signs. `magnitude` scales the
+    amaxes (a tiny one puts the divisors among float32's subnormals)."""
     from tcast._codes import decode_table
 
     dtype = tcast.lookup(name)
@@ -380,12 +417,12 @@ def boundary_input(name: str, seed: int = 0) -> torch.Tensor:
     grid = torch.unique(table[torch.isfinite(table)].abs())
     points = torch.cat([grid, (grid[1:] + grid[:-1]) / 2])
     g = torch.Generator().manual_seed(seed)
-    amaxes = torch.tensor([1.375, 1.3, 0.77, 3.1e-3, 1234.5, 2.0**-20 * 1.625]) * nspec.max
+    amaxes = torch.tensor([1.375, 1.3, 0.77, 3.1e-3, 1234.5, 2.0**-20 * 1.625]) * nspec.max * magnitude
     per_amax = -(-3 * len(points) // (tile - 1))
     x = torch.zeros(len(amaxes) * per_amax, tile)
     x[:, 0] = amaxes.repeat_interleave(per_amax).float()
     reference = tcast.cast(x, dtype, castmode="actual", computemode="torch")  # the divisors
-    divisor = reference.scales.float().reshape(-1)
+    divisor = reference.scales.float().reshape(-1).expand(len(x))  # one per tile, or per tensor
     if reference.tensor_scale is not None:
         divisor = divisor * reference.tensor_scale.float()
     up, down = torch.tensor(float("inf")), torch.tensor(0.0)
@@ -400,13 +437,21 @@ def boundary_input(name: str, seed: int = 0) -> torch.Tensor:
     return x
 
 
-@pytest.mark.parametrize("name", ["nvfp4", "nvf4", "nvb8", "fp8_1x128", "fp8_Fc"])
+@pytest.mark.parametrize("name", ["nvfp4", "nvf4", "nvb8", "fp8_1x128", "fp8_Fc", "fp8_F"])
 def test_quotients_at_rounding_boundaries_round_as_the_exact_quotient(name: str) -> None:
     """x / scale is not exact under float scales: values at, and one float32 step either side of,
     every midpoint and grid point (exact ties included) round as TorchCast rounds the exact
     quotient. (Deciding them from a float32 quotient, or from a product and a subtraction rounded
-    apart, fails here.)"""
-    x = boundary_input(name)
-    for source in (torch.float32, torch.bfloat16):
-        for roundmode in ("even", "nearest", "zero"):
-            _assert_engines_agree(x.to(source).to(DEVICE), name, roundmode=roundmode)
+    apart, fails here.) Also for tensors 2**-118 and 2**-136 that size, whose divisors (NVFP4's
+    tensor scale, one scale per tensor) lie among float32's subnormals, where only the
+    prescaled decision is exact; a scale per tensor also given as the caller's."""
+    sspec = tcast.lookup(name).sspec
+    for magnitude in (1.0, 2.0**-118, 2.0**-136):
+        x = boundary_input(name, magnitude=magnitude)
+        for source in (torch.float32, torch.bfloat16):
+            for roundmode in ("even", "nearest", "zero"):
+                _assert_engines_agree(x.to(source).to(DEVICE), name, roundmode=roundmode)
+        if sspec.tensor_scale is not None or not sspec.tiles:
+            reference = tcast.cast(x, name, castmode="actual", computemode="torch")
+            given = reference.tensor_scale if reference.tensor_scale is not None else reference.scales
+            _assert_engines_agree(x.to(DEVICE), name, tensor_scale=float(given.float().reshape(())))

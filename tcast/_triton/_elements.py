@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -119,14 +120,25 @@ def tile_exponent(amax, LIMIT: tl.constexpr, EMAX: tl.constexpr, SCALE_MODE: tl.
 
 
 @triton.jit
-def tile_stats(x):
-    """Per-tile (has a NaN or Inf, amax) of [BLOCKS, n] float32 values, from the magnitude bits:
-    positive floats order as integers, and NaN/Inf patterns are the largest (the amax of such a
-    tile is never used: its scale is NaN)."""
+def tile_top(x):
+    """Per tile of [BLOCKS, n] float32 values, the bits of the largest magnitude: positive floats
+    order as integers, and NaN/Inf patterns are the largest."""
     # doubled magnitudes (the sign shifted out) order as unsigned integers: a shift runs on the FMA
     # pipe, where a mask would take the ALU pipe that bounds bf16 streams
-    top = (tl.max(x.to(tl.uint32, bitcast=True) << 1, axis=1) >> 1).to(tl.int32)
+    return (tl.max(x.to(tl.uint32, bitcast=True) << 1, axis=1) >> 1).to(tl.int32)
+
+
+@triton.jit
+def top_stats(top):
+    """(has a NaN or Inf, amax) of tiles from their largest magnitude's bits (the amax of a tile
+    with a NaN or Inf is never used: its scale is NaN)."""
     return (top >= 0x7F800000).to(tl.int32), top.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def tile_stats(x):
+    """Per-tile (has a NaN or Inf, amax) of [BLOCKS, n] float32 values."""
+    return top_stats(tile_top(x))
 
 
 @triton.jit
@@ -161,14 +173,25 @@ def sign_bit(v, BITS: tl.constexpr):
 def signed_code(magnitude, v, BITS: tl.constexpr, IS_INT: tl.constexpr, FNUZ: tl.constexpr):
     """The code of a magnitude code with v's sign: two's complement for ints, a sign bit for
     floats (none on zero for fnuz formats, which have no -0)."""
-    if IS_INT:
-        code = tl.where(v.to(tl.int32, bitcast=True) < 0, -magnitude, magnitude) & ((1 << BITS) - 1)
+    if IS_INT or FNUZ:
+        negative = (v.to(tl.uint32, bitcast=True) >> 31).to(tl.int32)
+        code = negated_code(magnitude, negative, BITS, IS_INT, FNUZ)
     else:
-        sign = sign_bit(v, BITS)
-        if FNUZ:
-            sign = tl.where(magnitude > 0, sign, 0)
-        code = magnitude | sign
+        code = magnitude | sign_bit(v, BITS)
     return code
+
+
+@triton.jit
+def negated_code(magnitude, negative, BITS: tl.constexpr, IS_INT: tl.constexpr, FNUZ: tl.constexpr):
+    """signed_code from a 0/1 `negative` rather than a value."""
+    SIGN: tl.constexpr = 1 << (BITS - 1)
+    if IS_INT:
+        return tl.where(negative != 0, -magnitude, magnitude) & ((1 << BITS) - 1)
+    if FNUZ:
+        # magnitude + SIGN - 1 reaches the sign bit exactly when the magnitude is nonzero: one
+        # multiply-add (FMA pipe) and one logic operation, no compare and select
+        return magnitude | ((magnitude + negative * (SIGN - 1)) & SIGN)
+    return magnitude | (negative << (BITS - 1))
 
 
 @triton.jit
@@ -373,12 +396,12 @@ def nearest_magnitudes(
     the code is negative), all saturated by the unsigned minimum; a NaN's code is replaced by
     the caller. Negated operands and absolute values are free operand modifiers of the float
     instructions; the sign bit is shifted out of the field."""
-    q = a * recip
-    # the exponent field, the sign shifted out: a high product runs on the FMA pipe, a shift not
-    field = tl.umulhi(q.to(tl.uint32, bitcast=True) * 2, 256).to(tl.int32)
+    q = tl.abs(a) * recip
+    # the exponent field: a high product runs on the FMA pipe, a shift not
+    field = tl.umulhi(q.to(tl.uint32, bitcast=True), 512).to(tl.int32)
     field = tl.maximum(field, EMIN + 127)
     magic = (((field + (23 - MBITS)) << 23) - 1).to(tl.float32, bitcast=True)  # B - s/2
-    t = tl.abs(q) + magic
+    t = q + magic
     bits = t.to(tl.int32, bitcast=True)  # B's bits + k
     side = tl.fma((magic - t) * M, df, tl.abs(a)).to(tl.int32, bitcast=True)  # > 0: above the midpoint
     if ROUND == 0:  # constexpr
@@ -393,14 +416,23 @@ def nearest_magnitudes(
 @triton.jit
 def quotient_magnitudes(
     x, divisor, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-    IS_INT: tl.constexpr, ROUND: tl.constexpr, LEAN: tl.constexpr,
+    IS_INT: tl.constexpr, ROUND: tl.constexpr, LEAN: tl.constexpr, DIVISORS: tl.constexpr,
 ):  # fmt: skip
     """(magnitude, a): saturated magnitude codes of [BLOCKS, n] values x over their tiles' float
     scales `divisor` [BLOCKS] (exact quotients, see above; LEAN: by nearest_magnitudes), and x
-    prescaled, whose sign is x's (callers take signs from it, so x need not stay live)."""
-    f, df = prescale(divisor)
-    recip = 1.0 / df
-    a = x * f[:, None]
+    prescaled, whose sign is x's (callers take signs from it, so x need not stay live).
+    DIVISORS (`_launch._divisors` says which): 0, any - small ones are prescaled, at a multiply a
+    value; 1, every one at least 2**-64; 2, also at most 2**126, on a GPU: the reciprocal is the
+    hardware's approximate one, without the range fixes of a full division."""
+    if DIVISORS == 0:
+        f, df = prescale(divisor)
+        a = x * f[:, None]
+    else:
+        df, a = divisor, x
+    if DIVISORS == 2:  # noqa: SIM108  (constexpr branches)
+        recip = libdevice.fast_dividef(1.0, df)
+    else:
+        recip = 1.0 / df
     if LEAN:
         magnitude = nearest_magnitudes(a, df[:, None], recip[:, None], 1.0, MBITS, EMIN, MAX_CODE, ROUND)
     else:
@@ -414,10 +446,11 @@ def quotient_codes(
     x, divisor, bad,
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
     IS_INT: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, ROUND: tl.constexpr, LEAN: tl.constexpr,
+    DIVISORS: tl.constexpr,
 ):  # fmt: skip
     """Element codes of [BLOCKS, n] values over their tiles' float scales `divisor` [BLOCKS]; a
     tile marked `bad` is all NaN codes."""
-    magnitude, a = quotient_magnitudes(x, divisor, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN)
+    magnitude, a = quotient_magnitudes(x, divisor, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS)
     code = signed_code(magnitude, a, BITS, IS_INT, FNUZ)
     return tl.where((bad > 0)[:, None], NAN_CODE, code)
 
@@ -425,14 +458,14 @@ def quotient_codes(
 @triton.jit
 def quotient_values(
     x, divisor, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
-    ROUND: tl.constexpr, LEAN: tl.constexpr,
+    ROUND: tl.constexpr, LEAN: tl.constexpr, DIVISORS: tl.constexpr,
 ):  # fmt: skip
     """The signed float-grid values (in scale units) that quotient_codes' codes decode to, for
     the finite codes it makes of finite tiles: the magnitude code shifted into float32's fields
     (as decode_codes), x's sign set. No NaN selects: a bad tile's divisor is NaN and makes its
     values NaN; a fnuz format's -0 is left to the caller (adding +0 after the divisor's product
     clears it, where a select would take the integer pipe)."""
-    magnitude, a = quotient_magnitudes(x, divisor, MBITS, EMIN, EMAX, MAX_CODE, False, ROUND, LEAN)
+    magnitude, a = quotient_magnitudes(x, divisor, MBITS, EMIN, EMAX, MAX_CODE, False, ROUND, LEAN, DIVISORS)
     values = (magnitude << (23 - MBITS)).to(tl.float32, bitcast=True) * (2.0 ** (126 + EMIN))
     sign = a.to(tl.int32, bitcast=True) & -2147483648
     return (values.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
@@ -458,17 +491,26 @@ def float_tile_scales(
     ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
     S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, S_LEAN: tl.constexpr,
+    DIVISORS: tl.constexpr = 0,
 ):  # fmt: skip
     """(value, stored) of each tile's float scale: amax / ELEM_MAX (over `tensor_scale` under two
     levels) rounded to nearest (CEIL: up) into the scale format, clamped to its smallest and
     largest values; 1 for a tile of zeros, NaN for a `bad` one. `stored` is the float32 value
-    (S_FP32) or the 8-bit code; S_LEAN: rounded by nearest_magnitudes."""
+    (S_FP32) or the 8-bit code; S_LEAN: rounded by nearest_magnitudes. DIVISORS as the element
+    divisors' (quotient_magnitudes): at least 1, the tensor scale needs no prescaling; 2, its
+    reciprocal is the hardware's."""
     if S_FP32:  # one level
         value = float32_scales(amax, bad, ELEM_MAX, CEIL)
         stored = value
     else:
-        f, df = prescale(tensor_scale)
-        recip = 1.0 / (df * ELEM_MAX)
+        if DIVISORS == 0:
+            f, df = prescale(tensor_scale)
+        else:
+            f, df = 1.0, tensor_scale
+        if DIVISORS == 2:  # noqa: SIM108  (constexpr branches)
+            recip = libdevice.fast_dividef(1.0, df * ELEM_MAX)
+        else:
+            recip = 1.0 / (df * ELEM_MAX)
         if S_LEAN:
             code = nearest_magnitudes(amax * f, df, recip, ELEM_MAX, S_MBITS, S_EMIN, S_MAX_CODE, 0)
         else:

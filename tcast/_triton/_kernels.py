@@ -17,14 +17,29 @@ from ._elements import (
     fp8_value,
     grid_magnitude,
     grid_values,
+    negated_code,
     pow2,
     quotient_codes,
+    quotient_magnitudes,
     quotient_values,
     round_values,
     tile_exponent,
     tile_stats,
+    tile_top,
+    top_stats,
 )
-from ._memory import load_codes, load_tiles, narrow, store_codes, tile_offsets, widen
+from ._memory import (
+    half_magnitudes,
+    half_negative,
+    load_codes,
+    load_pairs,
+    load_tiles,
+    narrow,
+    store_codes,
+    store_pair_codes,
+    tile_offsets,
+    widen,
+)
 
 
 @triton.jit
@@ -181,49 +196,69 @@ def upcast_kernel(
 
 
 @triton.jit
-def float_divisors(
-    x, block, n_blocks, given_ptr, scales_ptr,
+def tensor_scalar(
+    given_ptr, scales_ptr,
     GIVEN: tl.constexpr, TENSOR_AMAX: tl.constexpr, TWO_LEVEL: tl.constexpr, STORE: tl.constexpr,
+    ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, S_LEAN: tl.constexpr,
+    TENSOR_DIVISOR: tl.constexpr,
+):  # fmt: skip
+    """The program's one scalar of the scales: GIVEN, the tensor's one scale (the caller's or the
+    host's at given_ptr; with TENSOR_AMAX computed here from the amax pass's bits of the largest
+    magnitude at given_ptr, and stored by program 0 with STORE); TWO_LEVEL, the tensor scale (at
+    given_ptr; with TENSOR_AMAX from the pass's largest finite magnitude at given_ptr + 1, kept
+    by program 0 at given_ptr + 2 with STORE); else 1."""
+    first = tl.program_id(0) == 0
+    if GIVEN and TENSOR_AMAX:  # the tensor's amax, a scalar: its scale has one place
+        top = tl.load(given_ptr)
+        bad = (top >= 0x7F800000).to(tl.int32)
+        scalar, stored = float_tile_scales(top.to(tl.float32, bitcast=True), bad, 1.0, ELEM_MAX, S_FP32, S_MBITS,
+                                           S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF,
+                                           CEIL, S_LEAN)  # fmt: skip
+        if STORE:
+            if S_FP32:
+                tl.store(scales_ptr, stored, mask=first)
+            else:
+                tl.store(scales_ptr, stored.to(tl.uint8), mask=first)
+    elif TWO_LEVEL and TENSOR_AMAX:
+        scalar = float32_scales(tl.load(given_ptr + 1).to(tl.float32, bitcast=True), 0, TENSOR_DIVISOR, False)
+        if STORE:
+            tl.store(given_ptr + 2, scalar.to(tl.int32, bitcast=True), mask=first)
+    elif GIVEN or TWO_LEVEL:
+        scalar = tl.load(given_ptr)
+    else:
+        scalar = 1.0
+    return scalar
+
+
+@triton.jit
+def float_divisors(
+    top, scalar, block, n_blocks, scales_ptr,
+    GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, STORE: tl.constexpr,
     BLOCKS: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr,
     S_EMIN: tl.constexpr, S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr,
     S_ONE_CODE: tl.constexpr, S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr,
-    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr,
+    S_LEAN: tl.constexpr, DIVISORS: tl.constexpr,
 ):  # fmt: skip
-    """(divisor, bad) per tile: the scale the values divide by (two levels: the tile scale times
-    the tensor scale, in float32) and whether the tile holds a NaN or Inf. GIVEN: one scale for
-    the tensor, the caller's or the host's, at given_ptr; with TENSOR_AMAX computed here from the
-    amax pass's bits of the largest magnitude at given_ptr, as a tile of the whole tensor
-    (program 0 stores it: STORE). Else each tile's own, stored (STORE), over a two-level tensor
-    scale at given_ptr - with TENSOR_AMAX computed from the pass's largest finite magnitude
-    (given_ptr + 1) and kept by program 0 at given_ptr + 2 (STORE)."""
-    if GIVEN and not TENSOR_AMAX:
-        divisor = tl.zeros([BLOCKS], dtype=tl.float32) + tl.load(given_ptr)
+    """(divisor, bad) per tile of largest magnitude bits `top`: the scale the values divide by
+    (two levels: the tile scale times the tensor scale `scalar`, in float32) and whether the
+    tile holds a NaN or Inf. GIVEN: the tensor's one scale `scalar`; else each tile's own,
+    stored (STORE)."""
+    if GIVEN:
+        divisor = tl.zeros([BLOCKS], dtype=tl.float32) + scalar
         bad = (divisor != divisor).to(tl.int32)
     else:
-        if GIVEN:  # the tensor's amax, every tile's; its scale has one place
-            top = tl.zeros([BLOCKS], dtype=tl.int32) + tl.load(given_ptr)
-            bad, amax = (top >= 0x7F800000).to(tl.int32), top.to(tl.float32, bitcast=True)
-            store = block == 0
-        else:
-            bad, amax = tile_stats(x)
-            store = block < n_blocks
-        if TWO_LEVEL and TENSOR_AMAX:  # from the largest finite magnitude; program 0 keeps it
-            finite = tl.load(given_ptr + 1).to(tl.float32, bitcast=True)
-            tensor_scale = float32_scales(finite, 0, TENSOR_DIVISOR, False)
-            if STORE:
-                tl.store(given_ptr + 2, tensor_scale.to(tl.int32, bitcast=True), mask=tl.program_id(0) == 0)
-        elif TWO_LEVEL:
-            tensor_scale = tl.load(given_ptr)
-        else:
-            tensor_scale = 1.0
-        value, stored = float_tile_scales(amax, bad, tensor_scale, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX,
-                                          S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN)  # fmt: skip
+        bad, amax = top_stats(top)
+        value, stored = float_tile_scales(amax, bad, scalar, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE,
+                                          S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN,
+                                          DIVISORS)  # fmt: skip
         if STORE:
             if S_FP32:
-                tl.store(scales_ptr + block, stored, mask=store)
+                tl.store(scales_ptr + block, stored, mask=block < n_blocks)
             else:
-                tl.store(scales_ptr + block, stored.to(tl.uint8), mask=store)
-        divisor = value * tensor_scale if TWO_LEVEL else value
+                tl.store(scales_ptr + block, stored.to(tl.uint8), mask=block < n_blocks)
+        divisor = value * scalar if TWO_LEVEL else value
     return divisor, bad
 
 
@@ -245,23 +280,27 @@ def float_virtual_kernel(
     ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
     S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
-    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr,
+    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr, DIVISORS: tl.constexpr,
 ):  # fmt: skip
+    scalar = tensor_scalar(given_ptr, given_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL, False, ELEM_MAX, S_FP32, S_MBITS,
+                           S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN,
+                           TENSOR_DIVISOR)  # fmt: skip
     block, offsets, valid, _, x = load_tiles(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
     )
-    divisor, bad = float_divisors(x, block, n_blocks, given_ptr, given_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL, False,
-                                  BLOCKS, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
-                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN, TENSOR_DIVISOR)  # fmt: skip
+    top = 0 if GIVEN else tile_top(x)
+    divisor, bad = float_divisors(top, scalar, block, n_blocks, out_ptr, GIVEN, TWO_LEVEL, False, BLOCKS, ELEM_MAX,
+                                  S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ,
+                                  S_HAS_INF, CEIL, S_LEAN, DIVISORS)  # fmt: skip
     if IS_INT:
         code = quotient_codes(
-            x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, LEAN
+            x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, LEAN, DIVISORS
         )
         if GIVEN:  # a caller's scale per tensor is finite: NaN elements stay NaN one by one
             code = tl.where(x != x, NAN_CODE, code)
         values = scaled_values(code, divisor, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF)
     else:  # the values of the codes, without building them (a bad tile's divisor is NaN)
-        values = quotient_values(x, divisor, MBITS, EMIN, EMAX, MAX_CODE, ROUND, LEAN)
+        values = quotient_values(x, divisor, MBITS, EMIN, EMAX, MAX_CODE, ROUND, LEAN, DIVISORS)
         if GIVEN:  # NaN elements as their NaN code decodes: NaN, or -0 where the format has none
             NAN_IS_MINUS_ZERO: tl.constexpr = NAN_CODE == (1 << (BITS - 1)) and not FNUZ
             values = tl.where(x != x, -0.0 if NAN_IS_MINUS_ZERO else float("nan"), values)
@@ -283,21 +322,97 @@ def float_actual_kernel(
     ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
     S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
-    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr, RUNS16: tl.constexpr,
+    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr, DIVISORS: tl.constexpr,
+    RUNS16: tl.constexpr, PAIRS: tl.constexpr, BYTE_PERM: tl.constexpr,
 ):  # fmt: skip
-    block, _, _, _, x = load_tiles(
-        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, RUNS16
+    """PAIRS: 4-bit codes of 16-value tiles of a contiguous 16-bit stream, read as words of two
+    values (_float_pairs; BYTE_PERM: with the GPU's byte permute); else the tiles as float32
+    values."""
+    scalar = tensor_scalar(given_ptr, scales_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL, TENSOR_AMAX, ELEM_MAX, S_FP32,
+                           S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL,
+                           S_LEAN, TENSOR_DIVISOR)  # fmt: skip
+    if PAIRS:
+        _float_pairs(x_ptr, codes_ptr, scales_ptr, scalar, n_blocks, TWO_LEVEL, BLOCKS, BITS, MBITS, EMIN, EMAX,
+                     MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE,
+                     S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, LEAN, S_LEAN, DIVISORS, BYTE_PERM)  # fmt: skip
+    else:
+        block, _, _, _, x = load_tiles(
+            x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, RUNS16
+        )
+        top = 0 if GIVEN else tile_top(x)
+        divisor, bad = float_divisors(top, scalar, block, n_blocks, scales_ptr, GIVEN, TWO_LEVEL, not GIVEN, BLOCKS,
+                                      ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE,
+                                      S_FNUZ, S_HAS_INF, CEIL, S_LEAN, DIVISORS)  # fmt: skip
+        code = quotient_codes(
+            x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, LEAN, DIVISORS
+        )
+        if GIVEN:  # a caller's scale per tensor is finite: NaN elements stay NaN one by one
+            code = tl.where(x != x, NAN_CODE, code)
+        store_codes(codes_ptr, code, block, n_blocks, code_bytes, code_stride, TILE, BLOCKS, BITS, WORDS)
+
+
+@triton.jit
+def _float_pairs(
+    x_ptr, codes_ptr, scales_ptr, scalar, n_blocks,
+    TWO_LEVEL: tl.constexpr, BLOCKS: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+    EMAX: tl.constexpr, MAX_CODE: tl.constexpr, IS_INT: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
+    ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr, S_LEAN: tl.constexpr,
+    DIVISORS: tl.constexpr, BYTE_PERM: tl.constexpr,
+):  # fmt: skip
+    """The actual cast of 16-value tiles of 16-bit values into 4-bit codes from 32-bit words of two
+    values: magnitudes and signs come apart from the words at the cost of a plain widening (the
+    kernel is bound by instruction issue), the tile's amax is its largest magnitude's bits, and
+    float signs join the packed magnitudes a word at a time."""
+    bf16: tl.constexpr = x_ptr.dtype.element_ty == tl.int16
+    block, first, second = load_pairs(x_ptr, n_blocks, BLOCKS)
+    m0 = half_magnitudes(first, False, bf16)  # elements 0, 2, 4, 6 of the tile
+    m1 = half_magnitudes(first, True, bf16)  # 1, 3, 5, 7
+    m2 = half_magnitudes(second, False, bf16)  # 8, 10, 12, 14
+    m3 = half_magnitudes(second, True, bf16)  # 9, 11, 13, 15
+    top = tl.max(
+        tl.maximum(
+            tl.maximum(m0.to(tl.int32, bitcast=True), m1.to(tl.int32, bitcast=True)),
+            tl.maximum(m2.to(tl.int32, bitcast=True), m3.to(tl.int32, bitcast=True)),
+        ),
+        axis=1,
     )
-    divisor, bad = float_divisors(x, block, n_blocks, given_ptr, scales_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL,
-                                  TENSOR_AMAX or not GIVEN, BLOCKS,
-                                  ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE,
-                                  S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN, TENSOR_DIVISOR)  # fmt: skip
-    code = quotient_codes(
-        x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, LEAN
+    divisor, bad = float_divisors(top, scalar, block, n_blocks, scales_ptr, False, TWO_LEVEL, True, BLOCKS, ELEM_MAX,
+                                  S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ,
+                                  S_HAS_INF, CEIL, S_LEAN, DIVISORS)  # fmt: skip
+    c0 = _pair_codes(
+        m0, first, False, divisor, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS
     )
-    if GIVEN:  # a caller's scale per tensor is finite: NaN elements stay NaN one by one
-        code = tl.where(x != x, NAN_CODE, code)
-    store_codes(codes_ptr, code, block, n_blocks, code_bytes, code_stride, TILE, BLOCKS, BITS, WORDS)
+    c1 = _pair_codes(
+        m1, first, True, divisor, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS
+    )
+    c2 = _pair_codes(
+        m2, second, False, divisor, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS
+    )
+    c3 = _pair_codes(
+        m3, second, True, divisor, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS
+    )
+    signs: tl.constexpr = 0 if IS_INT else (1 if FNUZ else 2)
+    store_pair_codes(
+        codes_ptr, c0, c1, c2, c3, first, second, block, bad, n_blocks, BLOCKS, signs, NAN_CODE, BYTE_PERM
+    )
+
+
+@triton.jit
+def _pair_codes(
+    magnitude, word, HIGH: tl.constexpr, divisor,
+    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    IS_INT: tl.constexpr, ROUND: tl.constexpr, LEAN: tl.constexpr, DIVISORS: tl.constexpr,
+):  # fmt: skip
+    """Magnitude codes of one half of the words (float elements: their signs join when packed),
+    or two's complement codes (ints)."""
+    code, _ = quotient_magnitudes(
+        magnitude, divisor, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS
+    )
+    if IS_INT:
+        code = negated_code(code, half_negative(word, HIGH), BITS, True, False)
+    return code
 
 
 @triton.jit

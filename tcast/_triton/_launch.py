@@ -192,17 +192,46 @@ def _scale_params(dtype: DataType, scalemode: ScaleMode) -> dict[str, object]:
     return params | {"S_MAX_CODE": max_code(scale), "S_NAN_CODE": nan_code(scale), "S_ONE_CODE": one}
 
 
+@functools.lru_cache(maxsize=128)
+def _float_constants(dtype: DataType, roundmode: RoundMode, scalemode: ScaleMode) -> dict[str, object]:
+    """The kernel constants of a float-scaled cast that depend on the type and modes alone (cached:
+    a cast's host time adds to the GPU's on every call)."""
+    sspec = dtype.sspec
+    assert sspec is not None
+    two_level = sspec.tensor_scale is not None
+    return {
+        "TWO_LEVEL": two_level, "ROUND": _ROUND[roundmode],
+        "TENSOR_DIVISOR": tensor_scale_divisor(dtype) if two_level else 1.0,
+        "LEAN": lean_nearest(dtype.nspec, roundmode),
+        "S_LEAN": scalemode is not ScaleMode.CEIL and lean_nearest(sspec.scale, RoundMode.EVEN),
+    } | _element_params(dtype.nspec, False) | _scale_params(dtype, scalemode)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=32)
+def _scale_range(scale: NumberSpec) -> tuple[float, float]:
+    """The smallest and largest positive values of a scale format."""
+    return scale.smallest_subnormal, scale.max
+
+
 def _runs16(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
     """Whether 4- and 6-bit codes of 16-bit inputs pack into words from 16-element runs per
     thread (tiles with rows of at least 16 values)."""
     return nspec.bits in (4, 6) and x.element_size() == 2 and not geo.flat and geo.tcols >= 16
 
 
+def _pairs(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
+    """Whether a float-scaled actual cast reads 16-value tiles of 16-bit values as 32-bit words
+    of two values (`_kernels.float_pair_codes`): 4-bit codes, a contiguous aligned stream."""
+    return (
+        nspec.bits == 4 and x.element_size() == 2 and geo.even and geo.tile == 16 and x.data_ptr() % 16 == 0
+    )
+
+
 def _float_actual_config(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry, two_level: bool) -> LaunchConfig:
     """The launch of a float-scaled actual cast where the default is short (H100 sweeps,
     docs/benchmarks.md): from float32, one scale per tensor 1,024 values a program (fp8_F 79% ->
     102% of copy, int4_f 70% -> 95%), two levels 1,024 on 2 warps (nvfp4 88% -> 90%); 4-bit codes
-    from 16-bit runs 2,048 (nvf4 69% -> 74%)."""
+    from 16-bit runs 2,048 (nvf4 69% -> 74%; read as word pairs, 94%)."""
     wide = x.element_size() == 4
     if geo.flat and wide:
         return LaunchConfig(1024, 4)
@@ -222,6 +251,24 @@ def lean_nearest(nspec: NumberSpec, roundmode: RoundMode) -> bool:
     nearest = roundmode in (RoundMode.EVEN, RoundMode.NEAREST)
     grid = nspec.mbits <= 16 and nspec.emin - nspec.mbits - 1 >= -126 and nspec.emax - nspec.mbits + 24 <= 127
     return nearest and not nspec.is_int and grid
+
+
+def _divisors(geo: _Geometry, two_level: bool, scale: NumberSpec, given_value: float | None) -> int:
+    """What the float-scale kernels may assume of their divisors (`_elements.quotient_magnitudes`):
+    0 nothing (small ones are prescaled, at a multiply a value); 1 at least 2**-64; 2 also at most
+    2**126, on a GPU (the hardware's approximate reciprocal). One level of 8-bit tile scales lies
+    in [2**-17, 57344]; a caller's scale per tensor is known here, alone or times 8-bit tile
+    scales; a scale computed on the device is not."""
+    if given_value is not None and (geo.flat or scale.bits == 8):
+        smallest, largest = (1.0, 1.0) if geo.flat else _scale_range(scale)
+        least, most = given_value * smallest, given_value * largest
+    elif scale.bits == 8 and not two_level and not geo.flat:
+        least, most = _scale_range(scale)
+    else:
+        return 0
+    if least < 2.0**-64:
+        return 0
+    return 1 if most > 2.0**126 or interpreting() else 2
 
 
 def _amax_stats(x: torch.Tensor) -> torch.Tensor:
@@ -263,11 +310,11 @@ def cast(
     seed: int,
     virtual: bool,
     out_dtype: torch.dtype | None = None,
-    given: torch.Tensor | None = None,
+    given: float | None = None,
     config: LaunchConfig = LaunchConfig(),
 ) -> torch.Tensor | Tensor:
     """The Triton cast (the caller has checked `supports`); `given`: the caller's scale per
-    tensor (`tcast.cast`'s tensor_scale, float32 [1] on x's device), which only float-scaled
+    tensor (`tcast.cast`'s tensor_scale, rounded into its format), which only float-scaled
     types take."""
     if dtype.sspec is not None and not dtype.sspec.is_exponent:
         return _float_cast(x, dtype, roundmode, scalemode, virtual, out_dtype, given, config)
@@ -330,7 +377,7 @@ def _float_cast(
     scalemode: ScaleMode,
     virtual: bool,
     out_dtype: torch.dtype | None,
-    given: torch.Tensor | None,
+    given_value: float | None,
     config: LaunchConfig,
 ) -> torch.Tensor | Tensor:
     """A cast under float scales: per tile (1-D, 2-D or a channel row) computed in the kernel,
@@ -349,6 +396,9 @@ def _float_cast(
         in_kernel = sspec.tensor_scale.torch_dtype is torch.float32
     else:
         in_kernel = geo.flat and (sspec.scale.torch_dtype is torch.float32 or sspec.scale.bits == 8)
+    given = (
+        None if given_value is None else torch.full((1,), given_value, dtype=torch.float32, device=x.device)
+    )
     tensor_amax = given is None and in_kernel and x.numel() > 0
     if tensor_amax:
         given = _amax_stats(x)
@@ -361,12 +411,9 @@ def _float_cast(
     grid = (triton.cdiv(geo.blocks, per_program),)
     common = {
         "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "EVEN": geo.even, "GIVEN": geo.flat,
-        "TENSOR_AMAX": tensor_amax, "TWO_LEVEL": two_level, "ROUND": _ROUND[roundmode],
-        "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
-        "TENSOR_DIVISOR": tensor_scale_divisor(dtype) if two_level else 1.0,
-        "LEAN": lean_nearest(nspec, roundmode),
-        "S_LEAN": scalemode is not ScaleMode.CEIL and lean_nearest(sspec.scale, RoundMode.EVEN),
-    } | _element_params(nspec, False) | _scale_params(dtype, scalemode)  # fmt: skip
+        "TENSOR_AMAX": tensor_amax, "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
+        "DIVISORS": _divisors(geo, two_level, sspec.scale, given_value),
+    } | _float_constants(dtype, roundmode, scalemode)  # fmt: skip
     source = _as_bits(x, loading=True)
     placeholder = given if given is not None else source
     if virtual:
@@ -396,6 +443,8 @@ def _float_cast(
             geo.stride,
             WORDS=not geo.flat,
             RUNS16=_runs16(nspec, x, geo),
+            PAIRS=_pairs(nspec, x, geo),
+            BYTE_PERM=not interpreting(),
             **common,
         )
     if stored_by_kernel and not common["S_FP32"]:

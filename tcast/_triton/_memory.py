@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -13,7 +14,7 @@ def widen(raw):
     """Loaded values as float32; bfloat16 arrives as its int16 bits and widens by a shift (exact,
     where the interpreter's bf16 conversion mangles subnormals)."""
     if raw.dtype == tl.int16:
-        return (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        return (raw.to(tl.uint16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
     return raw.to(tl.float32)
 
 
@@ -108,6 +109,105 @@ def load_tiles(
                                              TCOLS, EVEN)  # fmt: skip
         x = widen(tl.load(x_ptr + offsets, mask=valid, other=0))
     return block, offsets, valid, index, x
+
+
+@triton.jit
+def load_pairs(x_ptr, n_blocks, BLOCKS: tl.constexpr):
+    """16-value tiles of a contiguous 16-bit stream as 32-bit words, two values a word: words 0..3
+    and 4..7 of each tile (16-byte loads, a whole tile to a thread). The launch checks the
+    stream's alignment."""
+    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    offsets = block[:, None] * 8 + tl.arange(0, 4)[None, :]
+    inside = (block < n_blocks)[:, None]
+    return (
+        block,
+        tl.load(words + offsets, mask=inside, other=0),
+        tl.load(words + offsets + 4, mask=inside, other=0),
+    )
+
+
+@triton.jit
+def half_magnitudes(word, HIGH: tl.constexpr, BF16: tl.constexpr):
+    """|v| as float32 of the 16-bit values v in the low or high halves of int32 words: at the
+    cost of a plain widening, and no float abs is left (which the compiler would turn into a
+    mask of the widened bits)."""
+    if HIGH:
+        bits = word & 0x7FFF0000 if BF16 else (word >> 16) & 0x7FFF
+    else:
+        bits = (word & 0x7FFF) << 16 if BF16 else word & 0x7FFF
+    if BF16:
+        magnitude = bits.to(tl.float32, bitcast=True)
+    else:
+        magnitude = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return magnitude
+
+
+@triton.jit
+def half_negative(word, HIGH: tl.constexpr):
+    """1 where the 16-bit value in the low or high half of int32 words is negative, else 0."""
+    if HIGH:  # noqa: SIM108  (constexpr branches)
+        negative = (word.to(tl.uint32, bitcast=True) >> 31).to(tl.int32)
+    else:
+        negative = (word >> 15) & 1
+    return negative
+
+
+@triton.jit
+def store_pair_codes(
+    codes_ptr, c0, c1, c2, c3, first, second, block, bad, n_blocks,
+    BLOCKS: tl.constexpr, SIGNS: tl.constexpr, NAN_CODE: tl.constexpr, BYTE_PERM: tl.constexpr,
+):  # fmt: skip
+    """4-bit codes of 16-value tiles split as half_magnitudes splits them (elements 2i, 2i + 1 of
+    the first eight: c0, c1; of the last eight: c2, c3), packed little-endian, two words a tile;
+    tiles marked `bad` all NAN_CODE. SIGNS 0: the codes are signed. Else they are magnitudes
+    (0..7) and the signs come from the loaded words `first`, `second` a word of codes at a time
+    (`_sign_nibbles`): SIGNS 2 sets a negative value's sign bit (a float with -0), 1 only under a
+    nonzero magnitude (fnuz): the packed magnitudes plus 7 in every nibble carry into the
+    nibble's top bit exactly there, with no carry between nibbles."""
+    low = _nibble_word(c0, c1, first, BLOCKS, SIGNS, BYTE_PERM)
+    high = _nibble_word(c2, c3, second, BLOCKS, SIGNS, BYTE_PERM)
+    words = codes_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    offsets = block[:, None] * 2 + tl.arange(0, 2)[None, :]
+    NAN_WORD: tl.constexpr = ((NAN_CODE * 0x11111111) ^ 0x80000000) - 0x80000000  # as an int32
+    packed = tl.where((bad > 0)[:, None], NAN_WORD, tl.join(low, high))
+    tl.store(words + offsets, packed, mask=(block < n_blocks)[:, None])
+
+
+@triton.jit
+def _nibble_word(even, odd, loaded, BLOCKS: tl.constexpr, SIGNS: tl.constexpr, BYTE_PERM: tl.constexpr):
+    """Eight codes (element 2j: even[j], 2j + 1: odd[j]) in a word; a sum of shifted disjoint
+    fields, which the compiler makes one shift-and-add each."""
+    e0, e1, e2, e3 = split4(tl.reshape(even, (BLOCKS, 2, 2)))
+    o0, o1, o2, o3 = split4(tl.reshape(odd, (BLOCKS, 2, 2)))
+    low = (e0 + (o0 << 4)) + ((e1 + (o1 << 4)) << 8)
+    packed = low + (((e2 + (o2 << 4)) + ((e3 + (o3 << 4)) << 8)) << 16)
+    if SIGNS != 0:
+        signs = _sign_nibbles(loaded, BLOCKS, BYTE_PERM)
+        if SIGNS == 1:
+            signs = signs & (packed + 0x77777777)
+        packed = packed | (signs & -0x77777778)  # 0x88888888
+    return packed
+
+
+@triton.jit
+def _sign_nibbles(loaded, BLOCKS: tl.constexpr, BYTE_PERM: tl.constexpr):
+    """Bit 8j + 3 the sign of the low half of word j of four ([BLOCKS, 4] `loaded`), 8j + 7 the
+    high half's (bits 15 and 31), other bits undefined. BYTE_PERM (a GPU's byte permute): bytes 1
+    and 3 of the words gathered in four permutes, where shifts and masks take fifteen."""
+    w0, w1, w2, w3 = split4(tl.reshape(loaded, (BLOCKS, 2, 2)))
+    if BYTE_PERM:
+        pairs_01 = libdevice.byte_perm(w0, w1, 0x7351)  # [w0.b1, w1.b1, w0.b3, w1.b3]
+        pairs_23 = libdevice.byte_perm(w2, w3, 0x7351)
+        lows = libdevice.byte_perm(pairs_01, pairs_23, 0x5410)  # byte j: word j's byte 1
+        highs = libdevice.byte_perm(pairs_01, pairs_23, 0x7632)  # byte j: word j's byte 3
+        signs = (highs & -0x7F7F7F80) | ((lows >> 4) & 0x7F7F7F7F)  # 0x80808080
+    else:
+        signs = (
+            ((w0 >> 12) & 0x8) | ((w0 >> 24) & 0x80) | ((w1 >> 4) & 0x800) | ((w1 >> 16) & 0x8000)
+            | ((w2 << 4) & 0x80000) | ((w2 >> 8) & 0x800000) | ((w3 << 12) & 0x8000000) | (w3 & -0x80000000)
+        )  # fmt: skip
+    return signs
 
 
 @triton.jit
