@@ -153,7 +153,7 @@ def cast(
             result = dataclasses.replace(result, signal=signal, noise=noise)
         return result
     gen = _generator(x, seed, generator)
-    on_device = None if given is None else _torchcast.given_tensor_scale(datatype_, given, x.device)
+    on_device = None if given is None else _torchcast.given_tensor_scale(given, x.device)
     if actual:
         return _torchcast.actual_cast(x, datatype_, round_, scale_, gen, measure, on_device)
     return _torchcast.virtual_cast(x, datatype_, round_, scale_, gen, out_dtype, on_device)

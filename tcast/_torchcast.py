@@ -359,10 +359,11 @@ def _two_level_scaling(
     return _Scaling(scale=scale, tensor=tensor, effective=_two_level_product(scale, tensor))
 
 
-def given_tensor_scale(dtype: DataType, value: Any, device: torch.device) -> torch.Tensor:
-    """A caller's scale per tensor (`rounded_tensor_scale`) as a float32 [1] on `device`."""
+def given_tensor_scale(rounded: float, device: torch.device) -> torch.Tensor:
+    """A caller's scale per tensor, already rounded (`rounded_tensor_scale`), as a float32 [1] on
+    `device`."""
     # a fill on the device: no copy from the host, so the call queues without a synchronization
-    return torch.full((1,), rounded_tensor_scale(dtype, value), dtype=torch.float32, device=device)
+    return torch.full((1,), rounded, dtype=torch.float32, device=device)
 
 
 def rounded_tensor_scale(dtype: DataType, value: Any) -> float:

@@ -363,7 +363,7 @@ def test_4_bit_codes_of_16_bit_tiles_read_as_word_pairs_are_bit_exact(
     spec: tuple[str, ...], source: torch.dtype
 ) -> None:
     """The actual cast of 16-bit inputs in whole 16-value tiles reads words of two values
-    (`_kernels.float_pair_codes`: magnitudes and signs split from the words, signs packed a word
+    (`_kernels._float_pairs`: magnitudes and signs split from the words, signs packed a word
     at a time): fnuz, plain and integer elements, 8-bit and float32 tile scales; corner values,
     the data scaled down 2**-120 (divisors below 2**-64: the prescaled branch, and for NVFP4 a
     tensor scale computed that small), a caller's tensor scale; a stream not on a word boundary

@@ -334,6 +334,29 @@ def prescale(divisor):
 
 
 @triton.jit
+def bounded_prescale(divisor, DIVISORS: tl.constexpr):
+    """prescale where a divisor can be small (DIVISORS 0, `_launch._divisors`), else (1, divisor):
+    the multiply by f costs an instruction a value."""
+    if DIVISORS == 0:
+        f, df = prescale(divisor)
+    else:
+        f, df = 1.0, divisor
+    return f, df
+
+
+@triton.jit
+def reciprocal(d, DIVISORS: tl.constexpr):
+    """~1 / d: the hardware's approximate reciprocal where d is known to be a normal float32 on a
+    GPU (DIVISORS 2), else a division with its range fixes. Either lies far within the tolerance
+    of the exact decisions here."""
+    if DIVISORS == 2:  # noqa: SIM108  (constexpr branches)
+        recip = libdevice.fast_dividef(1.0, d)
+    else:
+        recip = 1.0 / d
+    return recip
+
+
+@triton.jit
 def exact_steps(
     af, df, recip, M: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
     IS_INT: tl.constexpr, ROUND: tl.constexpr,
@@ -395,7 +418,7 @@ def nearest_magnitudes(
     above MAX_CODE), a NaN (t's bits 0x7FFFFFFF: likewise) or a negative tiny float (t = q, and
     the code is negative), all saturated by the unsigned minimum; a NaN's code is replaced by
     the caller. Negated operands and absolute values are free operand modifiers of the float
-    instructions; the sign bit is shifted out of the field."""
+    instructions; q is non-negative, so its field is one high product of its bits."""
     q = tl.abs(a) * recip
     # the exponent field: a high product runs on the FMA pipe, a shift not
     field = tl.umulhi(q.to(tl.uint32, bitcast=True), 512).to(tl.int32)
@@ -424,15 +447,9 @@ def quotient_magnitudes(
     DIVISORS (`_launch._divisors` says which): 0, any - small ones are prescaled, at a multiply a
     value; 1, every one at least 2**-64; 2, also at most 2**126, on a GPU: the reciprocal is the
     hardware's approximate one, without the range fixes of a full division."""
-    if DIVISORS == 0:
-        f, df = prescale(divisor)
-        a = x * f[:, None]
-    else:
-        df, a = divisor, x
-    if DIVISORS == 2:  # noqa: SIM108  (constexpr branches)
-        recip = libdevice.fast_dividef(1.0, df)
-    else:
-        recip = 1.0 / df
+    f, df = bounded_prescale(divisor, DIVISORS)
+    a = x * f[:, None] if DIVISORS == 0 else x
+    recip = reciprocal(df, DIVISORS)
     if LEAN:
         magnitude = nearest_magnitudes(a, df[:, None], recip[:, None], 1.0, MBITS, EMIN, MAX_CODE, ROUND)
     else:
@@ -503,14 +520,8 @@ def float_tile_scales(
         value = float32_scales(amax, bad, ELEM_MAX, CEIL)
         stored = value
     else:
-        if DIVISORS == 0:
-            f, df = prescale(tensor_scale)
-        else:
-            f, df = 1.0, tensor_scale
-        if DIVISORS == 2:  # noqa: SIM108  (constexpr branches)
-            recip = libdevice.fast_dividef(1.0, df * ELEM_MAX)
-        else:
-            recip = 1.0 / (df * ELEM_MAX)
+        f, df = bounded_prescale(tensor_scale, DIVISORS)
+        recip = reciprocal(df * ELEM_MAX, DIVISORS)
         if S_LEAN:
             code = nearest_magnitudes(amax * f, df, recip, ELEM_MAX, S_MBITS, S_EMIN, S_MAX_CODE, 0)
         else:

@@ -17,7 +17,7 @@ from .._number import InfNaN, NumberSpec
 from .._pack import packed_nbytes
 from .._scales import float_scales, step_up_limit
 from .._tensor import Tensor
-from .._torchcast import tensor_scale_divisor, tensor_scale_of
+from .._torchcast import given_tensor_scale, tensor_scale_divisor, tensor_scale_of
 from ._kernels import (
     actual_kernel,
     amax_kernel,
@@ -221,7 +221,7 @@ def _runs16(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
 
 def _pairs(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
     """Whether a float-scaled actual cast reads 16-value tiles of 16-bit values as 32-bit words
-    of two values (`_kernels.float_pair_codes`): 4-bit codes, a contiguous aligned stream."""
+    of two values (`_kernels._float_pairs`): 4-bit codes, a contiguous aligned stream."""
     return (
         nspec.bits == 4 and x.element_size() == 2 and geo.even and geo.tile == 16 and x.data_ptr() % 16 == 0
     )
@@ -396,9 +396,7 @@ def _float_cast(
         in_kernel = sspec.tensor_scale.torch_dtype is torch.float32
     else:
         in_kernel = geo.flat and (sspec.scale.torch_dtype is torch.float32 or sspec.scale.bits == 8)
-    given = (
-        None if given_value is None else torch.full((1,), given_value, dtype=torch.float32, device=x.device)
-    )
+    given = None if given_value is None else given_tensor_scale(given_value, x.device)
     tensor_amax = given is None and in_kernel and x.numel() > 0
     if tensor_amax:
         given = _amax_stats(x)

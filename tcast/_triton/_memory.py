@@ -175,13 +175,19 @@ def store_pair_codes(
 
 
 @triton.jit
+def nibble_word(even, odd):
+    """Eight 4-bit codes in a little-endian word, from [.., 2, 2] codes of elements 2j (`even`)
+    and 2j + 1 (`odd`), j in flat order: a tree of sums of disjoint fields (for sm_90 it compiles
+    to fewer instructions and registers than a chain of ors)."""
+    e0, e1, e2, e3 = split4(even)
+    o0, o1, o2, o3 = split4(odd)
+    return ((e0 + (o0 << 4)) + ((e1 + (o1 << 4)) << 8)) + (((e2 + (o2 << 4)) + ((e3 + (o3 << 4)) << 8)) << 16)
+
+
+@triton.jit
 def _nibble_word(even, odd, loaded, BLOCKS: tl.constexpr, SIGNS: tl.constexpr, BYTE_PERM: tl.constexpr):
-    """Eight codes (element 2j: even[j], 2j + 1: odd[j]) in a word; a sum of shifted disjoint
-    fields, which the compiler makes one shift-and-add each."""
-    e0, e1, e2, e3 = split4(tl.reshape(even, (BLOCKS, 2, 2)))
-    o0, o1, o2, o3 = split4(tl.reshape(odd, (BLOCKS, 2, 2)))
-    low = (e0 + (o0 << 4)) + ((e1 + (o1 << 4)) << 8)
-    packed = low + (((e2 + (o2 << 4)) + ((e3 + (o3 << 4)) << 8)) << 16)
+    """nibble_word of [BLOCKS, 4] codes, with signs from the words (`store_pair_codes`)."""
+    packed = nibble_word(tl.reshape(even, (BLOCKS, 2, 2)), tl.reshape(odd, (BLOCKS, 2, 2)))
     if SIGNS != 0:
         signs = _sign_nibbles(loaded, BLOCKS, BYTE_PERM)
         if SIGNS == 1:
@@ -236,10 +242,8 @@ def store_codes(
             codes_ptr + offsets, code.to(tl.uint8), mask=(offsets < code_bytes) & (j < code_stride)[None, :]
         )
     elif BITS == 4 and WORDS:  # eight codes to a 32-bit word
-        low, high = tl.split(tl.reshape(code, (BLOCKS, TILE // 8, 2, 2, 2)))  # codes 2i and 2i + 1
-        c0, c2, c4, c6 = split4(low)
-        c1, c3, c5, c7 = split4(high)
-        word = c0 | (c1 << 4) | (c2 << 8) | (c3 << 12) | (c4 << 16) | (c5 << 20) | (c6 << 24) | (c7 << 28)
+        even, odd = tl.split(tl.reshape(code, (BLOCKS, TILE // 8, 2, 2, 2)))  # codes 2i and 2i + 1
+        word = nibble_word(even, odd)
         words = codes_ptr.to(tl.pointer_type(tl.int32))
         offsets = block[:, None] * (TILE // 8) + tl.arange(0, TILE // 8)[None, :]
         tl.store(words + offsets, word, mask=(block < n_blocks)[:, None])
