@@ -387,6 +387,65 @@ def test_4_bit_codes_of_16_bit_tiles_read_as_word_pairs_are_bit_exact(
     )
 
 
+BLOCKS_128 = "float32_t128d-2_t128d-1"
+LARGE_TILES = (
+    ("fp8_128x128",), ("e5m2", BLOCKS_128), ("e4m3fnuz", BLOCKS_128), ("int8", BLOCKS_128), ("e2m1", BLOCKS_128),
+    ("e4m3fn", "e4m3fn_t128d-2_t128d-1"), ("fp8_Fc",), ("fp8_1x128",),
+)  # fmt: skip
+
+
+def _large_tile_input(source: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Values over 12 binades in 128x128 blocks of [2, rows, cols] (or rows of [2, cols]): a tile
+    with a NaN, one 2**-100 the size of the rest (divisors below 2**-64 where the source holds
+    them), one of zeros with a -0, ties and saturating values."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=g) * torch.logspace(-6, 6, shape[-1])
+    tiny, zeros, last = (
+        (x[0, :128, 128:], x[1, :128, :128], x[1, -1]) if x.dim() == 3 else (x[1], x[0, :0], x[0])
+    )
+    tiny *= 2.0**-100
+    zeros.zero_()
+    x.view(-1)[7] = float("nan")
+    last[1:7] = torch.tensor([-0.0, 2.5, -0.75, 1.25, 448.0, 60000.0])
+    return x.to(source).to(DEVICE)
+
+
+@pytest.mark.parametrize("spec", LARGE_TILES, ids="_".join)
+@pytest.mark.parametrize("source", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
+def test_large_float_scaled_tiles_and_their_word_path_are_bit_exact(
+    spec: tuple[str, ...], source: torch.dtype
+) -> None:
+    """Float-scaled 128x128 blocks and rows of 8,192 (one tile a program), 1x128 tiles: a NaN
+    tile, tiny divisors (prescaled) and plain ones, float, fnuz, integer and 4-bit elements.
+    8-bit float codes of 16-bit tiles whose rows have even length read 32-bit words of two values
+    (`_kernels._float_byte_words`: halfword maxima, two codes a 16-bit store, signs by permute);
+    odd rows (round to nearest even only) and a stream off a word boundary take the element path,
+    with the same codes."""
+    from tcast._triton._launch import _byte_words, _geometry
+
+    dtype = tcast.lookup(spec[0]) if len(spec) == 1 else tcast.datatype(*spec)
+    shapes = [(2, 160, 200), (2, 160, 199)] if dtype.sspec.is_2d else [(2, 8192), (2, 8191)]
+    words = dtype.nspec.bits == 8 and not dtype.nspec.is_int and source != torch.float32
+    for shape in shapes:
+        x = _large_tile_input(source, shape)
+        geo = _geometry(shape, dtype)
+        assert _byte_words(dtype.nspec, x, geo) == (words and shape[-1] % 2 == 0)
+        modes = (
+            (("even", "max"), ("nearest", "midmax"), ("zero", "ceil"))
+            if shape[-1] % 2 == 0
+            else (("even", "max"),)
+        )
+        for roundmode, scalemode in modes:
+            _assert_engines_agree(x, dtype, roundmode=roundmode, scalemode=scalemode)
+        if words and shape[-1] % 2 == 0:
+            shifted = torch.cat([x.reshape(-1)[:1], x.reshape(-1)])[1:].reshape(shape)  # 2 bytes past a word
+            assert not _byte_words(dtype.nspec, shifted, geo)
+            assert torch.equal(
+                tcast.cast(shifted, dtype, castmode="actual", computemode="triton").codes,
+                tcast.cast(x, dtype, castmode="actual", computemode="triton").codes,
+            )
+
+
 def test_the_lean_nearest_path_takes_the_small_float_grids_of_these_tests() -> None:
     """The bit-exact tests here exercise the kernels' lean nearest path (`nearest_magnitudes`)
     for the element and 8-bit scale grids below in nearest modes, and exact_steps for directed

@@ -397,7 +397,7 @@ def exact_steps(
 @triton.jit
 def nearest_magnitudes(
     a, df, recip, M: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr,
-    ROUND: tl.constexpr,
+    ROUND: tl.constexpr, SIGNED: tl.constexpr = True,
 ):  # fmt: skip
     """Saturated magnitude codes of the exact quotients |a| / (M * df) rounded to nearest (ROUND
     0: ties to even, 1: away) on a float grid (launch.lean_nearest says which): what exact_steps
@@ -419,14 +419,15 @@ def nearest_magnitudes(
     the code is negative), all saturated by the unsigned minimum; a NaN's code is replaced by
     the caller. Negated operands and absolute values are free operand modifiers of the float
     instructions; q is non-negative, so its field is one high product of its bits."""
-    q = tl.abs(a) * recip
+    a = tl.abs(a) if SIGNED else a  # (not SIGNED: magnitudes the compiler cannot see are ones)
+    q = a * recip
     # the exponent field: a high product runs on the FMA pipe, a shift not
     field = tl.umulhi(q.to(tl.uint32, bitcast=True), 512).to(tl.int32)
     field = tl.maximum(field, EMIN + 127)
     magic = (((field + (23 - MBITS)) << 23) - 1).to(tl.float32, bitcast=True)  # B - s/2
     t = q + magic
     bits = t.to(tl.int32, bitcast=True)  # B's bits + k
-    side = tl.fma((magic - t) * M, df, tl.abs(a)).to(tl.int32, bitcast=True)  # > 0: above the midpoint
+    side = tl.fma((magic - t) * M, df, a).to(tl.int32, bitcast=True)  # > 0: above the midpoint
     if ROUND == 0:  # constexpr
         side = side - (~bits & 1)  # a tie (+0) steps up from an odd k (B's bits are even)
     # ((field - EMIN - 127) << MBITS) + k + up, B's bits being (field + 23 - MBITS) << 23; up is
@@ -440,20 +441,26 @@ def nearest_magnitudes(
 def quotient_magnitudes(
     x, divisor, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
     IS_INT: tl.constexpr, ROUND: tl.constexpr, LEAN: tl.constexpr, DIVISORS: tl.constexpr,
+    SIGNED: tl.constexpr = True,
 ):  # fmt: skip
     """(magnitude, a): saturated magnitude codes of [BLOCKS, n] values x over their tiles' float
     scales `divisor` [BLOCKS] (exact quotients, see above; LEAN: by nearest_magnitudes), and x
     prescaled, whose sign is x's (callers take signs from it, so x need not stay live).
     DIVISORS (`_launch._divisors` says which): 0, any - small ones are prescaled, at a multiply a
     value; 1, every one at least 2**-64; 2, also at most 2**126, on a GPU: the reciprocal is the
-    hardware's approximate one, without the range fixes of a full division."""
+    hardware's approximate one, without the range fixes of a full division. SIGNED False: x are
+    magnitudes already."""
     f, df = bounded_prescale(divisor, DIVISORS)
     a = x * f[:, None] if DIVISORS == 0 else x
     recip = reciprocal(df, DIVISORS)
     if LEAN:
-        magnitude = nearest_magnitudes(a, df[:, None], recip[:, None], 1.0, MBITS, EMIN, MAX_CODE, ROUND)
+        magnitude = nearest_magnitudes(
+            a, df[:, None], recip[:, None], 1.0, MBITS, EMIN, MAX_CODE, ROUND, SIGNED
+        )
     else:
-        k, e = exact_steps(tl.abs(a), df[:, None], recip[:, None], 1.0, MBITS, EMIN, EMAX, IS_INT, ROUND)
+        k, e = exact_steps(
+            tl.abs(a) if SIGNED else a, df[:, None], recip[:, None], 1.0, MBITS, EMIN, EMAX, IS_INT, ROUND
+        )
         magnitude = grid_code(k, e, MBITS, EMIN, MAX_CODE, IS_INT)
     return magnitude, a
 

@@ -128,10 +128,15 @@ def load_pairs(x_ptr, n_blocks, BLOCKS: tl.constexpr):
 
 
 @triton.jit
-def half_magnitudes(word, HIGH: tl.constexpr, BF16: tl.constexpr):
+def half_magnitudes(word, HIGH: tl.constexpr, BF16: tl.constexpr, NATIVE: tl.constexpr = False):
     """|v| as float32 of the 16-bit values v in the low or high halves of int32 words: at the
-    cost of a plain widening, and no float abs is left (which the compiler would turn into a
-    mask of the widened bits)."""
+    cost of a plain widening. (The compiler turns a float abs of widened bits into a mask of
+    them; NATIVE: a low bfloat16 half's abs goes through PTX as is, where ptxas folds it into
+    the instructions that read it.)"""
+    if BF16 and NATIVE and not HIGH:
+        widened = (word << 16).to(tl.float32, bitcast=True)
+        return tl.inline_asm_elementwise("abs.f32 $0, $1;", "=f,f", [widened], dtype=tl.float32, is_pure=True,
+                                         pack=1)  # fmt: skip
     if HIGH:
         bits = word & 0x7FFF0000 if BF16 else (word >> 16) & 0x7FFF
     else:
@@ -141,6 +146,27 @@ def half_magnitudes(word, HIGH: tl.constexpr, BF16: tl.constexpr):
     else:
         magnitude = bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     return magnitude
+
+
+@triton.jit
+def byte_pair(low, high, NATIVE: tl.constexpr):
+    """low | high << 8 of byte-sized codes (one byte permute on a GPU)."""
+    if NATIVE:  # noqa: SIM108  (constexpr branches)
+        pair = libdevice.byte_perm(low, high, 0x0040)
+    else:
+        pair = low | (high << 8)
+    return pair
+
+
+@triton.jit
+def byte_signs(word, NATIVE: tl.constexpr):
+    """Bits 7 and 15 the signs of the low and high 16-bit values of int32 words (their bytes 1
+    and 3, by one byte permute on a GPU), other bits undefined."""
+    if NATIVE:  # noqa: SIM108  (constexpr branches)
+        signs = libdevice.byte_perm(word, word, 0x3231)
+    else:
+        signs = ((word >> 8) & 0x80) | ((word >> 16) & 0x8000)
+    return signs
 
 
 @triton.jit
@@ -156,7 +182,7 @@ def half_negative(word, HIGH: tl.constexpr):
 @triton.jit
 def store_pair_codes(
     codes_ptr, c0, c1, c2, c3, first, second, block, bad, n_blocks,
-    BLOCKS: tl.constexpr, SIGNS: tl.constexpr, NAN_CODE: tl.constexpr, BYTE_PERM: tl.constexpr,
+    BLOCKS: tl.constexpr, SIGNS: tl.constexpr, NAN_CODE: tl.constexpr, NATIVE: tl.constexpr,
 ):  # fmt: skip
     """4-bit codes of 16-value tiles split as half_magnitudes splits them (elements 2i, 2i + 1 of
     the first eight: c0, c1; of the last eight: c2, c3), packed little-endian, two words a tile;
@@ -165,8 +191,8 @@ def store_pair_codes(
     (`_sign_nibbles`): SIGNS 2 sets a negative value's sign bit (a float with -0), 1 only under a
     nonzero magnitude (fnuz): the packed magnitudes plus 7 in every nibble carry into the
     nibble's top bit exactly there, with no carry between nibbles."""
-    low = _nibble_word(c0, c1, first, BLOCKS, SIGNS, BYTE_PERM)
-    high = _nibble_word(c2, c3, second, BLOCKS, SIGNS, BYTE_PERM)
+    low = _nibble_word(c0, c1, first, BLOCKS, SIGNS, NATIVE)
+    high = _nibble_word(c2, c3, second, BLOCKS, SIGNS, NATIVE)
     words = codes_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     offsets = block[:, None] * 2 + tl.arange(0, 2)[None, :]
     NAN_WORD: tl.constexpr = ((NAN_CODE * 0x11111111) ^ 0x80000000) - 0x80000000  # as an int32
@@ -185,11 +211,11 @@ def nibble_word(even, odd):
 
 
 @triton.jit
-def _nibble_word(even, odd, loaded, BLOCKS: tl.constexpr, SIGNS: tl.constexpr, BYTE_PERM: tl.constexpr):
+def _nibble_word(even, odd, loaded, BLOCKS: tl.constexpr, SIGNS: tl.constexpr, NATIVE: tl.constexpr):
     """nibble_word of [BLOCKS, 4] codes, with signs from the words (`store_pair_codes`)."""
     packed = nibble_word(tl.reshape(even, (BLOCKS, 2, 2)), tl.reshape(odd, (BLOCKS, 2, 2)))
     if SIGNS != 0:
-        signs = _sign_nibbles(loaded, BLOCKS, BYTE_PERM)
+        signs = _sign_nibbles(loaded, BLOCKS, NATIVE)
         if SIGNS == 1:
             signs = signs & (packed + 0x77777777)
         packed = packed | (signs & -0x77777778)  # 0x88888888
@@ -197,12 +223,12 @@ def _nibble_word(even, odd, loaded, BLOCKS: tl.constexpr, SIGNS: tl.constexpr, B
 
 
 @triton.jit
-def _sign_nibbles(loaded, BLOCKS: tl.constexpr, BYTE_PERM: tl.constexpr):
+def _sign_nibbles(loaded, BLOCKS: tl.constexpr, NATIVE: tl.constexpr):
     """Bit 8j + 3 the sign of the low half of word j of four ([BLOCKS, 4] `loaded`), 8j + 7 the
-    high half's (bits 15 and 31), other bits undefined. BYTE_PERM (a GPU's byte permute): bytes 1
+    high half's (bits 15 and 31), other bits undefined. NATIVE (a GPU's byte permute): bytes 1
     and 3 of the words gathered in four permutes, where shifts and masks take fifteen."""
     w0, w1, w2, w3 = split4(tl.reshape(loaded, (BLOCKS, 2, 2)))
-    if BYTE_PERM:
+    if NATIVE:
         pairs_01 = libdevice.byte_perm(w0, w1, 0x7351)  # [w0.b1, w1.b1, w0.b3, w1.b3]
         pairs_23 = libdevice.byte_perm(w2, w3, 0x7351)
         lows = libdevice.byte_perm(pairs_01, pairs_23, 0x5410)  # byte j: word j's byte 1
@@ -214,6 +240,32 @@ def _sign_nibbles(loaded, BLOCKS: tl.constexpr, BYTE_PERM: tl.constexpr):
             | ((w2 << 4) & 0x80000) | ((w2 >> 8) & 0x800000) | ((w3 << 12) & 0x8000000) | (w3 & -0x80000000)
         )  # fmt: skip
     return signs
+
+
+@triton.jit
+def word_top(word, BF16: tl.constexpr, NATIVE: tl.constexpr):
+    """tile_top of [BLOCKS, n] int32 words of two 16-bit values each: the largest magnitude's
+    bits as float32 bits, from maxima of both halves at once (NATIVE: the GPU's packed halfword
+    max, one instruction for two values)."""
+    magnitudes = word & 0x7FFF7FFF
+    if NATIVE:
+        halves = tl.reduce(magnitudes, 1, _max_halves)
+        largest = tl.maximum(halves & 0xFFFF, halves >> 16)
+    else:  # (the interpreter runs a custom reduction in Python, value by value)
+        largest = tl.maximum(tl.max(magnitudes & 0xFFFF, axis=1), tl.max(magnitudes >> 16, axis=1))
+    if BF16:
+        top = largest << 16
+    else:
+        top = largest.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32).to(tl.int32, bitcast=True)
+    return top
+
+
+@triton.jit
+def _max_halves(a, b):
+    """The unsigned maxima of two words' low and high 16-bit halves apart (one instruction)."""
+    return tl.inline_asm_elementwise(
+        "max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
+    )
 
 
 @triton.jit
