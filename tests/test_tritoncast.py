@@ -418,8 +418,9 @@ def test_large_float_scaled_tiles_and_their_word_path_are_bit_exact(
     """Float-scaled 128x128 blocks and rows of 8,192 (one tile a program), 1x128 tiles: a NaN
     tile, tiny divisors (prescaled) and plain ones, float, fnuz, integer and 4-bit elements.
     8-bit float codes of 16-bit tiles whose rows have even length read 32-bit words of two values
-    (`_kernels._float_byte_words`: halfword maxima, two codes a 16-bit store, signs by permute);
-    odd rows (round to nearest even only) and a stream off a word boundary take the element path,
+    (`_kernels._float_byte_words`: halfword maxima, two codes a 16-bit store, signs by permute),
+    and so does the virtual cast into 16-bit values but for fnuz elements (`_float_virtual_words`:
+    two values a word out, signs by one mask); odd rows (round to nearest even only) and a stream off a word boundary take the element path,
     with the same codes."""
     from tcast._triton._launch import _byte_words, _geometry
 

@@ -36,13 +36,13 @@ from ._memory import (
     load_codes,
     load_pairs,
     load_tiles,
+    load_words,
     narrow,
+    narrow_pair,
     store_codes,
     store_pair_codes,
     tile_offsets,
-    tile_offsets_at,
     widen,
-    word_top,
 )
 
 
@@ -284,11 +284,39 @@ def float_virtual_kernel(
     ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
     S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
-    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr, DIVISORS: tl.constexpr,
+    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr, DIVISORS: tl.constexpr, WORDS16: tl.constexpr,
+    NATIVE: tl.constexpr,
 ):  # fmt: skip
+    """WORDS16: float elements (not fnuz) of tiles of 16-bit values into 16-bit values, both as
+    32-bit words of two (_float_virtual_words)."""
     scalar = tensor_scalar(given_ptr, given_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL, False, ELEM_MAX, S_FP32, S_MBITS,
                            S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN,
                            TENSOR_DIVISOR)  # fmt: skip
+    if WORDS16:
+        _float_virtual_words(x_ptr, out_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS,
+                             BLOCKS, EVEN, TWO_LEVEL, MBITS, EMIN, EMAX, MAX_CODE, ROUND, ELEM_MAX, S_FP32, S_MBITS,
+                             S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, LEAN,
+                             S_LEAN, DIVISORS, NATIVE)  # fmt: skip
+    else:
+        _float_virtual_values(x_ptr, out_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS,
+                              BLOCKS, EVEN, GIVEN, TWO_LEVEL, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ,
+                              HAS_INF, NAN_CODE, ROUND, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE,
+                              S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, LEAN, S_LEAN, DIVISORS)  # fmt: skip
+
+
+@triton.jit
+def _float_virtual_values(
+    x_ptr, out_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr,
+    GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, BITS: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr,
+    ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
+    S_LEAN: tl.constexpr, DIVISORS: tl.constexpr,
+):  # fmt: skip
+    """The virtual cast of tiles loaded as float32 values."""
     block, offsets, valid, _, x = load_tiles(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
     )
@@ -312,6 +340,44 @@ def float_virtual_kernel(
         if FNUZ:  # no negative zero: -0 + 0 is +0 to nearest, any other value unchanged
             values = values + 0.0
     tl.store(out_ptr + offsets, narrow(values, out_ptr), mask=valid)
+
+
+@triton.jit
+def _float_virtual_words(
+    x_ptr, out_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr, ROUND: tl.constexpr,
+    ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr, S_LEAN: tl.constexpr,
+    DIVISORS: tl.constexpr, NATIVE: tl.constexpr,
+):  # fmt: skip
+    """The virtual cast of 16-bit tiles into 16-bit values as words of two values in and out (as
+    _float_byte_words reads them): each half's magnitude rounded and narrowed, both signs put
+    back on the narrowed pair by one mask (a bad tile's NaN divisor makes its values NaN)."""
+    bf16: tl.constexpr = x_ptr.dtype.element_ty == tl.int16
+    block, _, offsets, valid, word, top = load_words(
+        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, NATIVE
+    )
+    divisor, _ = float_divisors(top, scalar, block, n_blocks, out_ptr, False, TWO_LEVEL, False, BLOCKS, ELEM_MAX,
+                                S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ,
+                                S_HAS_INF, CEIL, S_LEAN, DIVISORS)  # fmt: skip
+    low = _half_values(word, False, divisor, bf16, MBITS, EMIN, EMAX, MAX_CODE, ROUND, LEAN, DIVISORS, NATIVE)
+    high = _half_values(word, True, divisor, bf16, MBITS, EMIN, EMAX, MAX_CODE, ROUND, LEAN, DIVISORS, NATIVE)
+    pair = narrow_pair(low, high, out_ptr, NATIVE) | (word & -0x7FFF8000)  # 0x80008000: the signs
+    tl.store(out_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offsets, pair, mask=valid)
+
+
+@triton.jit
+def _half_values(
+    word, HIGH: tl.constexpr, divisor, BF16: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+    EMAX: tl.constexpr, MAX_CODE: tl.constexpr, ROUND: tl.constexpr, LEAN: tl.constexpr, DIVISORS: tl.constexpr,
+    NATIVE: tl.constexpr,
+):  # fmt: skip
+    """float32 cast magnitudes of the 16-bit values in one half of the words, times their tiles'
+    divisors (as quotient_values decodes them)."""
+    code = _half_code(word, HIGH, divisor, BF16, MBITS, EMIN, EMAX, MAX_CODE, ROUND, LEAN, DIVISORS, NATIVE)
+    return (code << (23 - MBITS)).to(tl.float32, bitcast=True) * (2.0 ** (126 + EMIN)) * divisor[:, None]
 
 
 @triton.jit
@@ -444,12 +510,9 @@ def _float_byte_words(
     turns out in range was tried: ptxas kept registers for both arms, 34 -> 108, and 128x128
     blocks from bf16 fell from 96% of copy to 58%.)"""
     bf16: tl.constexpr = x_ptr.dtype.element_ty == tl.int16
-    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    j = tl.arange(0, TILE // 2)
-    offsets, valid, _ = tile_offsets_at(block, j, n_blocks, blocks_per_row, block_rows, rows, cols // 2, TILE // 2,
-                                        TCOLS // 2, EVEN)  # fmt: skip
-    word = tl.load(x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offsets, mask=valid, other=0)
-    top = word_top(word, bf16, NATIVE)
+    block, j, _, _, word, top = load_words(
+        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, NATIVE
+    )
     divisor, bad = float_divisors(top, scalar, block, n_blocks, scales_ptr, False, TWO_LEVEL, True, BLOCKS, ELEM_MAX,
                                   S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ,
                                   S_HAS_INF, CEIL, S_LEAN, DIVISORS)  # fmt: skip

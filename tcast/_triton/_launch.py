@@ -240,6 +240,13 @@ def _byte_words(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
     )  # fmt: skip
 
 
+def _words16(nspec: NumberSpec, x: torch.Tensor, out: torch.dtype, geo: _Geometry) -> bool:
+    """Whether a float-scaled virtual cast reads and writes tiles of 16-bit values as 32-bit
+    words of two (`_kernels._float_virtual_words`): the tiles and elements `_byte_words` takes
+    but fnuz ones (no -0: the sign would need a select), a 16-bit output."""
+    return _byte_words(nspec, x, geo) and nspec.infnan is not InfNaN.FNUZ and out.itemsize == 2
+
+
 def _float_actual_config(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry, two_level: bool) -> LaunchConfig:
     """The launch of a float-scaled actual cast where the default is short (H100 sweeps,
     docs/benchmarks.md): from float32, one scale per tensor 1,024 values a program (fp8_F 79% ->
@@ -425,14 +432,17 @@ def _float_cast(
         "TENSOR_AMAX": tensor_amax, "enable_fp_fusion": False,
         "DIVISORS": _divisors(geo, two_level, sspec.scale, given_value),
     } | _float_constants(dtype, roundmode, scalemode)  # fmt: skip
-    byte_words = not virtual and _byte_words(nspec, x, geo)
-    common["num_warps"] = config.warps(geo.tile, 2048 if byte_words else 1024)
+    words = _words16(nspec, x, out, geo) if virtual else _byte_words(nspec, x, geo)
+    common["num_warps"] = config.warps(geo.tile, 2048 if words else 1024)
     source = _as_bits(x, loading=True)
     placeholder = given if given is not None else source
     if virtual:
         result = torch.empty(shape, dtype=out, device=x.device)
         if geo.blocks:
-            float_virtual_kernel[grid](source, _as_bits(result), placeholder, *geo.args(), **common)
+            float_virtual_kernel[grid](
+                source, _as_bits(result), placeholder, *geo.args(), WORDS16=words,
+                NATIVE=not interpreting(), **common,
+            )  # fmt: skip
         return result
     numel_padded = geo.stored
     code_bytes = packed_nbytes(numel_padded, nspec.bits)
@@ -457,7 +467,7 @@ def _float_cast(
             WORDS=not geo.flat,
             RUNS16=_runs16(nspec, x, geo),
             PAIRS=_pairs(nspec, x, geo),
-            BYTE_WORDS=byte_words,
+            BYTE_WORDS=words,
             NATIVE=not interpreting(),
             **common,
         )

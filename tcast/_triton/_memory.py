@@ -31,6 +31,22 @@ def narrow(values, out_ptr):
 
 
 @triton.jit
+def narrow_pair(low, high, out_ptr, NATIVE: tl.constexpr):
+    """Two float32 values narrowed into the output's 16-bit dtype, low | high << 16 as an int32
+    (NATIVE: one conversion instruction for both)."""
+    if NATIVE:
+        op: tl.constexpr = (
+            "cvt.rn.bf16x2.f32" if out_ptr.dtype.element_ty == tl.bfloat16 else "cvt.rn.f16x2.f32"
+        )
+        pair = tl.inline_asm_elementwise(op + " $0, $2, $1;", "=r,f,f", [low, high], dtype=tl.int32, is_pure=True,
+                                         pack=1)  # fmt: skip
+    else:
+        low16 = narrow(low, out_ptr).to(tl.uint16, bitcast=True).to(tl.int32)
+        pair = low16 | (narrow(high, out_ptr).to(tl.uint16, bitcast=True).to(tl.int32) << 16)
+    return pair
+
+
+@triton.jit
 def tile_offsets(
     block, n_blocks, blocks_per_row, block_rows, rows, cols,
     TILE: tl.constexpr, TCOLS: tl.constexpr, EVEN: tl.constexpr,
@@ -109,6 +125,22 @@ def load_tiles(
                                              TCOLS, EVEN)  # fmt: skip
         x = widen(tl.load(x_ptr + offsets, mask=valid, other=0))
     return block, offsets, valid, index, x
+
+
+@triton.jit
+def load_words(
+    x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr, NATIVE: tl.constexpr,
+):  # fmt: skip
+    """This program's tiles of 16-bit values as int32 words of two (rows of even length, the
+    stream 4-byte aligned): the elements of tiles half as wide. (tile indices, word positions in
+    a tile, word offsets, mask, words, each tile's word_top)."""
+    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    j = tl.arange(0, TILE // 2)
+    offsets, valid, _ = tile_offsets_at(block, j, n_blocks, blocks_per_row, block_rows, rows, cols // 2, TILE // 2,
+                                        TCOLS // 2, EVEN)  # fmt: skip
+    word = tl.load(x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offsets, mask=valid, other=0)
+    return block, j, offsets, valid, word, word_top(word, x_ptr.dtype.element_ty == tl.int16, NATIVE)
 
 
 @triton.jit
