@@ -480,17 +480,25 @@ def quotient_codes(
 
 
 @triton.jit
+def magnitude_values(magnitude, MBITS: tl.constexpr, EMIN: tl.constexpr):
+    """float32 values of float magnitude codes: the code shifted into float32's fields reads as
+    2**(1 - emin - 127) times the value (a float32 subnormal where the code is one), so one
+    multiply restores it (decode_codes' arithmetic, without the sign)."""
+    return (magnitude << (23 - MBITS)).to(tl.float32, bitcast=True) * (2.0 ** (126 + EMIN))
+
+
+@triton.jit
 def quotient_values(
     x, divisor, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
     ROUND: tl.constexpr, LEAN: tl.constexpr, DIVISORS: tl.constexpr,
 ):  # fmt: skip
     """The signed float-grid values (in scale units) that quotient_codes' codes decode to, for
-    the finite codes it makes of finite tiles: the magnitude code shifted into float32's fields
-    (as decode_codes), x's sign set. No NaN selects: a bad tile's divisor is NaN and makes its
-    values NaN; a fnuz format's -0 is left to the caller (adding +0 after the divisor's product
-    clears it, where a select would take the integer pipe)."""
+    the finite codes it makes of finite tiles: magnitude_values with x's sign set. No NaN
+    selects: a bad tile's divisor is NaN and makes its values NaN; a fnuz format's -0 is left to
+    the caller (adding +0 after the divisor's product clears it, where a select would take the
+    integer pipe)."""
     magnitude, a = quotient_magnitudes(x, divisor, MBITS, EMIN, EMAX, MAX_CODE, False, ROUND, LEAN, DIVISORS)
-    values = (magnitude << (23 - MBITS)).to(tl.float32, bitcast=True) * (2.0 ** (126 + EMIN))
+    values = magnitude_values(magnitude, MBITS, EMIN)
     sign = a.to(tl.int32, bitcast=True) & -2147483648
     return (values.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 

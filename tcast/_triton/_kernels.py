@@ -17,6 +17,7 @@ from ._elements import (
     fp8_value,
     grid_magnitude,
     grid_values,
+    magnitude_values,
     negated_code,
     pow2,
     quotient_codes,
@@ -377,7 +378,7 @@ def _half_values(
     """float32 cast magnitudes of the 16-bit values in one half of the words, times their tiles'
     divisors (as quotient_values decodes them)."""
     code = _half_code(word, HIGH, divisor, BF16, MBITS, EMIN, EMAX, MAX_CODE, ROUND, LEAN, DIVISORS, NATIVE)
-    return (code << (23 - MBITS)).to(tl.float32, bitcast=True) * (2.0 ** (126 + EMIN)) * divisor[:, None]
+    return magnitude_values(code, MBITS, EMIN) * divisor[:, None]
 
 
 @triton.jit
@@ -506,9 +507,8 @@ def _float_byte_words(
     even length, the stream 4-byte aligned): the words are the elements of a tile half as wide;
     magnitudes split from them at the cost of a widening, the tile's amax from maxima of both
     halves at once, and each word's two codes one 16-bit store with their signs joined by one
-    byte permute. (A uniform branch past the prescaling for a program of one tile whose divisor
-    turns out in range was tried: ptxas kept registers for both arms, 34 -> 108, and 128x128
-    blocks from bf16 fell from 96% of copy to 58%.)"""
+    byte permute. Every value is prescaled where divisors may be small: a uniform branch around
+    it costs registers for both arms (docs/benchmarks.md)."""
     bf16: tl.constexpr = x_ptr.dtype.element_ty == tl.int16
     block, j, _, _, word, top = load_words(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, NATIVE
