@@ -61,6 +61,22 @@ def corner_input(dtype: torch.dtype, rows: int = 4, cols: int = 70) -> torch.Ten
     return x.to(dtype).to(DEVICE)
 
 
+def finite_bfloat16() -> torch.Tensor:
+    """Every finite bf16 bit pattern, in bit order."""
+    patterns = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    return patterns[torch.isfinite(patterns)]
+
+
+def in_rows(values: torch.Tensor) -> torch.Tensor:
+    """values as rows of 256 on the device (the tail dropped)."""
+    return values[: len(values) // 256 * 256].reshape(-1, 256).to(DEVICE)
+
+
+def off_word_boundary(x: torch.Tensor) -> torch.Tensor:
+    """A copy of 16-bit x starting 2 bytes past a 4-byte boundary."""
+    return torch.cat([x.reshape(-1)[:1], x.reshape(-1)])[1:].reshape(x.shape)
+
+
 def _both(x: torch.Tensor, dtype: object, **kwargs: object) -> tuple[object, object]:
     return (
         tcast.cast(x, dtype, computemode="torch", **kwargs),
@@ -103,12 +119,11 @@ def test_every_finite_bfloat16_value_is_bit_exact(name: str) -> None:
     """Every finite bf16 bit pattern, once in value order (each tile spans a few neighbouring
     values, so every one lands on the fine part of its grid) and once shuffled (most are far below
     their tile's amax): on a GPU this covers the fp8 conversion instruction value by value."""
-    patterns = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-    finite = patterns[torch.isfinite(patterns)]
+    finite = finite_bfloat16()
     ordered = torch.sort(finite.float()).values.to(torch.bfloat16)
     shuffled = finite[torch.randperm(len(finite), generator=torch.Generator().manual_seed(0))]
     for values in (ordered, shuffled):
-        x = values[: len(values) // 256 * 256].reshape(-1, 256).to(DEVICE)
+        x = in_rows(values)
         virtual_torch, virtual_triton = _both(x, name)
         assert same_bits(virtual_torch, virtual_triton)
         actual_torch, actual_triton = _both(x, name, castmode="actual")
@@ -379,8 +394,51 @@ def test_4_bit_codes_of_16_bit_tiles_read_as_word_pairs_are_bit_exact(
     if dtype.sspec.tensor_scale is not None:
         for tensor_scale in (torch.finfo(torch.float32).tiny, 0.7):
             _assert_engines_agree(x, dtype, tensor_scale=tensor_scale)
-    shifted = torch.cat([x.reshape(-1)[:1], x.reshape(-1)])[1:].reshape(x.shape)  # 2 bytes past a word
+    shifted = off_word_boundary(x)
     assert shifted.data_ptr() % 4 == 2 and not _pairs(dtype.nspec, shifted, _geometry(tuple(x.shape), dtype))
+    assert torch.equal(
+        tcast.cast(shifted, dtype, castmode="actual", computemode="triton").codes,
+        tcast.cast(x, dtype, castmode="actual", computemode="triton").codes,
+    )
+
+
+SQUARE_32 = "e8m0_t32d-2_t32d-1"
+NIBBLE_WORDS = (
+    ("mxfp4s",), ("mxfp4s16",), ("mxint4s",), ("mxfp4e2",), ("mxint4",), ("e2m1", SQUARE_32), ("e2m1", "e8m0_t32"),
+    ("e1m2fnuz", SQUARE_32),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", NIBBLE_WORDS, ids="_".join)
+@pytest.mark.parametrize("source", (torch.bfloat16, torch.float16), ids=str)
+def test_4_bit_codes_of_e8m0_tiles_read_as_words_are_bit_exact(
+    spec: tuple[str, ...], source: torch.dtype
+) -> None:
+    """The actual cast of 16-bit inputs into 4-bit codes under E8M0 tiles, rounded to nearest
+    even, reads words of two values (`_kernels._nibble_words`): fnuz, IEEE and integer elements,
+    square and 1-D tiles, every scale mode; corner values in tiles the shape does not divide (a
+    NaN, an Inf, a tile of zeros, -0, subnormals), the data scaled to the ends of the scale range,
+    every finite bfloat16 value in order (each tile spans neighbouring values, ties included); a
+    stream not on a word boundary and odd rows take the element path and give the same codes."""
+    from tcast._triton._launch import _geometry, _nibble_words
+
+    dtype = tcast.lookup(spec[0]) if len(spec) == 1 else tcast.datatype(*spec)
+    x = corner_input(source, rows=36, cols=70)
+    x[32:, 32:64] = 0.0  # a tile of zeros (and padding) under 32x32 tiles
+    even = tcast.RoundMode.EVEN
+    assert _nibble_words(dtype.nspec, even, x, _geometry(tuple(x.shape), dtype))
+    scaled = [x * 2.0**-120, x * 2.0**100] if source == torch.bfloat16 else [x * 2.0**-10]
+    for values in [x, x.reshape(2, 18, 70), *scaled]:
+        for scalemode in SCALES:
+            _assert_engines_agree(values, dtype, roundmode="even", scalemode=scalemode)
+    if source == torch.bfloat16:
+        _assert_engines_agree(in_rows(torch.sort(finite_bfloat16().float()).values.to(torch.bfloat16)), dtype)
+    shifted = off_word_boundary(x)
+    assert not _nibble_words(dtype.nspec, even, shifted, _geometry(tuple(x.shape), dtype))
+    odd = x[:, :69]
+    assert not _nibble_words(dtype.nspec, even, odd, _geometry(tuple(odd.shape), dtype))
+    for values in (shifted, odd):
+        _assert_engines_agree(values, dtype, roundmode="even")
     assert torch.equal(
         tcast.cast(shifted, dtype, castmode="actual", computemode="triton").codes,
         tcast.cast(x, dtype, castmode="actual", computemode="triton").codes,
@@ -439,7 +497,7 @@ def test_large_float_scaled_tiles_and_their_word_path_are_bit_exact(
         for roundmode, scalemode in modes:
             _assert_engines_agree(x, dtype, roundmode=roundmode, scalemode=scalemode)
         if words and shape[-1] % 2 == 0:
-            shifted = torch.cat([x.reshape(-1)[:1], x.reshape(-1)])[1:].reshape(shape)  # 2 bytes past a word
+            shifted = off_word_boundary(x)
             assert not _byte_words(dtype.nspec, shifted, geo)
             assert torch.equal(
                 tcast.cast(shifted, dtype, castmode="actual", computemode="triton").codes,

@@ -244,20 +244,31 @@ def fnuz_codes_even(
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr,
 ):  # fmt: skip
     """Codes of tile-scaled values in an fnuz float format, rounded to nearest even, in few ALU
-    operations (the ALU pipe bounds a bf16 stream): adding 2**(e + 23 - m) rounds |v| on its
-    binade's grid (e clamped at emin, so subnormals too) and leaves the count of grid steps in
-    the low bits; the sign joins only nonzero magnitudes (fnuz has no -0) through an unsigned
-    min with magnitude << (bits - 1), which is below the shifted sign field only when zero.
-    `v` is x * to_grid: its sign is read from it, since read from x the compiler goes back to a
-    16-bit input and spends an operation extracting it; |x| * to_grid folds the abs into the
-    multiply. A NaN or Inf tile is left to the caller."""
-    a = tl.abs(x) * to_grid[:, None]
-    field = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)
-    magic = (field + (23 - MBITS)) << 23
-    steps = (a + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
-    code = tl.minimum(((field - (EMIN + 127)) << MBITS) + steps, MAX_CODE)
+    operations (the ALU pipe bounds a bf16 stream): even_magnitudes, and the sign joins only
+    nonzero magnitudes (fnuz has no -0) through an unsigned min with magnitude << (bits - 1),
+    which is below the shifted sign field only when zero. `v` is x * to_grid: its sign is read
+    from it, since read from x the compiler goes back to a 16-bit input and spends an operation
+    extracting it; |x| * to_grid folds the abs into the multiply. A NaN or Inf tile is left to
+    the caller."""
+    code = even_magnitudes(tl.abs(x) * to_grid[:, None], MBITS, EMIN, MAX_CODE, False)
     sign_field = (v.to(tl.uint32, bitcast=True) >> (32 - BITS)).to(tl.int32)
     return code | (tl.minimum(sign_field, code << (BITS - 1)) & (1 << (BITS - 1)))
+
+
+@triton.jit
+def even_magnitudes(a, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr, IS_INT: tl.constexpr):
+    """Saturated magnitude codes of non-negative tile-scaled values `a` (below 2**(emax + 1))
+    rounded to nearest even: grid_values, round_to_int and grid_code in fewer operations. Floats:
+    adding 2**(e + 23 - m) rounds a on its binade's grid (e clamped at emin, so subnormals too)
+    and leaves the count of grid steps in the low bits; ints: 2**23 after the step scaling."""
+    if IS_INT:
+        code = tl.minimum(round_to_int(a * (2.0**MBITS), 0.0, 0), MAX_CODE)
+    else:
+        field = tl.maximum(a.to(tl.int32, bitcast=True) >> 23, EMIN + 127)
+        magic = (field + (23 - MBITS)) << 23
+        steps = (a + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
+        code = tl.minimum(((field - (EMIN + 127)) << MBITS) + steps, MAX_CODE)
+    return code
 
 
 @triton.jit

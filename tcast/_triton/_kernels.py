@@ -11,6 +11,7 @@ from ._elements import (
     decode_codes,
     draw_noise,
     element_codes,
+    even_magnitudes,
     float32_scales,
     float_tile_scales,
     fp8_code,
@@ -41,6 +42,7 @@ from ._memory import (
     narrow,
     narrow_pair,
     store_codes,
+    store_nibble_words,
     store_pair_codes,
     tile_offsets,
     widen,
@@ -136,23 +138,79 @@ def actual_kernel(
     HW_FP8: tl.constexpr,
     FAST: tl.constexpr,
     RUNS16: tl.constexpr,
+    NIBBLE_WORDS: tl.constexpr = False,
+    NATIVE: tl.constexpr = False,
 ):
-    block, _, _, index, x = load_tiles(
-        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, RUNS16
-    )
-    if HAS_SCALE:
-        bad, amax = tile_stats(x)
-        exponent = tile_exponent(amax, LIMIT, EMAX, SCALE_MODE)
-        to_grid = pow2(-exponent)
-        tl.store(
-            scales_ptr + block, tl.where(bad > 0, 255, exponent + 127).to(tl.uint8), mask=block < n_blocks
-        )
+    """NIBBLE_WORDS: 4-bit codes of 16-bit tiles rounded to nearest even, read as words of two
+    values (_nibble_words; NATIVE: with the GPU's byte permute and halfword max); else the tiles
+    as float32 values."""
+    if NIBBLE_WORDS:
+        _nibble_words(x_ptr, codes_ptr, scales_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS,
+                      BLOCKS, EVEN, MBITS, EMIN, EMAX, MAX_CODE, LIMIT, IS_INT, FNUZ, NAN_CODE, SCALE_MODE,
+                      NATIVE)  # fmt: skip
     else:
-        bad = 0
-        to_grid = 1.0
-    code = element_codes(x, to_grid, bad, index, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ,
-                  HAS_INF, NAN_CODE, ROUND, HW_FP8, FAST)  # fmt: skip
-    store_codes(codes_ptr, code, block, n_blocks, code_bytes, TILE, TILE, BLOCKS, BITS, HAS_SCALE)
+        block, _, _, index, x = load_tiles(
+            x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, RUNS16
+        )
+        if HAS_SCALE:
+            bad, to_grid = _e8m0_scales(scales_ptr, block, n_blocks, tile_top(x), LIMIT, EMAX, SCALE_MODE)
+        else:
+            bad = 0
+            to_grid = 1.0
+        code = element_codes(x, to_grid, bad, index, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT,
+                             FNUZ, HAS_INF, NAN_CODE, ROUND, HW_FP8, FAST)  # fmt: skip
+        store_codes(codes_ptr, code, block, n_blocks, code_bytes, TILE, TILE, BLOCKS, BITS, HAS_SCALE)
+
+
+@triton.jit
+def _e8m0_scales(
+    scales_ptr, block, n_blocks, top, LIMIT: tl.constexpr, EMAX: tl.constexpr, SCALE_MODE: tl.constexpr
+):  # fmt: skip
+    """(bad, to_grid) of tiles whose largest magnitude has the bits `top`: their E8M0 scale codes
+    stored (255 where a NaN or Inf makes the tile NaN), and the multiplier onto the grid."""
+    bad, amax = top_stats(top)
+    exponent = tile_exponent(amax, LIMIT, EMAX, SCALE_MODE)
+    tl.store(scales_ptr + block, tl.where(bad > 0, 255, exponent + 127).to(tl.uint8), mask=block < n_blocks)
+    return bad, pow2(-exponent)
+
+
+@triton.jit
+def _nibble_words(
+    x_ptr, codes_ptr, scales_ptr, n_blocks, blocks_per_row, block_rows, rows, cols,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr, MBITS: tl.constexpr,
+    EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr, LIMIT: tl.constexpr, IS_INT: tl.constexpr,
+    FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SCALE_MODE: tl.constexpr, NATIVE: tl.constexpr,
+):  # fmt: skip
+    """4-bit codes under E8M0 scales, rounded to nearest even, of tiles of 16-bit values held as
+    32-bit words of two (a tile's rows of even length, the stream 4-byte aligned): magnitudes
+    split from the words at the cost of a widening, the tile's amax from maxima of both halves at
+    once, and float signs join the packed magnitudes a word of eight codes at a time (ints:
+    two's complement codes)."""
+    bf16: tl.constexpr = x_ptr.dtype.element_ty == tl.int16
+    block, _, _, _, word, top = load_words(
+        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, NATIVE
+    )
+    bad, to_grid = _e8m0_scales(scales_ptr, block, n_blocks, top, LIMIT, EMAX, SCALE_MODE)
+    low = _even_half_codes(word, False, to_grid, bf16, MBITS, EMIN, MAX_CODE, IS_INT, NATIVE)
+    high = _even_half_codes(word, True, to_grid, bf16, MBITS, EMIN, MAX_CODE, IS_INT, NATIVE)
+    signs: tl.constexpr = 0 if IS_INT else (1 if FNUZ else 2)
+    store_nibble_words(
+        codes_ptr, low, high, word, block, bad, n_blocks, TILE // 2, BLOCKS, signs, NAN_CODE, NATIVE
+    )
+
+
+@triton.jit
+def _even_half_codes(
+    word, HIGH: tl.constexpr, to_grid, BF16: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+    MAX_CODE: tl.constexpr, IS_INT: tl.constexpr, NATIVE: tl.constexpr,
+):  # fmt: skip
+    """4-bit codes of the values in one half of the words, rounded to nearest even: magnitude
+    codes (float elements: their signs join when packed), or two's complement codes (ints)."""
+    magnitude = half_magnitudes(word, HIGH, BF16, NATIVE) * to_grid[:, None]
+    code = even_magnitudes(magnitude, MBITS, EMIN, MAX_CODE, IS_INT)
+    if IS_INT:
+        code = negated_code(code, half_negative(word, HIGH), 4, True, False)
+    return code
 
 
 @triton.jit

@@ -217,19 +217,43 @@ def store_pair_codes(
     BLOCKS: tl.constexpr, SIGNS: tl.constexpr, NAN_CODE: tl.constexpr, NATIVE: tl.constexpr,
 ):  # fmt: skip
     """4-bit codes of 16-value tiles split as half_magnitudes splits them (elements 2i, 2i + 1 of
-    the first eight: c0, c1; of the last eight: c2, c3), packed little-endian, two words a tile;
-    tiles marked `bad` all NAN_CODE. SIGNS 0: the codes are signed. Else they are magnitudes
-    (0..7) and the signs come from the loaded words `first`, `second` a word of codes at a time
-    (`_sign_nibbles`): SIGNS 2 sets a negative value's sign bit (a float with -0), 1 only under a
-    nonzero magnitude (fnuz): the packed magnitudes plus 7 in every nibble carry into the
-    nibble's top bit exactly there, with no carry between nibbles."""
-    low = _nibble_word(c0, c1, first, BLOCKS, SIGNS, NATIVE)
-    high = _nibble_word(c2, c3, second, BLOCKS, SIGNS, NATIVE)
+    the first eight: c0, c1; of the last eight: c2, c3), packed as `store_nibble_words` packs
+    them, two words a tile."""
+    low = _nibble_word(c0, c1, first, BLOCKS, 1, SIGNS, NATIVE)
+    high = _nibble_word(c2, c3, second, BLOCKS, 1, SIGNS, NATIVE)
+    _store_nibble_words(
+        codes_ptr, tl.reshape(tl.join(low, high), (BLOCKS, 2)), block, bad, n_blocks, 2, NAN_CODE
+    )
+
+
+@triton.jit
+def store_nibble_words(
+    codes_ptr, low, high, loaded, block, bad, n_blocks,
+    WORDS: tl.constexpr, BLOCKS: tl.constexpr, SIGNS: tl.constexpr, NAN_CODE: tl.constexpr, NATIVE: tl.constexpr,
+):  # fmt: skip
+    """4-bit codes of tiles loaded as [BLOCKS, WORDS] int32 words of two 16-bit values (`low`,
+    `high`: the codes of each word's halves) packed little-endian, WORDS // 4 words a tile; tiles
+    marked `bad` all NAN_CODE. SIGNS 0: the codes are signed. Else they are magnitudes (0..7) and
+    the signs come from the `loaded` words a word of codes at a time (`_sign_nibbles`): SIGNS 2
+    sets a negative value's sign bit (a float with -0), 1 only under a nonzero magnitude (fnuz):
+    the packed magnitudes plus 7 in every nibble carry into the nibble's top bit exactly there,
+    with no carry between nibbles."""
+    packed = _nibble_word(low, high, loaded, BLOCKS, WORDS // 4, SIGNS, NATIVE)
+    _store_nibble_words(codes_ptr, packed, block, bad, n_blocks, WORDS // 4, NAN_CODE)
+
+
+@triton.jit
+def _store_nibble_words(
+    codes_ptr, packed, block, bad, n_blocks, PER_TILE: tl.constexpr, NAN_CODE: tl.constexpr
+):
+    """[BLOCKS, PER_TILE] words of packed codes stored a tile after another; `bad` tiles' all
+    NAN_CODE."""
     words = codes_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-    offsets = block[:, None] * 2 + tl.arange(0, 2)[None, :]
+    offsets = block[:, None] * PER_TILE + tl.arange(0, PER_TILE)[None, :]
     NAN_WORD: tl.constexpr = ((NAN_CODE * 0x11111111) ^ 0x80000000) - 0x80000000  # as an int32
-    packed = tl.where((bad > 0)[:, None], NAN_WORD, tl.join(low, high))
-    tl.store(words + offsets, packed, mask=(block < n_blocks)[:, None])
+    tl.store(
+        words + offsets, tl.where((bad > 0)[:, None], NAN_WORD, packed), mask=(block < n_blocks)[:, None]
+    )
 
 
 @triton.jit
@@ -243,11 +267,15 @@ def nibble_word(even, odd):
 
 
 @triton.jit
-def _nibble_word(even, odd, loaded, BLOCKS: tl.constexpr, SIGNS: tl.constexpr, NATIVE: tl.constexpr):
-    """nibble_word of [BLOCKS, 4] codes, with signs from the words (`store_pair_codes`)."""
-    packed = nibble_word(tl.reshape(even, (BLOCKS, 2, 2)), tl.reshape(odd, (BLOCKS, 2, 2)))
+def _nibble_word(
+    even, odd, loaded, BLOCKS: tl.constexpr, GROUPS: tl.constexpr, SIGNS: tl.constexpr, NATIVE: tl.constexpr
+):  # fmt: skip
+    """[BLOCKS, GROUPS] nibble_words of [BLOCKS, 4 * GROUPS] codes, with signs from the words
+    (`store_nibble_words`)."""
+    shape: tl.constexpr = (BLOCKS, GROUPS, 2, 2)
+    packed = nibble_word(tl.reshape(even, shape), tl.reshape(odd, shape))
     if SIGNS != 0:
-        signs = _sign_nibbles(loaded, BLOCKS, NATIVE)
+        signs = _sign_nibbles(tl.reshape(loaded, shape), NATIVE)
         if SIGNS == 1:
             signs = signs & (packed + 0x77777777)
         packed = packed | (signs & -0x77777778)  # 0x88888888
@@ -255,11 +283,11 @@ def _nibble_word(even, odd, loaded, BLOCKS: tl.constexpr, SIGNS: tl.constexpr, N
 
 
 @triton.jit
-def _sign_nibbles(loaded, BLOCKS: tl.constexpr, NATIVE: tl.constexpr):
-    """Bit 8j + 3 the sign of the low half of word j of four ([BLOCKS, 4] `loaded`), 8j + 7 the
+def _sign_nibbles(loaded, NATIVE: tl.constexpr):
+    """Bit 8j + 3 the sign of the low half of word j of four ([.., 2, 2] `loaded`), 8j + 7 the
     high half's (bits 15 and 31), other bits undefined. NATIVE (a GPU's byte permute): bytes 1
     and 3 of the words gathered in four permutes, where shifts and masks take fifteen."""
-    w0, w1, w2, w3 = split4(tl.reshape(loaded, (BLOCKS, 2, 2)))
+    w0, w1, w2, w3 = split4(loaded)
     if NATIVE:
         pairs_01 = libdevice.byte_perm(w0, w1, 0x7351)  # [w0.b1, w1.b1, w0.b3, w1.b3]
         pairs_23 = libdevice.byte_perm(w2, w3, 0x7351)
