@@ -169,6 +169,15 @@ def _square_tile_config(tile: int) -> LaunchConfig:
     return LaunchConfig(elements, max(1, elements // 1024))
 
 
+def _square_upcast_config(tile: int) -> LaunchConfig:
+    """Upcasts of square E8M0 tiles to 16-bit values: 32x32 tiles as `_square_tile_config`;
+    smaller ones 2,048 values on 4 warps, 16 a thread (H100, to bf16: mxfp4s16 40% -> 97% of
+    copy, mxfp8s16 89% -> 97%). With 32 values a thread on 2 warps, Triton 3.6's LLVM miscompiled
+    the column offsets of 4-bit 16x16 tiles (a pair of lane shifts lowered as one 64-bit
+    multiply: half of each tile read wrong codes; docs/benchmarks.md)."""
+    return _square_tile_config(tile) if tile >= 1024 else LaunchConfig(2048, 4)
+
+
 def _nibble_words_config(geo: _Geometry) -> LaunchConfig:
     """The launch of `_kernels._nibble_words` (H100 sweeps, docs/benchmarks.md): 64 values a
     thread - two 32x32 tiles to a one-warp program (mxfp4s from bf16 93% -> 97% of copy), 8,192
@@ -523,7 +532,7 @@ def upcast(
     out = torch.empty(t.shape, dtype=torch_dtype or t.source_dtype, device=device)
     sspec = t.dtype.sspec
     if sspec is not None and sspec.is_exponent and sspec.is_2d and out.element_size() == 2:
-        config = _square_tile_config(geo.tile) if config == LaunchConfig() else config
+        config = _square_upcast_config(geo.tile) if config == LaunchConfig() else config
     per_program = config.blocks(geo.tile, out.element_size())
     grid = (triton.cdiv(geo.blocks, per_program),)
     vec = min(geo.tcols, 16 // out.element_size())
