@@ -32,7 +32,7 @@ _ROUND = {RoundMode.EVEN: 0, RoundMode.NEAREST: 1, RoundMode.ZERO: 2, RoundMode.
 _SCALE = {ScaleMode.MAX: 0, ScaleMode.MIDMAX: 1, ScaleMode.CEIL: 2, ScaleMode.EVEN: 3}
 _PROGRAM_BYTES = 8192  # of the float stream (input of a cast, output of an upcast) per program
 _UNSCALED_TILE = 256  # unscaled casts walk the flat tensor in runs of this many elements
-_AMAX_BYTES = 32768  # of the input per program of the amax pass
+_AMAX_BYTES = 65536  # of the input per program of the amax pass, on 8 warps (docs/benchmarks.md)
 
 
 @dataclass(frozen=True)
@@ -333,7 +333,9 @@ def _amax_stats(x: torch.Tensor) -> torch.Tensor:
     numel = x.numel()
     if numel:
         block = _AMAX_BYTES // x.element_size()
-        amax_kernel[(triton.cdiv(numel, block),)](_as_bits(x, loading=True), stats, numel, BLOCK=block)
+        amax_kernel[(triton.cdiv(numel, block),)](
+            _as_bits(x, loading=True), stats, numel, BLOCK=block, num_warps=8
+        )
     return stats
 
 
