@@ -138,8 +138,8 @@ def actual_kernel(
     HW_FP8: tl.constexpr,
     FAST: tl.constexpr,
     RUNS16: tl.constexpr,
-    NIBBLE_WORDS: tl.constexpr = False,
-    NATIVE: tl.constexpr = False,
+    NIBBLE_WORDS: tl.constexpr,
+    NATIVE: tl.constexpr,
 ):
     """NIBBLE_WORDS: 4-bit codes of 16-bit tiles rounded to nearest even, read as words of two
     values (_nibble_words; NATIVE: with the GPU's byte permute and halfword max); else the tiles
@@ -516,16 +516,16 @@ def _float_pairs(
     divisor, bad = float_divisors(top, scalar, block, n_blocks, scales_ptr, False, TWO_LEVEL, True, BLOCKS, ELEM_MAX,
                                   S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ,
                                   S_HAS_INF, CEIL, S_LEAN, DIVISORS)  # fmt: skip
-    c0 = _pair_codes(
+    c0 = _half_codes(
         m0, first, False, divisor, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS
     )
-    c1 = _pair_codes(
+    c1 = _half_codes(
         m1, first, True, divisor, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS
     )
-    c2 = _pair_codes(
+    c2 = _half_codes(
         m2, second, False, divisor, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS
     )
-    c3 = _pair_codes(
+    c3 = _half_codes(
         m3, second, True, divisor, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS
     )
     signs: tl.constexpr = 0 if IS_INT else (1 if FNUZ else 2)
@@ -535,15 +535,16 @@ def _float_pairs(
 
 
 @triton.jit
-def _pair_codes(
+def _half_codes(
     magnitude, word, HIGH: tl.constexpr, divisor,
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
     IS_INT: tl.constexpr, ROUND: tl.constexpr, LEAN: tl.constexpr, DIVISORS: tl.constexpr,
 ):  # fmt: skip
-    """Magnitude codes of one half of the words (float elements: their signs join when packed),
-    or two's complement codes (ints)."""
+    """Codes of the magnitudes of one half of the words over their tiles' float divisors:
+    magnitude codes (float elements: their signs join when packed), or two's complement codes
+    (ints)."""
     code, _ = quotient_magnitudes(
-        magnitude, divisor, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS
+        magnitude, divisor, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, ROUND, LEAN, DIVISORS, False
     )
     if IS_INT:
         code = negated_code(code, half_negative(word, HIGH), BITS, True, False)
@@ -606,12 +607,11 @@ def _half_code(
     EMAX: tl.constexpr, MAX_CODE: tl.constexpr, ROUND: tl.constexpr, LEAN: tl.constexpr, DIVISORS: tl.constexpr,
     NATIVE: tl.constexpr,
 ):  # fmt: skip
-    """Magnitude codes of the 16-bit values in one half of the words."""
+    """Magnitude codes of the 16-bit float values in one half of the words."""
     magnitude = half_magnitudes(word, HIGH, BF16, NATIVE)
-    code, _ = quotient_magnitudes(
-        magnitude, divisor, MBITS, EMIN, EMAX, MAX_CODE, False, ROUND, LEAN, DIVISORS, False
+    return _half_codes(
+        magnitude, word, HIGH, divisor, 8, MBITS, EMIN, EMAX, MAX_CODE, False, ROUND, LEAN, DIVISORS
     )
-    return code
 
 
 @triton.jit
