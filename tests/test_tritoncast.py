@@ -593,3 +593,31 @@ def test_quotients_at_rounding_boundaries_round_as_the_exact_quotient(name: str)
             reference = tcast.cast(x, name, castmode="actual", computemode="torch")
             given = reference.tensor_scale if reference.tensor_scale is not None else reference.scales
             _assert_engines_agree(x.to(DEVICE), name, tensor_scale=float(given.float().reshape(())))
+
+
+def test_a_tensor_scale_computed_on_the_device_either_side_of_the_fast_divisors_bound() -> None:
+    """NVFP4's tensor scale computed from the amax pass is checked in the kernel: inside
+    [SCALAR_LO, SCALAR_HI] every divisor is at least 2**-64 and the cast takes the unprescaled
+    arm, below it the prescaled one (`_launch._divisors`). Tensors whose scale lands below, near
+    and above the bound are bit-exact in both engines, rounding boundaries and float32-subnormal
+    divisors included."""
+    from tcast._triton._launch import _divisors, _geometry
+
+    name = "nvfp4"
+    dtype = tcast.lookup(name)
+    divisors = _divisors(_geometry((64, 16), dtype), True, dtype.sspec.scale, float(dtype.nspec.max), None)
+    bound = divisors["SCALAR_LO"]
+    assert bound * dtype.sspec.scale.smallest_subnormal == 2.0**-64 and divisors["SCALAR_HI"] > 1.0
+
+    def tensor_scale(x: torch.Tensor) -> float:
+        return float(tcast.cast(x, name, castmode="actual", computemode="torch").tensor_scale)
+
+    unit = tensor_scale(boundary_input(name))
+    sides = set()
+    for factor in (0.5, 1.0, 2.0):
+        x = boundary_input(name, magnitude=bound / unit * factor)
+        sides.add(tensor_scale(x) >= bound)
+        for source in (torch.float32, torch.bfloat16):
+            for roundmode in ("even", "zero"):
+                _assert_engines_agree(x.to(source).to(DEVICE), name, roundmode=roundmode)
+    assert sides == {False, True}

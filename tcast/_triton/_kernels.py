@@ -343,14 +343,45 @@ def float_virtual_kernel(
     ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
     S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
-    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr, DIVISORS: tl.constexpr, WORDS16: tl.constexpr,
-    NATIVE: tl.constexpr,
+    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr, DIVISORS: tl.constexpr, SCALAR_LO: tl.constexpr,
+    SCALAR_HI: tl.constexpr, WORDS16: tl.constexpr, NATIVE: tl.constexpr,
 ):  # fmt: skip
     """WORDS16: float elements (not fnuz) of tiles of 16-bit values into 16-bit values, both as
-    32-bit words of two (_float_virtual_words)."""
+    32-bit words of two (_float_virtual_words). SCALAR_LO, SCALAR_HI as float_actual_kernel's."""
     scalar = tensor_scalar(given_ptr, given_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL, False, ELEM_MAX, S_FP32, S_MBITS,
                            S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, S_LEAN,
                            TENSOR_DIVISOR)  # fmt: skip
+    if SCALAR_HI > 0:  # noqa: SIM108  (constexpr branches)
+        fast = (scalar >= SCALAR_LO) & (scalar <= SCALAR_HI)
+    else:
+        fast = True  # a constant: only the DIVISORS arm is built
+    if fast:
+        _float_virtual_tiles(x_ptr, out_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS,
+                             BLOCKS, EVEN, GIVEN, TWO_LEVEL, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ,
+                             HAS_INF, NAN_CODE, ROUND, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE,
+                             S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, LEAN, S_LEAN, DIVISORS, WORDS16,
+                             NATIVE)  # fmt: skip
+    else:
+        _float_virtual_tiles(x_ptr, out_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS,
+                             BLOCKS, EVEN, GIVEN, TWO_LEVEL, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ,
+                             HAS_INF, NAN_CODE, ROUND, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE,
+                             S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, LEAN, S_LEAN, 0, WORDS16,
+                             NATIVE)  # fmt: skip
+
+
+@triton.jit
+def _float_virtual_tiles(
+    x_ptr, out_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr,
+    GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, BITS: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr,
+    ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
+    S_LEAN: tl.constexpr, DIVISORS: tl.constexpr, WORDS16: tl.constexpr, NATIVE: tl.constexpr,
+):  # fmt: skip
+    """The virtual cast of the program's tiles under the tensor's scalar."""
     if WORDS16:
         _float_virtual_words(x_ptr, out_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS,
                              BLOCKS, EVEN, TWO_LEVEL, MBITS, EMIN, EMAX, MAX_CODE, ROUND, ELEM_MAX, S_FP32, S_MBITS,
@@ -451,16 +482,51 @@ def float_actual_kernel(
     ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
     S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
     S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr,
-    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr, DIVISORS: tl.constexpr,
-    RUNS16: tl.constexpr, PAIRS: tl.constexpr, BYTE_WORDS: tl.constexpr, NATIVE: tl.constexpr,
+    S_LEAN: tl.constexpr, TENSOR_DIVISOR: tl.constexpr, DIVISORS: tl.constexpr, SCALAR_LO: tl.constexpr,
+    SCALAR_HI: tl.constexpr, RUNS16: tl.constexpr, PAIRS: tl.constexpr, BYTE_WORDS: tl.constexpr,
+    NATIVE: tl.constexpr,
 ):  # fmt: skip
     """PAIRS: 4-bit codes of 16-value tiles of a contiguous 16-bit stream, read as words of two
     values (_float_pairs); BYTE_WORDS: 8-bit float codes of 16-bit tiles read as words
     (_float_byte_words); else the tiles as float32 values. NATIVE: the GPU's own instructions
-    (byte permute, halfword max, approximate reciprocal) where they save some."""
+    (byte permute, halfword max, approximate reciprocal) where they save some. SCALAR_HI > 0:
+    the tensor's scalar is read here, and the divisors are DIVISORS only while it lies in
+    [SCALAR_LO, SCALAR_HI] (`_launch._divisors`); both arms are whole casts of the program's
+    tiles, so one costs no registers of the other."""
     scalar = tensor_scalar(given_ptr, scales_ptr, GIVEN, TENSOR_AMAX, TWO_LEVEL, TENSOR_AMAX, ELEM_MAX, S_FP32,
                            S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL,
                            S_LEAN, TENSOR_DIVISOR)  # fmt: skip
+    if SCALAR_HI > 0:  # noqa: SIM108  (constexpr branches)
+        fast = (scalar >= SCALAR_LO) & (scalar <= SCALAR_HI)
+    else:
+        fast = True  # a constant: only the DIVISORS arm is built
+    if fast:
+        _float_actual_tiles(x_ptr, codes_ptr, scales_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols,
+                            code_bytes, code_stride, TILE, TCOLS, BLOCKS, EVEN, WORDS, GIVEN, TWO_LEVEL, BITS, MBITS,
+                            EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, ELEM_MAX, S_FP32, S_MBITS, S_EMIN,
+                            S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, LEAN, S_LEAN,
+                            DIVISORS, RUNS16, PAIRS, BYTE_WORDS, NATIVE)  # fmt: skip
+    else:
+        _float_actual_tiles(x_ptr, codes_ptr, scales_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols,
+                            code_bytes, code_stride, TILE, TCOLS, BLOCKS, EVEN, WORDS, GIVEN, TWO_LEVEL, BITS, MBITS,
+                            EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, ELEM_MAX, S_FP32, S_MBITS, S_EMIN,
+                            S_EMAX, S_MAX_CODE, S_NAN_CODE, S_ONE_CODE, S_FNUZ, S_HAS_INF, CEIL, LEAN, S_LEAN, 0,
+                            RUNS16, PAIRS, BYTE_WORDS, NATIVE)  # fmt: skip
+
+
+@triton.jit
+def _float_actual_tiles(
+    x_ptr, codes_ptr, scales_ptr, scalar, n_blocks, blocks_per_row, block_rows, rows, cols, code_bytes, code_stride,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr, WORDS: tl.constexpr,
+    GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+    EMAX: tl.constexpr, MAX_CODE: tl.constexpr, IS_INT: tl.constexpr, FNUZ: tl.constexpr, NAN_CODE: tl.constexpr,
+    ROUND: tl.constexpr, ELEM_MAX: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr,
+    S_EMAX: tl.constexpr, S_MAX_CODE: tl.constexpr, S_NAN_CODE: tl.constexpr, S_ONE_CODE: tl.constexpr,
+    S_FNUZ: tl.constexpr, S_HAS_INF: tl.constexpr, CEIL: tl.constexpr, LEAN: tl.constexpr, S_LEAN: tl.constexpr,
+    DIVISORS: tl.constexpr, RUNS16: tl.constexpr, PAIRS: tl.constexpr, BYTE_WORDS: tl.constexpr,
+    NATIVE: tl.constexpr,
+):  # fmt: skip
+    """The actual cast of the program's tiles under the tensor's scalar."""
     if PAIRS:
         _float_pairs(x_ptr, codes_ptr, scales_ptr, scalar, n_blocks, TWO_LEVEL, BLOCKS, BITS, MBITS, EMIN, EMAX,
                      MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, ELEM_MAX, S_FP32, S_MBITS, S_EMIN, S_EMAX, S_MAX_CODE,

@@ -4,6 +4,7 @@ packing, run loads) and the host API of the Triton engine."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -145,10 +146,12 @@ class LaunchConfig:
     elements None: 8 KiB of the float stream, 4,096 16-bit or 2,048 float32 values (with 4,096
     float32 values ptxas hoists the loads into 116 registers and fp32 -> fp6/fp4 lost 14%).
     A tile larger than that is one program, with more warps (about 32 values a thread, 64 as
-    16-bit pairs in words)."""
+    16-bit pairs in words). registers: a cap on a thread's registers where ptxas takes more than
+    the kernel needs and loses occupancy (None: ptxas decides)."""
 
     elements: int | None = None
     num_warps: int = 4
+    registers: int | None = None
 
     def blocks(self, tile: int, element_size: int) -> int:
         elements = self.elements or _PROGRAM_BYTES // element_size
@@ -281,18 +284,23 @@ def _words16(nspec: NumberSpec, x: torch.Tensor, out: torch.dtype, geo: _Geometr
     return _byte_words(nspec, x, geo) and nspec.infnan is not InfNaN.FNUZ and out.itemsize == 2
 
 
-def _float_actual_config(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry, two_level: bool) -> LaunchConfig:
+def _float_actual_config(
+    nspec: NumberSpec, x: torch.Tensor, geo: _Geometry, two_level: bool, checked: bool
+) -> LaunchConfig:
     """The launch of a float-scaled actual cast where the default is short (H100 sweeps,
     docs/benchmarks.md): from float32, one scale per tensor 1,024 values a program (fp8_F 79% ->
     102% of copy, int4_f 70% -> 95%), two levels 1,024 on 2 warps (nvfp4 88% -> 90%); 4-bit codes
-    from 16-bit runs 2,048 (nvf4 69% -> 74%; read as word pairs, 94%)."""
+    from 16-bit runs 2,048 (nvf4 69% -> 74%; read as word pairs, 94%). `checked`: the kernel
+    checks a tensor scale it reads (`_divisors`), whose two arms ptxas gives 40 registers as
+    word pairs of 16-bit values and 56 from float32: capped at 32 and 40 (nvfp4 cast pass from
+    bf16 273 -> 259 us, from fp32 442 -> 420 us; the fast arm alone needs no more)."""
     wide = x.element_size() == 4
     if geo.flat and wide:
         return LaunchConfig(1024, 4)
     if two_level and wide:
-        return LaunchConfig(1024, 2)
+        return LaunchConfig(1024, 2, 40 if checked else None)
     if nspec.bits == 4 and _runs16(nspec, x, geo):
-        return LaunchConfig(2048, 4)
+        return LaunchConfig(2048, 4, 32 if checked and _pairs(nspec, x, geo) else None)
     return LaunchConfig()
 
 
@@ -307,22 +315,39 @@ def lean_nearest(nspec: NumberSpec, roundmode: RoundMode) -> bool:
     return nearest and not nspec.is_int and grid
 
 
-def _divisors(geo: _Geometry, two_level: bool, scale: NumberSpec, given_value: float | None) -> int:
+def _divisors(
+    geo: _Geometry, two_level: bool, scale: NumberSpec, elem_max: float, given_value: float | None
+) -> dict[str, object]:
     """What the float-scale kernels may assume of their divisors (`_elements.quotient_magnitudes`):
-    0 nothing (small ones are prescaled, at a multiply a value); 1 at least 2**-64; 2 also at most
-    2**126, on a GPU (the hardware's approximate reciprocal). One level of 8-bit tile scales lies
-    in [2**-17, 57344]; a caller's scale per tensor is known here, alone or times 8-bit tile
-    scales; a scale computed on the device is not."""
-    if given_value is not None and (geo.flat or scale.bits == 8):
-        smallest, largest = (1.0, 1.0) if geo.flat else _scale_range(scale)
-        least, most = given_value * smallest, given_value * largest
-    elif scale.bits == 8 and not two_level and not geo.flat:
-        least, most = _scale_range(scale)
+    DIVISORS 0 nothing (small ones are prescaled, at a multiply a value); 1 at least 2**-64; 2
+    also at most 2**126, on a GPU (the hardware's approximate reciprocal). Each divisor is the
+    tensor's one scalar (a scale per tensor, or two levels' tensor scale; else 1) times at most
+    one 8-bit tile scale, and two-level tile scales divide by the scalar times the element max.
+    A scalar known here decides it. A two-level tensor scale on the device (computed from the
+    amax pass) the kernel checks against [SCALAR_LO, SCALAR_HI], taking the DIVISORS arm inside
+    and the prescaling arm outside (H100, nvfp4 actual from bf16: cast pass 279 -> 259 us). One
+    scale per tensor on the device is not checked: its prescaling costs one multiply a value,
+    and the second arm cost more (fp8_F actual from bf16 296 -> 322 us: LLVM hoists the arms'
+    common loads above the branch and the kernel kept 79 registers, not 37)."""
+    unchecked = {"SCALAR_LO": 0.0, "SCALAR_HI": 0.0}
+    if geo.flat:
+        smallest = largest = 1.0
+    elif scale.bits == 8:
+        smallest, largest = _scale_range(scale)
+        largest = max(largest, elem_max) if two_level else largest
     else:
-        return 0
-    if least < 2.0**-64:
-        return 0
-    return 1 if most > 2.0**126 or interpreting() else 2
+        return {"DIVISORS": 0} | unchecked
+    fast = 1 if interpreting() else 2
+    if given_value is None and geo.flat:
+        return {"DIVISORS": 0} | unchecked
+    if given_value is None and two_level:  # a tensor scale on the device: the kernel checks it
+        least = 2.0 ** math.ceil(math.log2(2.0**-64 / smallest))  # powers of two: exact float32 bounds
+        most = 2.0 ** math.floor(math.log2(2.0**126 / largest))
+        return {"DIVISORS": fast, "SCALAR_LO": least, "SCALAR_HI": most}
+    scalar = 1.0 if given_value is None else given_value
+    if scalar * smallest < 2.0**-64:
+        return {"DIVISORS": 0} | unchecked
+    return {"DIVISORS": 1 if scalar * largest > 2.0**126 else fast} | unchecked
 
 
 def _amax_stats(x: torch.Tensor) -> torch.Tensor:
@@ -463,15 +488,17 @@ def _float_cast(
     elif given is None and (geo.flat or two_level):
         given = _given_scale(x, dtype, scalemode)
     out = out_dtype or x.dtype
+    divisors = _divisors(geo, two_level, sspec.scale, float(nspec.max), given_value)
     if not virtual and config == LaunchConfig():
-        config = _float_actual_config(nspec, x, geo, two_level)
+        config = _float_actual_config(nspec, x, geo, two_level, divisors["SCALAR_HI"] > 0)
     per_program = config.blocks(geo.tile, max(x.element_size(), out.itemsize if virtual else 0))
     grid = (triton.cdiv(geo.blocks, per_program),)
     common = {
         "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "EVEN": geo.even, "GIVEN": geo.flat,
         "TENSOR_AMAX": tensor_amax, "enable_fp_fusion": False,
-        "DIVISORS": _divisors(geo, two_level, sspec.scale, given_value),
-    } | _float_constants(dtype, roundmode, scalemode)  # fmt: skip
+    } | _float_constants(dtype, roundmode, scalemode) | divisors  # fmt: skip
+    if config.registers:
+        common["maxnreg"] = config.registers
     words = _words16(nspec, x, out, geo) if virtual else _byte_words(nspec, x, geo)
     common["num_warps"] = config.warps(geo.tile, 2048 if words else 1024)
     source = _as_bits(x, loading=True)
