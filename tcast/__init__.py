@@ -112,7 +112,9 @@ def cast(
     format; the cast then reads the input once (without it, a pass over the whole tensor finds the
     amax first), values beyond the scale's range saturate, and a NaN or Inf in the input affects
     only its own element (two levels: its tile). Give a Python float: a tensor on the GPU is
-    read back to check it, which waits for the GPU.
+    read back to check it, which waits for the GPU. A two-level tensor scale beyond 2**126 over
+    the larger of the tile scale's and the element's max is cast by TorchCast (TritonCast
+    divides in float32).
     """
     from . import _torchcast
     from ._engine import use_triton
@@ -136,7 +138,7 @@ def cast(
             return _lutcast.actual_cast(x, datatype_, round_, scale_, measure)
         return _lutcast.virtual_cast(x, datatype_, round_, scale_, out_dtype)
     if use_triton(
-        datatype_, resolve_compute(computemode), tuple(x.shape), x.dtype, x.is_cuda, "cast to", round_
+        datatype_, resolve_compute(computemode), tuple(x.shape), x.dtype, x.is_cuda, "cast to", round_, given
     ):
         from . import _triton
 

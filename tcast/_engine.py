@@ -115,10 +115,28 @@ def _shape_support(sspec: ScaleSpec, nspec: NumberSpec, shape: tuple[int, ...]) 
     return ""
 
 
+def _given_scale_support(dtype: DataType, given: float) -> str:
+    """A caller's two-level tensor scale whose products with the tile scales or the element max
+    pass 2**126: the kernels divide by them in float32 (their reciprocals would leave its normal
+    range), TorchCast in float64. A tensor scale computed from the data never gets there."""
+    sspec = dtype.sspec
+    assert sspec is not None
+    largest = max(sspec.scale.max, dtype.nspec.max)
+    if given * largest > 2.0**126:
+        return f"tensor_scale {given:g}: times {largest:g} it passes 2**126 (Triton divides in float32)"
+    return ""
+
+
 def _check(
-    dtype: DataType, shape: tuple[int, ...] | None, source: Any, on_cuda: bool | None, roundmode: Any = None
+    dtype: DataType,
+    shape: tuple[int, ...] | None,
+    source: Any,
+    on_cuda: bool | None,
+    roundmode: Any = None,
+    given: float | None = None,
 ) -> Support:
-    """Every rule, for a dtype alone or for a tensor of `shape`, float dtype `source`, on a device."""
+    """Every rule, for a dtype alone or for a tensor of `shape`, float dtype `source`, on a device,
+    under a caller's tensor scale `given` (already rounded into its format)."""
     if not _triton_importable():
         return Support(False, "triton is not installed")
     problem = _element_support(dtype.nspec)
@@ -136,6 +154,8 @@ def _check(
             problem = _float_scale_support(sspec)
             if not problem and roundmode is RoundMode.STOCHASTIC:
                 problem = "stochastic rounding under float scales is cast by TorchCast"
+            if not problem and given is not None and sspec.tensor_scale is not None:
+                problem = _given_scale_support(dtype, given)
         problem = problem or _tile_support(sspec, dtype.nspec)
         if not problem and shape is not None:
             problem = _shape_support(sspec, dtype.nspec, shape)
@@ -178,12 +198,14 @@ def use_triton(
     on_cuda: bool,
     what: str,
     roundmode: RoundMode | None = None,
+    given: float | None = None,
 ) -> bool:
-    """Pick the engine for a cast (or an upcast) of a tensor; a Triton request that cannot run
-    raises ValueError with the reason. Auto takes Triton on CUDA only."""
+    """Pick the engine for a cast (or an upcast) of a tensor, under a caller's tensor scale
+    `given`; a Triton request that cannot run raises ValueError with the reason. Auto takes
+    Triton on CUDA only."""
     if computemode is ComputeMode.TORCH:
         return False
-    support = _check(dtype, shape, source, on_cuda, roundmode)
+    support = _check(dtype, shape, source, on_cuda, roundmode, given)
     return choose(computemode, support, on_cuda, f"{what} {dtype.name}")
 
 

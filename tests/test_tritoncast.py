@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 from collections.abc import Iterator
 
@@ -364,6 +365,26 @@ def test_a_given_tensor_scale_is_bit_exact(name: str, source: torch.dtype) -> No
             _assert_engines_agree(
                 x, name, roundmode=roundmode, scalemode=scalemode, tensor_scale=tensor_scale
             )
+
+
+@pytest.mark.parametrize("element", ["e5m2", "e4m3fn"])
+def test_a_huge_given_tensor_scale_is_bit_exact_or_left_to_torchcast(element: str) -> None:
+    """Two levels of e5m2 (max 57344) or e4m3 (448) elements under e4m3 tile scales: a caller's
+    tensor scale whose products with the tile scales and the element max stay within 2**126 is
+    cast bit-exactly; beyond it the kernels' float32 reciprocals would leave the normal range
+    (the tile scales came out wrong), so Triton declines with the reason and TorchCast, dividing
+    in float64, casts it."""
+    dtype = tcast.datatype(element, "e4m3fn_t16+float32")
+    top = 2.0**126 / max(dtype.nspec.max, dtype.sspec.scale.max)
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(8, 64, generator=g) * torch.logspace(0, 12, 64, base=2.0) * 2.0**112).to(DEVICE)
+    for tensor_scale in (2.0**100, 2.0 ** math.floor(math.log2(top))):
+        _assert_engines_agree(x, dtype, tensor_scale=tensor_scale)
+    huge = 2.0 ** math.ceil(math.log2(top) + 1)
+    with pytest.raises(ValueError, match=r"passes 2\*\*126"):
+        tcast.cast(x, dtype, computemode="triton", tensor_scale=huge)
+    auto = tcast.cast(x, dtype, tensor_scale=huge)  # on a GPU: auto takes TorchCast
+    assert same_bits(auto, tcast.cast(x, dtype, computemode="torch", tensor_scale=huge))
 
 
 WORD_PAIRS = (

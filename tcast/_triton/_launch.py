@@ -293,7 +293,7 @@ def _float_actual_config(
     from 16-bit runs 2,048 (nvf4 69% -> 74%; read as word pairs, 94%). `checked`: the kernel
     checks a tensor scale it reads (`_divisors`), whose two arms ptxas gives 40 registers as
     word pairs of 16-bit values and 56 from float32: capped at 32 and 40 (nvfp4 cast pass from
-    bf16 273 -> 259 us, from fp32 442 -> 420 us; the fast arm alone needs no more)."""
+    bf16 273 -> 259 us, from fp32 442 -> 420 us; offline, the fast arm alone fits 32 unspilled)."""
     wide = x.element_size() == 4
     if geo.flat and wide:
         return LaunchConfig(1024, 4)
@@ -330,6 +330,8 @@ def _divisors(
     and the second arm cost more (fp8_F actual from bf16 296 -> 322 us: LLVM hoists the arms'
     common loads above the branch and the kernel kept 79 registers, not 37)."""
     unchecked = {"SCALAR_LO": 0.0, "SCALAR_HI": 0.0}
+    if geo.flat and given_value is None:
+        return {"DIVISORS": 0} | unchecked
     if geo.flat:
         smallest = largest = 1.0
     elif scale.bits == 8:
@@ -338,8 +340,6 @@ def _divisors(
     else:
         return {"DIVISORS": 0} | unchecked
     fast = 1 if interpreting() else 2
-    if given_value is None and geo.flat:
-        return {"DIVISORS": 0} | unchecked
     if given_value is None and two_level:  # a tensor scale on the device: the kernel checks it
         least = 2.0 ** math.ceil(math.log2(2.0**-64 / smallest))  # powers of two: exact float32 bounds
         most = 2.0 ** math.floor(math.log2(2.0**126 / largest))
