@@ -115,13 +115,24 @@ def _shape_support(sspec: ScaleSpec, nspec: NumberSpec, shape: tuple[int, ...]) 
     return ""
 
 
+def scalar_factors(dtype: DataType) -> tuple[float, float]:
+    """The least and greatest factors the Triton float kernels multiply a tensor's one scalar
+    (1, or two levels' tensor scale) by under 8-bit tile scales: the tile scales' smallest and
+    largest values, and under two levels the element max too (each tile scale divides the tile's
+    amax by the scalar times it)."""
+    sspec = dtype.sspec
+    assert sspec is not None
+    largest = sspec.scale.max
+    if sspec.tensor_scale is not None:
+        largest = max(largest, dtype.nspec.max)
+    return sspec.scale.smallest_subnormal, largest
+
+
 def _given_scale_support(dtype: DataType, given: float) -> str:
     """A caller's two-level tensor scale whose products with the tile scales or the element max
     pass 2**126: the kernels divide by them in float32 (their reciprocals would leave its normal
     range), TorchCast in float64. A tensor scale computed from the data never gets there."""
-    sspec = dtype.sspec
-    assert sspec is not None
-    largest = max(sspec.scale.max, dtype.nspec.max)
+    _, largest = scalar_factors(dtype)
     if given * largest > 2.0**126:
         return f"tensor_scale {given:g}: times {largest:g} it passes 2**126 (Triton divides in float32)"
     return ""

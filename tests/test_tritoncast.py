@@ -519,8 +519,8 @@ def test_large_float_scaled_tiles_and_their_word_path_are_bit_exact(
     8-bit float codes of 16-bit tiles whose rows have even length read 32-bit words of two values
     (`_kernels._float_byte_words`: halfword maxima, two codes a 16-bit store, signs by permute),
     and so does the virtual cast into 16-bit values but for fnuz elements (`_float_virtual_words`:
-    two values a word out, signs by one mask); odd rows (round to nearest even only) and a stream off a word boundary take the element path,
-    with the same codes."""
+    two values a word out, signs by one mask); odd rows (round to nearest even only) and a stream
+    off a word boundary take the element path, with the same codes."""
     from tcast._triton._launch import _byte_words, _geometry
 
     dtype = tcast.lookup(spec[0]) if len(spec) == 1 else tcast.datatype(*spec)
@@ -626,7 +626,7 @@ def test_a_tensor_scale_computed_on_the_device_either_side_of_the_fast_divisors_
 
     name = "nvfp4"
     dtype = tcast.lookup(name)
-    divisors = _divisors(_geometry((64, 16), dtype), True, dtype.sspec.scale, float(dtype.nspec.max), None)
+    divisors = _divisors(_geometry((64, 16), dtype), dtype, None)
     bound = divisors["SCALAR_LO"]
     assert bound * dtype.sspec.scale.smallest_subnormal == 2.0**-64 and divisors["SCALAR_HI"] > 1.0
 

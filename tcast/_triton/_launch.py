@@ -12,7 +12,7 @@ import triton
 
 from .._codes import decode_table, encode, max_code, nan_code
 from .._datatype import DataType
-from .._engine import interpreting
+from .._engine import interpreting, scalar_factors
 from .._modes import RoundMode, ScaleMode
 from .._number import InfNaN, NumberSpec
 from .._pack import packed_nbytes
@@ -233,11 +233,6 @@ def _float_constants(dtype: DataType, roundmode: RoundMode, scalemode: ScaleMode
 
 
 @functools.lru_cache(maxsize=32)
-def _scale_range(scale: NumberSpec) -> tuple[float, float]:
-    """The smallest and largest positive values of a scale format."""
-    return scale.smallest_subnormal, scale.max
-
-
 def _runs16(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
     """Whether 4- and 6-bit codes of 16-bit inputs pack into words from 16-element runs per
     thread (tiles with rows of at least 16 values)."""
@@ -315,32 +310,31 @@ def lean_nearest(nspec: NumberSpec, roundmode: RoundMode) -> bool:
     return nearest and not nspec.is_int and grid
 
 
-def _divisors(
-    geo: _Geometry, two_level: bool, scale: NumberSpec, elem_max: float, given_value: float | None
-) -> dict[str, object]:
+def _divisors(geo: _Geometry, dtype: DataType, given_value: float | None) -> dict[str, object]:
     """What the float-scale kernels may assume of their divisors (`_elements.quotient_magnitudes`):
     DIVISORS 0 nothing (small ones are prescaled, at a multiply a value); 1 at least 2**-64; 2
     also at most 2**126, on a GPU (the hardware's approximate reciprocal). Each divisor is the
     tensor's one scalar (a scale per tensor, or two levels' tensor scale; else 1) times at most
-    one 8-bit tile scale, and two-level tile scales divide by the scalar times the element max.
-    A scalar known here decides it. A two-level tensor scale on the device (computed from the
-    amax pass) the kernel checks against [SCALAR_LO, SCALAR_HI], taking the DIVISORS arm inside
-    and the prescaling arm outside (H100, nvfp4 actual from bf16: cast pass 279 -> 259 us). One
-    scale per tensor on the device is not checked: its prescaling costs one multiply a value,
-    and the second arm cost more (fp8_F actual from bf16 296 -> 322 us: LLVM hoists the arms'
-    common loads above the branch and the kernel kept 79 registers, not 37)."""
+    one 8-bit tile scale (`_engine.scalar_factors`). A scalar known here decides it. A two-level
+    tensor scale on the device (computed from the amax pass) the kernel checks against
+    [SCALAR_LO, SCALAR_HI], taking the DIVISORS arm inside and the prescaling arm outside (H100,
+    nvfp4 actual from bf16: cast pass 279 -> 259 us). One scale per tensor on the device is not
+    checked: its prescaling costs one multiply a value, and the second arm cost more (fp8_F
+    actual from bf16 296 -> 322 us: LLVM hoists the arms' common loads above the branch and the
+    kernel kept 79 registers, not 37)."""
+    sspec = dtype.sspec
+    assert sspec is not None
     unchecked = {"SCALAR_LO": 0.0, "SCALAR_HI": 0.0}
     if geo.flat and given_value is None:
         return {"DIVISORS": 0} | unchecked
     if geo.flat:
         smallest = largest = 1.0
-    elif scale.bits == 8:
-        smallest, largest = _scale_range(scale)
-        largest = max(largest, elem_max) if two_level else largest
+    elif sspec.scale.bits == 8:
+        smallest, largest = scalar_factors(dtype)
     else:
         return {"DIVISORS": 0} | unchecked
     fast = 1 if interpreting() else 2
-    if given_value is None and two_level:  # a tensor scale on the device: the kernel checks it
+    if given_value is None and sspec.tensor_scale is not None:  # on the device: the kernel checks it
         least = 2.0 ** math.ceil(math.log2(2.0**-64 / smallest))  # powers of two: exact float32 bounds
         most = 2.0 ** math.floor(math.log2(2.0**126 / largest))
         return {"DIVISORS": fast, "SCALAR_LO": least, "SCALAR_HI": most}
@@ -488,7 +482,7 @@ def _float_cast(
     elif given is None and (geo.flat or two_level):
         given = _given_scale(x, dtype, scalemode)
     out = out_dtype or x.dtype
-    divisors = _divisors(geo, two_level, sspec.scale, float(nspec.max), given_value)
+    divisors = _divisors(geo, dtype, given_value)
     if not virtual and config == LaunchConfig():
         config = _float_actual_config(nspec, x, geo, two_level, divisors["SCALAR_HI"] > 0)
     per_program = config.blocks(geo.tile, max(x.element_size(), out.itemsize if virtual else 0))
