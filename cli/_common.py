@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1  # bad input: a file, its contents, the environment
@@ -20,6 +21,23 @@ EXIT_USAGE = 2  # bad options or option values (click's own code for usage error
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
+
+
+# What must never reach a terminal raw from a file: C0/C1 controls (ESC starts cursor moves,
+# colours, title changes), line and paragraph separators, bidi overrides, lone surrogates (they do
+# not encode).
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def plain(text: object) -> str:
+    """Text from a file as it may be printed: each unprintable character as its escape
+    (`\\x1b`, `\\ud800`), so a name cannot drive the terminal or fail to encode."""
+    return _UNPRINTABLE.sub(lambda match: ascii(match.group())[1:-1], str(text))
+
+
+def shown(text: object) -> str:
+    """`plain` text that is also safe inside rich markup (`[bold]` in a name stays text)."""
+    return escape(plain(text))
 
 
 def error_document(message: str, exit_code: int, **details: Any) -> dict[str, Any]:
@@ -30,7 +48,7 @@ def error_document(message: str, exit_code: int, **details: Any) -> dict[str, An
 def fail(message: str, as_json: bool = False, path: Any = None) -> NoReturn:
     """One line on stderr (and a JSON error object on stdout with --json), exit code 1: the
     contract every command keeps for bad input."""
-    line = " ".join(str(message).split())
+    line = plain(" ".join(str(message).split()))
     if as_json:
         print_json(error_document(line, EXIT_USER_ERROR, **({"path": str(path)} if path is not None else {})))
     sys.stderr.write(f"error: {line}\n")
@@ -146,8 +164,9 @@ def trust_pickle_option() -> Any:
     return typer.Option(
         False,
         "--trust-pickle",
-        help="Let a .pt2 run the pickles and code it holds. Off by default: a .pt2 from someone else "
-        "can run any command when torch loads it; use this only for files you made yourself.",
+        help="Let a .pt2 run the pickles and code it holds, and skip the check of its program (names, "
+        "operator allowlist, sizes). Off by default: a .pt2 from someone else can run any command "
+        "when torch loads it; use this only for files you made yourself.",
     )
 
 

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 from rich import box
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
-from ._common import console, human_bytes
+from ._common import console, human_bytes, plain, shown
 
 if TYPE_CHECKING:
     from coreai_opt._agreement import Agreement
@@ -34,7 +35,9 @@ def fitted_table(
     """A table as wide as the terminal at most (80 columns in CI logs) whose rows never wrap: the
     columns in `squeeze` (index, narrowest width, cut in the middle or else at the end), in that
     order, give up what the others need; the column `wrap` (a free-text reason, the last one) may
-    wrap instead. Cells are plain text; --json carries them whole."""
+    wrap instead. Cells are plain text (never markup; unprintable characters escaped); --json
+    carries them whole."""
+    rows = [[plain(cell) for cell in row] for row in rows]
     widths = [max([len(header), *(len(row[i]) for row in rows)]) for i, (header, _) in enumerate(columns)]
     edges = 2 * len(columns)  # one space either side of every column, collapsed between them
     for index, narrowest, middle in squeeze:
@@ -53,7 +56,7 @@ def fitted_table(
     for i, (header, justify) in enumerate(columns):
         table.add_column(header, justify=justify, no_wrap=i != wrap)  # type: ignore[arg-type]
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     return table
 
 
@@ -67,14 +70,14 @@ def _signature_table(title: str, tensors: tuple[TensorInfo, ...]) -> Table:
     table.add_column("dtype")
     table.add_column("shape")
     for tensor in tensors:
-        table.add_row(tensor.name, tensor.dtype, _shape(tensor.shape))
+        table.add_row(shown(tensor.name), tensor.dtype, _shape(tensor.shape))
     return table
 
 
 def render_model_report(report: ModelReport, *, max_ops: int = 25) -> None:
     console.print(
         Panel.fit(
-            f"[bold]{report.path}[/bold]\nformat: {report.format}   ops: {sum(report.ops.values())}"
+            f"[bold]{shown(report.path)}[/bold]\nformat: {report.format}   ops: {sum(report.ops.values())}"
             f"   weights: {len(report.weights)}",
             title="coreopt inspect",
         )
@@ -87,7 +90,7 @@ def render_model_report(report: ModelReport, *, max_ops: int = 25) -> None:
     ops.add_column("count", justify="right")
     items = list(report.ops.items())
     for name, count in items[:max_ops]:
-        ops.add_row(name, str(count))
+        ops.add_row(shown(name), str(count))
     if len(items) > max_ops:
         ops.add_row(f"... {len(items) - max_ops} more op kinds", str(sum(c for _, c in items[max_ops:])))
     console.print(ops)
@@ -104,18 +107,18 @@ def render_model_report(report: ModelReport, *, max_ops: int = 25) -> None:
         f"   mean bits/weight {report.mean_bits_per_weight:.2f}"
     )
     for note in report.notes:
-        console.print(f"[dim]note: {note}[/dim]")
+        console.print(f"[dim]note: {shown(note)}[/dim]")
 
 
 def render_conversion(result: ConversionResult, report: ModelReport) -> None:
     table = Table(title="Converted", title_justify="left", show_header=False)
     table.add_column("what")
     table.add_column("value")
-    table.add_row("source", str(result.source))
-    table.add_row("output", str(result.output))
+    table.add_row("source", shown(result.source))
+    table.add_row("output", shown(result.output))
     table.add_row("time", f"{result.seconds:.2f} s")
-    table.add_row("inputs", ", ".join(f"{t.name} {t.dtype}{_shape(t.shape)}" for t in report.inputs))
-    table.add_row("outputs", ", ".join(f"{t.name} {t.dtype}{_shape(t.shape)}" for t in report.outputs))
+    table.add_row("inputs", shown(", ".join(f"{t.name} {t.dtype}{_shape(t.shape)}" for t in report.inputs)))
+    table.add_row("outputs", shown(", ".join(f"{t.name} {t.dtype}{_shape(t.shape)}" for t in report.outputs)))
     table.add_row("ops", f"{sum(report.ops.values())} ({len(report.ops)} kinds)")
     table.add_row("weights", f"{len(report.weights)} tensors, {report.weight_bytes:,} bytes")
     console.print(table)
@@ -130,7 +133,7 @@ def render_cast(result: CastFileResult) -> None:
     before, after = report.state_bytes_before, report.state_bytes_after
     console.print(
         Panel.fit(
-            f"[bold]{result.source}[/bold] -> [bold]{result.output}[/bold]\n"
+            f"[bold]{shown(result.source)}[/bold] -> [bold]{shown(result.output)}[/bold]\n"
             f"passes: {', '.join(report.passes)}   nodes: {report.nodes_before} -> {report.nodes_after}"
             f"   casts: +{report.casts_inserted} inserted, -{report.casts_removed} removed   "
             f"{result.seconds * 1000:.0f} ms\n"
@@ -142,7 +145,7 @@ def render_cast(result: CastFileResult) -> None:
     for column in ("name", "kind", "dtype"):
         io.add_column(column)
     for change in report.io:
-        io.add_row(change.name, change.kind, _arrow(change.before, change.after))
+        io.add_row(shown(change.name), change.kind, _arrow(change.before, change.after))
     console.print(io)
 
     groups: dict[str, list] = {}
@@ -172,7 +175,7 @@ def render_cast(result: CastFileResult) -> None:
         ops.add_column(column, justify="right" if column == "count" else "left")
     for outcome, targets in report.op_counts().items():
         for i, (target, count) in enumerate(targets.items()):
-            ops.add_row(outcome if i == 0 else "", target, str(count))
+            ops.add_row(outcome if i == 0 else "", shown(target), str(count))
     console.print(ops)
 
     if result.check is not None:
@@ -183,7 +186,7 @@ def render_cast(result: CastFileResult) -> None:
         for o in result.check.outputs:
             m = o.metrics
             check.add_row(
-                o.name, _arrow(o.dtype_before, o.dtype_after), _number(m.max_abs_error, ".3g"),
+                shown(o.name), _arrow(o.dtype_before, o.dtype_after), _number(m.max_abs_error, ".3g"),
                 _number(m.relative_error, ".3g"), _number(m.cosine, ".6f"),
                 "[green]ok[/green]" if o.ok else "[red]DIFFERS[/red]",
             )  # fmt: skip
@@ -191,18 +194,22 @@ def render_cast(result: CastFileResult) -> None:
         _render_nonfinite((o.name, o.metrics) for o in result.check.outputs)
         overflows = result.check.overflows
         if overflows:
-            where = ", ".join(f"{o.node} ({o.op}{' in ' + o.module if o.module else ''})" for o in overflows)
+            where = shown(
+                ", ".join(f"{o.node} ({o.op}{' in ' + o.module if o.module else ''})" for o in overflows)
+            )
             console.print(f"[yellow]fp16 overflows first at: {where}[/yellow]", highlight=False)
             ops = sorted({op for o in overflows for op in o.ignore})
             if ops:
                 console.print(
-                    "[yellow]run them in fp32: " + " ".join(f"--ignore-op {op}" for op in ops) + "[/yellow]",
+                    "[yellow]run them in fp32: "
+                    + shown(" ".join(f"--ignore-op {op}" for op in ops))
+                    + "[/yellow]",
                     highlight=False,
                 )
             for o in overflows:
                 if o.output:
                     console.print(
-                        f"[yellow]{o.node}: a program output whose values exceed fp16's range; it cannot "
+                        f"[yellow]{shown(o.node)}: a program output whose values exceed fp16's range; it cannot "
                         "be fp16 (scale it inside the model, or cast with --to int16)[/yellow]",
                         highlight=False,
                     )
@@ -210,7 +217,7 @@ def render_cast(result: CastFileResult) -> None:
 
 def _render_policy(source: str, rules: list[InputRule]) -> None:
     """Where the inputs came from, and how each was drawn."""
-    lines = [f"inputs: {source}"] + [f"  {r.name}: {r.describe()}" for r in rules]
+    lines = [f"inputs: {shown(source)}"] + [f"  {shown(r.name)}: {shown(r.describe())}" for r in rules]
     console.print("\n".join(lines), highlight=False)
 
 
@@ -227,7 +234,7 @@ def _render_nonfinite(outputs: Iterable[tuple[str, Agreement]]) -> None:
             measured = f"metrics over {metrics.finite} of {metrics.positions} positions"
             if not metrics.measured:
                 measured = "nothing finite to measure: every metric is n/a"
-            console.print(f"[red]{name}: {summary} ({measured})[/red]", highlight=False)
+            console.print(f"[red]{shown(name)}: {summary} ({measured})[/red]", highlight=False)
 
 
 def _db(value: float | None) -> str:
@@ -273,10 +280,10 @@ def _skipped_table(skipped: list[Skipped], threshold: object) -> None:
 
 def render_compression(result: CompressionFileResult) -> None:
     report = result.report
-    options = "   ".join(f"{k}: {v}" for k, v in result.options.items() if v is not None)
+    options = shown("   ".join(f"{k}: {v}" for k, v in result.options.items() if v is not None))
     console.print(
         Panel.fit(
-            f"[bold]{result.source}[/bold] -> [bold]{result.output}[/bold]\n{options}\n"
+            f"[bold]{shown(result.source)}[/bold] -> [bold]{shown(result.output)}[/bold]\n{options}\n"
             f"{len(report.weights)} weights compressed, {len(report.skipped)} skipped   "
             f"{result.seconds:.2f} s",
             title=f"coreopt {result.method}",
@@ -295,15 +302,15 @@ def render_compression(result: CompressionFileResult) -> None:
             f"{human_bytes(result.file_bytes_before)} -> {human_bytes(result.file_bytes_after)}"
         )
     for warning in report.warnings:
-        console.print(f"[yellow]warning: {warning}[/yellow]")
+        console.print(f"[yellow]warning: {shown(warning)}[/yellow]")
 
 
 def render_activation_quantization(result: ActivationsFileResult) -> None:
     report = result.report
     console.print(
         Panel.fit(
-            f"[bold]{result.source}[/bold] -> [bold]{result.output}[/bold]\n"
-            f"calibration: {result.calibration} ({result.samples} samples)\n"
+            f"[bold]{shown(result.source)}[/bold] -> [bold]{shown(result.output)}[/bold]\n"
+            f"calibration: {shown(result.calibration)} ({result.samples} samples)\n"
             f"{len(report.activations)} activations and {len(report.weights.weights)} weights quantized   "
             f"{result.seconds:.2f} s",
             title="coreopt quantize (weights and activations)",
@@ -315,7 +322,7 @@ def render_activation_quantization(result: ActivationsFileResult) -> None:
     for a in report.activations:
         p = a.qparams
         table.add_row(
-            a.name, ", ".join(a.consumers), f"{a.dtype} {a.qscheme}",
+            shown(a.name), shown(", ".join(a.consumers)), f"{a.dtype} {a.qscheme}",
             a.observer if a.range_from == a.observer else f"{a.observer} (kept {a.range_from})",
             f"[{p.lo:.4g}, {p.hi:.4g}]",
             f"{p.scale:.4g}", str(p.zero_point),
@@ -326,7 +333,7 @@ def render_activation_quantization(result: ActivationsFileResult) -> None:
     weights = result.options["weights"]
     _skipped_table(report.weights_left_float, weights["weight_num_threshold"] if weights else None)
     if report.float_ops:
-        console.print(f"[dim]left in float by the config: {', '.join(report.float_ops)}[/dim]")
+        console.print(f"[dim]left in float by the config: {shown(', '.join(report.float_ops))}[/dim]")
     console.print(
         f"file on disk {human_bytes(result.file_bytes_before)} -> {human_bytes(result.file_bytes_after)}"
     )
@@ -337,10 +344,10 @@ def _output_name(o: OutputComparison) -> str:
 
 
 def render_comparison(result: ComparisonResult) -> None:
-    inputs = ", ".join(f"{s.name} {s.dtype.name}{_shape(s.shape)}" for s in result.inputs)
+    inputs = shown(", ".join(f"{s.name} {s.dtype.name}{_shape(s.shape)}" for s in result.inputs))
     console.print(
         Panel.fit(
-            f"reference: [bold]{result.reference}[/bold]\ncandidate: [bold]{result.candidate}[/bold]\n"
+            f"reference: [bold]{shown(result.reference)}[/bold]\ncandidate: [bold]{shown(result.candidate)}[/bold]\n"
             f"inputs: {inputs}",
             title="coreopt compare",
         )
@@ -362,7 +369,7 @@ def render_comparison(result: ComparisonResult) -> None:
                 f"[red]below {result.min_cosine}[/red]" if m.clean and m.measured else "[red]fails[/red]"
             )
         table.add_row(
-            _output_name(o), _shape(o.shape), o.dtype, _number(m.cosine, ".6f"), _db(m.snr_db),
+            shown(_output_name(o)), _shape(o.shape), o.dtype, _number(m.cosine, ".6f"), _db(m.snr_db),
             _number(m.max_abs_error, ".3g"), verdict,
         )  # fmt: skip
     console.print(table)
@@ -372,10 +379,10 @@ def render_comparison(result: ComparisonResult) -> None:
             spread.add_column(column, justify="right" if column.startswith("mean") else "left")
         for o in result.outputs:
             spread.add_row(
-                _output_name(o),
+                shown(_output_name(o)),
                 _number(o.spread.cosine_mean, ".6f"),
                 _db(o.spread.snr_db_mean),
-                o.spread.worst,
+                shown(o.spread.worst),
             )
         console.print(spread)
     _render_nonfinite((o.name, o.metrics) for o in result.outputs)
@@ -393,9 +400,9 @@ def middle_ellipsis(text: str, width: int) -> str:
 def render_sweep(result: SweepResult) -> None:
     first = result.comparisons[0]
     console.print(
-        f"[bold]reference[/bold] {result.reference.name} ({human_bytes(result.reference_bytes)}, "
+        f"[bold]reference[/bold] {shown(result.reference.name)} ({human_bytes(result.reference_bytes)}, "
         f"{result.reference_bits_per_weight:.2f} bits/weight), {len(first.samples)} sample"
-        f"{'s' * (len(first.samples) > 1)} from {first.inputs_source}"
+        f"{'s' * (len(first.samples) > 1)} from {shown(first.inputs_source)}"
     )
     columns = [("candidate", "left")] + [
         (c, "right") for c in ("size", "ratio", "bits/w", "cos mean", "cos min", "SNR min")
@@ -434,7 +441,7 @@ def distinct_tails(names: list[str]) -> list[str]:
 
 def print_line(text: str) -> None:
     """One summary line, never wrapped (a CI log keeps it whole)."""
-    console.print(text, soft_wrap=True, highlight=False, markup=False)
+    console.print(plain(text), soft_wrap=True, highlight=False, markup=False)
 
 
 def model_line(report: ModelReport) -> str:

@@ -19,9 +19,11 @@ from ._common import (
     force_option,
     json_option,
     option_errors,
+    plain,
     print_json,
     quiet_option,
     run,
+    shown,
     trust_pickle_option,
     user_errors,
     version_option,
@@ -94,7 +96,7 @@ def convert(
 
     with user_errors(as_json):
         with (
-            err_console.status(f"converting {model} ...", spinner="dots")
+            err_console.status(f"converting {shown(model)} ...", spinner="dots")
             if not (as_json or quiet)
             else contextlib.nullcontext()
         ):
@@ -145,6 +147,9 @@ def cast(
         help="safetensors file with one tensor per user input (by input name) for the check.",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random check inputs."),
+    keep_failed: bool = typer.Option(
+        False, "--keep-failed", help="Write the output even when it fails its check (exit code 1 still)."
+    ),
     allow_empty: bool = allow_empty_option(),
     force: bool = force_option(),
     trust_pickle: bool = trust_pickle_option(),
@@ -163,7 +168,7 @@ def cast(
 
     with (
         user_errors(as_json, {"ignored_ops": "--ignore-op"}),
-        err_console.status(f"casting {model} ...", spinner="dots")
+        err_console.status(f"casting {shown(model)} ...", spinner="dots")
         if not (as_json or quiet)
         else contextlib.nullcontext(),
     ):
@@ -178,6 +183,7 @@ def cast(
             force=force,
             trust_pickle=trust_pickle,
             allow_empty=allow_empty,
+            keep_failed=keep_failed,
         )
     if as_json:
         print_json(result.to_dict())
@@ -186,6 +192,14 @@ def cast(
     else:
         render_cast(result)
     if result.check is not None and not result.check.ok:
+        kept = (
+            f"written to {result.output} as asked"
+            if result.written
+            else "not written (--keep-failed writes it)"
+        )
+        sys.stderr.write(
+            plain(f"error: {model}: the cast program fails its check against the original; {kept}\n")
+        )
         raise typer.Exit(1)
 
 
@@ -269,7 +283,9 @@ def _weight_progress(enabled: bool, what: str) -> Iterator[Progress | None]:
             if "bar" not in state:
                 state["bar"] = stack.enter_context(Bar(*columns, console=err_console, transient=True))
                 state["task"] = state["bar"].add_task(what, total=total)
-            state["bar"].update(state["task"], completed=done, total=total, description=f"{what} {name}")
+            state["bar"].update(
+                state["task"], completed=done, total=total, description=f"{what} {shown(name)}"
+            )
 
         yield advance
 

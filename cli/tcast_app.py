@@ -22,6 +22,7 @@ from ._common import (
     print_json,
     quiet_option,
     run,
+    shown,
     user_errors,
     version_option,
 )
@@ -191,7 +192,7 @@ def cast(
             roundmode=roundmode.value,
             only=only,
             force=force,
-            progress=lambda name: progress.update(task, description=f"casting {name}", advance=1),
+            progress=lambda name: progress.update(task, description=f"casting {shown(name)}", advance=1),
         )
     done = [r for r in results if not r.skipped]
     if as_json:
@@ -213,15 +214,17 @@ def cast(
             f"tcast cast {source} -> {output} ({target.name}, {mode.value}): {len(done)} tensors cast{mean}"
         )
         return
-    table = Table(title=f"{source} -> {output} ({target.name}, {mode.value})", title_justify="left")
+    table = Table(title=shown(f"{source} -> {output} ({target.name}, {mode.value})"), title_justify="left")
     for column in ("tensor", "shape", "SQNR dB", "max abs err", "bits/value"):
         table.add_column(column, justify="left" if column in ("tensor", "shape") else "right")
     for r in results:
         if r.skipped:
-            table.add_row(r.name, str(list(r.shape)), f"[dim]skipped: {r.skipped}[/dim]", "", "")
+            table.add_row(
+                shown(r.name), str(list(r.shape)), f"[dim]skipped: {shown(r.skipped)}[/dim]", "", ""
+            )
         else:
             table.add_row(
-                r.name,
+                shown(r.name),
                 str(list(r.shape)),
                 f"{r.sqnr_db:.2f}",
                 f"{r.max_abs_error:.4g}",

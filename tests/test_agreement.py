@@ -252,3 +252,6 @@ def test_cast_check_fails_when_the_reference_itself_is_not_finite(value: float, 
     assert result.check is not None and not result.check.ok
     (out,) = result.check.outputs
     assert out.metrics.finite == 0 and out.cosine is None
+    assert not result.written and not (tmp_path / "c.fp16.pt2").exists()  # a failed program is not kept
+    kept = cast_file(source, "fp16", tmp_path / "c.fp16.pt2", keep_failed=True)
+    assert kept.written and (tmp_path / "c.fp16.pt2").exists()

@@ -11,7 +11,8 @@ from _hostile import tree_digest
 from conftest import copy_sample
 from safetensors.torch import save_file
 
-from coreai_opt.io import load_pt2
+from coreai_opt._export._ops import coreai_decompositions
+from coreai_opt.io import load_pt2, save_pt2
 
 
 @pytest.mark.parametrize(("to", "suffix"), [("fp16", "fp16"), ("int16", "int16"), ("16bit", "16bit")])
@@ -116,3 +117,21 @@ def test_never_writes_over_the_input(tmp_path: Path, coreopt) -> None:  # type: 
     digest = tree_digest(source)
     result = coreopt("cast", source, "-o", source, "--force")
     assert result.exit_code == 1 and tree_digest(source) == digest
+
+
+def test_a_cast_that_fails_its_check_says_so_in_one_line_and_writes_nothing(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    class NotFinite(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 0 + float("nan")
+
+    program = torch.export.export(NotFinite(), (torch.randn(2, 3),)).run_decompositions(
+        coreai_decompositions()
+    )
+    source = save_pt2(program, tmp_path / "nan.pt2")
+    result = coreopt("cast", source, "--to", "fp16", "-o", tmp_path / "out.pt2")
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(source) in lines[0] and "fails its check" in lines[0]
+    assert "--keep-failed" in lines[0] and not (tmp_path / "out.pt2").exists()
+    kept = coreopt("cast", source, "--to", "fp16", "-o", tmp_path / "out.pt2", "--keep-failed")
+    assert kept.exit_code == 1 and (tmp_path / "out.pt2").exists()

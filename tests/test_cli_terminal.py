@@ -66,3 +66,26 @@ def test_quiet_prints_one_summary_line(args: list[str], tmp_path: Path) -> None:
         "compare": "worst cosine 1.000000 over 1 outputs x 1 samples, ok",
     }[args[1]]
     assert expected in lines[0]
+
+
+def test_names_from_a_file_reach_the_terminal_escaped_never_as_markup(tmp_path: Path) -> None:
+    """A tensor name carrying terminal escapes, rich markup, a bidi override and a lone surrogate
+    is printed as text: no raw control byte reaches stdout or stderr, nothing fails to encode."""
+    import torch
+    from safetensors.torch import save_file
+
+    name = "w\x1b[2J\x1b]0;owned\x07[bold red]x[/]\u202e\ud800"
+    save_file({name.encode("utf-8", "surrogatepass").decode("utf-8", "replace"): torch.randn(64, 64)},
+              str(tmp_path / "t.safetensors"))  # fmt: skip
+    save_file({"w\x1b[2J[/bold]\u202e": torch.randn(64, 64)}, str(tmp_path / "u.safetensors"))
+    for source in ("t.safetensors", "u.safetensors"):
+        done = _run(
+            ["tcast", "cast", source, "--dtype", "mxfp8e4", "-o", f"{source}.out.safetensors"], tmp_path
+        )
+        assert done.returncode == 0, done.stderr
+        assert "\x1b" not in done.stdout + done.stderr and "\u202e" not in done.stdout
+        assert "\\x1b[2J" in done.stdout and "[/" in done.stdout  # shown, as text
+    from cli._common import plain, shown
+
+    assert plain("a\x1b[31mb\ud800\u2028") == "a\\x1b[31mb\\ud800\\u2028"
+    assert shown("[bold]x[/bold]") == "\\[bold]x\\[/bold]"

@@ -34,6 +34,7 @@ class CastFileResult:
     report: CastReport
     check: CheckResult | None
     seconds: float
+    written: bool = True  # False when the check failed and the output was not kept
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +44,7 @@ class CastFileResult:
             "seconds": round(self.seconds, 4),
             "report": self.report.to_dict(),
             "check": self.check.to_dict() if self.check is not None else None,
+            "written": self.written,
         }
 
 
@@ -63,10 +65,12 @@ def cast_file(
     force: bool = False,
     trust_pickle: bool = False,
     allow_empty: bool = False,
+    keep_failed: bool = False,
 ) -> CastFileResult:
     """Cast a `.pt2` to 16 bits into a new file, checked against the original unless `check` is
-    off. An ignored op that the program never calls raises `NothingDoneError` (a typo, most
-    likely) and writes nothing, unless `allow_empty`."""
+    off; a program that fails its check is not written unless `keep_failed`. An ignored op that
+    the program never calls raises `NothingDoneError` (a typo, most likely) and writes nothing,
+    unless `allow_empty`."""
     source = Path(source)
     target = CastTarget(target)
     model_format(source, (ModelFormat.PT2,))
@@ -104,5 +108,7 @@ def cast_file(
             message = one_line(exc)
             hint = "" if inputs is not None else "; pass --inputs with valid example inputs, or --no-check"
             raise ModelFileError(source, f"the check could not run the programs ({message}){hint}") from None
-    save_pt2(program, out, force=force, inputs=(source,))
-    return CastFileResult(source, out, target, report, result, seconds)
+    written = result is None or result.ok or keep_failed
+    if written:
+        save_pt2(program, out, force=force, inputs=(source,))
+    return CastFileResult(source, out, target, report, result, seconds, written)
