@@ -215,15 +215,33 @@ def test_converter_failure_reports_the_converters_message(tmp_path: Path, coreop
 
     from coreai_opt.io import save_pt2
 
-    class Unsupported(torch.nn.Module):
+    class Unsupported(torch.nn.Module):  # a core ATen op (the load check lets it in) the converter lacks
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sort(x, 0)[0]
+
+    program = torch.export.export(Unsupported(), (torch.randn(4, 4),))
+    source = save_pt2(program.run_decompositions(coreai_torch.get_decomp_table()), tmp_path / "sort.pt2")
+    before = _snapshot(tmp_path)
+    result = coreopt("convert", source)
+    _assert_clean_failure(result, source, "unsupported ATen ops: aten.sort.default")
+    assert _snapshot(tmp_path) == before
+
+
+def test_an_op_outside_the_allowlist_is_refused_before_conversion(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    import coreai_torch
+    import torch
+
+    from coreai_opt.io import save_pt2
+
+    class Outside(torch.nn.Module):  # cumprod: neither core ATen nor converted by coreai-torch
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return torch.cumprod(x, 0)
 
-    program = torch.export.export(Unsupported(), (torch.randn(4, 4),))
+    program = torch.export.export(Outside(), (torch.randn(4, 4),))
     source = save_pt2(program.run_decompositions(coreai_torch.get_decomp_table()), tmp_path / "cumprod.pt2")
     before = _snapshot(tmp_path)
     result = coreopt("convert", source)
-    _assert_clean_failure(result, source, "unsupported ATen ops: aten.cumprod.default")
+    _assert_clean_failure(result, source, "node 'cumprod' calls 'torch.ops.aten.cumprod.default'")
     assert _snapshot(tmp_path) == before
 
 

@@ -15,6 +15,7 @@ from conftest import SAMPLES, load_sample_builder
 from safetensors.torch import save_file
 
 from coreai_opt._agreement import agreement
+from coreai_opt._export._ops import coreai_decompositions
 from coreai_opt.comparison import compare_files
 from coreai_opt.io import load_pt2, save_pt2
 from coreai_opt.quantization import (
@@ -389,7 +390,9 @@ def test_cli_bad_calibration_is_a_one_line_error(case: str, tmp_path: Path, core
                 return x * 2 + 1
 
         model = tmp_path / "scale.pt2"
-        save_pt2(torch.export.export(Scale(), (torch.randn(4),)), model)
+        save_pt2(
+            torch.export.export(Scale(), (torch.randn(4),)).run_decompositions(coreai_decompositions()), model
+        )
         save_file({"x": torch.randn(4)}, str(data))
     else:
         model = SAMPLES / "cnn.aimodel"

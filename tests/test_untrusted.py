@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import SAMPLES, copy_sample
 
+from coreai_opt._export._ops import coreai_decompositions
 from coreai_opt.io import (
     BadBytecodeError,
     BadMetadataError,
@@ -131,7 +132,7 @@ def test_dynamic_shapes_and_guards_still_load(tmp_path: Path) -> None:
     b = torch.export.Dim("b", min=3, max=64)
     program = torch.export.export(
         Halves(), (torch.randn(8, 3), torch.randn(4)), dynamic_shapes={"x": {0: 2 * b}, "y": {0: b}}
-    )
+    ).run_decompositions(coreai_decompositions())
     torch.export.save(program, tmp_path / "dynamic.pt2")
     loaded = load_pt2(tmp_path / "dynamic.pt2")
     assert len(loaded.range_constraints) == 2

@@ -2,17 +2,24 @@
 
 torch's deserializer hands every symbolic-shape string (`expr_str`) to `sympy.sympify`, which
 runs it through `eval`, and `ExportedProgram.module()` `exec`s the program's guard strings. Both
-are read from the file. Each string is parsed with `ast` and accepted only when it is built from
-numbers, symbol names, arithmetic, comparisons and calls of a fixed set of sympy/torch shape
-functions (for guards: the input shapes `L['x'].size()[i]`), so nothing it names can reach a
-builtin, an import or an attribute chain.
+are read from the file. Each string is parsed (`ast`, text of bounded length) and accepted only
+when it is built from numbers, symbol names, arithmetic, comparisons and calls of a fixed set of
+sympy/torch shape functions (for guards: the input shapes `L['x'].size()[i]`), so nothing it names
+can reach a builtin, an import or an attribute chain.
+
+The grammar also bounds what evaluating the text can cost: its nesting depth, and the size of
+every value it can compute (a bound on each subexpression's magnitude, in bits, derived bottom-up
+with symbols taken as large as any tensor size; a power needs a small constant exponent). Sympy
+would otherwise spend forever on `9**9**9` or `Float('1e999999999')`. Every walk is iterative: a
+deep expression is refused, never a RecursionError.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # What torch's printer (`sympy.srepr`) writes for shape expressions, and the functions the
@@ -44,7 +51,12 @@ _OPERATORS = (
     ast.operator, ast.unaryop, ast.boolop, ast.cmpop, ast.expr_context,
 )  # fmt: skip
 _PLAIN = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple, ast.List, ast.keyword)
-MAX_TEXT = 1 << 16
+MAX_TEXT = 4096  # torch writes a few hundred characters for the deepest derived dimension
+MAX_DEPTH = 48  # nesting of the syntax tree
+MAX_BITS = 1024  # no subexpression may be able to reach 2**1024 in magnitude
+MAX_EXPONENT = 64  # a power's exponent: a constant integer no larger than this
+SYMBOL_BITS = 63  # a shape symbol stands for a size below 2**63
+_NUMBER_DIGITS = 40  # a numeric literal's length (int64 and float64 need fewer)
 
 
 def _parse(text: str) -> ast.Expression | str:
@@ -62,11 +74,148 @@ def _constant_ok(node: ast.Constant) -> bool:
     return isinstance(node.value, (int, float, bool)) or node.value is None
 
 
+def _called_name(node: ast.Call) -> str:
+    """What a call calls, said briefly without unparsing the (possibly deep) callee."""
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return f"….{func.attr}"
+    return type(func).__name__
+
+
+def _depth_problem(tree: ast.AST) -> str | None:
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nesting deeper than {MAX_DEPTH} levels"
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return None
+
+
+def _post_order(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node after its children, iteratively."""
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            yield node
+            continue
+        stack.append((node, True))
+        stack.extend((child, False) for child in reversed(list(ast.iter_child_nodes(node))))
+
+
+def _literal_bits(value: Any) -> float | str:
+    """Bits of magnitude of a numeric literal (an int, a float, or the string sympy is given)."""
+    if isinstance(value, str):
+        if len(value) > _NUMBER_DIGITS:
+            return f"numeric literal of {len(value)} characters"
+        try:
+            number = float(value)
+        except ValueError:
+            return f"numeric literal {value!r}"
+        if not math.isfinite(number) and value.strip("+-").lower() not in ("inf", "nan", "infinity"):
+            return f"numeric literal {value!r} beyond float64"
+        value = number
+    if isinstance(value, bool) or value is None:
+        return 1.0
+    if isinstance(value, int):
+        return float(value.bit_length())
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return 1.0  # sympy's oo / nan: no digits to compute
+        return max(math.log2(abs(value)), 0.0) + 1.0 if value else 1.0
+    return f"literal {type(value).__name__}"
+
+
+def _exponent(node: ast.AST) -> int | None:
+    """A power's exponent if it is a small integer constant (`2`, `-1`, `Integer(2)`), else None."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _exponent(node.operand) if isinstance(node.operand, (ast.Constant, ast.Call)) else None
+        return None if inner is None else -inner
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Integer":
+        node = node.args[0] if len(node.args) == 1 else node
+    if isinstance(node, ast.Constant) and type(node.value) is int and abs(node.value) <= MAX_EXPONENT:
+        return node.value
+    return None
+
+
+def _bits_problem(tree: ast.AST, leaf_bits: Callable[[ast.AST], float | None]) -> str | None:
+    """Derive a bound on the magnitude of every subexpression (in bits), bottom-up.
+
+    Sums and maxima add a bit, products add their factors' bits, powers multiply their base's bits
+    by the constant exponent; anything else (calls of shape functions, comparisons, subscripts)
+    is bounded by its largest operand plus one bit. `leaf_bits` bounds names and attributes.
+    """
+    bits: dict[int, float] = {}
+    for node in _post_order(tree):
+        children = [bits[id(child)] for child in ast.iter_child_nodes(node) if id(child) in bits]
+        if isinstance(node, ast.Constant):
+            found = _literal_bits(node.value) if not isinstance(node.value, str) else 0.0
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("Integer", "Float")
+        ):
+            argument = node.args[0] if node.args else None
+            found = (
+                _literal_bits(argument.value)
+                if isinstance(argument, ast.Constant)
+                else max(children, default=1.0)
+            )
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("Symbol", "Dummy")
+        ):
+            found = float(SYMBOL_BITS)
+        elif (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)) or (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("Pow", "PowByNatural", "FloatPow") and len(node.args) == 2
+        ):  # fmt: skip
+            base, power = (node.left, node.right) if isinstance(node, ast.BinOp) else node.args
+            exponent = _exponent(power)
+            if exponent is None:
+                return "power whose exponent is not a small integer constant"
+            found = bits[id(base)] * max(abs(exponent), 1)
+        elif (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.LShift))) or (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Mul", "LShift")
+        ):  # fmt: skip
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.LShift):
+                shift = _exponent(node.right)
+                if shift is None or shift < 0:
+                    return "shift by more than a small constant"
+                found = bits[id(node.left)] + shift
+            else:
+                found = sum(children) if children else 1.0
+        elif isinstance(node, (ast.Name, ast.Attribute)):
+            leaf = leaf_bits(node)
+            found = max(children, default=0.0) if leaf is None else leaf
+        else:
+            found = max(children, default=0.0) + 1.0
+        if isinstance(found, str):
+            return found
+        if found > MAX_BITS:
+            return f"value that can exceed 2**{MAX_BITS}"
+        bits[id(node)] = found
+    return None
+
+
+def _sympy_leaf_bits(node: ast.AST) -> float | None:
+    if isinstance(node, ast.Name):
+        return float(SYMBOL_BITS) if _SYMBOL.match(node.id) else 0.0
+    return None
+
+
 def sympy_problem(text: str) -> str | None:
     """Why `text` is not a plain sympy shape expression, or None when it is one."""
     tree = _parse(text)
     if isinstance(tree, str):
         return tree
+    problem = _depth_problem(tree)
+    if problem:
+        return problem
     for node in ast.walk(tree):
         if isinstance(node, (*_PLAIN, *_OPERATORS)):
             continue
@@ -90,13 +239,13 @@ def sympy_problem(text: str) -> str | None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in called_strings:
             return f"string {node.value!r}"
-    return None
+    return _bits_problem(tree, _sympy_leaf_bits)
 
 
 def _call_problem(node: ast.Call) -> str | None:
     func = node.func
     if not isinstance(func, ast.Name) or func.id not in SYMPY_CALLS:
-        return f"call of {ast.unparse(func)!r}"
+        return f"call of {_called_name(node)!r}"
     for keyword in node.keywords:
         if keyword.arg is None or not isinstance(keyword.value, ast.Constant):
             return f"keyword argument of {func.id}"
@@ -108,8 +257,14 @@ def _call_problem(node: ast.Call) -> str | None:
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
             pattern = _STRING_ARGUMENT.get(func.id)
             if index != 0 or pattern is None or not pattern.match(arg.value):
-                return f"string argument {arg.value!r} of {func.id}"
+                return f"string argument {arg.value[:40]!r} of {func.id}"
     return None
+
+
+def _guard_leaf_bits(node: ast.AST) -> float | None:
+    if isinstance(node, ast.Name) and node.id == "inf":
+        return 1.0
+    return float(SYMBOL_BITS)  # an input's size, stride, ...
 
 
 def guard_problem(text: str) -> str | None:
@@ -117,6 +272,9 @@ def guard_problem(text: str) -> str | None:
     tree = _parse(text)
     if isinstance(tree, str):
         return tree
+    problem = _depth_problem(tree)
+    if problem:
+        return problem
     for node in ast.walk(tree):
         if isinstance(node, (*_PLAIN, *_OPERATORS, ast.Subscript, ast.Slice)):
             continue
@@ -131,33 +289,15 @@ def guard_problem(text: str) -> str | None:
                 return f"attribute {node.attr!r}"
         elif isinstance(node, ast.Call):
             if node.keywords or not isinstance(node.func, (ast.Name, ast.Attribute)):
-                return f"call of {ast.unparse(node.func)!r}"
+                return f"call of {_called_name(node)!r}"
         else:
             return f"{type(node).__name__} syntax"
-    return None
+    return _bits_problem(tree, _guard_leaf_bits)
 
 
-def _walk_json(document: Any) -> Iterator[tuple[str, Any]]:
-    """(key, value) of every dict entry in a JSON document, iteratively (files can nest deep)."""
-    stack = [document]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            for key, value in item.items():
-                yield key, value
-                if isinstance(value, (dict, list)):
-                    stack.append(value)
-        elif isinstance(item, list):
-            stack.extend(v for v in item if isinstance(v, (dict, list)))
-
-
-def program_text_problem(document: Any) -> str | None:
-    """The first symbolic expression or guard in a serialized program that is more than shape math."""
-    for key, value in _walk_json(document):
-        if key == "expr_str":
-            problem = sympy_problem(value)
-            if problem:
-                return f"symbolic shape {str(value)[:80]!r} holds a {problem}"
+def guards_problem(document: Any) -> str | None:
+    """The first guard of a serialized program that is more than a check of input shapes (the
+    shape expressions are checked where torch reads them: `_program_audit`)."""
     guards = document.get("guards_code", []) if isinstance(document, dict) else []
     if not isinstance(guards, list):
         return "guards_code is not a list"

@@ -13,7 +13,11 @@ evaluates the program's shape strings with sympy. `Pt2Archive` reads the same la
   `use_pickle` (torch writes them for tensor subclasses), custom/opaque objects, legacy state;
   compiled code is refused too;
 - the sample inputs are never loaded (no program needs them to run, cast or convert);
-- shape expressions and guards are checked (`_expressions`) before torch's deserializer runs.
+- the program itself is checked as data (`_program_audit`: names that reach generated Python,
+  an operator allowlist, declared sizes against a budget from what the file stores, shape
+  expressions and guards) before torch's deserializer runs;
+- a stored tensor's dtype must be a Core AI element type and its shape must fit its record's
+  bytes (no expanded view of a few bytes that becomes gigabytes when a pass copies it).
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._errors import CorruptArchiveError, UnsafeArchiveError
-from ._expressions import program_text_problem
+from ._expressions import guards_problem
 from ._pickles import UnreadablePickle, forbidden_globals, torch_save_globals
+from ._program_audit import dtype_problem, path_problem, program_problem
 from ._zip import ZipEntry, audit_zip, read_entry
 
 if TYPE_CHECKING:
@@ -176,9 +181,11 @@ class Pt2Archive:
         for legacy in LEGACY_STATE:
             if legacy in self.entries:
                 self._refuse_pickle(legacy, "legacy pickled state")
+        stored: list[int] = []
         for payload in self.payloads(WEIGHTS_CONFIG, WEIGHTS_DIR):
             if payload.use_pickle:
                 self._refuse_pickled_tensor(payload.record, f"weight {payload.fqn}")
+            stored.append(self._stored_elements(payload))
         for payload in self.payloads(CONSTANTS_CONFIG, CONSTANTS_DIR):
             kind = payload.record.removeprefix(CONSTANTS_DIR)
             if kind.startswith((CUSTOM_OBJECT, OPAQUE_OBJECT)):
@@ -190,11 +197,38 @@ class Pt2Archive:
                 raise CorruptArchiveError(self.path, f"{payload.record}: unknown constant kind")
             if payload.use_pickle:
                 self._refuse_pickled_tensor(payload.record, f"constant {payload.fqn}")
+            stored.append(self._stored_elements(payload))
         if SAMPLE_INPUTS in self.entries and self.entries[SAMPLE_INPUTS].size:
             self._refuse_pickle(SAMPLE_INPUTS, "sample inputs")
-        problem = program_text_problem(self.read_json(MODEL_JSON))
+        document = self.read_json(MODEL_JSON)
+        problem = program_problem(document, stored) or guards_problem(document)
         if problem:
             raise UnsafeArchiveError(self.path, f"{MODEL_JSON}: {problem}; {TRUST_HINT}")
+
+    def _stored_elements(self, payload: _Payload) -> int:
+        """A stored tensor's element count, once its name, dtype and layout agree with its record."""
+        problem = path_problem(payload.fqn)
+        if problem:
+            raise UnsafeArchiveError(self.path, f"tensor name {payload.fqn[:60]!r} {problem}; {TRUST_HINT}")
+        if payload.meta is None:
+            raise CorruptArchiveError(self.path, f"{payload.record} has no tensor_meta")
+        problem = dtype_problem(payload.meta.get("dtype"))
+        if problem:
+            raise CorruptArchiveError(self.path, f"{payload.fqn} {problem}")
+        try:
+            dtype, size, _, _ = _tensor_layout(payload.meta)
+        except ValueError as exc:
+            raise CorruptArchiveError(self.path, f"{payload.fqn}: {exc}") from None
+        import torch
+
+        elements = math.prod(size)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if elements * itemsize > self.entries[payload.record].size:
+            raise CorruptArchiveError(
+                self.path, f"{payload.fqn}: shape {list(size)} needs {elements * itemsize:,} bytes, "
+                f"{payload.record} stores {self.entries[payload.record].size:,} (an expanded or lying layout)"
+            )  # fmt: skip
+        return elements
 
     # ----- tensors ------------------------------------------------------------------------------
 
