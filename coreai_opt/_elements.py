@@ -105,3 +105,12 @@ def of_torch(dtype: Any) -> Element:
         return _BY_TORCH[name]
     except KeyError:
         raise ValueError(f"no element type for torch dtype {name}") from None
+
+
+def core_ai_name(dtype: Any) -> str:
+    """A torch dtype's element name as Core AI (MLIR) prints it (`f16`, `si64`), so both program
+    formats read alike; the torch name for a dtype Core AI has no element for."""
+    try:
+        return of_torch(dtype).name
+    except ValueError:
+        return str(dtype).removeprefix("torch.")

@@ -25,8 +25,7 @@ from coreai_opt.compression import (
     _pieces,
 )
 from coreai_opt.compression._driver import encode_weight
-from coreai_opt.compression._encoded import Encoding
-from coreai_opt.compression._sites import WeightSite
+from coreai_opt.weights import Encoding, WeightSite
 
 G = CompressionGranularity
 CONFIGS = {

@@ -80,3 +80,69 @@ def _code_lines(path: Path) -> dict[int, str]:
                 continue
             lines.setdefault(token.start[0], []).append(token.string)
     return {number: " ".join(parts) for number, parts in lines.items()}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module of ours a file imports, at module level or inside a function, absolute or
+    relative (a lazy import is a dependency all the same)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    if path.name == "__init__.py":
+        package = package.rsplit(".", 1)[0] + ".__init__"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: -node.level]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return {m for m in found if m.split(".")[0] in ("coreai_opt", "cli", "tcast")}
+
+
+def _folder(module: str) -> str:
+    """The folder a module belongs to: `coreai_opt.compression._driver` -> `coreai_opt.compression`;
+    a top-level module of a package is a folder of its own (`coreai_opt._elements`)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else parts[0]
+
+
+def _folder_graph() -> dict[str, set[str]]:
+    known = {_folder(".".join(p.relative_to(ROOT).with_suffix("").parts)) for p in PRODUCT}
+    graph: dict[str, set[str]] = {}
+    for path in PRODUCT:
+        source = _folder(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for module in _imported_modules(path):
+            target = _folder(module)
+            if target in known and target != source and target.count(".") >= 1:
+                graph.setdefault(source, set()).add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Pairs of folders each of which reaches the other."""
+
+    def reach(start: str) -> set[str]:
+        seen, stack = set(), [start]
+        while stack:
+            for nxt in graph.get(stack.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return seen
+
+    closure = {folder: reach(folder) for folder in graph}
+    return sorted((a, b) for a in closure for b in closure[a] if a < b and a in closure.get(b, set()))
+
+
+def test_no_folder_imports_one_that_imports_it_back() -> None:
+    assert [pair for pair in _cycles(_folder_graph()) if not pair[0].startswith("tcast")] == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycles({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": {"a.x"}}) == [
+        ("a.x", "a.y"), ("a.x", "a.z"), ("a.y", "a.z"),
+    ]  # fmt: skip

@@ -6,6 +6,7 @@ layout is mended here once. coreai is imported lazily: importing coreopt costs n
 
 from __future__ import annotations
 
+from ._describe import ProgramWeight, program_weights, weight_encoding
 from ._ir import (
     BYTECODE_FILE,
     BYTECODE_MAGIC,
@@ -36,6 +37,7 @@ __all__ = [
     "BYTECODE_MAGIC",
     "DECOMPRESSION_OPS",
     "GraphSignature",
+    "ProgramWeight",
     "TensorSig",
     "constant_bytes",
     "constant_nbytes",
@@ -50,8 +52,10 @@ __all__ = [
     "mlir_module",
     "new_context",
     "op_histogram",
+    "program_weights",
     "storage_nbytes",
     "stored_nbytes",
     "tensor_shape",
     "walk_ops",
+    "weight_encoding",
 ]

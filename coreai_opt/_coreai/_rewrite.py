@@ -9,15 +9,25 @@ place. Sub-byte codes are packed low bits first, as Core AI reads them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from coreai_opt._elements import ELEMENTS, element
 from coreai_opt._memory import release_file_pages
-from coreai_opt.compression._encoded import Encoding, Palettized, Quantized, ShiftScale, Sparse, Stored
-from coreai_opt.compression._sites import Candidate, Consumer, Use, WeightSite
+from coreai_opt.weights import (
+    Candidate,
+    Consumer,
+    Encoding,
+    Palettized,
+    Quantized,
+    ShiftScale,
+    Sparse,
+    Stored,
+    Use,
+    WeightSite,
+    Written,
+)
 
 from ._ir import (
     BYTECODE_FILE,
@@ -131,15 +141,8 @@ def _element_type(name: str) -> Any:
     return factories[name]()
 
 
-@dataclass(frozen=True)
-class WrittenWeight:
-    encoding: str
-    bytes_before: int
-    bytes_after: int
-
-
 class CoreAIWeights:
-    """A Core AI program's weights, compressed in place (see `coreai_opt.compression.Container`)."""
+    """A Core AI program's weights, compressed in place (a `weights.Container`)."""
 
     def __init__(self, program: Any) -> None:
         self.module = mlir_module(program)
@@ -176,10 +179,10 @@ class CoreAIWeights:
     def refusal(self, site: WeightSite, encoding: Encoding) -> str | None:
         return None  # Core AI stores every encoding the compression package makes
 
-    def write(self, site: WeightSite, encoding: Encoding) -> WrittenWeight:
+    def write(self, site: WeightSite, encoding: Encoding) -> Written:
         from coreai._compiler import ir
 
-        from coreai_opt.inspection import weight_encoding
+        from ._describe import weight_encoding
 
         op = site.handle
         before = constant_nbytes(op)
@@ -189,7 +192,7 @@ class CoreAIWeights:
         op.erase()
         # the weight was read from coreai-core's map of the bytecode: its pages need not stay
         release_file_pages(BYTECODE_FILE)
-        return WrittenWeight(weight_encoding(new), before, stored_nbytes(new))
+        return Written(weight_encoding(new), before, stored_nbytes(new))
 
     def finish(self) -> None:
         self.module.operation.verify()

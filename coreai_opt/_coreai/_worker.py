@@ -77,9 +77,12 @@ def verify(path: Path) -> dict[str, Any]:
     module = mlir_module(program)
     if not module.operation.verify():
         raise WorkerError("bytecode", f"{BYTECODE_FILE}: the program does not verify")
-    from coreai_opt.inspection._aimodel import inspect_ai_program
+    from ._describe import program_weights
+    from ._ir import graph_signatures, op_histogram
 
-    inspect_ai_program(program, path)  # walks every op and decodes every weight's encoding
+    program_weights(program)  # what inspect walks: every op, every weight's storage decoded
+    graph_signatures(module)
+    op_histogram(module)
     for op in walk_ops(module):
         str(op.location)
         if op.name == "coreai.constant" and constant_array(op).nbytes >= _RELEASE_AFTER:

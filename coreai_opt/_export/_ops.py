@@ -4,13 +4,16 @@ coreai-torch defines the ops (`torch.library.custom_op`) when its compression mo
 imported; a `.pt2` that calls them cannot be loaded or run before that. Their eager kernels
 expand every LUT and scale to the weight's full size (a 4-bit LUT costs 16 values per weight),
 which takes many gigabytes on a large model, so `fold_decompression` decodes each weight once
-with broadcasting instead - the same arithmetic in the same dtypes, so the same bits.
+with `weights`' broadcasting kernels instead - the same arithmetic in the same dtypes, so the same
+bits.
 """
 
 from __future__ import annotations
 
 import warnings
 from typing import TYPE_CHECKING, Any
+
+from coreai_opt.weights._decode import lut_to_dense, shift_scale, sparse_to_dense
 
 if TYPE_CHECKING:
     import torch
@@ -51,93 +54,6 @@ def op_name(node: Node) -> str | None:
 
 def is_decompression(node: Node) -> bool:
     return op_name(node) is not None
-
-
-def _blocks(t: torch.Tensor, blocks: tuple[int, ...]) -> torch.Tensor:
-    """`t` [d0, d1, ...] viewed as [b0, d0/b0, b1, d1/b1, ...] (per-block parameters broadcast)."""
-    shape: list[int] = []
-    for size, count in zip(t.shape, blocks, strict=True):
-        shape += [count, size // count]
-    return t.reshape(shape)
-
-
-def _per_block(param: torch.Tensor) -> torch.Tensor:
-    """A block-wise parameter [b0, b1, ...] as [b0, 1, b1, 1, ...], to broadcast against `_blocks`."""
-    shape: list[int] = []
-    for count in param.shape:
-        shape += [count, 1]
-    return param.reshape(shape)
-
-
-def lut_to_dense(indices: torch.Tensor, lut: torch.Tensor, axis: int) -> torch.Tensor:
-    import torch
-
-    rank = indices.dim()
-    entries, vector = lut.shape[-2], lut.shape[-1]
-    flat = torch.zeros((), dtype=torch.int64)
-    for k, (size, count) in enumerate(zip(indices.shape, lut.shape[:rank], strict=True)):
-        if count > 1:
-            block = torch.arange(size) // (size // count)
-            flat = flat * count + block.reshape([size if i == k else 1 for i in range(rank)])
-    rows = lut.reshape(-1, vector)[flat * entries + indices.long()]  # [*indices.shape, vector]
-    if vector == 1:
-        return rows.reshape(indices.shape)
-    axis = axis % rank
-    shape = list(indices.shape)
-    shape[axis] *= vector
-    return rows.movedim(-1, axis + 1).reshape(shape)
-
-
-def shift_scale(
-    data: torch.Tensor,
-    scale: torch.Tensor,
-    zero_point: torch.Tensor | None = None,
-    minval: torch.Tensor | None = None,
-    input_dtype: torch.dtype | None = None,
-    output_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    import torch
-
-    if minval is not None:
-        raise ValueError("minval offsets are not written by coreopt")
-    fp4 = is_packed_fp4(data, scale)
-    if fp4 or data.is_floating_point():
-        if fp4:
-            data = unpack_fp4(data)
-        blocks = _blocks(data.to(torch.float32), tuple(scale.shape))
-        out = (blocks * _per_block(scale.to(torch.float32))).reshape(data.shape)
-        return out.to(output_dtype if output_dtype is not None else scale.dtype)
-    blocks = _blocks(data.to(scale.dtype), tuple(scale.shape))
-    if zero_point is not None:
-        blocks = blocks - _per_block(zero_point)
-    return (blocks * _per_block(scale)).reshape(data.shape)
-
-
-def is_packed_fp4(data: Any, scale: Any) -> bool:
-    """coreai-torch's sign of FP4 data (tensors or fake tensors): uint8 pairs under E8M0 scales."""
-    from coreai_opt._elements import of_torch
-
-    return str(data.dtype) == "torch.uint8" and of_torch(scale.dtype).name == "f8E8M0FNU"
-
-
-def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 pairs of OCP FP4 codes (low nibble first) along the last axis, as float32 values."""
-    import torch
-
-    import tcast
-
-    shape = (*packed.shape[:-1], 2 * packed.shape[-1])
-    codes = tcast.unpack_codes(packed.contiguous(), 4, 2 * packed.numel()).reshape(shape)
-    return tcast.decode(codes, tcast.number("e2m1ocp"), torch.float32)
-
-
-def sparse_to_dense(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    import torch
-
-    keep = mask.bool()
-    dense = torch.zeros(mask.shape, dtype=values.dtype)
-    dense[keep] = values
-    return dense
 
 
 _DECODERS = {LUT_TO_DENSE: lut_to_dense, SHIFT_SCALE: shift_scale, SPARSE_TO_DENSE: sparse_to_dense}

@@ -17,8 +17,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from coreai_opt._elements import ELEMENTS, Element, of_torch
-from coreai_opt.compression._encoded import Encoding, Palettized, Quantized, ShiftScale, Sparse, Stored
-from coreai_opt.compression._sites import Candidate, Consumer, Use, WeightSite
+from coreai_opt.weights import (
+    Candidate,
+    Consumer,
+    Encoding,
+    Palettized,
+    Quantized,
+    ShiftScale,
+    Sparse,
+    Stored,
+    Use,
+    WeightSite,
+    Written,
+)
+from coreai_opt.weights._decode import torch_values
 
 from ._ops import is_decompression, register_coreai_ops
 
@@ -31,44 +43,6 @@ if TYPE_CHECKING:
 _INDEX_BITS = (1, 2, 4, 6, 8)
 
 
-def _consumers() -> dict[Any, tuple[int, Consumer]]:
-    """ATen op -> (the operand that is a weight, how the op reads it)."""
-    import torch
-
-    aten = torch.ops.aten
-    return {
-        aten.linear: (1, Consumer.LINEAR),
-        aten.convolution: (1, Consumer.CONV),
-        aten.conv1d: (1, Consumer.CONV),
-        aten.conv2d: (1, Consumer.CONV),
-        aten.conv3d: (1, Consumer.CONV),
-        aten.embedding: (0, Consumer.GATHER),
-        aten.mm: (1, Consumer.MATMUL),
-        aten.bmm: (1, Consumer.MATMUL),
-        aten.matmul: (1, Consumer.MATMUL),
-        aten.addmm: (2, Consumer.MATMUL),
-        aten.baddbmm: (2, Consumer.MATMUL),
-    }
-
-
-def _permutation(node: Node, rank: int) -> tuple[int, ...] | None:
-    """The permutation a transposing view applies (None if `node` is not one)."""
-    import torch
-
-    aten = torch.ops.aten
-    packet = getattr(node.target, "overloadpacket", None)
-    if packet is aten.permute:
-        return tuple(int(d) % rank for d in node.args[1])  # type: ignore[union-attr]
-    if packet is aten.t or packet is aten.numpy_T:
-        return tuple(reversed(range(rank)))
-    if packet is aten.transpose:
-        a, b = int(node.args[1]) % rank, int(node.args[2]) % rank  # type: ignore[arg-type]
-        order = list(range(rank))
-        order[a], order[b] = order[b], order[a]
-        return tuple(order)
-    return None
-
-
 def _op_text(node: Node) -> str:
     name = getattr(node.target, "name", None)
     if callable(name):
@@ -76,21 +50,22 @@ def _op_text(node: Node) -> str:
     return str(node.target) if node.op == "call_function" else node.op
 
 
-def uses(node: Node, consumers: dict[Any, tuple[int, Consumer]]) -> tuple[Use, ...]:
+def uses(node: Node) -> tuple[Use, ...]:
     """How each op that reads `node` reads it (looking through one transposing view)."""
+    from coreai_opt._aten import WEIGHT_OPS, packet, permutation
+
     rank = len(node.meta["val"].shape)
     found = []
     for user in node.users:
-        perm = _permutation(user, rank) if user.args and user.args[0] is node else None
+        perm = permutation(user, rank) if user.args and user.args[0] is node else None
         readers = [(u, perm) for u in user.users] if perm is not None else [(user, None)]
         if perm is not None and not user.users:
             found.append(Use(Consumer.OTHER, _op_text(user)))
         source = user if perm is not None else node
-        for reader, permutation in readers:
-            packet = getattr(reader.target, "overloadpacket", None)
-            operand, consumer = consumers.get(packet, (None, Consumer.OTHER))
-            at = operand is not None and len(reader.args) > operand and reader.args[operand] is source
-            found.append(Use(consumer if at else Consumer.OTHER, _op_text(reader), permutation))
+        for reader, order in readers:
+            op = WEIGHT_OPS.get(packet(reader)) if reader.op == "call_function" else None
+            at = op is not None and len(reader.args) > op.weight and reader.args[op.weight] is source
+            found.append(Use(op.consumer if at else Consumer.OTHER, _op_text(reader), order))  # type: ignore[union-attr]
     return tuple(found)
 
 
@@ -101,43 +76,6 @@ class _Slot:
     in_state_dict: bool
 
 
-@dataclass(frozen=True)
-class WrittenWeight:
-    encoding: str
-    bytes_before: int
-    bytes_after: int
-
-
-def torch_values(stored: Stored) -> torch.Tensor:
-    """`stored` as the tensor coreai-torch's ops take: own dtypes for 8/16/32-bit elements (FP8 and
-    E8M0 by their bits), sub-byte integers one per byte (signed ones sign-extended), OCP FP4 codes
-    two per byte along the last axis, masks as booleans."""
-    import torch
-
-    element, values = stored.element, np.ascontiguousarray(stored.values)
-    if element.name == "ui1":
-        return torch.from_numpy(values.astype(bool))
-    if element.name == "f4E2M1FN":  # an even last axis (see _refusal): no pair spans two rows
-        import tcast
-
-        packed = tcast.pack_codes(torch.from_numpy(values.astype(np.uint8)), 4)
-        return packed.reshape(*values.shape[:-1], values.shape[-1] // 2)
-    if element.is_float:
-        if element.bits == 8:  # FP8 and E8M0 by their bits
-            return torch.from_numpy(values.view(np.uint8).copy()).view(element.torch_dtype())
-        if element.name == "bf16":
-            return torch.from_numpy(values.view(np.int16).copy()).view(torch.bfloat16)
-        return torch.from_numpy(values.copy())
-    if element.bits == 8:
-        return torch.from_numpy(values.copy())
-    codes = values.astype(np.int16)
-    if element.kind.name == "INT":  # two's complement codes of `bits` bits
-        half = 1 << (element.bits - 1)
-        codes = (codes ^ half) - half
-        return torch.from_numpy(codes.astype(np.int8))
-    return torch.from_numpy(codes.astype(np.uint8))
-
-
 def _bits_tensor(bits: int) -> torch.Tensor:
     import torch
 
@@ -145,7 +83,7 @@ def _bits_tensor(bits: int) -> torch.Tensor:
 
 
 class ExportWeights:
-    """A `torch.export` program's weights, compressed in place (a `compression.Container`)."""
+    """A `torch.export` program's weights, compressed in place (a `weights.Container`)."""
 
     def __init__(self, ep: ExportedProgram) -> None:
         self.ep = ep
@@ -169,7 +107,6 @@ class ExportWeights:
     def candidates(self) -> list[Candidate]:
         from torch.export.graph_signature import InputKind
 
-        consumers = _consumers()
         nodes = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
         found = []
         for spec in self.ep.graph_signature.input_specs:
@@ -186,7 +123,7 @@ class ExportWeights:
             if element.bits not in (16, 32):
                 continue
             slot = _Slot(spec, node, spec.target in self.ep.state_dict)
-            found.append(Candidate(slot, spec.target, tuple(tensor.shape), element, uses(node, consumers)))
+            found.append(Candidate(slot, spec.target, tuple(tensor.shape), element, uses(node)))
         return self._tie(found)
 
     def _tie(self, found: list[Candidate]) -> list[Candidate]:
@@ -229,8 +166,8 @@ class ExportWeights:
         """Why coreai-torch's ops cannot carry this encoding of this weight, or None."""
         return _refusal(encoding.form, site)
 
-    def write(self, site: WeightSite, encoding: Encoding) -> WrittenWeight:
-        from coreai_opt.inspection._pt2 import stored_form
+    def write(self, site: WeightSite, encoding: Encoding) -> Written:
+        from ._describe import stored_form
 
         self._count += 1
         slot: _Slot = site.handle
@@ -244,7 +181,7 @@ class ExportWeights:
             self._drop(tied)
         stored = stored_form(self.ep, value)  # as inspect reads it back: encoding, packed bytes
         before = math.prod(site.shape) * site.element.bits // 8
-        return WrittenWeight(stored.encoding, before, stored.nbytes)
+        return Written(stored.encoding, before, stored.nbytes)
 
     def finish(self) -> None:
         self.ep.graph.eliminate_dead_code()

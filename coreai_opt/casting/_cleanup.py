@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.fx import Graph, Node
 
-from coreai_opt._fx import VIEW_PACKETS
+from coreai_opt._aten import VIEW_PACKETS
 
 from . import _dtypes as dt
 from . import _graph as g

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch.fx import Graph, Node
 
+from coreai_opt._aten import CAST_PACKETS, packet
 from coreai_opt._errors import ConfigError
-from coreai_opt._fx import CAST_PACKETS, packet
 
 aten = torch.ops.aten
 

@@ -9,7 +9,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from coreai_opt._fx import ARITHMETIC, VIEW_PACKETS, index_arguments
+from coreai_opt._aten import ARITHMETIC, VIEW_PACKETS, index_arguments
 
 from . import _dtypes as dt
 from . import _graph as g

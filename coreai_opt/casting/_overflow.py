@@ -10,7 +10,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Interpreter, Node
 
-from coreai_opt._fx import module_path
+from coreai_opt._aten import module_path
 
 from . import _graph as g
 

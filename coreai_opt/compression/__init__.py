@@ -4,7 +4,9 @@ A config per pass (`QuantizeConfig`, `PalettizeConfig`, `SparsifyConfig`) says w
 per-weight `Override`s by name pattern; `compress_(program, config)` selects the eligible weights
 of a program (`_sites`), encodes each one as plain arrays (`_encoded`: codes, LUTs, scales, masks;
 the numerics are tcast's) and lets the program's container write them: Core AI programs through
-`coreai_opt._coreai`, `torch.export` programs through `coreai_opt._export` (coreai-torch's ops). The report lists every weight, and every float tensor left alone with why.
+`coreai_opt._coreai`, `torch.export` programs through `coreai_opt._export` (coreai-torch's ops),
+found by `weights.container_of`. The report lists every weight, and every float tensor left alone
+with why.
 """
 
 from __future__ import annotations
@@ -12,6 +14,23 @@ from __future__ import annotations
 from typing import Any
 
 from coreai_opt._errors import ConfigError
+from coreai_opt.weights import (
+    Candidate,
+    Consumer,
+    Container,
+    Encoding,
+    Palettized,
+    Quantized,
+    ShiftScale,
+    SkipKind,
+    Skipped,
+    Sparse,
+    Stored,
+    Use,
+    WeightSite,
+    Written,
+    container_of,
+)
 
 from ._config import (
     JOINT_DTYPES,
@@ -27,11 +46,9 @@ from ._config import (
     SparsifyConfig,
     parse_override,
 )
-from ._encoded import Encoding, Palettized, Quantized, ShiftScale, Sparse, Stored
 from ._executors import Executor, ExecutorKind, LocalExecutor, RayExecutor, executor_of
 from ._options import CompressionGranularity, DType, QScheme
 from ._results import CompressionReport, Progress, WeightResult
-from ._sites import Candidate, Consumer, Container, SkipKind, Skipped, Use, WeightSite, Written
 
 __all__ = [
     "JOINT_DTYPES",
@@ -75,21 +92,6 @@ __all__ = [
     "executor_of",
     "parse_override",
 ]
-
-
-def container_of(program: Any) -> Container:
-    """The container that writes a program's weights: a Core AI program (`AIProgram`) or a
-    `torch.export.ExportedProgram`."""
-    kind = type(program).__name__
-    if kind == "AIProgram":
-        from coreai_opt._coreai._rewrite import CoreAIWeights
-
-        return CoreAIWeights(program)
-    if kind == "ExportedProgram":
-        from coreai_opt._export import ExportWeights
-
-        return ExportWeights(program)
-    raise TypeError(f"cannot compress a {kind}: give a Core AI program (AIProgram) or an ExportedProgram")
 
 
 def compress_(

@@ -12,14 +12,15 @@ import torch
 
 import tcast
 from coreai_opt._memory import trim_heap
+from coreai_opt.weights import Container, Encoding, SkipKind, Skipped, WeightSite, decode
 
 from ._config import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig
-from ._encoded import Encoding
 from ._executors import Executor, executor_of
 from ._palettize import palettize
+from ._pieces import energies_in_pieces
 from ._quantize import quantize
 from ._results import CompressionReport, Progress, WeightResult
-from ._sites import Container, SkipKind, Skipped, WeightSite, select_sites
+from ._sites import select_sites
 from ._sparsify import sparsify
 
 Encoder = Callable[[torch.Tensor, WeightSite, Any], "Encoding | str"]
@@ -83,7 +84,17 @@ def encode_weight(w: torch.Tensor, site: WeightSite, config: Config) -> Encoding
         return site.skipped(
             f"kept: would grow ({site.nbytes:,} -> {outcome.nbytes:,} bytes)", SkipKind.WOULD_GROW
         )
-    return outcome
+    return measured(w, outcome)
+
+
+def measured(w: torch.Tensor, encoding: Encoding) -> Encoding:
+    """`encoding` with its cost in accuracy: the weight's energy and its error's, the error being
+    what `weights.decode` gives (the values the device computes) less the weight, summed in pieces."""
+    dense = decode(encoding, device=w.device)
+    rows = w.reshape(w.shape[0] if w.dim() > 1 else 1, -1)
+    dense_rows = dense.reshape(rows.shape)
+    signal, noise = energies_in_pieces(rows, lambda a, b: dense_rows[a:b])
+    return replace(encoding, signal=signal, noise=noise)
 
 
 def _non_finite(w: torch.Tensor) -> str | None:

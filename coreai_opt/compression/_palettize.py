@@ -23,14 +23,13 @@ import torch
 
 import tcast
 from coreai_opt._elements import Element, element
+from coreai_opt.weights import Encoding, Palettized, ShiftScale, Stored, WeightSite
 
 from ._config import PalettizeConfig
-from ._encoded import Encoding, Palettized, ShiftScale, Stored
 from ._kmeans import in_threads, kmeans_1d
 from ._options import CompressionGranularity, DType, QScheme
-from ._pieces import energies_in_pieces, spans
+from ._pieces import spans
 from ._quantize import cast_codes, stored_codes, stored_float
-from ._sites import WeightSite
 
 G = CompressionGranularity
 
@@ -216,14 +215,6 @@ def _quantize_lut(centroids: np.ndarray, dtype: DType) -> tuple[Stored, np.ndarr
     return entries, codes.scale.reshape(-1).double().numpy(), zero
 
 
-def _entry_values(entries: Stored) -> np.ndarray:
-    """Stored LUT entries as float64 values (integers as themselves, FP8 decoded by tcast)."""
-    if not entries.element.is_float:
-        return entries.values.astype(np.float64)
-    codes = torch.from_numpy(entries.values.astype(np.int64))
-    return tcast.decode(codes, tcast.number(entries.element.tcast), torch.float64).numpy()
-
-
 def _store_scales(values: np.ndarray, storage: Element) -> Stored:
     """Positive scales rounded by tcast into the weight's dtype, never to zero."""
     spec = tcast.number(storage.tcast)
@@ -266,38 +257,14 @@ def palettize(w: torch.Tensor, site: WeightSite, config: PalettizeConfig) -> Enc
     entries_per_lut = 2**config.n_bits
     if config.lut_dtype is None:
         lut = stored_float(tcast.cast(torch.from_numpy(centroids), site.element.tcast), site.element)
-        lut_values = lut.values.astype(np.float64)
         lut_scale, lut_zero = np.ones(groups), np.zeros(groups)
     else:
         lut, lut_scale, lut_zero = _quantize_lut(centroids, config.lut_dtype)
-        lut_values = _entry_values(lut) - lut_zero[:, None, None]
     # one scale per channel (or per LUT) folds the per-channel scale and the LUT's own scale
     group_of = np.arange(channels) // (channels // groups)
     scale = _store_scales(channel_scale * lut_scale[group_of] if per_channel else lut_scale, site.element)
     zero = lut_zero[group_of] if per_channel else lut_zero
     needs_scale = per_channel or config.lut_dtype is not None
-
-    # the reconstruction, for the SNR: LUT entry (less zero point) x scale
-    group_of_index_row = torch.arange(groups).repeat_interleave(index.shape[0] // groups)
-    per_row = None
-    if needs_scale:
-        stored = scale.values.astype(np.float64)
-        per_row = torch.from_numpy(stored if per_channel else stored[group_of])[:, None]
-    if dim == 1:  # scalar LUTs are a tcast codebook: one table per group, chosen by the row's group
-        entries = site.element.tcast if config.lut_dtype is None else "float32"  # integers less zero points
-        book = tcast.codebook(lut_values[:, :, 0], entries)
-
-        def dense(a: int, b: int) -> torch.Tensor:  # rows a:b: no float64 copy of the whole weight
-            values = tcast.decode(index[a:b].long(), book, torch.float64, meta=group_of_index_row[a:b, None])
-            return values if per_row is None else values.mul_(per_row[a:b])
-
-        signal, noise = energies_in_pieces(rows, dense)
-    else:  # vector entries fill `dim` channels: no element format of tcast
-        dense = torch.from_numpy(lut_values)[group_of_index_row[:, None], index]
-        dense = dense.permute(0, 2, 1).reshape(channels, cols)  # [rows, cols, V] -> channels x cols
-        if per_row is not None:
-            dense = dense * per_row
-        signal, noise = tcast.energies(rows, dense)
 
     index_shape = (channels // dim, *moved_shape[1:])
     indices = index.reshape(index_shape).movedim(0, axis).contiguous().to(torch.uint8).numpy()
@@ -315,4 +282,4 @@ def palettize(w: torch.Tensor, site: WeightSite, config: PalettizeConfig) -> Enc
             )
         decode = ShiftScale(Stored(scale.values.reshape(param_shape), site.element), offset)
     form = Palettized(Stored(indices, element(f"ui{config.n_bits}")), lut, axis, decode, groups)
-    return Encoding(form, signal, noise, luts=groups)
+    return Encoding(form, site.element, luts=groups)

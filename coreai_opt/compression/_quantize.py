@@ -22,11 +22,10 @@ import torch
 
 import tcast
 from coreai_opt._elements import Element
+from coreai_opt.weights import Encoding, Quantized, ShiftScale, Stored, WeightSite
 
 from ._config import QuantizeConfig
-from ._encoded import Encoding, Quantized, ShiftScale, Stored
 from ._options import CompressionGranularity, DType, QScheme
-from ._sites import WeightSite
 
 G = CompressionGranularity
 
@@ -83,7 +82,7 @@ def cast_codes(
     and unsigned storage of symmetric codes takes that 2**(bits-1) as its offset.
     """
     datatype = _tcast_type(dtype, qscheme, scale, tile)
-    cast = tcast.cast(x, datatype, castmode="actual", scalemode=scalemode, computemode="torch", measure=True)
+    cast = tcast.cast(x, datatype, castmode="actual", scalemode=scalemode, computemode="torch")
     codes = cast.unpacked_codes()
     grid = cast.scale_grid()
     assert grid is not None
@@ -163,9 +162,7 @@ def quantize(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> Encod
     else:
         scales = stored_float(codes.scale.reshape(shape), site.element)
     offset = None if codes.offset is None else stored_codes(codes.offset.reshape(shape), dtype.element)
-    signal, noise = codes.cast.signal, codes.cast.noise
-    assert signal is not None and noise is not None
-    return Encoding(Quantized(data, ShiftScale(scales, offset)), signal, noise)
+    return Encoding(Quantized(data, ShiftScale(scales, offset)), site.element)
 
 
 def dequantized(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> torch.Tensor | str:

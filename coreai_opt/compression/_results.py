@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._sites import SkipKind, Skipped
+from coreai_opt.weights import SkipKind, Skipped
 
 Progress = Callable[[int, int, str], None]  # (weights done, weights in all, the one just done)
 

@@ -28,14 +28,13 @@ import torch
 
 import tcast
 from coreai_opt._elements import element
+from coreai_opt.weights import Encoding, Palettized, Quantized, Sparse, Stored, WeightSite
 
 from ._config import PalettizeConfig, QuantizeConfig, SparsifyConfig
-from ._encoded import Encoding, Palettized, Quantized, Sparse, Stored
 from ._options import CompressionGranularity, DType, QScheme
 from ._palettize import _scalar_clusters
-from ._pieces import energies_in_pieces, spans
+from ._pieces import spans
 from ._quantize import quantize, stored_float
-from ._sites import WeightSite
 
 _UINT8_BLOCK = 32
 
@@ -92,8 +91,8 @@ def sparsity_mask(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> 
 
 def _quantized(
     w: torch.Tensor, mask: torch.Tensor, site: WeightSite, config: SparsifyConfig
-) -> tuple[Stored | Quantized, object, float] | str:
-    """(kept values, the decode after scattering, squared error over the kept values)."""
+) -> tuple[Stored | Quantized, object] | str:
+    """(kept values, the decode after scattering)."""
     dtype = config.quantize_dtype
     assert dtype is not None
     kept = int(np.count_nonzero(mask.numpy()))
@@ -107,7 +106,7 @@ def _quantized(
         )
         encoded = quantize(_kept(w, mask), line, inner)
         assert isinstance(encoded, Encoding) and isinstance(encoded.form, Quantized)
-        return encoded.form, None, encoded.noise
+        return encoded.form, None
     pruned = torch.where(mask, w, torch.zeros((), dtype=w.dtype))
     inner = QuantizeConfig(
         dtype, QScheme.SYMMETRIC, CompressionGranularity.PER_CHANNEL, weight_num_threshold=0
@@ -115,12 +114,10 @@ def _quantized(
     encoded = quantize(pruned, site, inner)
     assert isinstance(encoded, Encoding) and isinstance(encoded.form, Quantized)
     codes = encoded.form.data
-    return Stored(codes.values[mask.numpy()], codes.element), encoded.form.decode, encoded.noise
+    return Stored(codes.values[mask.numpy()], codes.element), encoded.form.decode
 
 
-def _palettized(
-    w: torch.Tensor, mask: torch.Tensor, site: WeightSite, config: SparsifyConfig
-) -> tuple[Palettized, float]:
+def _palettized(w: torch.Tensor, mask: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> Palettized:
     n_bits = config.palettize_nbits
     assert n_bits is not None
     values = _kept(w, mask)
@@ -128,11 +125,10 @@ def _palettized(
     rows = values.float()[None, :]
     centroids, index = _scalar_clusters(rows, values[None, :] if exact else None, PalettizeConfig(n_bits))
     lut = stored_float(tcast.cast(torch.from_numpy(centroids[0]), site.element.tcast), site.element)
-    _, noise = tcast.energies(values, torch.from_numpy(lut.values.astype(np.float64))[index[0].long()])
     rank = len(site.shape)
     lut = Stored(lut.values.reshape((*(1,) * rank, 2**n_bits, 1)), site.element)
     indices = Stored(index[0].to(torch.uint8).numpy(), element(f"ui{n_bits}"))
-    return Palettized(indices, lut, site.output_axis, None, 1), noise
+    return Palettized(indices, lut, site.output_axis, None, 1)
 
 
 def _kept(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -149,19 +145,14 @@ def sparsify(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> Encod
         return mask
     decode = None
     if config.palettize_nbits is not None:
-        kept, kept_noise = _palettized(w, mask, site, config)
+        kept = _palettized(w, mask, site, config)
     elif config.quantize_dtype is not None:
         outcome = _quantized(w, mask, site, config)
         if isinstance(outcome, str):
             return outcome
-        kept, decode, kept_noise = outcome  # type: ignore[assignment]
+        kept, decode = outcome  # type: ignore[assignment]
     else:
-        kept, kept_noise = stored_float(_kept(w, mask), site.element), 0.0
-    # the energy of the weight and of what pruning removes, over pieces of it
-    flat_w, flat_mask, zero = w.reshape(-1, 1), mask.reshape(-1, 1), torch.zeros((), dtype=w.dtype)
-    signal, pruned_energy = energies_in_pieces(
-        flat_w, lambda a, b: torch.where(flat_mask[a:b], flat_w[a:b], zero)
-    )
+        kept = stored_float(_kept(w, mask), site.element)
     zeros = 1.0 - int(np.count_nonzero(mask.numpy())) / math.prod(site.shape)
     form = Sparse(mask.numpy(), kept, decode)  # type: ignore[arg-type]
-    return Encoding(form, signal, kept_noise + pruned_energy, sparsity=zeros)
+    return Encoding(form, site.element, sparsity=zeros)

@@ -37,7 +37,7 @@ def exported_program_specs(ep: ExportedProgram) -> list[InputSpec]:
 
 def exported_program_usage(ep: ExportedProgram) -> dict[str, Usage]:
     """Per user input: the smallest table it indexes, and whether arithmetic comes first."""
-    from coreai_opt._fx import CAST_PACKETS, VIEW_PACKETS, index_arguments, indexed_rows, packet
+    from coreai_opt._aten import CAST_PACKETS, VIEW_PACKETS, index_arguments, indexed_rows, packet
 
     usage = {}
     for start in user_input_nodes(ep):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._aimodel import inspect_ai_program, weight_encoding
+from ._aimodel import inspect_ai_program
 from ._pt2 import inspect_exported_program, torch_dtype_name
 from ._report import ModelReport, TensorInfo, WeightInfo
 
@@ -16,7 +16,6 @@ __all__ = [
     "inspect_exported_program",
     "inspect_model",
     "torch_dtype_name",
-    "weight_encoding",
 ]
 
 

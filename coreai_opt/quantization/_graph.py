@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from coreai_opt._fx import module_path
+from coreai_opt._aten import PASS_THROUGH, WEIGHT_OPS, module_path
 from coreai_opt.compression import Override, QuantizeConfig, SkipKind, Skipped, WeightSite
 from coreai_opt.compression._quantize import scale_shape
 from coreai_opt.compression._sites import select_sites
+from coreai_opt.weights import Consumer
 
 from ._config import ActivationConfig, OpConfig, OpType, QuantizerConfig
 
@@ -28,30 +29,20 @@ if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
 
+_OP_TYPES = {Consumer.LINEAR: OpType.LINEAR, Consumer.CONV: OpType.CONV, Consumer.MATMUL: OpType.MATMUL}
+
+
 def _ops() -> dict[Any, tuple[OpType, tuple[int, ...]]]:
-    """ATen op -> (its type, the operands that may be activations)."""
-    aten = torch.ops.aten
+    """ATen op -> (its type, the operands that are activations or, through views, weights), from
+    the one ATen table (embedding lookups have no activation to quantize)."""
     return {
-        aten.linear: (OpType.LINEAR, (0,)),
-        aten.conv1d: (OpType.CONV, (0,)),
-        aten.conv2d: (OpType.CONV, (0,)),
-        aten.conv3d: (OpType.CONV, (0,)),
-        aten.convolution: (OpType.CONV, (0,)),
-        aten.matmul: (OpType.MATMUL, (0, 1)),
-        aten.mm: (OpType.MATMUL, (0, 1)),
-        aten.bmm: (OpType.MATMUL, (0, 1)),
-        aten.addmm: (OpType.MATMUL, (1, 2)),
-        aten.baddbmm: (OpType.MATMUL, (1, 2)),
+        packet: (_OP_TYPES[op.consumer], tuple(sorted({*op.activations, op.weight})))
+        for packet, op in WEIGHT_OPS.items()
+        if op.consumer in _OP_TYPES
     }
 
 
-def _views() -> set[Any]:
-    aten = torch.ops.aten
-    return {aten.t, aten.transpose, aten.permute, aten.view, aten.reshape, aten.unsqueeze,
-            aten.squeeze, aten.expand, aten._to_copy, aten.clone, aten.contiguous}  # fmt: skip
-
-
-def _state_root(node: Node, views: set[Any]) -> Node | None:
+def _state_root(node: Node, views: frozenset[Any]) -> Node | None:
     """The `get_attr` a value is a view of, or None."""
     while node.op == "call_function" and getattr(node.target, "overloadpacket", None) in views:
         first = node.args[0]
@@ -93,7 +84,7 @@ def plan(gm: GraphModule, ep: ExportedProgram, config: QuantizerConfig) -> Plan:
     """Every activation and weight to quantize in `gm` (`ep.module()`, whose candidates `ep` lists)."""
     from coreai_opt._export import ExportWeights
 
-    ops, views = _ops(), _views()
+    ops, views = _ops(), PASS_THROUGH
     activations: dict[tuple[str, ActivationConfig], ActivationPoint] = {}
     wanted: dict[str, tuple[QuantizeConfig, list[Node]]] = {}
     float_ops: list[str] = []
@@ -118,16 +109,12 @@ def _collect(
     node: Node,
     operands: tuple[int, ...],
     op_config: OpConfig,
-    views: set[Any],
+    views: frozenset[Any],
     activations: dict[tuple[str, ActivationConfig], ActivationPoint],
     wanted: dict[str, tuple[QuantizeConfig, list[Node]]],
 ) -> None:
     args = list(node.args)
-    weight_at = 1 if len(operands) == 1 else None  # linear / conv: the weight is operand 1
-    candidates = [(i, args[i]) for i in operands if i < len(args)]
-    if weight_at is not None and len(args) > weight_at:
-        candidates.append((weight_at, args[weight_at]))
-    for _, arg in candidates:
+    for arg in (args[i] for i in operands if i < len(args)):
         if not isinstance(arg, torch.fx.Node) or not _is_float(arg):
             continue
         root = _state_root(arg, views)

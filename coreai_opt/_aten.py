@@ -1,18 +1,48 @@
-"""Facts about ATen ops in exported FX graphs that more than one pass needs.
+"""The one table of ATen facts every reader of an exported graph shares.
 
-Which arguments of which ops are indices (the INT16 pass must never narrow them, the input
-policy draws them from the table they index), which ops only move or re-type data (views and
-casts), and the op packet of a node. One place, so a new op is taught to every reader at once.
+Which ops read a weight, at which operand and with which layout, and which of their other
+operands are activations (the compression container, W8A8 and calibration); which ops only
+move, select or re-type data (views, transposes, casts: a weight read through them is still the
+weight); which arguments are indices (the INT16 pass must never narrow them, the input policy
+draws them from the table they index). One place, so a new op is taught to every reader at once.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.fx import Node
 
+from coreai_opt.weights import Consumer
+
 aten = torch.ops.aten
+
+
+@dataclass(frozen=True)
+class WeightOp:
+    """An op that reads a weight: how (its layout), at which operand, and which of its other
+    float operands are activations (what W8A8 quantizes and calibration measures)."""
+
+    consumer: Consumer
+    weight: int
+    activations: tuple[int, ...]
+
+
+WEIGHT_OPS: dict[Any, WeightOp] = {
+    aten.linear: WeightOp(Consumer.LINEAR, 1, (0,)),
+    aten.convolution: WeightOp(Consumer.CONV, 1, (0,)),
+    aten.conv1d: WeightOp(Consumer.CONV, 1, (0,)),
+    aten.conv2d: WeightOp(Consumer.CONV, 1, (0,)),
+    aten.conv3d: WeightOp(Consumer.CONV, 1, (0,)),
+    aten.embedding: WeightOp(Consumer.GATHER, 0, ()),
+    aten.mm: WeightOp(Consumer.MATMUL, 1, (0, 1)),
+    aten.bmm: WeightOp(Consumer.MATMUL, 1, (0, 1)),
+    aten.matmul: WeightOp(Consumer.MATMUL, 1, (0, 1)),
+    aten.addmm: WeightOp(Consumer.MATMUL, 2, (1, 2)),
+    aten.baddbmm: WeightOp(Consumer.MATMUL, 2, (1, 2)),
+}
 
 # op packet -> positions of its index arguments (each an int tensor or a list of them)
 INDEX_ARGS: dict[object, tuple[int, ...]] = {
@@ -58,6 +88,25 @@ VIEW_PACKETS = frozenset(
 )
 
 ARITHMETIC = frozenset({aten.add, aten.mul, aten.sub})
+
+# Ops a weight can pass through on its way to the op that reads it and still be that weight
+# (W8A8 and calibration look through them to find the parameter).
+PASS_THROUGH = VIEW_PACKETS | CAST_PACKETS | frozenset({aten.t, aten.clone, aten.contiguous})
+
+
+def permutation(node: Node, rank: int) -> tuple[int, ...] | None:
+    """The permutation a transposing view applies to its first operand (None if `node` is not one)."""
+    kind = packet(node)
+    if kind is aten.permute:
+        return tuple(int(d) % rank for d in node.args[1])  # type: ignore[union-attr]
+    if kind is aten.t or kind is aten.numpy_T:
+        return tuple(reversed(range(rank)))
+    if kind is aten.transpose:
+        a, b = int(node.args[1]) % rank, int(node.args[2]) % rank  # type: ignore[arg-type]
+        order = list(range(rank))
+        order[a], order[b] = order[b], order[a]
+        return tuple(order)
+    return None
 
 
 def module_path(node: Node) -> str:

@@ -92,13 +92,15 @@ Form = Quantized | Palettized | Sparse
 
 @dataclass(frozen=True)
 class Encoding:
-    """One weight's compressed form and what it costs in accuracy (summed squares)."""
+    """One weight's compressed form; once measured (`compression` decodes it with `decode` and
+    compares), what it costs in accuracy as summed squares."""
 
     form: Form
-    signal: float
-    noise: float
+    element: Element  # the weight's own element (what it decodes to)
     luts: int | None = None
     sparsity: float | None = None
+    signal: float | None = None  # the weight's energy
+    noise: float | None = None  # the energy of the decoded weight's error
 
     @property
     def nbytes(self) -> int:

@@ -1,8 +1,8 @@
-"""How a compressed weight is stored, in words: one describer for Core AI and `torch.export` programs.
+"""How a compressed weight is stored, in words: one vocabulary for Core AI and `torch.export` programs.
 
 Both containers express a weight as a tree of decompression steps over stored tensors - a LUT
-lookup, a block-wise shift and scale, a sparse bitmask scatter - and inspect names each tree the
-same way ("ui4 LUT(16 x f16)", "si8 + f16 scale per channel"), whichever program holds it.
+lookup, a block-wise shift and scale, a sparse bitmask scatter - and each describes what it holds
+with these words ("ui4 LUT(16 x f16)", "si8 + f16 scale per channel"), whichever program it is.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Stored:
+class Described:
     """A value computed from stored tensors only: how it is encoded and what it costs."""
 
     encoding: str
@@ -39,7 +39,7 @@ def granularity(scale_shape: tuple[int, ...], data_shape: tuple[int, ...]) -> st
     return f"per channel (axes {', '.join(str(axis) for axis in channels)})"
 
 
-def lut(indices: Stored, table: Stored) -> str:
+def lut(indices: Described, table: Described) -> str:
     entries, vector = table.shape[-2], table.shape[-1]
     luts = math.prod(table.shape[:-2])
     text = f"{indices.encoding} LUT({entries} x {table.encoding})"
@@ -50,7 +50,7 @@ def lut(indices: Stored, table: Stored) -> str:
     return text
 
 
-def shift_scale(data: Stored, scale: Stored, zero_point: bool, offset: bool) -> str:
+def shift_scale(data: Described, scale: Described, zero_point: bool, offset: bool) -> str:
     text = f"{data.encoding} + {scale.encoding} scale {granularity(scale.shape, data.shape)}"
     if zero_point:
         text += " + zero point"
@@ -59,6 +59,6 @@ def shift_scale(data: Stored, scale: Stored, zero_point: bool, offset: bool) -> 
     return text
 
 
-def sparse(values: Stored, mask: Stored) -> str:
+def sparse(values: Described, mask: Described) -> str:
     density = math.prod(values.shape) / max(1, math.prod(mask.shape))
     return f"sparse bitmask {density:.0%} kept, values {values.encoding}"

@@ -1,0 +1,41 @@
+"""The vocabulary every container and every pass shares: where a weight is, how it is read, how it
+is encoded, how an encoding decodes, and which container holds which program.
+
+Neutral ground: this package imports neither the passes (`compression`, `quantization`) nor the
+containers (`_coreai`, `_export`), which all import it.
+"""
+
+from __future__ import annotations
+
+from . import _describe as describe
+from ._container import CONTAINERS, Container, Written, container_of, register_container
+from ._decode import decode, torch_values
+from ._describe import Described
+from ._forms import Encoding, Form, Palettized, Quantized, ShiftScale, Sparse, Stored
+from ._sites import Candidate, Consumer, SkipKind, Skipped, Use, WeightSite, stored_nbytes
+
+__all__ = [
+    "CONTAINERS",
+    "Candidate",
+    "Consumer",
+    "Container",
+    "Described",
+    "Encoding",
+    "Form",
+    "Palettized",
+    "Quantized",
+    "ShiftScale",
+    "SkipKind",
+    "Skipped",
+    "Sparse",
+    "Stored",
+    "Use",
+    "WeightSite",
+    "Written",
+    "container_of",
+    "decode",
+    "describe",
+    "register_container",
+    "stored_nbytes",
+    "torch_values",
+]

@@ -1,0 +1,225 @@
+"""How a compressed weight decodes: one decoder for every pass, container and check.
+
+The kernels are coreai-torch's decompression ops as they compute - `lut_to_dense`,
+`constexpr_blockwise_shift_scale` (integer data minus its zero point times the scale, in the
+scale's dtype; float and FP4 data times the scale in float32, then in the output dtype),
+`sparse_to_dense` - written with broadcasting instead of expanding every LUT and scale to the
+weight's size, so the same arithmetic in the same dtypes gives the same bits at a fraction of the
+memory. `decode(encoding)` applies them to an `Encoding`'s stored arrays (`torch_values`: what a
+container hands the ops), on any device; `_export.fold_decompression` applies them to a program's
+buffers, and the Core AI runtime computes the same values (tests/test_compress_pt2.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._forms import Encoding, Form, Palettized, Quantized, ShiftScale, Stored
+
+if TYPE_CHECKING:
+    import torch
+
+
+def torch_values(stored: Stored) -> torch.Tensor:
+    """`stored` as the tensor coreai-torch's ops take: own dtypes for 8/16/32-bit elements (FP8 and
+    E8M0 by their bits), sub-byte integers one per byte (signed ones sign-extended), OCP FP4 codes
+    two per byte along the last axis, masks as booleans."""
+    import torch
+
+    element, values = stored.element, np.ascontiguousarray(stored.values)
+    if element.name == "ui1":
+        return torch.from_numpy(values.astype(bool))
+    if element.name == "f4E2M1FN":  # an even last axis (see _refusal): no pair spans two rows
+        import tcast
+
+        packed = tcast.pack_codes(torch.from_numpy(values.astype(np.uint8)), 4)
+        return packed.reshape(*values.shape[:-1], values.shape[-1] // 2)
+    if element.is_float:
+        if element.bits == 8:  # FP8 and E8M0 by their bits
+            return torch.from_numpy(values.view(np.uint8).copy()).view(element.torch_dtype())
+        if element.name == "bf16":
+            return torch.from_numpy(values.view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(values.copy())
+    if element.bits == 8:
+        return torch.from_numpy(values.copy())
+    codes = values.astype(np.int16)
+    if element.kind.name == "INT":  # two's complement codes of `bits` bits
+        half = 1 << (element.bits - 1)
+        codes = (codes ^ half) - half
+        return torch.from_numpy(codes.astype(np.int8))
+    return torch.from_numpy(codes.astype(np.uint8))
+
+
+def _blocks(t: torch.Tensor, blocks: tuple[int, ...]) -> torch.Tensor:
+    """`t` [d0, d1, ...] viewed as [b0, d0/b0, b1, d1/b1, ...] (per-block parameters broadcast)."""
+    shape: list[int] = []
+    for size, count in zip(t.shape, blocks, strict=True):
+        shape += [count, size // count]
+    return t.reshape(shape)
+
+
+def _per_block(param: torch.Tensor) -> torch.Tensor:
+    """A block-wise parameter [b0, b1, ...] as [b0, 1, b1, 1, ...], to broadcast against `_blocks`."""
+    shape: list[int] = []
+    for count in param.shape:
+        shape += [count, 1]
+    return param.reshape(shape)
+
+
+def lut_to_dense(indices: torch.Tensor, lut: torch.Tensor, axis: int) -> torch.Tensor:
+    import torch
+
+    rank = indices.dim()
+    entries, vector = lut.shape[-2], lut.shape[-1]
+    flat = torch.zeros((), dtype=torch.int64, device=indices.device)
+    for k, (size, count) in enumerate(zip(indices.shape, lut.shape[:rank], strict=True)):
+        if count > 1:
+            block = torch.arange(size, device=indices.device) // (size // count)
+            flat = flat * count + block.reshape([size if i == k else 1 for i in range(rank)])
+    rows = lut.reshape(-1, vector)[flat * entries + indices.long()]  # [*indices.shape, vector]
+    if vector == 1:
+        return rows.reshape(indices.shape)
+    axis = axis % rank
+    shape = list(indices.shape)
+    shape[axis] *= vector
+    return rows.movedim(-1, axis + 1).reshape(shape)
+
+
+def shift_scale(
+    data: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None = None,
+    minval: torch.Tensor | None = None,
+    input_dtype: torch.dtype | None = None,
+    output_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    import torch
+
+    if minval is not None:
+        raise ValueError("minval offsets are not written by coreopt")
+    fp4 = is_packed_fp4(data, scale)
+    if fp4 or data.is_floating_point():
+        if fp4:
+            data = unpack_fp4(data)
+        blocks = _blocks(data.to(torch.float32), tuple(scale.shape))
+        out = (blocks * _per_block(scale.to(torch.float32))).reshape(data.shape)
+        return out.to(output_dtype if output_dtype is not None else scale.dtype)
+    blocks = _blocks(data.to(scale.dtype), tuple(scale.shape))
+    if zero_point is not None:
+        blocks = blocks - _per_block(zero_point)
+    return (blocks * _per_block(scale)).reshape(data.shape)
+
+
+def is_packed_fp4(data: Any, scale: Any) -> bool:
+    """coreai-torch's sign of FP4 data (tensors or fake tensors): uint8 pairs under E8M0 scales."""
+    from coreai_opt._elements import of_torch
+
+    return str(data.dtype) == "torch.uint8" and of_torch(scale.dtype).name == "f8E8M0FNU"
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 pairs of OCP FP4 codes (low nibble first) along the last axis, as float32 values."""
+    import torch
+
+    import tcast
+
+    shape = (*packed.shape[:-1], 2 * packed.shape[-1])
+    codes = tcast.unpack_codes(packed.contiguous(), 4, 2 * packed.numel()).reshape(shape)
+    return tcast.decode(codes, tcast.number("e2m1ocp"), torch.float32)
+
+
+def sparse_to_dense(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    keep = mask.bool()
+    dense = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
+    dense[keep] = values
+    return dense
+
+
+def _shift_scale_of(
+    data: torch.Tensor, decode: ShiftScale, data_element: Any, weight_dtype: Any
+) -> torch.Tensor:
+    """`decode` applied to `data` as the container writes the call: integer data takes the zero
+    point, float data an output dtype where its scales are E8M0."""
+    scale = torch_values(decode.scale).to(data.device)
+    zero_point = None
+    if decode.offset is not None and np.any(decode.offset.values):
+        zero_point = torch_values(decode.offset).to(data.device)
+    output_dtype = None
+    if data_element.is_float and decode.scale.element.name == "f8E8M0FNU":
+        if weight_dtype is None:
+            raise ValueError("E8M0 scales leave the decoded dtype open: give decode() the weight's dtype")
+        output_dtype = weight_dtype
+    return shift_scale(data, scale, zero_point, None, None, output_dtype)
+
+
+def _data(stored: Stored, device: Any) -> torch.Tensor:
+    """Quantized data as the decompression op reads it; FP4 codes as their float32 values (what the
+    op unpacks its pairs to), so no packing constraint of a container applies."""
+    if stored.element.name == "f4E2M1FN":
+        import torch
+
+        import tcast
+
+        codes = torch.from_numpy(stored.values.astype(np.int64)).to(device)
+        return tcast.decode(codes, tcast.number("e2m1ocp"), torch.float32)
+    return torch_values(stored).to(device)
+
+
+def _dense(form: Form, weight_dtype: Any, device: Any) -> torch.Tensor:
+    if isinstance(form, Quantized):
+        return _shift_scale_of(_data(form.data, device), form.decode, form.data.element, weight_dtype)
+    if isinstance(form, Palettized):
+        indices = torch_values(form.indices).to(device)
+        lut_values = form.lut.values
+        if indices.dim() + 2 != lut_values.ndim:  # a LUT over the kept values of a sparse weight
+            lut_values = lut_values.reshape((1,) * indices.dim() + lut_values.shape[-2:])
+        lut = torch_values(Stored(lut_values, form.lut.element)).to(device)
+        dense = lut_to_dense(indices, lut, form.axis if indices.dim() > 1 else 0)
+        if form.decode is None:
+            return dense
+        return _shift_scale_of(dense, form.decode, form.lut.element, weight_dtype)
+    kept = form.kept
+    if isinstance(kept, (Palettized, Quantized)):  # decoded before the scatter: zeros stay zeros
+        values = _dense(kept, weight_dtype, device)
+        element = kept.lut.element if isinstance(kept, Palettized) else None
+    else:
+        values = torch_values(kept).to(device)
+        element = kept.element
+    mask = torch_values(Stored(form.mask, _mask_element())).to(device)
+    dense = sparse_to_dense(values, mask)
+    if form.decode is None:
+        return dense
+    return _shift_scale_of(
+        dense, form.decode, element if element is not None else _float_element(dense), weight_dtype
+    )
+
+
+def _mask_element() -> Any:
+    from coreai_opt._elements import ELEMENTS
+
+    return ELEMENTS["ui1"]
+
+
+def _float_element(tensor: torch.Tensor) -> Any:
+    from coreai_opt._elements import of_torch
+
+    return of_torch(tensor.dtype)
+
+
+def decode(encoding: Encoding | Form, dtype: Any = None, device: Any = None) -> torch.Tensor:
+    """The weight an encoding stands for, as coreai-torch's ops (and the Core AI runtime) compute
+    it, in the weight's dtype, on `device` (the CPU by default). An `Encoding` knows its weight's
+    dtype; a bare form takes it as `dtype` (it matters under E8M0 scales, which leave it open)."""
+    import torch
+
+    form = encoding.form if isinstance(encoding, Encoding) else encoding
+    if dtype is None and isinstance(encoding, Encoding):
+        dtype = encoding.element.torch_dtype()
+    device = torch.device("cpu") if device is None else torch.device(device)
+    with torch.no_grad():
+        dense = _dense(form, dtype, device)
+    return dense if dtype is None else dense.to(dtype)

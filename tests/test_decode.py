@@ -1,0 +1,71 @@
+"""`weights.decode`: the one decoder equals what coreai-torch's own ops compute from the buffers
+a compressed `.pt2` holds, bit for bit, for every encoding the passes make."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_compress_pt2 import CONFIGS
+
+from coreai_opt._export import ExportWeights
+from coreai_opt._export._describe import StateWalker
+from coreai_opt._export._ops import op_name
+from coreai_opt.compression._driver import compress_container
+from coreai_opt.io import load_pt2
+from coreai_opt.weights import Encoding, WeightSite, decode
+from tests.conftest import SAMPLES
+
+
+class _Capturing(ExportWeights):
+    """The `.pt2` container, keeping every encoding it writes."""
+
+    def __init__(self, program: torch.export.ExportedProgram) -> None:
+        super().__init__(program)
+        self.encodings: dict[str, Encoding] = {}
+
+    def write(self, site: WeightSite, encoding: Encoding):  # type: ignore[no-untyped-def]
+        self.encodings[site.name] = encoding
+        return super().write(site, encoding)
+
+
+def _coreai_torch_values(program: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:
+    """Every compressed weight as coreai-torch's eager ops compute it from the program's buffers."""
+    walker = StateWalker(program)
+    values: dict[torch.fx.Node, torch.Tensor] = {}
+    roots = {}
+    for node in program.graph.nodes:
+        tensor = walker.tensor(node) if node.op == "placeholder" else None
+        if tensor is not None:
+            values[node] = tensor
+        elif op_name(node) is not None:
+            args = [values.get(a, a) if isinstance(a, torch.fx.Node) else a for a in node.args]
+            values[node] = node.target(*args)  # coreai-torch's own kernel
+            if any(op_name(user) is None for user in node.users):
+                roots[walker.weight_name(node)] = values[node]
+    return roots
+
+
+@pytest.mark.parametrize("model", ["transformer", "wide_range"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_decode_equals_coreai_torchs_ops_bit_for_bit(model: str, name: str) -> None:
+    program = load_pt2(SAMPLES / f"{model}.pt2")
+    container = _Capturing(program)
+    compress_container(container, CONFIGS[name])
+    expected = _coreai_torch_values(program)
+    assert container.encodings and sorted(container.encodings) == sorted(expected)
+    for weight, encoding in container.encodings.items():
+        got = decode(encoding)
+        assert got.dtype == expected[weight].dtype and got.shape == expected[weight].shape, weight
+        assert torch.equal(got, expected[weight]), weight
+
+
+def test_decode_takes_a_device_and_keeps_the_dtype() -> None:
+    program = load_pt2(SAMPLES / "transformer.pt2")
+    container = _Capturing(program)
+    compress_container(container, CONFIGS["fp8e5m2-e8m0"])
+    encoding = next(iter(container.encodings.values()))
+    on_meta = decode(encoding, device="meta")
+    assert on_meta.device.type == "meta" and on_meta.dtype == encoding.element.torch_dtype()  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="E8M0"):  # a bare E8M0-scaled form does not know its dtype
+        decode(encoding.form)
+    assert torch.equal(decode(encoding.form, torch.float32), decode(encoding))
