@@ -32,6 +32,7 @@ from coreai_opt.weights import (
 )
 from coreai_opt.weights._decode import torch_values
 
+from ._edit import ProgramEdit
 from ._ops import is_decompression, register_coreai_ops
 
 if TYPE_CHECKING:
@@ -93,14 +94,7 @@ class ExportWeights:
         self._count = max((int(t[1:]) for t in taken if t[1:].isdigit()), default=0)
         self._prefixes: dict[str, str] = {}  # weight -> the module path of its buffers
         self._ties: dict[str, list[_Slot]] = {}  # weight -> unused placeholders of the same tensor
-        self._fake_mode = next(
-            (
-                n.meta["val"].fake_mode
-                for n in ep.graph.nodes
-                if n.op == "placeholder" and getattr(n.meta.get("val"), "fake_mode", None) is not None
-            ),
-            None,
-        )
+        self._edit = ProgramEdit(ep)
 
     # ----- the Container protocol --------------------------------------------------------------
 
@@ -207,27 +201,11 @@ class ExportWeights:
         store.pop(slot.spec.target, None)
 
     def _buffer(self, site: WeightSite, part: str, tensor: torch.Tensor) -> Node:
-        """A new persistent buffer `<weight>_<part>` and its placeholder, before the user inputs."""
-        from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
-
-        graph = self.ep.graph
-        specs = self.ep.graph_signature.input_specs
+        """A new persistent buffer `<weight>_compressed.<part>` (placeholder `coreopt_w<n>_<part>`:
+        the converter finds LUT indices by "indices"/"lut" in the placeholder's name, so no weight
+        name may come in between)."""
         target = f"{self._prefixes.setdefault(site.name, self._prefix(site))}.{part}"
-        position = next((i for i, s in enumerate(specs) if s.kind == InputKind.USER_INPUT), len(specs))
-        placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
-        anchor = (
-            placeholders[specs[position].arg.name]
-            if position < len(specs)
-            else next(n for n in graph.nodes if n.op != "placeholder")
-        )
-        with graph.inserting_before(anchor):
-            # the converter finds LUT indices by "indices"/"lut" in the placeholder's name: no weight
-            # name may come in between
-            node = graph.placeholder(f"coreopt_w{self._count}_{part}")
-        node.meta["val"] = self._fake(tensor)
-        specs.insert(position, InputSpec(InputKind.BUFFER, TensorArgument(node.name), target, True))
-        self.ep.state_dict[target] = tensor
-        return node
+        return self._edit.buffer(f"coreopt_w{self._count}_{part}", target, tensor)
 
     def _prefix(self, site: WeightSite) -> str:
         """`<weight>_compressed`: the module path of the weight's buffers (one per weight, as
@@ -237,20 +215,8 @@ class ExportWeights:
             prefix += "_"
         return prefix
 
-    def _fake(self, tensor: torch.Tensor) -> Any:
-        if self._fake_mode is None:
-            from torch._subclasses.fake_tensor import FakeTensorMode
-
-            self._fake_mode = FakeTensorMode()
-        return self._fake_mode.from_tensor(tensor, static_shapes=True)
-
     def _call(self, op: Any, *args: Any) -> Node:
-        from torch.fx import Node as FxNode
-
-        node = self.ep.graph.call_function(op, tuple(args))
-        with self._fake_mode:
-            node.meta["val"] = op(*(a.meta["val"] if isinstance(a, FxNode) else a for a in args))
-        return node
+        return self._edit.call(op, *args)
 
     # ----- ops ---------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from coreai_opt._errors import ConfigError
 from coreai_opt.weights import (
+    Calibration,
     Candidate,
     Consumer,
     Container,
@@ -32,6 +33,7 @@ from coreai_opt.weights import (
     container_of,
 )
 
+from ._algorithms import BUILT_IN, Algorithm, algorithm_for, methods, register, unregister
 from ._config import (
     JOINT_DTYPES,
     LUT_DTYPES,
@@ -51,12 +53,15 @@ from ._options import CompressionGranularity, DType, QScheme
 from ._results import CompressionReport, Progress, WeightResult
 
 __all__ = [
+    "BUILT_IN",
     "JOINT_DTYPES",
     "LUT_DTYPES",
     "N_BITS",
     "PALETTIZE_GRANULARITIES",
     "QUANTIZE_GRANULARITIES",
     "WEIGHT_DTYPES",
+    "Algorithm",
+    "Calibration",
     "Candidate",
     "CompressionGranularity",
     "CompressionReport",
@@ -87,10 +92,14 @@ __all__ = [
     "WeightResult",
     "WeightSite",
     "Written",
+    "algorithm_for",
     "compress_",
     "container_of",
     "executor_of",
+    "methods",
     "parse_override",
+    "register",
+    "unregister",
 ]
 
 
@@ -99,14 +108,17 @@ def compress_(
     config: Config,
     progress: Progress | None = None,
     executor: str | ExecutorKind | Executor | None = None,
+    calibration: Calibration | None = None,
 ) -> CompressionReport:
     """Compress `program`'s weights in place as `config` says; report every weight and skip.
 
-    `executor` runs the per-weight encoding: `"local"` (None) in this process, `"ray"` as Ray
-    tasks (`pip install 'coreopt[ray]'`), or a `RayExecutor(...)` / any `Executor`; the result is
-    the same program whichever runs it."""
+    `executor` runs the per-weight encoding of data-free algorithms: `"local"` (None) in this
+    process, `"ray"` as Ray tasks (`pip install 'coreopt[ray]'`), or a `RayExecutor(...)` / any
+    `Executor`; the result is the same program whichever runs it. Algorithms that learn from data
+    (a config's `method`) take their statistics from `calibration`
+    (`coreai_opt.calibration.calibrate(...)`)."""
     from ._driver import compress_container  # the encoders import torch: only when compressing
 
     if not isinstance(config, (QuantizeConfig, PalettizeConfig, SparsifyConfig)):
         raise TypeError(f"config must be a QuantizeConfig, PalettizeConfig or SparsifyConfig, not {config!r}")
-    return compress_container(container_of(program), config, progress, executor)
+    return compress_container(container_of(program), config, progress, executor, calibration)

@@ -116,6 +116,9 @@ class _Config:
     overrides: tuple[Override, ...]
 
     def _check_common(self) -> None:
+        from ._algorithms import algorithm_for
+
+        algorithm_for(self)  # the method must be registered for this config type
         if not isinstance(self.weight_num_threshold, int) or self.weight_num_threshold < 0:
             raise ConfigError("weight_num_threshold must be 0 or more", "weight_num_threshold")
         object.__setattr__(self, "overrides", tuple(self.overrides))
@@ -195,6 +198,7 @@ class QuantizeConfig(_Config):
     scale_dtype: DType | None = None
     weight_num_threshold: int = 1024
     overrides: tuple[Override, ...] = ()
+    method: str = "rtn"  # the algorithm (`_algorithms`): rtn unless data-driven
 
     def __post_init__(self) -> None:
         for name, kind in (
@@ -261,6 +265,7 @@ class PalettizeConfig(_Config):
     rounding_precision: int = 4
     weight_num_threshold: int = 1024
     overrides: tuple[Override, ...] = ()
+    method: str = "kmeans"  # the algorithm (`_algorithms`): kmeans unless data-driven
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lut_dtype", _enum(DType, self.lut_dtype, "lut_dtype"))
@@ -316,6 +321,7 @@ class SparsifyConfig(_Config):
     palettize_nbits: int | None = None
     weight_num_threshold: int = 1024
     overrides: tuple[Override, ...] = field(default=())
+    method: str = "magnitude"  # the algorithm (`_algorithms`): magnitude unless data-driven
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quantize_dtype", _enum(DType, self.quantize_dtype, "quantize_dtype"))

@@ -1,34 +1,35 @@
-"""The loop every pass shares, on any container: select the weights, encode each, let the container
-write it, report each one."""
+"""The loop every pass shares, on any container: select the weights, encode each with its
+algorithm - data-free ones mapped over the weights, data-driven ones against calibration
+statistics, layer by layer where they ask - let the container write it, report each one."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
 import torch
 
 import tcast
+from coreai_opt._errors import ConfigError
 from coreai_opt._memory import trim_heap
-from coreai_opt.weights import Container, Encoding, SkipKind, Skipped, WeightSite, decode
+from coreai_opt.weights import (
+    Calibration,
+    Container,
+    Encoding,
+    SkipKind,
+    Skipped,
+    Statistics,
+    WeightSite,
+    decode,
+)
 
-from ._config import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig
+from ._algorithms import Algorithm, algorithm_for
+from ._config import Config
 from ._executors import Executor, executor_of
-from ._palettize import palettize
 from ._pieces import energies_in_pieces
-from ._quantize import quantize
 from ._results import CompressionReport, Progress, WeightResult
 from ._sites import select_sites
-from ._sparsify import sparsify
-
-Encoder = Callable[[torch.Tensor, WeightSite, Any], "Encoding | str"]
-_ENCODERS: dict[type, Encoder] = {
-    QuantizeConfig: quantize,
-    PalettizeConfig: palettize,
-    SparsifyConfig: sparsify,
-}
 
 
 def compress_container(
@@ -36,12 +37,16 @@ def compress_container(
     config: Config,
     progress: Progress | None = None,
     executor: str | Executor | None = None,
+    calibration: Calibration | None = None,
 ) -> CompressionReport:
     """Compress every eligible weight of `container` in place with `config`; report each one.
 
-    The encoding runs on `executor` (`local`, `ray` or an `Executor`; None: local); weights are
-    read and written here in site order, so every executor writes the same program.
-    `progress(done, total, name)` is called after each weight (for progress bars).
+    Each weight's config selects its algorithm (`_algorithms`). Data-free ones run on `executor`
+    (`local`, `ray` or an `Executor`; None: local), weights read and written here in site order,
+    so every executor writes the same program. Those that learn from data take their statistics
+    from `calibration` afterwards: one pass for all of them, or - layer by layer - in graph order
+    with every weight written so far swapped in. `progress(done, total, name)` is called after
+    each weight (for progress bars).
     """
     run = executor_of(executor)
     candidates = container.candidates()
@@ -50,34 +55,88 @@ def compress_container(
     report = CompressionReport(
         skipped=list(skipped), unmatched_overrides=unmatched, already_compressed=container.compressed()
     )
-    jobs = ((container.read(site), replace(site, handle=None), cfg) for site, cfg in sites)
-    for done, ((site, _), outcome) in enumerate(zip(sites, run.map(encode_weight, jobs), strict=True), 1):
-        if isinstance(outcome, Skipped):
-            report.skipped.append(outcome)
-        elif (refusal := container.refusal(site, outcome)) is not None:
-            report.skipped.append(site.skipped(refusal, SkipKind.LAYOUT))
-        else:
-            written = container.write(site, outcome)
-            report.weights.append(
-                WeightResult(
-                    site.name, site.shape, written.encoding, written.bytes_before, written.bytes_after,
-                    tcast.snr_db(outcome.signal, outcome.noise), outcome.luts, outcome.sparsity,
-                )
-            )  # fmt: skip
+    plan = [(site, cfg, algorithm_for(cfg)) for site, cfg in sites]
+    learned = [(site, cfg, a) for site, cfg, a in plan if not a.data_free]
+    if learned and calibration is None:
+        names = sorted({a.name for _, _, a in learned})
+        raise ConfigError(f"{', '.join(names)} learn(s) from data: give calibration samples", "calibration")
+    free = [(site, cfg) for site, cfg, a in plan if a.data_free]
+    done = 0
+
+    def finish(site: WeightSite, outcome: Encoding | Skipped) -> None:
+        nonlocal done
+        _record(container, report, site, outcome, calibration if learned else None)
         trim_heap()  # the weight's temporaries are freed: their pages go back, so the peak stays one weight's
+        done += 1
         if progress is not None:
             progress(done, len(sites), site.name)
+
+    jobs = ((container.read(site), replace(site, handle=None), cfg) for site, cfg in free)
+    for (site, _), outcome in zip(free, run.map(encode_weight, jobs), strict=True):
+        finish(site, outcome)
+    if learned:
+        assert calibration is not None
+        for site, cfg, statistics in _statistics_in_order(learned, calibration):
+            finish(site, encode_weight(container.read(site), site, cfg, statistics))
     container.finish()
     return report
 
 
-def encode_weight(w: torch.Tensor, site: WeightSite, config: Config) -> Encoding | Skipped:
-    """One weight's encoding under its config, or why it stays as it is (an encoding that would not
-    shrink it is not applied): the unit of work an executor runs (it needs no container, so it runs
-    in any process)."""
+def _statistics_in_order(
+    learned: list[tuple[WeightSite, Config, Algorithm]], calibration: Calibration
+) -> Iterator[tuple[WeightSite, Config, Statistics]]:
+    """Each weight that learns from data with its statistics: one pass per kind of need for the
+    weights that take them as the program is, then the layer-by-layer ones in graph order (each
+    asked for only after the one before was written and swapped in)."""
+    by_name = {site.name: (site, cfg, a) for site, cfg, a in learned}
+    for needs in dict.fromkeys(a.needs for _, _, a in learned if not a.sequential):
+        names = [site.name for site, _, a in learned if not a.sequential and a.needs is needs]
+        gathered = calibration.statistics(names, needs)
+        for name in names:
+            site, cfg, _ = by_name[name]
+            yield site, cfg, gathered[name]
+    for needs in dict.fromkeys(a.needs for _, _, a in learned if a.sequential):
+        names = [site.name for site, _, a in learned if a.sequential and a.needs is needs]
+        for name, statistics in calibration.sequential(names, needs):
+            site, cfg, _ = by_name[name]
+            yield site, cfg, statistics
+
+
+def _record(
+    container: Container,
+    report: CompressionReport,
+    site: WeightSite,
+    outcome: Encoding | Skipped,
+    calibration: Calibration | None,
+) -> None:
+    """Write one weight's outcome into the container and the report (and, where data is being
+    learned from, swap its decoded value into the calibration program)."""
+    if isinstance(outcome, Skipped):
+        report.skipped.append(outcome)
+        return
+    if (refusal := container.refusal(site, outcome)) is not None:
+        report.skipped.append(site.skipped(refusal, SkipKind.LAYOUT))
+        return
+    written = container.write(site, outcome)
+    report.weights.append(
+        WeightResult(
+            site.name, site.shape, written.encoding, written.bytes_before, written.bytes_after,
+            tcast.snr_db(outcome.signal, outcome.noise), outcome.luts, outcome.sparsity,
+        )
+    )  # fmt: skip
+    if calibration is not None:
+        calibration.replace(site.name, decode(outcome))
+
+
+def encode_weight(
+    w: torch.Tensor, site: WeightSite, config: Config, statistics: Statistics | None = None
+) -> Encoding | Skipped:
+    """One weight's encoding under its config's algorithm, or why it stays as it is (an encoding
+    that would not shrink it is not applied): the unit of work an executor runs (it needs no
+    container, so it runs in any process)."""
     if (reason := _non_finite(w)) is not None:
         return site.skipped(reason, SkipKind.NON_FINITE)
-    outcome = _ENCODERS[type(config)](w, site, config)
+    outcome = algorithm_for(config).encode()(w, site, config, statistics)
     if isinstance(outcome, str):
         return site.skipped(outcome, SkipKind.LAYOUT)
     if outcome.nbytes >= site.nbytes:

@@ -223,8 +223,11 @@ def _store_scales(values: np.ndarray, storage: Element) -> Stored:
     return stored_float(rounded, storage)
 
 
-def palettize(w: torch.Tensor, site: WeightSite, config: PalettizeConfig) -> Encoding | str:
-    """One weight's indices, LUTs and scales (or why its layout cannot take the config)."""
+def palettize(
+    w: torch.Tensor, site: WeightSite, config: PalettizeConfig, statistics: object = None
+) -> Encoding | str:
+    """One weight's indices, LUTs and scales by exact k-means of its values (or why its layout
+    cannot take the config); it learns from no data."""
     axis, shape, dim = site.output_axis, site.shape, config.cluster_dim
     channels = shape[axis]
     groups = _lut_groups(channels, config)

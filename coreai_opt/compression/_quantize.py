@@ -147,8 +147,11 @@ def _scale_format(site: WeightSite, config: QuantizeConfig) -> tuple[str, tcast.
     return "e8m0", tcast.ScaleMode.MAX
 
 
-def quantize(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> Encoding | str:
-    """One weight's codes, scales and offsets (or why its layout cannot take the config)."""
+def quantize(
+    w: torch.Tensor, site: WeightSite, config: QuantizeConfig, statistics: object = None
+) -> Encoding | str:
+    """One weight's codes, scales and offsets, rounded to nearest (or why its layout cannot take
+    the config); it learns from no data."""
     shape = scale_shape(site, config)
     if isinstance(shape, str):
         return shape

@@ -138,8 +138,11 @@ def _kept(w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(as_bits.numpy()[mask.numpy()]).view(w.dtype)
 
 
-def sparsify(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> Encoding | str:
-    """One weight's mask and kept values (or why its layout cannot take the config)."""
+def sparsify(
+    w: torch.Tensor, site: WeightSite, config: SparsifyConfig, statistics: object = None
+) -> Encoding | str:
+    """One weight's mask and kept values by magnitude (or why its layout cannot take the config);
+    it learns from no data."""
     mask = sparsity_mask(w, site, config)
     if isinstance(mask, str):
         return mask

@@ -1,38 +1,25 @@
 """`coreopt quantize model.pt2 --activations int8 --calibration DATA`: the Quantizer on a `.pt2` file.
 
-The program's module is prepared, calibrated on the samples (read as `compare --inputs` reads
-them, or drawn by the input policy when the user says `random`), finalized, exported again with
-coreai-torch's decompositions and saved atomically. Calibration data is checked before any work:
-names, shapes and kinds against the program's inputs, and every float value finite.
+The program's module is prepared, calibrated on the samples (`calibration.Samples`: read as
+`compare --inputs` reads them, or drawn by the input policy when the user says `random`), and
+the program itself finalized in place and saved atomically - no export. Calibration data is
+checked before any work: names, shapes and kinds against the program's inputs, every float value
+finite.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from coreai_opt.calibration import RANDOM, Samples
 from coreai_opt.compression import Progress
-from coreai_opt.inputs import (
-    exported_program_specs,
-    exported_program_usage,
-    input_rules,
-    read_input_samples,
-    seeded_samples,
-    seeded_source,
-    user_input_nodes,
-)
 from coreai_opt.io import ModelFileError, ModelFormat, check_output, load_pt2, model_format, save_pt2
 
 from ._config import QuantizerConfig
 from ._quantizer import NothingToQuantize, QuantizationReport, Quantizer
-
-RANDOM = "random"  # the calibration source that draws seeded inputs (said explicitly)
 
 
 @dataclass
@@ -59,32 +46,6 @@ class ActivationsFileResult:
             "file_bytes_after": self.file_bytes_after,
             "report": self.report.to_dict(),
         }
-
-
-def _finite(path: Path, label: str, sample: dict[str, torch.Tensor]) -> None:
-    for name, tensor in sample.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise ModelFileError(path, f"sample {label}: input {name} holds NaN or Inf")
-
-
-def _samples(
-    ep: Any, calibration: Path | str, count: int, seed: int
-) -> tuple[int, str, Iterator[tuple[str, dict[str, torch.Tensor]]]]:
-    specs = exported_program_specs(ep)
-    if str(calibration) == RANDOM:
-        seeds = range(seed, seed + count)
-        drawn = seeded_samples(specs, input_rules(specs, exported_program_usage(ep)), seeds)
-        as_tensors = ((label, {n: torch.from_numpy(a) for n, a in arrays.items()}) for label, arrays in drawn)
-        return count, seeded_source(seeds), as_tensors
-    path = Path(calibration)
-    samples = read_input_samples(path, specs)
-
-    def checked() -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
-        for label, sample in samples:
-            _finite(path, label, sample)
-            yield label, sample
-
-    return samples.count, str(path), checked()
 
 
 def _options(config: QuantizerConfig) -> dict[str, Any]:
@@ -120,9 +81,8 @@ def quantize_activations_file(
     trust_pickle: bool = False,
 ) -> ActivationsFileResult:
     """Quantize a `.pt2`'s weights and activations, calibrated on `calibration` (a safetensors
-    file or directory of samples, or "random" for `random_samples` seeded draws)."""
-    from coreai_opt._export import coreai_decompositions
-
+    file or directory of samples, or "random" for `random_samples` seeded draws). The loaded
+    program is edited in place and saved: it is never exported again."""
     source = Path(source)
     config = config if config is not None else QuantizerConfig()
     model_format(source, (ModelFormat.PT2,))
@@ -132,34 +92,29 @@ def quantize_activations_file(
     if random_samples < 1:
         raise ValueError(f"random_samples must be 1 or more, not {random_samples}")
     ep = load_pt2(source, trust_pickle=trust_pickle)
-    count, label, samples = _samples(ep, calibration, random_samples, seed)
+    random = str(calibration) == RANDOM
+    samples = Samples.of(calibration, count=random_samples if random else None, seed=seed)
+    batches = list(samples.inputs(ep))  # read and checked before any work
     start = time.perf_counter()
-    users = [(n.name, n.meta["val"].dtype) for n in user_input_nodes(ep)]
-
-    def arguments(sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        return tuple(sample[name].to(dtype) for name, dtype in users)
-
-    first = next(samples)
-    quantizer = Quantizer(ep.module(), config)
+    quantizer = Quantizer.of_program(ep, config)
     try:
-        prepared = quantizer.prepare(arguments(first[1]))
+        prepared = quantizer.prepare(batches[0][1])
     except NothingToQuantize as exc:
         raise ModelFileError(source, str(exc)) from None
     with quantizer.calibration_mode():
-        for done, (name, sample) in enumerate(itertools.chain([first], samples), 1):
-            prepared(*arguments(sample))
+        for done, (name, inputs) in enumerate(batches, 1):
+            prepared(*inputs)
             if progress is not None:
-                progress(done, count, name)
-    final = quantizer.finalize()
-    program = torch.export.export(final, quantizer.example_inputs).run_decompositions(coreai_decompositions())
+                progress(done, len(batches), name)
+    quantizer.finalize()
     seconds = time.perf_counter() - start
-    save_pt2(program, out, force=force, inputs=(source,))
+    save_pt2(ep, out, force=force, inputs=(source,))
     assert quantizer.report is not None
     return ActivationsFileResult(
         source,
         out,
-        label,
-        count,
+        samples.describe(),
+        len(batches),
         _options(config),
         quantizer.report,
         seconds,

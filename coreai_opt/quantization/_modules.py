@@ -3,8 +3,8 @@
 Prepared, an activation quantizer observes (during `calibration_mode`) or fake-quantizes with the
 calibrated scale; a weight quantizer replaces its weight by the weight its encoding decodes to.
 Both pass gradients straight through (activations only inside the quantization range), so a
-prepared model can be fine-tuned. Final, an activation is `coreai::quantize` then
-`coreai::dequantize` with the calibrated scale and zero point as buffers.
+prepared model can be fine-tuned. `finalize` adds `coreai::quantize` then `coreai::dequantize`
+calls to the program itself (`Quantizer`).
 """
 
 from __future__ import annotations
@@ -76,33 +76,24 @@ class ActivationQuantizer(nn.Module):
 
 
 class WeightQuantizer(nn.Module):
-    """A weight replaced by what its encoding decodes to; the gradient passes straight through."""
+    """A weight replaced by what its encoding decodes to; the gradient passes straight through.
+
+    The decoded weight is kept until the weight changes (a training step bumps its version), so
+    calibration passes encode each weight once, not once per pass."""
 
     def __init__(self, site: WeightSite, config: QuantizeConfig) -> None:
         super().__init__()
         self.site = site
         self.config = config
         self.passthrough = False  # the float model, for reference outputs
+        self._kept: tuple[tuple[int, int, int], torch.Tensor] | None = None
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:
         if self.passthrough:
             return w
-        decoded = dequantized(w.detach(), self.site, self.config)
-        assert not isinstance(decoded, str)  # the layout was checked when the model was prepared
-        return decoded + (w - w.detach())
-
-
-class QuantizeDequantize(nn.Module):
-    """coreai-torch's per-tensor `quantize` then `dequantize` of an activation."""
-
-    def __init__(self, qparams: QParams, dtype: torch.dtype, code_dtype: torch.dtype) -> None:
-        super().__init__()
-        self.register_buffer("scale", torch.tensor(qparams.scale, dtype=dtype))
-        zero = torch.tensor(qparams.zero_point, dtype=code_dtype) if qparams.has_zero_point else None
-        self.register_buffer("zero_point", zero)
-        self.code_dtype = code_dtype
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # positional, as coreai-torch's converter reads the arguments
-        q = torch.ops.coreai.quantize(x, self.scale, self.code_dtype, self.zero_point, None, 0)
-        return torch.ops.coreai.dequantize(q, self.scale, self.zero_point, None, 0, None, None)
+        key = (id(w), w.data_ptr(), w._version)
+        if self._kept is None or self._kept[0] != key:
+            decoded = dequantized(w.detach(), self.site, self.config)
+            assert not isinstance(decoded, str)  # the layout was checked when the model was prepared
+            self._kept = (key, decoded)
+        return self._kept[1] + (w - w.detach())

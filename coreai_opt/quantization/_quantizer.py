@@ -8,11 +8,13 @@
     final = quantizer.finalize(backend=ExportBackend.CoreAI)
     ep = torch.export.export(final, (example,)).run_decompositions(coreai_torch.get_decomp_table())
 
-`prepare` exports a copy of the model (the caller's model is never changed) and inserts an
-activation quantizer before every linear, convolution and matrix-product input and a weight
-quantizer on every weight they read. `finalize` swaps the activation quantizers for
-coreai-torch's quantize/dequantize and encodes the weights with the `.pt2` container, exactly as
-`quantize_weights` would; the result runs in PyTorch and exports again for conversion.
+`prepare` exports a copy of the model once (the caller's model is never changed; a quantizer
+made `of_program` takes an exported program as it is) and inserts, in its module, an activation
+quantizer before every linear, convolution and matrix-product input and a weight quantizer on
+every weight they read. `finalize` edits that exported program in place - coreai-torch's
+quantize/dequantize calls with the calibrated scales and zero points, the weights encoded by the
+`.pt2` container exactly as `quantize_weights` would - and returns its module (`program` is the
+program itself, ready to save or convert); nothing is exported again.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from coreai_opt.compression import CompressionReport, Skipped
 
 from ._config import ExportBackend, Observer, QuantizerConfig
 from ._graph import Plan, finalize_weights_config, plan
-from ._modules import ActivationQuantizer, QuantizeDequantize, WeightQuantizer
+from ._modules import ActivationQuantizer, WeightQuantizer
 from ._observers import QParams
 
 if TYPE_CHECKING:
+    from torch.export import ExportedProgram
     from torch.fx import GraphModule
 
 _CODE_DTYPES = {"int8": torch.int8, "uint8": torch.uint8}
@@ -127,10 +130,19 @@ class Quantizer:
         if not isinstance(self.config, QuantizerConfig):
             raise TypeError(f"config must be a QuantizerConfig, not {self.config!r}")
         self.prepared: GraphModule | None = None
+        self.program: ExportedProgram | None = None  # the exported program finalize edits
         self.report: QuantizationReport | None = None
         self._plan: Plan | None = None
         self._example: tuple[Any, ...] = ()
         self._activations: list[ActivationQuantizer] = []
+
+    @classmethod
+    def of_program(cls, program: ExportedProgram, config: QuantizerConfig | None = None) -> Quantizer:
+        """A quantizer for an exported program (coreai-torch's decompositions applied, as a `.pt2`
+        holds it): `prepare` takes its module, `finalize` edits `program` itself in place."""
+        quantizer = cls(program.module(), config)
+        quantizer.program = program
+        return quantizer
 
     @property
     def example_inputs(self) -> tuple[Any, ...]:
@@ -143,10 +155,12 @@ class Quantizer:
 
         register_coreai_ops()
         example_inputs = tuple(example_inputs)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
-            model = copy.deepcopy(self.model)
-        ep = torch.export.export(model, example_inputs)
+        if self.program is None:  # the one export: of a copy, so the caller's model stays as it is
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
+                model = copy.deepcopy(self.model)
+            self.program = torch.export.export(model, example_inputs)
+        ep = self.program
         gm = ep.module()
         found = plan(gm, ep, self.config)
         if not found.activations and not found.weights:
@@ -261,15 +275,14 @@ class Quantizer:
 
     def finalize(self, backend: ExportBackend | str = ExportBackend.CoreAI) -> GraphModule:
         """The calibrated model with coreai-torch's ops: activations quantized and dequantized,
-        weights encoded. It runs in PyTorch and exports (with coreai-torch's decompositions) for
-        conversion. `self.report` says what was quantized."""
-        from torch.fx import GraphModule as FxGraphModule
-
+        weights encoded, in the exported program (`self.program`, edited in place: it saves and
+        converts as it is) and its module, which runs in PyTorch. `self.report` says what was
+        quantized."""
         from coreai_opt.compression import compress_
 
         if ExportBackend(backend) is not ExportBackend.CoreAI:
             raise ValueError(f"unknown backend {backend!r}")
-        if self.prepared is None or self._plan is None:
+        if self.prepared is None or self._plan is None or self.program is None:
             raise RuntimeError("call prepare(example_inputs) and calibrate before finalize()")
         missing = [m.value_name for m in self._activations if m.qparams is None]
         if missing:
@@ -277,35 +290,58 @@ class Quantizer:
                 f"{len(missing)} activation(s) saw no calibration pass ({', '.join(missing[:3])}"
                 f"{', ...' if len(missing) > 3 else ''}): run forward passes inside calibration_mode()"
             )
-        prepared = self.prepared
-        final = FxGraphModule(prepared, copy.deepcopy(prepared.graph))
+        ep = self.program
+        _take_trained_weights(self.prepared, ep)
         report = QuantizationReport(
             float_ops=list(self._plan.float_ops), weights_left_float=list(self._plan.skipped)
         )
-        for node in list(final.graph.nodes):
-            if node.op != "call_module":
-                continue
-            module = prepared.get_submodule(str(node.target))
-            if isinstance(module, WeightQuantizer):
-                node.replace_all_uses_with(node.args[0])
-                final.graph.erase_node(node)
-                final.delete_submodule(str(node.target))
-            elif isinstance(module, ActivationQuantizer):
-                assert module.qparams is not None
-                value_dtype = node.args[0].meta["val"].dtype
-                code_dtype = _CODE_DTYPES[module.config.dtype.value]
-                final.delete_submodule(str(node.target))
-                final.add_submodule(
-                    str(node.target), QuantizeDequantize(module.qparams, value_dtype, code_dtype)
-                )
-                report.activations.append(
-                    ActivationResult(module.value_name, module.consumers, module.config.dtype.value,
-                                     module.config.qscheme.value, module.config.observer.value, module.qparams,
-                                     module.range_from)
-                )  # fmt: skip
-        final.graph.lint()
-        final.recompile()
-        ep = torch.export.export(final, self._example)
-        report.weights = compress_(ep, finalize_weights_config(self._plan.weights))
+        for k, module in enumerate(self._activations):
+            assert module.qparams is not None
+            _quantize_activation(ep, k, module)
+            report.activations.append(
+                ActivationResult(module.value_name, module.consumers, module.config.dtype.value,
+                                 module.config.qscheme.value, module.config.observer.value, module.qparams,
+                                 module.range_from)
+            )  # fmt: skip
+        ep.graph.lint()
+        report.weights = compress_(ep, finalize_weights_config(self._plan.weights))  # recompiles, validates
         self.report = report
         return ep.module()
+
+
+def _take_trained_weights(prepared: GraphModule, ep: ExportedProgram) -> None:
+    """The prepared module's parameters as the program's (what fine-tuning made of them)."""
+    for name, parameter in prepared.named_parameters():
+        stored = ep.state_dict.get(name)
+        if stored is not None and stored is not parameter:
+            with torch.no_grad():
+                stored.copy_(parameter)
+
+
+def _quantize_activation(ep: ExportedProgram, k: int, module: ActivationQuantizer) -> None:
+    """coreai-torch's per-tensor `quantize` then `dequantize` of one activation, read by every op
+    that read it quantized (scale and zero point as buffers `coreopt_act_<k>.*`)."""
+    from coreai_opt._export import register_coreai_ops
+    from coreai_opt._export._edit import ProgramEdit
+
+    ops = register_coreai_ops()
+    p = module.qparams
+    assert p is not None
+    nodes = {node.name: node for node in ep.graph.nodes}
+    value = nodes[module.value_name]
+    consumers = [nodes[name] for name in module.consumers]
+    dtype, code_dtype = value.meta["val"].dtype, _CODE_DTYPES[module.config.dtype.value]
+    edit = ProgramEdit(ep)
+    scale = edit.buffer(
+        f"coreopt_act_{k}_scale", f"coreopt_act_{k}.scale", torch.tensor(p.scale, dtype=dtype)
+    )
+    zero = None
+    if p.has_zero_point:
+        zero_value = torch.tensor(p.zero_point, dtype=code_dtype)
+        zero = edit.buffer(f"coreopt_act_{k}_zero_point", f"coreopt_act_{k}.zero_point", zero_value)
+    order = {node: i for i, node in enumerate(ep.graph.nodes)}
+    with ep.graph.inserting_before(min(consumers, key=order.__getitem__)):
+        codes = edit.call(ops.quantize.default, value, scale, code_dtype, zero, None, 0)
+        dequantized = edit.call(ops.dequantize.default, codes, scale, zero, None, 0, None, None)
+    for consumer in consumers:
+        consumer.replace_input_with(value, dequantized)

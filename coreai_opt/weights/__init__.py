@@ -13,21 +13,25 @@ from ._decode import decode, torch_values
 from ._describe import Described
 from ._forms import Encoding, Form, Palettized, Quantized, ShiftScale, Sparse, Stored
 from ._sites import Candidate, Consumer, SkipKind, Skipped, Use, WeightSite, stored_nbytes
+from ._statistics import Calibration, Needs, Statistics
 
 __all__ = [
     "CONTAINERS",
+    "Calibration",
     "Candidate",
     "Consumer",
     "Container",
     "Described",
     "Encoding",
     "Form",
+    "Needs",
     "Palettized",
     "Quantized",
     "ShiftScale",
     "SkipKind",
     "Skipped",
     "Sparse",
+    "Statistics",
     "Stored",
     "Use",
     "WeightSite",

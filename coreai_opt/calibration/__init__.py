@@ -1,0 +1,30 @@
+"""Calibration data and what a program does with it: the statistics compression learns from.
+
+`Samples` says where samples come from (a safetensors file or directory, seeded draws, token
+windows of a text with the model's tokenizer); `calibrate(program, samples)` gives a
+`weights.Calibration` for a `torch.export` program - per-weight input moments, input Gram
+matrices or squared gradients, one pass or layer by layer, keyed by the weight names every
+container shares and cached on disk by program and samples (`COREOPT_CACHE`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._samples import RANDOM, Samples, Source, text_tokens
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+    from ._capture import ProgramCalibration
+
+__all__ = ["RANDOM", "Samples", "Source", "calibrate", "text_tokens"]
+
+
+def calibrate(
+    program: ExportedProgram, samples: Samples, *, cache: bool = True, seed: int = 0
+) -> ProgramCalibration:
+    """A calibration of `program` on `samples` (the samples are read, and checked, now)."""
+    from ._capture import ProgramCalibration
+
+    return ProgramCalibration(program, samples, cache=cache, seed=seed)

@@ -1,0 +1,483 @@
+"""Statistics of a `torch.export` program's weights on calibration samples, taken where each weight
+is read.
+
+The program runs in PyTorch (`ep.module()`, its compressed weights decoded once) under an FX
+interpreter that, at every op reading a weight we gather for (the one ATen table: `_aten.WEIGHT_OPS`,
+looking through views), accumulates what the op's activation operand holds: the second moment of
+each input channel, or the input Gram matrix (a convolution's over its unfolded patches), in
+float64. Squared gradients of a loss per weight element come from a backward pass: next-token
+cross entropy for a language model (int ids in, [batch, tokens, vocabulary] logits out), else the
+output's squared error, estimated with one seeded random sign vector per sample (Hutchinson: its
+expectation is the diagonal of J^T J). Layer-by-layer runs (`sequential`) evaluate the graph node
+by node over all samples at once, so a weight's statistics can be taken, the weight replaced by its
+compressed form, and the rest of the program run on from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coreai_opt.weights import Consumer, Needs, Statistics
+
+from ._samples import Samples
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+    from torch.fx import GraphModule, Node
+
+CACHE_ENV = "COREOPT_CACHE"
+
+
+@dataclass(frozen=True)
+class Reader:
+    """An op that reads a weight: the weight's name, how the op reads it, and where its activation is."""
+
+    node: Node
+    name: str
+    consumer: Consumer
+    activation: int | None  # operand index (None: an embedding lookup, which has no activation)
+
+
+def readers(gm: GraphModule) -> list[Reader]:
+    """Every op of `gm` that reads a parameter or buffer as its weight, in graph order."""
+    from coreai_opt._aten import PASS_THROUGH, WEIGHT_OPS, packet
+
+    found = []
+    for node in gm.graph.nodes:
+        op = WEIGHT_OPS.get(packet(node)) if node.op == "call_function" else None
+        if op is None or len(node.args) <= op.weight:
+            continue
+        source = node.args[op.weight]
+        while getattr(source, "op", None) == "call_function" and packet(source) in PASS_THROUGH:
+            source = source.args[0]
+        if getattr(source, "op", None) != "get_attr":
+            continue
+        others = [i for i in op.activations if i != op.weight]
+        found.append(Reader(node, str(source.target), op.consumer, others[0] if others else None))
+    return found
+
+
+def _rows(activation: torch.Tensor, reader: Reader) -> torch.Tensor:
+    """The activation as [rows, input channels] for moments (a convolution: channels on axis 1)."""
+    if reader.consumer is Consumer.CONV:
+        return activation.movedim(1, -1).reshape(-1, activation.shape[1])
+    return activation.reshape(-1, activation.shape[-1])
+
+
+def _patches(activation: torch.Tensor, node: Node) -> torch.Tensor:
+    """A 1-D or 2-D convolution's input as [positions, C_in * kernel] (groups of 1), the rows the
+    weight reshaped to [C_out, C_in * kernel] multiplies."""
+    import torch
+
+    weight = node.args[1].meta["val"]  # type: ignore[union-attr]
+    kernel = tuple(weight.shape[2:])
+    stride, padding, dilation = (
+        tuple(node.args[i]) if len(node.args) > i else (1,) * len(kernel) for i in (3, 4, 5)
+    )  # type: ignore[arg-type]
+    x = activation if len(kernel) == 2 else activation.unsqueeze(-1)
+    if len(kernel) == 1:
+        kernel, stride, padding, dilation = (*kernel, 1), (*stride, 1), (*padding, 0), (*dilation, 1)
+    unfolded = torch.nn.functional.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)
+    return unfolded.transpose(1, 2).reshape(-1, unfolded.shape[1])
+
+
+class _Sums:
+    """Running sums of one weight's statistics."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.moments: torch.Tensor | None = None
+        self.gram: torch.Tensor | None = None
+
+    def add(self, activation: torch.Tensor, reader: Reader, needs: Needs) -> None:
+        if needs is Needs.INPUT_GRAM and reader.consumer is Consumer.CONV:
+            groups = reader.node.args[8] if len(reader.node.args) > 8 else 1
+            rows = (
+                _patches(activation.float(), reader.node)
+                if groups == 1
+                else _rows(activation.float(), reader)
+            )
+        else:
+            rows = _rows(activation.float(), reader)
+        self.rows += rows.shape[0]
+        squares = (rows.double() ** 2).sum(0)
+        self.moments = squares if self.moments is None else self.moments + squares
+        if needs is Needs.INPUT_GRAM:
+            gram = (rows.T @ rows).double()  # float32 products, float64 sums across batches
+            self.gram = gram if self.gram is None else self.gram + gram
+
+    def mean(self) -> Statistics:
+        rows = max(self.rows, 1)
+        return Statistics(
+            self.rows,
+            moments=None if self.moments is None else self.moments / rows,
+            gram=None if self.gram is None else self.gram / rows,
+        )
+
+
+def _first_readers(found: list[Reader], names: Sequence[str], needs: Needs) -> dict[str, Reader]:
+    """Each named weight's reader to take statistics at: its first, or for moments and Gram its
+    first that has an activation (a tied embedding is also the output head's weight)."""
+    chosen: dict[str, Reader] = {}
+    wanted = set(names)
+    for reader in found:
+        if reader.name not in wanted:
+            continue
+        better = reader.activation is not None and chosen.get(reader.name, reader).activation is None
+        if reader.name not in chosen or (needs is not Needs.GRADIENT_SQUARES and better):
+            chosen[reader.name] = reader
+    return chosen
+
+
+class ProgramCalibration:
+    """A `weights.Calibration` for one `torch.export` program and its samples (see the module)."""
+
+    def __init__(
+        self, program: ExportedProgram, samples: Samples, *, cache: bool = True, seed: int = 0
+    ) -> None:
+        import torch
+
+        from coreai_opt._export import fold_decompression
+
+        self.samples = samples
+        self.gm = program.module()
+        fold_decompression(self.gm)
+        with torch.no_grad():
+            self.inputs = [inputs for _, inputs in samples.inputs(program)]
+        if not self.inputs:
+            raise ValueError(f"{samples.describe()} gave no calibration samples")
+        self.cache = cache
+        self.seed = seed
+        self.replaced: dict[str, torch.Tensor] = {}
+        self._fingerprint: str | None = None
+
+    # ----- the Calibration protocol ------------------------------------------------------------
+
+    def statistics(self, names: Sequence[str], needs: Needs) -> dict[str, Statistics]:
+        key = self._key(names, needs)
+        cached = self._load(key, names) if self.cache else None
+        if cached is not None:
+            return cached
+        if needs is Needs.GRADIENT_SQUARES:
+            found = self._gradient_squares(names)
+        else:
+            found = self._activations(names, needs)
+        if self.cache:
+            self._store(key, found)
+        return found
+
+    def sequential(self, names: Sequence[str], needs: Needs) -> Iterator[tuple[str, Statistics]]:
+        if needs is Needs.GRADIENT_SQUARES:  # a backward pass sees the whole program: one pass
+            yield from self.statistics(names, needs).items()
+            return
+        yield from _NodeMajor(self, names, needs).run()
+
+    def replace(self, name: str, value: torch.Tensor) -> None:
+        import torch
+
+        *path, leaf = name.split(".")
+        owner = self.gm.get_submodule(".".join(path))
+        dtype = getattr(owner, leaf).dtype
+        if leaf in owner._parameters:
+            owner._parameters[leaf] = torch.nn.Parameter(value.to(dtype), requires_grad=False)
+        else:
+            setattr(owner, leaf, value.to(dtype))
+        self.replaced[name] = value
+        self._fingerprint = None
+
+    # ----- one pass per sample -----------------------------------------------------------------
+
+    def _activations(self, names: Sequence[str], needs: Needs) -> dict[str, Statistics]:
+        import torch
+
+        chosen = _first_readers(readers(self.gm), names, needs)
+        by_node = {reader.node: reader for reader in chosen.values()}
+        sums = {name: _Sums() for name in names}
+        recorder = _Recording(self.gm, by_node, sums, needs)
+        with torch.no_grad():
+            for inputs in self.inputs:
+                recorder.run(*inputs)
+        return {name: sums[name].mean() for name in names}
+
+    def _gradient_squares(self, names: Sequence[str]) -> dict[str, Statistics]:
+        import torch
+
+        parameters = {name: self._parameter(name) for name in names}
+        everything = list(self.gm.parameters())
+        before = [p.requires_grad for p in everything]  # shared with the program: put back after
+        for parameter in everything:
+            parameter.requires_grad_(False)
+        for parameter in parameters.values():
+            parameter.requires_grad_(True)
+        totals = {name: torch.zeros(p.shape, dtype=torch.float64) for name, p in parameters.items()}
+        generator = torch.Generator().manual_seed(self.seed)
+        rows = 0
+        try:
+            for inputs in self.inputs:
+                loss, count = _loss(self.gm(*inputs), inputs, generator)
+                grads = torch.autograd.grad(loss, list(parameters.values()), allow_unused=True)
+                for (name, _), grad in zip(parameters.items(), grads, strict=True):
+                    if grad is not None:
+                        totals[name] += grad.double() ** 2
+                rows += count
+        finally:
+            for parameter, flag in zip(everything, before, strict=True):
+                parameter.requires_grad_(flag)
+        samples = len(self.inputs)
+        return {name: Statistics(rows, gradient_squares=total / samples) for name, total in totals.items()}
+
+    def _parameter(self, name: str) -> torch.Tensor:
+        import torch
+
+        *path, leaf = name.split(".")
+        owner = self.gm.get_submodule(".".join(path))
+        value = getattr(owner, leaf)
+        if not isinstance(value, torch.nn.Parameter):
+            value = torch.nn.Parameter(value.detach().clone(), requires_grad=False)
+            if leaf in owner._buffers:
+                del owner._buffers[leaf]
+            owner._parameters[leaf] = value
+        return value
+
+    # ----- the on-disk cache -------------------------------------------------------------------
+
+    def fingerprint(self) -> str:
+        """What identifies the program as it is now: its code and every state tensor's bytes."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256(self.gm.code.encode())
+            for name, tensor in sorted(
+                {**dict(self.gm.named_parameters()), **dict(self.gm.named_buffers())}.items()
+            ):
+                digest.update(name.encode())
+                digest.update(str(tensor.dtype).encode())
+                digest.update(
+                    tensor.detach().contiguous().cpu().view(-1).view(_bytes_dtype()).numpy().tobytes()
+                )
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+    def _key(self, names: Sequence[str], needs: Needs) -> str:
+        parts = [self.fingerprint(), self.samples.digest(), needs.value, str(self.seed), *sorted(names)]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+    def _load(self, key: str, names: Sequence[str]) -> dict[str, Statistics] | None:
+        from safetensors.torch import load_file
+
+        path = cache_folder() / f"{key}.safetensors"
+        if not path.is_file():
+            return None
+        try:
+            tensors = load_file(str(path))
+            rows = json.loads((cache_folder() / f"{key}.json").read_text())
+            return {
+                name: Statistics(
+                    int(rows[name]),
+                    tensors.get(f"{name}/moments"),
+                    tensors.get(f"{name}/gram"),
+                    tensors.get(f"{name}/gradient_squares"),
+                )
+                for name in names
+            }
+        except (OSError, ValueError, KeyError):
+            return None  # a damaged cache entry is recomputed
+
+    def _store(self, key: str, found: dict[str, Statistics]) -> None:
+        from safetensors.torch import save_file
+
+        from coreai_opt.io import write_atomically
+
+        tensors = {}
+        for name, statistics in found.items():
+            for field in ("moments", "gram", "gradient_squares"):
+                value = getattr(statistics, field)
+                if value is not None:
+                    tensors[f"{name}/{field}"] = value.contiguous()
+        folder = cache_folder()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_atomically(folder / f"{key}.safetensors", lambda tmp: save_file(tensors, str(tmp)))
+            text = json.dumps({name: s.rows for name, s in found.items()})
+            write_atomically(folder / f"{key}.json", lambda tmp: tmp.write_text(text))
+        except OSError:
+            pass  # a cache that cannot be written only costs time
+
+
+def cache_folder() -> Path:
+    """Where calibration statistics are kept between runs (`COREOPT_CACHE`, else ~/.cache/coreopt)."""
+    base = os.environ.get(CACHE_ENV)
+    return Path(base) if base else Path.home() / ".cache" / "coreopt" / "calibration"
+
+
+def _bytes_dtype() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def _loss(output: Any, inputs: tuple[Any, ...], generator: Any) -> tuple[torch.Tensor, int]:
+    """(loss, rows): next-token cross entropy for a language model, else the output's squared
+    error as one random-sign projection of it."""
+    import torch
+
+    leaves = [
+        t
+        for t in torch.utils._pytree.tree_leaves(output)
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
+    ids = next((t for t in inputs if not t.is_floating_point() and t.dim() == 2), None)
+    first = leaves[0]
+    if ids is not None and first.dim() == 3 and first.shape[:2] == ids.shape and first.shape[1] > 1:
+        logits = first[:, :-1].reshape(-1, first.shape[-1]).float()
+        targets = ids[:, 1:].reshape(-1)
+        return torch.nn.functional.cross_entropy(logits, targets, reduction="sum"), targets.numel()
+    loss = sum(
+        (leaf.float() * (torch.randint(0, 2, leaf.shape, generator=generator) * 2 - 1).to(leaf.device)).sum()
+        for leaf in leaves
+    )
+    return loss, sum(leaf.numel() for leaf in leaves)  # type: ignore[return-value]
+
+
+class _Recording:
+    """Runs the module on one sample, adding each chosen reader's activation to its sums."""
+
+    def __init__(
+        self, gm: GraphModule, by_node: dict[Node, Reader], sums: dict[str, _Sums], needs: Needs
+    ) -> None:
+        from torch.fx import Interpreter
+
+        outer = self
+
+        class Interp(Interpreter):
+            def run_node(self, n: Node) -> Any:
+                reader = outer.by_node.get(n)
+                if reader is not None and reader.activation is not None:
+                    args, _ = self.fetch_args_kwargs_from_env(n)
+                    outer.sums[reader.name].add(args[reader.activation], reader, outer.needs)
+                return super().run_node(n)
+
+        self.interpreter = Interp(gm)
+        self.by_node, self.sums, self.needs = by_node, sums, needs
+
+    def run(self, *inputs: Any) -> Any:
+        return self.interpreter.run(*inputs)
+
+
+class _NodeMajor:
+    """The program evaluated node by node over every sample at once, pausing at each weight's
+    reader: the caller takes the statistics, replaces the weight, and the run goes on with it."""
+
+    def __init__(self, calibration: ProgramCalibration, names: Sequence[str], needs: Needs) -> None:
+        self.calibration = calibration
+        self.gm = calibration.gm
+        self.needs = needs
+        self.chosen = _first_readers(readers(self.gm), names, needs)
+        self.pending = {reader.node: reader for reader in self.chosen.values()}
+        missing = [name for name in names if name not in self.chosen]
+        self.unread = missing  # weights no op reads: their statistics are empty
+
+    def run(self) -> Iterator[tuple[str, Statistics]]:
+        import torch
+
+        graph = self.gm.graph
+        state = _state_only(graph)
+        last_use = {}
+        for index, node in enumerate(graph.nodes):
+            for used in node.all_input_nodes:
+                last_use[used] = index
+        values: dict[Node, list[Any]] = {}
+        fixed: dict[Node, Any] = {}  # state-only nodes: one value, recomputed after a replace
+        placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+        for position, node in enumerate(placeholders):
+            values[node] = [inputs[position] for inputs in self.calibration.inputs]
+        for name in self.unread:
+            yield name, Statistics(0)
+        with torch.no_grad():
+            for index, node in enumerate(graph.nodes):
+                if node.op in ("placeholder", "output"):
+                    continue
+                if node in state:
+                    continue  # computed on demand from the weights as they are now
+                reader = self.pending.pop(node, None)
+                if reader is not None:
+                    sums = _Sums()
+                    if reader.activation is not None:
+                        for activation in self._operand(node.args[reader.activation], values, fixed, state):
+                            sums.add(activation, reader, self.needs)
+                    yield reader.name, sums.mean()
+                    fixed.clear()  # the caller replaced the weight: views of it are stale
+                values[node] = self._evaluate(node, values, fixed, state)
+                for used in node.all_input_nodes:
+                    if last_use.get(used) == index and used in values:
+                        del values[used]
+
+    def _operand(
+        self, arg: Any, values: dict[Node, list[Any]], fixed: dict[Node, Any], state: set[Node]
+    ) -> list[Any]:
+        from torch.fx import Node as FxNode
+
+        if isinstance(arg, FxNode):
+            if arg in state:
+                return [self._fixed(arg, fixed, state)] * len(self.calibration.inputs)
+            return values[arg]
+        return [arg] * len(self.calibration.inputs)
+
+    def _fixed(self, node: Node, fixed: dict[Node, Any], state: set[Node]) -> Any:
+        """A node computed from weights and constants only, from the weights as they are now."""
+        from torch.fx.node import map_arg
+
+        if node in fixed:
+            return fixed[node]
+        if node.op == "get_attr":
+            value: Any = self.gm
+            for part in str(node.target).split("."):
+                value = getattr(value, part)
+        else:
+            args = map_arg(node.args, lambda n: self._fixed(n, fixed, state))
+            kwargs = map_arg(node.kwargs, lambda n: self._fixed(n, fixed, state))
+            value = node.target(*args, **kwargs)  # type: ignore[operator]
+        fixed[node] = value
+        return value
+
+    def _evaluate(
+        self, node: Node, values: dict[Node, list[Any]], fixed: dict[Node, Any], state: set[Node]
+    ) -> list[Any]:
+        from torch.fx.node import map_arg
+
+        count = len(self.calibration.inputs)
+        results = []
+        for k in range(count):
+
+            def pick(n: Node, k: int = k) -> Any:
+                return self._fixed(n, fixed, state) if n in state else values[n][k]
+
+            args, kwargs = map_arg(node.args, pick), map_arg(node.kwargs, pick)
+            if node.op == "call_function":
+                results.append(node.target(*args, **kwargs))  # type: ignore[operator]
+            elif node.op == "call_module":
+                results.append(self.gm.get_submodule(str(node.target))(*args, **kwargs))
+            elif node.op == "call_method":
+                self_arg, *rest = args
+                results.append(getattr(self_arg, str(node.target))(*rest, **kwargs))
+            else:
+                raise ValueError(f"cannot evaluate a {node.op} node layer by layer")
+        return results
+
+
+def _state_only(graph: Any) -> set[Node]:
+    """Nodes computed from weights and constants alone (no input reaches them)."""
+    state: set[Node] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr" or (
+            node.op in ("call_function", "call_method")
+            and node.all_input_nodes
+            and all(n in state for n in node.all_input_nodes)
+        ):
+            state.add(node)
+    return state

@@ -1,0 +1,171 @@
+"""Calibration samples: a safetensors file or directory, seeded draws, or token windows of a text.
+
+A `Samples` only says where samples come from and how many to take; `inputs(program)` reads or
+draws them for a `torch.export` program, checked against its user inputs (names, shapes, kinds,
+finite floats) before any is used, in the program's input order and dtypes.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coreai_opt._errors import ConfigError
+from coreai_opt.io import ModelFileError
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+RANDOM = "random"  # the source that draws seeded inputs (said explicitly)
+
+
+class Source(enum.Enum):
+    FILES = "files"  # a safetensors file or a directory of them
+    RANDOM = "random"  # seeded draws by the input policy
+    TEXT = "text"  # token windows of a text file, cut with a tokenizer
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Where calibration samples come from, and how many to take at most."""
+
+    kind: Source
+    path: Path | None = None
+    count: int | None = None  # at most this many samples (random: exactly; default 32)
+    seed: int = 0
+    tokens: int | None = None  # text: at most this many tokens
+    tokenizer: Path | None = None  # text: a tokenizer.json, or a folder holding one
+
+    def __post_init__(self) -> None:
+        if self.count is not None and (not isinstance(self.count, int) or self.count < 1):
+            raise ConfigError(f"a sample count must be 1 or more, not {self.count!r}", "count")
+        if self.tokens is not None and (not isinstance(self.tokens, int) or self.tokens < 1):
+            raise ConfigError(f"a token count must be 1 or more, not {self.tokens!r}", "tokens")
+        if self.kind is not Source.RANDOM and self.path is None:
+            raise ConfigError(f"{self.kind.value} samples need a path", "path")
+
+    @classmethod
+    def of(cls, source: str | Path, *, count: int | None = None, seed: int = 0, tokens: int | None = None,
+           tokenizer: Path | str | None = None) -> Samples:  # fmt: skip
+        """`random`, a text file (`.txt`, `.md`: cut into token windows), or safetensors."""
+        if str(source) == RANDOM:
+            return cls(Source.RANDOM, count=count, seed=seed)
+        path = Path(source)
+        if path.suffix in (".txt", ".md", ".text"):
+            return cls(Source.TEXT, path, count, seed, tokens, Path(tokenizer) if tokenizer else None)
+        return cls(Source.FILES, path, count, seed)
+
+    def describe(self) -> str:
+        if self.kind is Source.RANDOM:
+            from coreai_opt.inputs import seeded_source
+
+            return seeded_source(range(self.seed, self.seed + (self.count or 32)))
+        if self.kind is Source.TEXT:
+            return f"{self.path} (token windows)"
+        return str(self.path)
+
+    def inputs(self, program: ExportedProgram) -> Iterator[tuple[str, tuple[torch.Tensor, ...]]]:
+        """(label, the program's user inputs) per sample, checked, at most `count` of them."""
+        import itertools
+
+        from coreai_opt.inputs import exported_program_specs, user_input_nodes
+
+        dtypes = [node.meta["val"].dtype for node in user_input_nodes(program)]
+        specs = exported_program_specs(program)
+        if self.kind is Source.RANDOM:
+            found = self._random(program, specs)
+        elif self.kind is Source.TEXT:
+            found = self._text(specs)
+        else:
+            found = self._files(specs)
+        limit = self.count if self.count is not None or self.kind is not Source.RANDOM else 32
+        for label, sample in itertools.islice(found, limit):
+            yield label, tuple(sample[s.name].to(d) for s, d in zip(specs, dtypes, strict=True))
+
+    def _random(self, program: Any, specs: list[Any]) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+        import torch
+
+        from coreai_opt.inputs import exported_program_usage, input_rules, seeded_samples
+
+        seeds = range(self.seed, self.seed + (self.count or 32))
+        drawn = seeded_samples(specs, input_rules(specs, exported_program_usage(program)), seeds)
+        return ((label, {n: torch.from_numpy(a) for n, a in arrays.items()}) for label, arrays in drawn)
+
+    def _files(self, specs: list[Any]) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+        import torch
+
+        from coreai_opt.inputs import read_input_samples
+
+        assert self.path is not None
+        samples = read_input_samples(self.path, specs)
+        for label, sample in samples:
+            for name, tensor in sample.items():
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    raise ModelFileError(self.path, f"sample {label}: input {name} holds NaN or Inf")
+            yield label, sample
+
+    def _text(self, specs: list[Any]) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+        """Consecutive windows of the text's tokens, each the length of the program's token input."""
+        import torch
+
+        assert self.path is not None
+        ids = [s for s in specs if s.kind.value == "int"]
+        if not ids or len(ids[0].shape) != 2:
+            raise ModelFileError(
+                self.path, "text calibrates a language model: the program takes no [batch, tokens] ids"
+            )
+        batch, length = ids[0].shape
+        tokens = text_tokens(self.path, self.tokenizer)[: self.tokens]
+        window = batch * length
+        for start in range(0, len(tokens) - window + 1, window):
+            chunk = torch.tensor(tokens[start : start + window], dtype=torch.int64).reshape(batch, length)
+            sample = {ids[0].name: chunk}
+            for other in specs[1:]:  # an attention mask: everything attended
+                sample[other.name] = torch.ones(other.shape, dtype=torch.int64)
+            yield f"tokens {start}..{start + window}", sample
+
+    def digest(self) -> str:
+        """What identifies these samples' contents (for caches): the source bytes and settings."""
+        parts = [self.kind.value, str(self.count), str(self.seed), str(self.tokens)]
+        digest = hashlib.sha256("|".join(parts).encode())
+        if self.path is not None:
+            files = [self.path] if self.path.is_file() else sorted(self.path.glob("*.safetensors"))
+            for file in files:
+                digest.update(file.name.encode())
+                digest.update(hashlib.sha256(file.read_bytes()).digest())
+        if self.tokenizer is not None:
+            digest.update(_tokenizer_file(self.tokenizer).read_bytes())
+        return digest.hexdigest()
+
+
+def _tokenizer_file(path: Path) -> Path:
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+def text_tokens(path: Path, tokenizer: Path | None) -> list[int]:
+    """A text file's token ids under a Hugging Face `tokenizer.json` (the `tokenizers` package)."""
+    if tokenizer is None:
+        raise ConfigError(
+            "text samples need the model's tokenizer (a tokenizer.json or its folder)", "tokenizer"
+        )
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ImportError("text samples need the tokenizers package: pip install tokenizers") from None
+    file = _tokenizer_file(tokenizer)
+    if not file.is_file():
+        raise ModelFileError(file, "no such tokenizer file")
+    try:
+        coder = Tokenizer.from_file(str(file))
+    except Exception as exc:  # the tokenizers library raises its own exception types
+        raise ModelFileError(file, f"not a readable tokenizer ({' '.join(str(exc).split())[:200]})") from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelFileError(path, f"not a readable UTF-8 text file ({exc})") from None
+    return coder.encode(text, add_special_tokens=False).ids

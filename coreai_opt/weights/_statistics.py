@@ -1,0 +1,54 @@
+"""What data-driven compression learns from, and the contract of whoever gathers it.
+
+An algorithm declares its `Needs`; a `Calibration` (`coreai_opt.calibration` implements it for
+`torch.export` programs) runs the program on calibration samples and hands each weight its
+`Statistics`, keyed by the weight names both containers share. Layer-by-layer algorithms take
+them in graph order with every weight compressed so far already swapped in (`replace`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Needs(enum.Enum):
+    """What an algorithm learns from, per weight."""
+
+    NOTHING = "nothing"
+    INPUT_MOMENTS = "input-moments"  # E[x_k^2] of each input channel k of the weight's consumer
+    INPUT_GRAM = "input-gram"  # E[x x^T] over the consumer's input channels (GPTQ, SparseGPT)
+    GRADIENT_SQUARES = "gradient-squares"  # E[(dL/dw)^2] per weight element (Fisher, SqueezeLLM)
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """What one weight's consumer saw on the calibration data (means over `rows` input rows:
+    tokens, pixels, positions), in float64 on the CPU unless a gatherer says otherwise."""
+
+    rows: int
+    moments: torch.Tensor | None = None  # [in_features]
+    gram: torch.Tensor | None = None  # [in_features, in_features]
+    gradient_squares: torch.Tensor | None = None  # the weight's shape
+
+
+class Calibration(Protocol):
+    """Statistics of a program's weights on calibration data."""
+
+    def statistics(self, names: Sequence[str], needs: Needs) -> dict[str, Statistics]:
+        """Each named weight's statistics from the program as it is now (one pass over the data)."""
+        ...
+
+    def sequential(self, names: Sequence[str], needs: Needs) -> Iterator[tuple[str, Statistics]]:
+        """The named weights in the order the program reads them, each with statistics taken after
+        every `replace` made so far (the caller replaces each weight before asking for the next)."""
+        ...
+
+    def replace(self, name: str, value: torch.Tensor) -> None:
+        """Use `value` for the weight `name` from now on (its compressed form, decoded)."""
+        ...

@@ -1,0 +1,150 @@
+"""The calibration room: samples from files, draws and text; per-weight statistics taken where each
+weight is read, equal to what the activations hold; layer by layer with weights swapped in; cached."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from coreai_opt.calibration import Samples, Source, calibrate
+from coreai_opt.io import ModelFileError, load_pt2
+from coreai_opt.weights import Needs
+from tests.conftest import SAMPLES
+
+MLP_WEIGHTS = ["fc1.weight", "fc2.weight", "fc3.weight"]
+
+
+def _mlp_inputs(tmp_path: Path, count: int = 3) -> tuple[Path, torch.Tensor]:
+    x = torch.randn(count, 4, 64, generator=torch.Generator().manual_seed(1))
+    path = tmp_path / "x.safetensors"
+    save_file({"x": x}, str(path))
+    return path, x
+
+
+def _reference_activations(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What fc1, fc2 and fc3 of the sample MLP read, as rows (relu, then gelu, between them)."""
+    program = load_pt2(SAMPLES / "mlp.pt2")
+    w = {k: v.detach() for k, v in program.state_dict.items()}
+    a1 = x.reshape(-1, 64)
+    a2 = torch.relu(a1 @ w["fc1.weight"].T + w["fc1.bias"])
+    a3 = torch.nn.functional.gelu(a2 @ w["fc2.weight"].T + w["fc2.bias"])
+    return {"fc1.weight": a1, "fc2.weight": a2, "fc3.weight": a3}
+
+
+def test_moments_and_gram_are_those_of_each_weights_input(tmp_path: Path) -> None:
+    path, x = _mlp_inputs(tmp_path)
+    calibration = calibrate(load_pt2(SAMPLES / "mlp.pt2"), Samples.of(path), cache=False)
+    moments = calibration.statistics(MLP_WEIGHTS, Needs.INPUT_MOMENTS)
+    gram = calibration.statistics(MLP_WEIGHTS, Needs.INPUT_GRAM)
+    for name, rows in _reference_activations(x).items():
+        rows = rows.double()
+        assert moments[name].rows == gram[name].rows == 12
+        torch.testing.assert_close(moments[name].moments, (rows**2).mean(0), rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(gram[name].gram, rows.T @ rows / 12, rtol=1e-5, atol=1e-6)
+        assert moments[name].gram is None and gram[name].gradient_squares is None
+
+
+def test_layer_by_layer_each_weight_sees_the_ones_before_it_compressed(tmp_path: Path) -> None:
+    path, _ = _mlp_inputs(tmp_path)
+    calibration = calibrate(load_pt2(SAMPLES / "mlp.pt2"), Samples.of(path), cache=False)
+    untouched = calibration.statistics(MLP_WEIGHTS, Needs.INPUT_GRAM)
+    order = []
+    for name, statistics in calibration.sequential(MLP_WEIGHTS, Needs.INPUT_GRAM):
+        order.append(name)
+        if name == "fc1.weight":  # as the program is: the same as one pass
+            torch.testing.assert_close(statistics.gram, untouched[name].gram)
+            calibration.replace(name, torch.zeros(128, 64))
+        elif name == "fc2.weight":  # fc1 now gives relu(bias) for every row
+            bias = torch.relu(load_pt2(SAMPLES / "mlp.pt2").state_dict["fc1.bias"].detach()).double()
+            torch.testing.assert_close(statistics.moments, bias**2)
+    assert order == MLP_WEIGHTS
+
+
+def test_gradient_squares_of_a_language_model_follow_next_token_cross_entropy() -> None:
+    import _architectures as arch
+
+    program = arch.export(arch.MATRIX[0])  # llama-fp32: ids and a mask in, logits out
+    samples = Samples(Source.RANDOM, count=2, seed=3)
+    calibration = calibrate(program, samples, cache=False)
+    name = "layers.0.mlp.down.weight" if "layers.0.mlp.down.weight" in program.state_dict else None
+    name = name or next(
+        k for k in program.state_dict if k.endswith("weight") and program.state_dict[k].dim() == 2
+    )
+    found = calibration.statistics([name], Needs.GRADIENT_SQUARES)[name]
+    expected = torch.zeros(program.state_dict[name].shape, dtype=torch.float64)
+    module = program.module()
+    parameter = dict(module.named_parameters())[name].requires_grad_(True)
+    rows = 0
+    for _, inputs in samples.inputs(program):
+        logits = module(*inputs)
+        ids = inputs[0]
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1), reduction="sum"
+        )
+        (grad,) = torch.autograd.grad(loss, [parameter])
+        expected += grad.double() ** 2
+        rows += ids[:, 1:].numel()
+    torch.testing.assert_close(found.gradient_squares, expected / 2)
+    assert found.rows == rows
+
+
+def test_statistics_are_cached_by_program_and_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    path, _ = _mlp_inputs(tmp_path)
+    first = calibrate(load_pt2(SAMPLES / "mlp.pt2"), Samples.of(path)).statistics(
+        MLP_WEIGHTS, Needs.INPUT_GRAM
+    )
+    stored = sorted(p.suffix for p in (tmp_path / "cache").iterdir())
+    assert stored == [".json", ".safetensors"]
+    again = calibrate(load_pt2(SAMPLES / "mlp.pt2"), Samples.of(path))
+    again._activations = None  # type: ignore[assignment,method-assign]  (a recompute would fail)
+    cached = again.statistics(MLP_WEIGHTS, Needs.INPUT_GRAM)
+    for name in MLP_WEIGHTS:
+        assert torch.equal(cached[name].gram, first[name].gram) and cached[name].rows == first[name].rows
+    save_file({"x": torch.randn(2, 4, 64)}, str(path))  # other samples: another key
+    other = calibrate(load_pt2(SAMPLES / "mlp.pt2"), Samples.of(path)).statistics(
+        MLP_WEIGHTS, Needs.INPUT_GRAM
+    )
+    assert other["fc1.weight"].rows == 8
+
+
+def test_samples_come_from_files_draws_and_text(tmp_path: Path) -> None:
+    program = load_pt2(SAMPLES / "mlp.pt2")
+    path, x = _mlp_inputs(tmp_path, count=5)
+    taken = list(Samples.of(path, count=2).inputs(program))
+    assert [label for label, _ in taken] == ["x.safetensors[0]", "x.safetensors[1]"]
+    assert torch.equal(taken[1][1][0], x[1])
+    drawn = list(Samples.of("random", count=3, seed=7).inputs(program))
+    assert len(drawn) == 3 and not torch.equal(drawn[0][1][0], drawn[1][1][0])
+    assert torch.equal(list(Samples.of("random", count=3, seed=7).inputs(program))[2][1][0], drawn[2][1][0])
+    bad = tmp_path / "bad.safetensors"
+    save_file({"x": torch.full((4, 64), math.nan)}, str(bad))
+    with pytest.raises(ModelFileError, match="holds NaN or Inf"):
+        list(Samples.of(bad).inputs(program))
+
+
+def test_text_is_cut_into_token_windows_with_the_models_tokenizer(tmp_path: Path) -> None:
+    import _architectures as arch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    text = "the quick brown fox jumps over the lazy dog " * 20
+    tokenizer.train_from_iterator([text], trainers.WordLevelTrainer(vocab_size=64, special_tokens=["[UNK]"]))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "prose.txt").write_text(text)
+    program = arch.export(arch.MATRIX[0])  # takes ids [1, 16] and a mask
+    samples = Samples.of(tmp_path / "prose.txt", tokenizer=tmp_path)
+    windows = list(samples.inputs(program))
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert len(windows) == len(ids) // 16
+    assert windows[1][1][0].tolist() == [ids[16:32]]
+    assert torch.equal(windows[0][1][1], torch.ones(1, 16, dtype=windows[0][1][1].dtype))
+    limited = list(Samples.of(tmp_path / "prose.txt", tokenizer=tmp_path, tokens=40).inputs(program))
+    assert len(limited) == 2
