@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from coreai_opt.comparison import compare_files, compare_sweep  # noqa: E402
 from coreai_opt.compression import PalettizeConfig, QuantizeConfig  # noqa: E402
-from coreai_opt.coreai_utils import compress_file  # noqa: E402
+from coreai_opt.recipes import compress_file  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +33,11 @@ def main() -> None:
     args = parser.parse_args()
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs; {args.model.name}, {args.samples} samples")
     with tempfile.TemporaryDirectory() as folder:
-        configs = [QuantizeConfig("int8"), PalettizeConfig(4, granularity="channel"), PalettizeConfig(2)]
+        configs = [
+            QuantizeConfig(dtype="int8"),
+            PalettizeConfig(n_bits=4, granularity="channel"),
+            PalettizeConfig(n_bits=2),
+        ]
         candidates = [
             compress_file(args.model, Path(folder) / f"c{i}{args.model.suffix}", c).output
             for i, c in enumerate(configs)

@@ -33,10 +33,10 @@ from coreai_opt.coreai_utils import (
     QScheme,
     QuantizeConfig,
     compress_,
-    quantize_file,
     quantize_weights,
 )
 from coreai_opt.io import load_aimodel, load_pt2
+from coreai_opt.recipes import quantize_file
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "build" / "bench"
@@ -107,7 +107,7 @@ def bert_base_asset() -> Path:
     path = CACHE / "bert_base.aimodel"
     if path.is_dir():
         return path
-    from coreai_opt.conversion import convert_file
+    from coreai_opt.recipes import convert_file
 
     return convert_file(bert_base_program(), path).output
 

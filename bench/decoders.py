@@ -146,7 +146,7 @@ def asset(size: str) -> Path:
     path = CACHE / f"decoder_{size}.aimodel"
     if path.is_dir():
         return path
-    from coreai_opt.conversion import convert_file
+    from coreai_opt.recipes import convert_file
 
     return convert_file(program(size), path).output
 

@@ -28,11 +28,11 @@ from coreai_opt.io import load_aimodel
 
 G = CompressionGranularity
 CONFIGS = {
-    "4-tensor": PalettizeConfig(4),
-    "4-channel": PalettizeConfig(4, granularity=G.PER_CHANNEL),
-    "4-grouped16": PalettizeConfig(4, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
-    "2-tensor": PalettizeConfig(2),
-    "8-tensor": PalettizeConfig(8),
+    "4-tensor": PalettizeConfig(n_bits=4),
+    "4-channel": PalettizeConfig(n_bits=4, granularity=G.PER_CHANNEL),
+    "4-grouped16": PalettizeConfig(n_bits=4, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
+    "2-tensor": PalettizeConfig(n_bits=2),
+    "8-tensor": PalettizeConfig(n_bits=8),
 }
 
 

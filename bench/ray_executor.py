@@ -45,10 +45,10 @@ from coreai_opt.compression._driver import encode_weight  # noqa: E402
 from coreai_opt.io import load_pt2  # noqa: E402
 
 CONFIGS = {
-    "quantize int4 block 32": QuantizeConfig("int4", granularity="block", block_size=32),
-    "palettize 4-bit channel": PalettizeConfig(4, granularity="channel"),
-    "palettize 4-bit grouped 16": PalettizeConfig(4, granularity="grouped", group_size=16),
-    "palettize 4-bit tensor": PalettizeConfig(4),
+    "quantize int4 block 32": QuantizeConfig(dtype="int4", granularity="block", block_size=32),
+    "palettize 4-bit channel": PalettizeConfig(n_bits=4, granularity="channel"),
+    "palettize 4-bit grouped 16": PalettizeConfig(n_bits=4, granularity="grouped", group_size=16),
+    "palettize 4-bit tensor": PalettizeConfig(n_bits=4),
     "sparsify 2:4": SparsifyConfig(n_m_ratio=(2, 4)),
 }
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.panel import Panel
@@ -14,14 +14,16 @@ from ._common import console, human_bytes, plain, shown
 
 if TYPE_CHECKING:
     from coreai_opt._agreement import Agreement
-    from coreai_opt.casting import CastFileResult
     from coreai_opt.comparison import ComparisonResult, OutputComparison, SweepResult
     from coreai_opt.compression import CompressionReport, Skipped
-    from coreai_opt.conversion import ConversionResult
-    from coreai_opt.coreai_utils import CompressionFileResult
     from coreai_opt.inputs import InputRule
     from coreai_opt.inspection import ModelReport, TensorInfo
-    from coreai_opt.quantization import ActivationsFileResult
+    from coreai_opt.recipes import (
+        ActivationsFileResult,
+        CastFileResult,
+        CompressionFileResult,
+        ConversionResult,
+    )
 
 
 def fitted_table(
@@ -147,7 +149,13 @@ def render_cast(result: CastFileResult) -> None:
     for change in report.io:
         io.add_row(shown(change.name), change.kind, _arrow(change.before, change.after))
     console.print(io)
+    _cast_state(report)
+    _cast_ops(report)
+    if result.check is not None:
+        _cast_check(result.check)
 
+
+def _cast_state(report: Any) -> None:
     groups: dict[str, list] = {}
     for s in report.state:
         groups.setdefault(s.outcome.value, []).append(s)
@@ -170,6 +178,8 @@ def render_cast(result: CastFileResult) -> None:
         fitted_table("State (parameters, buffers, constants)", columns, rows, squeeze=((3, 24, False),))
     )
 
+
+def _cast_ops(report: Any) -> None:
     ops = Table(title="Ops by outcome", title_justify="left")
     for column in ("outcome", "op", "count"):
         ops.add_column(column, justify="right" if column == "count" else "left")
@@ -178,41 +188,39 @@ def render_cast(result: CastFileResult) -> None:
             ops.add_row(outcome if i == 0 else "", shown(target), str(count))
     console.print(ops)
 
-    if result.check is not None:
-        _render_policy(result.check.inputs, result.check.rules)
-        check = Table(title="Check", title_justify="left")
-        for column in ("output", "dtype", "max abs err", "rel err", "cosine", "verdict"):
-            check.add_column(column, justify="left" if column in ("output", "dtype", "verdict") else "right")
-        for o in result.check.outputs:
-            m = o.metrics
-            check.add_row(
-                shown(o.name), _arrow(o.dtype_before, o.dtype_after), _number(m.max_abs_error, ".3g"),
-                _number(m.relative_error, ".3g"), _number(m.cosine, ".6f"),
-                "[green]ok[/green]" if o.ok else "[red]DIFFERS[/red]",
-            )  # fmt: skip
-        console.print(check)
-        _render_nonfinite((o.name, o.metrics) for o in result.check.outputs)
-        overflows = result.check.overflows
-        if overflows:
-            where = shown(
-                ", ".join(f"{o.node} ({o.op}{' in ' + o.module if o.module else ''})" for o in overflows)
+
+def _cast_check(checked: Any) -> None:
+    _render_policy(checked.inputs, checked.rules)
+    check = Table(title="Check", title_justify="left")
+    for column in ("output", "dtype", "max abs err", "rel err", "cosine", "verdict"):
+        check.add_column(column, justify="left" if column in ("output", "dtype", "verdict") else "right")
+    for o in checked.outputs:
+        m = o.metrics
+        check.add_row(
+            shown(o.name), _arrow(o.dtype_before, o.dtype_after), _number(m.max_abs_error, ".3g"),
+            _number(m.relative_error, ".3g"), _number(m.cosine, ".6f"),
+            "[green]ok[/green]" if o.ok else "[red]DIFFERS[/red]",
+        )  # fmt: skip
+    console.print(check)
+    _render_nonfinite((o.name, o.metrics) for o in checked.outputs)
+    overflows = checked.overflows
+    if not overflows:
+        return
+    where = shown(", ".join(f"{o.node} ({o.op}{' in ' + o.module if o.module else ''})" for o in overflows))
+    console.print(f"[yellow]fp16 overflows first at: {where}[/yellow]", highlight=False)
+    ops = sorted({op for o in overflows for op in o.ignore})
+    if ops:
+        console.print(
+            "[yellow]run them in fp32: " + shown(" ".join(f"--ignore-op {op}" for op in ops)) + "[/yellow]",
+            highlight=False,
+        )
+    for o in overflows:
+        if o.output:
+            console.print(
+                f"[yellow]{shown(o.node)}: a program output whose values exceed fp16's range; it cannot "
+                "be fp16 (scale it inside the model, or cast with --to int16)[/yellow]",
+                highlight=False,
             )
-            console.print(f"[yellow]fp16 overflows first at: {where}[/yellow]", highlight=False)
-            ops = sorted({op for o in overflows for op in o.ignore})
-            if ops:
-                console.print(
-                    "[yellow]run them in fp32: "
-                    + shown(" ".join(f"--ignore-op {op}" for op in ops))
-                    + "[/yellow]",
-                    highlight=False,
-                )
-            for o in overflows:
-                if o.output:
-                    console.print(
-                        f"[yellow]{shown(o.node)}: a program output whose values exceed fp16's range; it cannot "
-                        "be fp16 (scale it inside the model, or cast with --to int16)[/yellow]",
-                        highlight=False,
-                    )
 
 
 def _render_policy(source: str, rules: list[InputRule]) -> None:

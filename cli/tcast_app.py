@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.panel import Panel
@@ -194,27 +195,22 @@ def cast(
             force=force,
             progress=lambda name: progress.update(task, description=f"casting {shown(name)}", advance=1),
         )
+    _show_cast(source, output, target, mode.value, results, as_json, quiet)
+
+
+def _show_cast(source: Path, output: Path, target: Any, mode: str, results: list[Any], as_json: bool,
+               quiet: bool) -> None:  # fmt: skip
     done = [r for r in results if not r.skipped]
     if as_json:
-        print_json(
-            {
-                "source": str(source),
-                "output": str(output),
-                "datatype": target.name,
-                "mode": mode.value,
-                "tensors": [r.to_dict() for r in results],
-                "cast": len(done),
-            }
-        )
+        print_json({"source": str(source), "output": str(output), "datatype": target.name, "mode": mode,
+                    "tensors": [r.to_dict() for r in results], "cast": len(done)})  # fmt: skip
         return
     if quiet:
         sqnrs = [r.sqnr_db for r in done if math.isfinite(r.sqnr_db)]
         mean = f", mean SQNR {sum(sqnrs) / len(sqnrs):.2f} dB" if sqnrs else ""
-        print_line(
-            f"tcast cast {source} -> {output} ({target.name}, {mode.value}): {len(done)} tensors cast{mean}"
-        )
+        print_line(f"tcast cast {source} -> {output} ({target.name}, {mode}): {len(done)} tensors cast{mean}")
         return
-    table = Table(title=shown(f"{source} -> {output} ({target.name}, {mode.value})"), title_justify="left")
+    table = Table(title=shown(f"{source} -> {output} ({target.name}, {mode})"), title_justify="left")
     for column in ("tensor", "shape", "SQNR dB", "max abs err", "bits/value"):
         table.add_column(column, justify="left" if column in ("tensor", "shape") else "right")
     for r in results:
@@ -223,13 +219,8 @@ def cast(
                 shown(r.name), str(list(r.shape)), f"[dim]skipped: {shown(r.skipped)}[/dim]", "", ""
             )
         else:
-            table.add_row(
-                shown(r.name),
-                str(list(r.shape)),
-                f"{r.sqnr_db:.2f}",
-                f"{r.max_abs_error:.4g}",
-                f"{r.bits_per_value:.3f}",
-            )
+            table.add_row(shown(r.name), str(list(r.shape)), f"{r.sqnr_db:.2f}", f"{r.max_abs_error:.4g}",
+                          f"{r.bits_per_value:.3f}")  # fmt: skip
     console.print(table)
     if done:
         mean = sum(r.sqnr_db for r in done if math.isfinite(r.sqnr_db)) / max(1, len(done))

@@ -31,31 +31,37 @@ def _configs() -> dict[str, object]:
     from coreai_opt.compression import DType, PalettizeConfig, QScheme, QuantizeConfig, SparsifyConfig
 
     return {
-        "int8-channel": QuantizeConfig(DType.INT8),
-        "int4-block": QuantizeConfig(DType.INT4, granularity=G.PER_BLOCK),
-        "uint4-channel-asym": QuantizeConfig(DType.UINT4, QScheme.ASYMMETRIC),
-        "uint4-block-asym": QuantizeConfig(DType.UINT4, QScheme.ASYMMETRIC, G.PER_BLOCK),
-        "int2-channel": QuantizeConfig(DType.INT2),
-        "fp8e4m3": QuantizeConfig(DType.FP8_E4M3FN),
+        "int8-channel": QuantizeConfig(dtype=DType.INT8),
+        "int4-block": QuantizeConfig(dtype=DType.INT4, granularity=G.PER_BLOCK),
+        "uint4-channel-asym": QuantizeConfig(dtype=DType.UINT4, qscheme=QScheme.ASYMMETRIC),
+        "uint4-block-asym": QuantizeConfig(
+            dtype=DType.UINT4, qscheme=QScheme.ASYMMETRIC, granularity=G.PER_BLOCK
+        ),
+        "int2-channel": QuantizeConfig(dtype=DType.INT2),
+        "fp8e4m3": QuantizeConfig(dtype=DType.FP8_E4M3FN),
         "fp8e5m2-e8m0": QuantizeConfig(
-            DType.FP8_E5M2, granularity=G.PER_BLOCK, scale_dtype=DType.FP8_E8M0FNU
+            dtype=DType.FP8_E5M2, granularity=G.PER_BLOCK, scale_dtype=DType.FP8_E8M0FNU
         ),
-        "mxfp4": QuantizeConfig(DType.FP4_E2M1FN),
-        "lut1-tensor": PalettizeConfig(1),
-        "lut2-channel": PalettizeConfig(2, granularity=G.PER_CHANNEL),
-        "lut4-tensor": PalettizeConfig(4),
-        "lut6-grouped": PalettizeConfig(6, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
+        "mxfp4": QuantizeConfig(dtype=DType.FP4_E2M1FN),
+        "lut1-tensor": PalettizeConfig(n_bits=1),
+        "lut2-channel": PalettizeConfig(n_bits=2, granularity=G.PER_CHANNEL),
+        "lut4-tensor": PalettizeConfig(n_bits=4),
+        "lut6-grouped": PalettizeConfig(n_bits=6, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
         "lut8-int8-scale": PalettizeConfig(
-            8, DType.INT8, G.PER_GROUPED_CHANNEL, 16, enable_per_channel_scale=True
+            n_bits=8,
+            lut_dtype=DType.INT8,
+            granularity=G.PER_GROUPED_CHANNEL,
+            group_size=16,
+            enable_per_channel_scale=True,
         ),
-        "lut4-uint8": PalettizeConfig(4, DType.UINT8, G.PER_CHANNEL),
-        "lut2-vector": PalettizeConfig(2, cluster_dim=2),
-        "sparse50": SparsifyConfig(0.5),
-        "sparse-block4": SparsifyConfig(0.5, block_size=4),
+        "lut4-uint8": PalettizeConfig(n_bits=4, lut_dtype=DType.UINT8, granularity=G.PER_CHANNEL),
+        "lut2-vector": PalettizeConfig(n_bits=2, cluster_dim=2),
+        "sparse50": SparsifyConfig(target_sparsity=0.5),
+        "sparse-block4": SparsifyConfig(target_sparsity=0.5, block_size=4),
         "sparse-2of4-int8": SparsifyConfig(n_m_ratio=(2, 4), quantize_dtype=DType.INT8),
-        "sparse50-uint8": SparsifyConfig(0.5, quantize_dtype=DType.UINT8),
-        "sparse50-fp8": SparsifyConfig(0.5, quantize_dtype=DType.FP8_E4M3FN),
-        "sparse50-lut4": SparsifyConfig(0.5, palettize_nbits=4),
+        "sparse50-uint8": SparsifyConfig(target_sparsity=0.5, quantize_dtype=DType.UINT8),
+        "sparse50-fp8": SparsifyConfig(target_sparsity=0.5, quantize_dtype=DType.FP8_E4M3FN),
+        "sparse50-lut4": SparsifyConfig(target_sparsity=0.5, palettize_nbits=4),
     }
 
 
@@ -83,7 +89,7 @@ def _report_sha(document: dict, leave: tuple[str, ...] = ()) -> str:
 
 def digests() -> dict[str, dict[str, str]]:
     from coreai_opt._errors import NothingDoneError
-    from coreai_opt.coreai_utils import compress_file
+    from coreai_opt.recipes import compress_file
 
     found = {}
     with tempfile.TemporaryDirectory() as folder:

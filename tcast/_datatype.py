@@ -208,6 +208,14 @@ def _reference_names() -> dict[str, tuple[str, str | None]]:
                             ("ni", "e4m3fn_int8")):  # fmt: skip
             names[f"uint{bits}_{pair}c"] = (f"uint{bits}", f"{zcode}_t0")
         names[f"uint{bits}_ni"] = (f"uint{bits}", "e4m3fn_int8")
+    names.update(_tiled_reference_names())
+    return names
+
+
+def _tiled_reference_names() -> dict[str, tuple[str, str | None]]:
+    """The reference's names of tiled types: square float-scaled tiles, MX elements on tiles of 16
+    and square tiles, NVIDIA-style square tiles, and its codebooks over subtiles."""
+    names: dict[str, tuple[str, str | None]] = {}
     # float-scaled square tiles
     for name, code, scode in (("fp8nF", "e4m3fnuz", "float32"), ("fp8nf", "e4m3fnuz", "float16"),
                               ("bf8nbt", "e5m2fnuz", "bfloat16"), ("fp8F", "e4m3fn", "float32"),

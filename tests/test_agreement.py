@@ -13,9 +13,10 @@ from conftest import SAMPLES
 from torch import nn
 
 from coreai_opt._agreement import agreement
-from coreai_opt.casting import cast_file, check_inputs, first_overflows
+from coreai_opt.casting import check_inputs, first_overflows
 from coreai_opt.inputs import Draw
 from coreai_opt.io import load_pt2, save_pt2
+from coreai_opt.recipes import cast_file
 
 # ----- the metrics ----------------------------------------------------------------------------------
 

@@ -86,7 +86,7 @@ def test_the_built_in_algorithms_are_the_three_data_free_passes() -> None:
 
 def test_a_registered_algorithm_is_a_method_of_its_config(toy: Algorithm) -> None:
     assert methods(QuantizeConfig) == ("rtn", "toy")
-    assert algorithm_for(QuantizeConfig(DType.INT8, method="toy")) is toy
+    assert algorithm_for(QuantizeConfig(dtype=DType.INT8, method="toy")) is toy
     with pytest.raises(ConfigError, match="no method 'nope'; choose one of rtn, toy"):
         QuantizeConfig(method="nope")
 
@@ -98,7 +98,7 @@ def test_an_algorithm_that_learns_needs_calibration(toy: Algorithm) -> None:
 
 
 def test_layer_by_layer_each_weight_is_replaced_before_the_next_is_asked(toy: Algorithm) -> None:
-    config = QuantizeConfig(DType.INT4, method="toy", weight_num_threshold=0)
+    config = QuantizeConfig(dtype=DType.INT4, method="toy", weight_num_threshold=0)
     calibration = RecordingCalibration()
     program = load_pt2(SAMPLES / "mlp.pt2")
     report = compress_(program, config, calibration=calibration)
@@ -108,7 +108,7 @@ def test_layer_by_layer_each_weight_is_replaced_before_the_next_is_asked(toy: Al
     assert [(name, rows) for rows, name in enumerate(names, 1)] == SEEN
     # what was swapped in is the weight as its encoding decodes: RTN's, as the toy delegates
     rtn = load_pt2(SAMPLES / "mlp.pt2")
-    compress_(rtn, QuantizeConfig(DType.INT4, weight_num_threshold=0))
+    compress_(rtn, QuantizeConfig(dtype=DType.INT4, weight_num_threshold=0))
     from coreai_opt._export import fold_decompression
 
     folded = rtn.module()
@@ -123,7 +123,10 @@ def test_data_free_and_learned_weights_mix_by_override(toy: Algorithm) -> None:
     """An override can give some weights another method: data-free ones are written first (no
     statistics asked for them), the learned ones after, layer by layer."""
     config = QuantizeConfig(
-        DType.INT8, method="toy", weight_num_threshold=0, overrides=(Override.of("fc2.*", method="rtn"),)
+        dtype=DType.INT8,
+        method="toy",
+        weight_num_threshold=0,
+        overrides=(Override.of("fc2.*", method="rtn"),),
     )
     calibration = RecordingCalibration()
     report = compress_(load_pt2(SAMPLES / "mlp.pt2"), config, calibration=calibration)

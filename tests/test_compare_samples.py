@@ -61,7 +61,7 @@ def _single(reference: Path, candidate: Path, x: np.ndarray, tmp_path: Path, nam
 def test_a_file_with_a_sample_axis_reports_worst_and_mean_of_its_samples(
     tmp_path: Path, mlp_samples: np.ndarray
 ) -> None:
-    candidate = _pt2_candidate(tmp_path, "mlp", QuantizeConfig("int4"))
+    candidate = _pt2_candidate(tmp_path, "mlp", QuantizeConfig(dtype="int4"))
     batch = tmp_path / "batch.safetensors"
     save_file({"x": mlp_samples}, str(batch))
     result = compare_files(SAMPLES / "mlp.pt2", candidate, inputs=batch, min_cosine=0.9)
@@ -81,7 +81,7 @@ def test_a_file_with_a_sample_axis_reports_worst_and_mean_of_its_samples(
 def test_a_directory_of_files_is_the_same_samples_in_name_order(
     tmp_path: Path, mlp_samples: np.ndarray
 ) -> None:
-    candidate = _pt2_candidate(tmp_path, "mlp", PalettizeConfig(2))
+    candidate = _pt2_candidate(tmp_path, "mlp", PalettizeConfig(n_bits=2))
     batch = tmp_path / "batch.safetensors"
     save_file({"x": mlp_samples}, str(batch))
     folder = tmp_path / "samples"
@@ -121,7 +121,7 @@ def test_samples_run_on_the_core_ai_runtime_give_the_runtime_numbers(
 
 
 def test_seeded_samples_are_the_single_seed_draws(tmp_path: Path) -> None:
-    candidate = _pt2_candidate(tmp_path, "transformer", QuantizeConfig("int4"))
+    candidate = _pt2_candidate(tmp_path, "transformer", QuantizeConfig(dtype="int4"))
     several = compare_files(SAMPLES / "transformer.pt2", candidate, samples=3, seed=5)
     each = [
         compare_files(SAMPLES / "transformer.pt2", candidate, seed=s).outputs[0].metrics for s in (5, 6, 7)

@@ -13,15 +13,19 @@ from conftest import SAMPLES
 
 from coreai_opt.comparison import compare_files, compare_sweep
 from coreai_opt.compression import PalettizeConfig, QuantizeConfig
-from coreai_opt.coreai_utils import compress_file
 from coreai_opt.inspection import inspect_model
+from coreai_opt.recipes import compress_file
 
 
 @pytest.fixture(scope="module")
 def candidates(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     folder = tmp_path_factory.mktemp("sweep")
     source = SAMPLES / "transformer.aimodel"
-    configs = [QuantizeConfig("int8"), PalettizeConfig(4, granularity="channel"), PalettizeConfig(2)]
+    configs = [
+        QuantizeConfig(dtype="int8"),
+        PalettizeConfig(n_bits=4, granularity="channel"),
+        PalettizeConfig(n_bits=2),
+    ]
     return [compress_file(source, folder / f"c{i}.aimodel", c).output for i, c in enumerate(configs)]
 
 

@@ -37,29 +37,37 @@ from coreai_opt.io import load_aimodel, load_pt2, save_aimodel, save_pt2
 from tests.conftest import SAMPLES, run_aimodel, sample_inputs
 
 CONFIGS = {
-    "int8-channel": QuantizeConfig(DType.INT8),
-    "int4-block": QuantizeConfig(DType.INT4, granularity=G.PER_BLOCK),
-    "uint4-channel-asym": QuantizeConfig(DType.UINT4, QScheme.ASYMMETRIC),
-    "uint4-block-asym": QuantizeConfig(DType.UINT4, QScheme.ASYMMETRIC, G.PER_BLOCK),
-    "int2-channel": QuantizeConfig(DType.INT2),
-    "fp8e4m3": QuantizeConfig(DType.FP8_E4M3FN),
-    "fp8e5m2-e8m0": QuantizeConfig(DType.FP8_E5M2, granularity=G.PER_BLOCK, scale_dtype=DType.FP8_E8M0FNU),
-    "mxfp4": QuantizeConfig(DType.FP4_E2M1FN),
-    "lut1-tensor": PalettizeConfig(1),
-    "lut2-channel": PalettizeConfig(2, granularity=G.PER_CHANNEL),
-    "lut4-tensor": PalettizeConfig(4),
-    "lut6-grouped": PalettizeConfig(6, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
-    "lut8-int8-scale": PalettizeConfig(
-        8, DType.INT8, G.PER_GROUPED_CHANNEL, 16, enable_per_channel_scale=True
+    "int8-channel": QuantizeConfig(dtype=DType.INT8),
+    "int4-block": QuantizeConfig(dtype=DType.INT4, granularity=G.PER_BLOCK),
+    "uint4-channel-asym": QuantizeConfig(dtype=DType.UINT4, qscheme=QScheme.ASYMMETRIC),
+    "uint4-block-asym": QuantizeConfig(
+        dtype=DType.UINT4, qscheme=QScheme.ASYMMETRIC, granularity=G.PER_BLOCK
     ),
-    "lut4-uint8": PalettizeConfig(4, DType.UINT8, G.PER_CHANNEL),
-    "lut2-vector": PalettizeConfig(2, cluster_dim=2),
-    "sparse50": SparsifyConfig(0.5),
-    "sparse-block4": SparsifyConfig(0.5, block_size=4),
+    "int2-channel": QuantizeConfig(dtype=DType.INT2),
+    "fp8e4m3": QuantizeConfig(dtype=DType.FP8_E4M3FN),
+    "fp8e5m2-e8m0": QuantizeConfig(
+        dtype=DType.FP8_E5M2, granularity=G.PER_BLOCK, scale_dtype=DType.FP8_E8M0FNU
+    ),
+    "mxfp4": QuantizeConfig(dtype=DType.FP4_E2M1FN),
+    "lut1-tensor": PalettizeConfig(n_bits=1),
+    "lut2-channel": PalettizeConfig(n_bits=2, granularity=G.PER_CHANNEL),
+    "lut4-tensor": PalettizeConfig(n_bits=4),
+    "lut6-grouped": PalettizeConfig(n_bits=6, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
+    "lut8-int8-scale": PalettizeConfig(
+        n_bits=8,
+        lut_dtype=DType.INT8,
+        granularity=G.PER_GROUPED_CHANNEL,
+        group_size=16,
+        enable_per_channel_scale=True,
+    ),
+    "lut4-uint8": PalettizeConfig(n_bits=4, lut_dtype=DType.UINT8, granularity=G.PER_CHANNEL),
+    "lut2-vector": PalettizeConfig(n_bits=2, cluster_dim=2),
+    "sparse50": SparsifyConfig(target_sparsity=0.5),
+    "sparse-block4": SparsifyConfig(target_sparsity=0.5, block_size=4),
     "sparse-2of4-int8": SparsifyConfig(n_m_ratio=(2, 4), quantize_dtype=DType.INT8),
-    "sparse50-uint8": SparsifyConfig(0.5, quantize_dtype=DType.UINT8),
-    "sparse50-fp8": SparsifyConfig(0.5, quantize_dtype=DType.FP8_E4M3FN),
-    "sparse50-lut4": SparsifyConfig(0.5, palettize_nbits=4),
+    "sparse50-uint8": SparsifyConfig(target_sparsity=0.5, quantize_dtype=DType.UINT8),
+    "sparse50-fp8": SparsifyConfig(target_sparsity=0.5, quantize_dtype=DType.FP8_E4M3FN),
+    "sparse50-lut4": SparsifyConfig(target_sparsity=0.5, palettize_nbits=4),
 }
 # cnn is not here: the converter folds its batch norms into the conv weights, so the converted
 # .aimodel holds other weights than the .pt2 (its compressed .pt2 is checked on the runtime below)
@@ -154,28 +162,28 @@ def test_a_compressed_pt2_runs_in_torch_as_its_conversion_runs_on_core_ai(
 
 
 def test_a_compressed_pt2_is_not_compressed_twice() -> None:
-    program, first = _compressed_pt2("mlp", QuantizeConfig(DType.INT8))
-    second = compress_(program, PalettizeConfig(4))
+    program, first = _compressed_pt2("mlp", QuantizeConfig(dtype=DType.INT8))
+    second = compress_(program, PalettizeConfig(n_bits=4))
     assert len(first.weights) == 3 and second.weights == []  # type: ignore[attr-defined]
     assert second.already_compressed == 3
     assert second.warnings[0] == "3 weights were already compressed: left as they were"
     # a large scale tensor is no weight either: it is read by the decode op
     program, _ = _compressed_pt2(
-        "transformer", QuantizeConfig(DType.INT8, granularity=G.PER_BLOCK, block_size=8)
+        "transformer", QuantizeConfig(dtype=DType.INT8, granularity=G.PER_BLOCK, block_size=8)
     )
-    again = compress_(program, QuantizeConfig(DType.INT8, weight_num_threshold=1000))
+    again = compress_(program, QuantizeConfig(dtype=DType.INT8, weight_num_threshold=1000))
     reasons = {s.reason for s in again.skipped if s.kind is SkipKind.NOT_A_WEIGHT}
     assert "not a weight of conv/matmul/gather (used by coreai.constexpr_blockwise_shift_scale)" in reasons
 
 
 def test_what_coreai_torch_cannot_carry_is_skipped_with_its_reason() -> None:
-    program, report = _compressed_pt2("mlp", PalettizeConfig(3))
+    program, report = _compressed_pt2("mlp", PalettizeConfig(n_bits=3))
     assert report.weights == []  # type: ignore[attr-defined]
     layout = {s.reason for s in report.skipped if s.kind is SkipKind.LAYOUT}  # type: ignore[attr-defined]
     assert layout == {"ui3 indices: coreai-torch converts 1-, 2-, 4-, 6- or 8-bit LUT indices"}
     conv = torch.nn.Conv2d(32, 8, 3)  # MX blocks of 32 along the input channels, 3 along the last axis
     program = torch.export.export(conv, (torch.randn(1, 32, 8, 8),))
-    report = compress_(program, QuantizeConfig(DType.FP4_E2M1FN))
+    report = compress_(program, QuantizeConfig(dtype=DType.FP4_E2M1FN))
     (odd,) = [s for s in report.skipped if s.kind is SkipKind.LAYOUT]
     assert odd.reason == "FP4 codes pack in pairs along the last axis; its length 3 is odd"
 
@@ -190,7 +198,7 @@ def test_a_weight_read_with_two_layouts_is_left_with_a_reason() -> None:
             return x @ self.w + (y @ self.w.t()).sum()  # [64, 48] read as [K, N] and as [N, K]
 
     program = torch.export.export(Tied(), (torch.randn(2, 64), torch.randn(2, 48)))
-    report = compress_(program, QuantizeConfig(DType.INT8))
+    report = compress_(program, QuantizeConfig(dtype=DType.INT8))
     (skipped,) = report.skipped
     assert skipped.kind is SkipKind.NOT_A_WEIGHT and "different layouts" in skipped.reason
 
@@ -209,7 +217,7 @@ def test_the_seed_functions_take_an_exported_program_and_leave_it_alone() -> Non
 
 
 def test_converting_does_not_change_the_callers_program() -> None:
-    program, _ = _compressed_pt2("mlp", QuantizeConfig(DType.INT4, granularity=G.PER_BLOCK))
+    program, _ = _compressed_pt2("mlp", QuantizeConfig(dtype=DType.INT4, granularity=G.PER_BLOCK))
     before = {k: (v.dtype, v.clone()) for k, v in program.state_dict.items()}
     _quiet_convert(program)
     assert {k: v.dtype for k, v in program.state_dict.items()} == {k: d for k, (d, _) in before.items()}
@@ -233,7 +241,7 @@ def test_compare_runs_pt2_programs_in_torch_and_mixes_them_with_aimodels(tmp_pat
     from coreai_opt._agreement import agreement
     from coreai_opt.comparison import compare_files
 
-    program, _ = _compressed_pt2("transformer", PalettizeConfig(4))
+    program, _ = _compressed_pt2("transformer", PalettizeConfig(n_bits=4))
     save_pt2(program, tmp_path / "t4.pt2")
     result = compare_files(SAMPLES / "transformer.pt2", tmp_path / "t4.pt2", min_cosine=0.99)
     (output,) = result.outputs

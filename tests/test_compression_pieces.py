@@ -29,18 +29,18 @@ from coreai_opt.weights import Encoding, WeightSite
 
 G = CompressionGranularity
 CONFIGS = {
-    "palettize tensor (16-bit histogram)": PalettizeConfig(4),
-    "palettize channel": PalettizeConfig(4, granularity=G.PER_CHANNEL),
-    "palettize grouped": PalettizeConfig(3, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
+    "palettize tensor (16-bit histogram)": PalettizeConfig(n_bits=4),
+    "palettize channel": PalettizeConfig(n_bits=4, granularity=G.PER_CHANNEL),
+    "palettize grouped": PalettizeConfig(n_bits=3, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
     "palettize int8 LUT, channel scales": PalettizeConfig(
-        6, DType.INT8, G.PER_CHANNEL, enable_per_channel_scale=True
+        n_bits=6, lut_dtype=DType.INT8, granularity=G.PER_CHANNEL, enable_per_channel_scale=True
     ),
-    "palettize fast mode": PalettizeConfig(8, enable_fast_kmeans_mode=True, rounding_precision=3),
+    "palettize fast mode": PalettizeConfig(n_bits=8, enable_fast_kmeans_mode=True, rounding_precision=3),
     "sparsify 2:4": SparsifyConfig(n_m_ratio=(2, 4)),
     "sparsify 50%": SparsifyConfig(target_sparsity=0.5),
     "sparsify 2:4 + 4-bit LUT": SparsifyConfig(n_m_ratio=(2, 4), palettize_nbits=4),
     "sparsify 2:4 + int8": SparsifyConfig(n_m_ratio=(2, 4), quantize_dtype=DType.INT8),
-    "quantize int4 block 32": QuantizeConfig(DType.INT4, granularity=G.PER_BLOCK, block_size=32),
+    "quantize int4 block 32": QuantizeConfig(dtype=DType.INT4, granularity=G.PER_BLOCK, block_size=32),
 }
 
 

@@ -19,11 +19,11 @@ from coreai_opt.compression import (
     SparsifyConfig,
     executor_of,
 )
-from coreai_opt.coreai_utils import compress_file
+from coreai_opt.recipes import compress_file
 
 CONFIGS = {
-    "quantize": QuantizeConfig("int4", granularity="block", block_size=16, weight_num_threshold=256),
-    "palettize": PalettizeConfig(4, granularity="grouped", group_size=4, weight_num_threshold=256),
+    "quantize": QuantizeConfig(dtype="int4", granularity="block", block_size=16, weight_num_threshold=256),
+    "palettize": PalettizeConfig(n_bits=4, granularity="grouped", group_size=4, weight_num_threshold=256),
     "sparsify": SparsifyConfig(n_m_ratio=(2, 4), quantize_dtype="int8", weight_num_threshold=256),
 }
 

@@ -146,3 +146,21 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycles({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": {"a.x"}}) == [
         ("a.x", "a.y"), ("a.x", "a.z"), ("a.y", "a.z"),
     ]  # fmt: skip
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions(paths: list[Path]) -> list[str]:
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_in_the_product_is_over_80_lines() -> None:
+    assert _long_functions(PRODUCT) == []

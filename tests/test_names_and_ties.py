@@ -10,9 +10,8 @@ from _architectures import MATRIX, export
 
 from coreai_opt.comparison import compare_files
 from coreai_opt.compression import Override, PalettizeConfig, SkipKind
-from coreai_opt.conversion import convert_file
-from coreai_opt.coreai_utils import compress_file
 from coreai_opt.io import load_pt2, save_pt2
+from coreai_opt.recipes import compress_file, convert_file
 
 GPT2 = next(a for a in MATRIX if a.name == "gpt2")  # lm_head.weight = wte.weight
 
@@ -34,7 +33,7 @@ def test_converted_weights_carry_the_module_names_and_overrides_match_them(
     pt2, aimodel = gpt2
     state = _float_state(pt2)
     skip = Override.of("blocks.1.*", skip=True)
-    config = PalettizeConfig(4, weight_num_threshold=1024, overrides=(skip,))
+    config = PalettizeConfig(n_bits=4, weight_num_threshold=1024, overrides=(skip,))
     on_core_ai = compress_file(aimodel, tmp_path / "a.aimodel", config).report
     on_torch = compress_file(pt2, tmp_path / "a.pt2", config).report
     names = {w.name for w in on_core_ai.weights}
@@ -56,7 +55,7 @@ def test_a_tied_embedding_is_compressed_once_and_both_containers_still_run(
 ) -> None:
     pt2, aimodel = gpt2
     table = (256, 64)
-    config = PalettizeConfig(4, granularity="channel")
+    config = PalettizeConfig(n_bits=4, granularity="channel")
     # .pt2: torch.export reads the tensor through lm_head.weight and leaves wte.weight unused
     result = compress_file(pt2, tmp_path / "g.lut4.pt2", config)
     compressed = {w.name: w.shape for w in result.report.weights}

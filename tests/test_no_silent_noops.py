@@ -12,8 +12,8 @@ from conftest import SAMPLES
 from torch import nn
 
 from coreai_opt.compression import PalettizeConfig, SkipKind
-from coreai_opt.coreai_utils import compress_file
 from coreai_opt.io import load_pt2, save_pt2
+from coreai_opt.recipes import compress_file
 
 
 class DepthwiseBlock(nn.Module):
@@ -38,7 +38,7 @@ def test_an_encoding_that_would_grow_a_weight_is_kept_and_totals_cover_every_ten
     torch.manual_seed(0)
     source = tmp_path / "dw.pt2"
     save_pt2(export(DepthwiseBlock(), torch.randn(1, 64, 8, 8)), source)
-    config = PalettizeConfig(4, granularity="channel", weight_num_threshold=0)
+    config = PalettizeConfig(n_bits=4, granularity="channel", weight_num_threshold=0)
     result = compress_file(source, tmp_path / "dw.lut4.pt2", config)
     report = result.report
     grown = [s for s in report.skipped if s.kind is SkipKind.WOULD_GROW]

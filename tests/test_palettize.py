@@ -30,18 +30,31 @@ G = CompressionGranularity
 THRESHOLD = 256
 
 PLANS = {
-    "4b-tensor": PalettizeConfig(4),
-    "4b-channel": PalettizeConfig(4, granularity=G.PER_CHANNEL),
-    "3b-grouped16": PalettizeConfig(3, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
-    "6b-channel-int8lut-scale": PalettizeConfig(6, DType.INT8, G.PER_CHANNEL, enable_per_channel_scale=True),
-    "2b-tensor-uint8lut-scale": PalettizeConfig(2, DType.UINT8, enable_per_channel_scale=True),
-    "4b-grouped8-fp8lut": PalettizeConfig(4, DType.FP8_E4M3FN, G.PER_GROUPED_CHANNEL, group_size=8),
-    "4b-channel-e5m2lut": PalettizeConfig(4, DType.FP8_E5M2, G.PER_CHANNEL),
-    "2b-vector2-tensor": PalettizeConfig(2, cluster_dim=2),
-    "4b-vector4-grouped8-int8-scale": PalettizeConfig(4, DType.INT8, G.PER_GROUPED_CHANNEL, 8, 4, True),
-    "8b-tensor-fast": PalettizeConfig(8, enable_fast_kmeans_mode=True, rounding_precision=3),
-    "1b-tensor": PalettizeConfig(1),
-    "4b-channel-2workers": PalettizeConfig(4, granularity=G.PER_CHANNEL, num_kmeans_workers=2),
+    "4b-tensor": PalettizeConfig(n_bits=4),
+    "4b-channel": PalettizeConfig(n_bits=4, granularity=G.PER_CHANNEL),
+    "3b-grouped16": PalettizeConfig(n_bits=3, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
+    "6b-channel-int8lut-scale": PalettizeConfig(
+        n_bits=6, lut_dtype=DType.INT8, granularity=G.PER_CHANNEL, enable_per_channel_scale=True
+    ),
+    "2b-tensor-uint8lut-scale": PalettizeConfig(
+        n_bits=2, lut_dtype=DType.UINT8, enable_per_channel_scale=True
+    ),
+    "4b-grouped8-fp8lut": PalettizeConfig(
+        n_bits=4, lut_dtype=DType.FP8_E4M3FN, granularity=G.PER_GROUPED_CHANNEL, group_size=8
+    ),
+    "4b-channel-e5m2lut": PalettizeConfig(n_bits=4, lut_dtype=DType.FP8_E5M2, granularity=G.PER_CHANNEL),
+    "2b-vector2-tensor": PalettizeConfig(n_bits=2, cluster_dim=2),
+    "4b-vector4-grouped8-int8-scale": PalettizeConfig(
+        n_bits=4,
+        lut_dtype=DType.INT8,
+        granularity=G.PER_GROUPED_CHANNEL,
+        group_size=8,
+        cluster_dim=4,
+        enable_per_channel_scale=True,
+    ),
+    "8b-tensor-fast": PalettizeConfig(n_bits=8, enable_fast_kmeans_mode=True, rounding_precision=3),
+    "1b-tensor": PalettizeConfig(n_bits=1),
+    "4b-channel-2workers": PalettizeConfig(n_bits=4, granularity=G.PER_CHANNEL, num_kmeans_workers=2),
 }
 
 
@@ -115,20 +128,20 @@ def _fp16_probe(tmp_path: Path) -> tuple[Path, np.ndarray]:
 @pytest.mark.parametrize(
     "plan",
     [
-        PalettizeConfig(4),
-        PalettizeConfig(4, enable_fast_kmeans_mode=True),
-        PalettizeConfig(4, enable_fast_kmeans_mode=True, rounding_precision=0),
-        PalettizeConfig(4, granularity=G.PER_CHANNEL, enable_fast_kmeans_mode=True),
+        PalettizeConfig(n_bits=4),
+        PalettizeConfig(n_bits=4, enable_fast_kmeans_mode=True),
+        PalettizeConfig(n_bits=4, enable_fast_kmeans_mode=True, rounding_precision=0),
+        PalettizeConfig(n_bits=4, granularity=G.PER_CHANNEL, enable_fast_kmeans_mode=True),
         PalettizeConfig(
-            4,
-            DType.INT8,
-            G.PER_GROUPED_CHANNEL,
-            16,
+            n_bits=4,
+            lut_dtype=DType.INT8,
+            granularity=G.PER_GROUPED_CHANNEL,
+            group_size=16,
             enable_per_channel_scale=True,
             enable_fast_kmeans_mode=True,
         ),
-        PalettizeConfig(4, DType.FP8_E4M3FN, enable_fast_kmeans_mode=True),
-        PalettizeConfig(2, cluster_dim=2),
+        PalettizeConfig(n_bits=4, lut_dtype=DType.FP8_E4M3FN, enable_fast_kmeans_mode=True),
+        PalettizeConfig(n_bits=2, cluster_dim=2),
     ],
     ids=["exact", "fast", "fast-0dp", "fast-channel", "fast-grouped-int8-scale", "fast-fp8", "vector"],
 )
@@ -151,8 +164,8 @@ def test_a_weight_with_nan_or_inf_is_left_alone_by_every_pass(special: float, tm
     values, and the program still computes exactly what it did."""
     _, weight = _fp16_probe(tmp_path)
     compress = {
-        "quantize": lambda p: compress_(p, QuantizeConfig(DType.INT8, weight_num_threshold=0)),
-        "palettize": lambda p: compress_(p, PalettizeConfig(4, weight_num_threshold=0)),
+        "quantize": lambda p: compress_(p, QuantizeConfig(dtype=DType.INT8, weight_num_threshold=0)),
+        "palettize": lambda p: compress_(p, PalettizeConfig(n_bits=4, weight_num_threshold=0)),
         "sparsify": lambda p: compress_(p, SparsifyConfig(weight_num_threshold=0)),
     }
     import coreai_torch
@@ -201,7 +214,7 @@ def test_invalid_options_name_the_rule(kwargs: dict, rule: str) -> None:
 def test_ungroupable_channels_are_skipped_with_a_reason() -> None:
     report = compress_(
         load_aimodel(SAMPLES / "transformer.aimodel"),
-        PalettizeConfig(4, granularity=G.PER_GROUPED_CHANNEL, group_size=48, weight_num_threshold=256),
+        PalettizeConfig(n_bits=4, granularity=G.PER_GROUPED_CHANNEL, group_size=48, weight_num_threshold=256),
     )
     reasons = [s.reason for s in report.skipped if s.kind.value == "layout"]
     assert reasons and all("not a multiple of group_size 48" in r for r in reasons)
@@ -226,11 +239,11 @@ def test_16_bit_histogram_path_equals_the_sorting_path(
     calls = []
     original = _palettize._clusters_16_bit
     monkeypatch.setattr(_palettize, "_clusters_16_bit", lambda *a: calls.append(1) or original(*a))
-    compress_(histogram, PalettizeConfig(4, weight_num_threshold=0))
+    compress_(histogram, PalettizeConfig(n_bits=4, weight_num_threshold=0))
     assert calls, "the histogram path ran"
     monkeypatch.setattr(_palettize, "_MAX_HISTOGRAM_BINS", 0)
     sorting = load_aimodel(path)
-    compress_(sorting, PalettizeConfig(4, weight_num_threshold=0))
+    compress_(sorting, PalettizeConfig(n_bits=4, weight_num_threshold=0))
     assert len(calls) == 1
     assert constant_records(histogram) == constant_records(sorting)
     out = save_aimodel(histogram, tmp_path / "h.aimodel")

@@ -91,7 +91,17 @@ def test_quantized_sample_matches_its_numpy_decoding(
     dtype, scheme, grain, scale_dtype = combo
     e8m0 = scale_dtype is not None or dtype is DType.FP4_E2M1FN
     program = load_aimodel(SAMPLES / f"{sample}.aimodel")
-    report = compress_(program, QuantizeConfig(dtype, scheme, grain, BLOCK, scale_dtype, THRESHOLD))
+    report = compress_(
+        program,
+        QuantizeConfig(
+            dtype=dtype,
+            qscheme=scheme,
+            granularity=grain,
+            block_size=BLOCK,
+            scale_dtype=scale_dtype,
+            weight_num_threshold=THRESHOLD,
+        ),
+    )
     if grain is not G.PER_BLOCK:
         assert report.weights, "every sample has a weight above the threshold"
     for skipped in report.skipped:

@@ -112,7 +112,12 @@ def test_runtime_output_is_the_reference_dequantized_weight(
 ) -> None:
     path, w = _probe(tmp_path)
     program = load_aimodel(path)
-    report = compress_(program, QuantizeConfig(dtype, scheme, granularity, 32, scale_dtype))
+    report = compress_(
+        program,
+        QuantizeConfig(
+            dtype=dtype, qscheme=scheme, granularity=granularity, block_size=32, scale_dtype=scale_dtype
+        ),
+    )
     assert len(report.weights) == 1 and report.skipped == []
     out = save_aimodel(program, tmp_path / "q.aimodel")
     name = inspect_model(out).inputs[0].name
@@ -166,7 +171,7 @@ def test_invalid_combinations_name_the_rule(kwargs: dict, rule: str) -> None:
 def test_not_in_place_leaves_the_input_and_skips_are_reported() -> None:
     program = load_aimodel(SAMPLES / "mlp.aimodel")
     report = compress_(
-        load_aimodel(SAMPLES / "mlp.aimodel"), QuantizeConfig(DType.INT8, weight_num_threshold=2048)
+        load_aimodel(SAMPLES / "mlp.aimodel"), QuantizeConfig(dtype=DType.INT8, weight_num_threshold=2048)
     )
     assert {w.shape for w in report.weights} == {(128, 64), (128, 128)}
     assert any("<= threshold 2048" in s.reason for s in report.skipped)  # the 10x128 head
@@ -217,7 +222,7 @@ def test_16_bit_weights_round_exactly_like_float64(dtype: torch.dtype, tmp_path:
 
     w = _near_ties(dtype, 24, 64)
     program = load_aimodel(_half_probe(tmp_path, w))
-    compress_(program, QuantizeConfig(DType.INT8, QScheme.SYMMETRIC, G.PER_CHANNEL))
+    compress_(program, QuantizeConfig(dtype=DType.INT8, qscheme=QScheme.SYMMETRIC, granularity=G.PER_CHANNEL))
     from coreai_opt import _coreai
 
     (op,) = [
@@ -262,7 +267,9 @@ def test_fp8_on_fp16_weights_runs_finite_and_exact(dtype: DType, magnitude: floa
     w = (torch.randn(48, 64, dtype=torch.float64) * magnitude).to(torch.float16)
     path = _half_probe(tmp_path, w)
     program = load_aimodel(path)
-    report = compress_(program, QuantizeConfig(dtype, QScheme.SYMMETRIC, G.PER_CHANNEL))
+    report = compress_(
+        program, QuantizeConfig(dtype=dtype, qscheme=QScheme.SYMMETRIC, granularity=G.PER_CHANNEL)
+    )
     assert report.weights[0].encoding.endswith("f16 scale per channel")
     out = save_aimodel(program, tmp_path / "q.aimodel")
     dense = load_aimodel(out)

@@ -36,17 +36,17 @@ def _weights(program: object) -> tuple[CoreAIWeights, list[WeightSite]]:
 
 
 PLANS = {
-    "magnitude50": SparsifyConfig(0.5),
-    "magnitude75-block4": SparsifyConfig(0.75, block_size=4),
-    "2of4": SparsifyConfig(None, n_m_ratio=(2, 4)),
-    "1of4-int8": SparsifyConfig(None, n_m_ratio=(1, 4), quantize_dtype=DType.INT8),
-    "magnitude50-uint8": SparsifyConfig(0.5, quantize_dtype=DType.UINT8),
-    "block2-uint8": SparsifyConfig(0.5, block_size=2, quantize_dtype=DType.UINT8),
-    "magnitude30-fp8e4m3": SparsifyConfig(0.3, quantize_dtype=DType.FP8_E4M3FN),
-    "2of4-fp8e5m2": SparsifyConfig(None, n_m_ratio=(2, 4), quantize_dtype=DType.FP8_E5M2),
-    "magnitude60-lut4": SparsifyConfig(0.6, palettize_nbits=4),
-    "3of8-lut3": SparsifyConfig(None, n_m_ratio=(3, 8), palettize_nbits=3),
-    "block4-lut2": SparsifyConfig(0.5, block_size=4, palettize_nbits=2),
+    "magnitude50": SparsifyConfig(target_sparsity=0.5),
+    "magnitude75-block4": SparsifyConfig(target_sparsity=0.75, block_size=4),
+    "2of4": SparsifyConfig(target_sparsity=None, n_m_ratio=(2, 4)),
+    "1of4-int8": SparsifyConfig(target_sparsity=None, n_m_ratio=(1, 4), quantize_dtype=DType.INT8),
+    "magnitude50-uint8": SparsifyConfig(target_sparsity=0.5, quantize_dtype=DType.UINT8),
+    "block2-uint8": SparsifyConfig(target_sparsity=0.5, block_size=2, quantize_dtype=DType.UINT8),
+    "magnitude30-fp8e4m3": SparsifyConfig(target_sparsity=0.3, quantize_dtype=DType.FP8_E4M3FN),
+    "2of4-fp8e5m2": SparsifyConfig(target_sparsity=None, n_m_ratio=(2, 4), quantize_dtype=DType.FP8_E5M2),
+    "magnitude60-lut4": SparsifyConfig(target_sparsity=0.6, palettize_nbits=4),
+    "3of8-lut3": SparsifyConfig(target_sparsity=None, n_m_ratio=(3, 8), palettize_nbits=3),
+    "block4-lut2": SparsifyConfig(target_sparsity=0.5, block_size=4, palettize_nbits=2),
 }
 
 
@@ -97,7 +97,7 @@ def test_magnitude_keeps_the_largest_and_plain_values_exactly(sample: str) -> No
     program = load_aimodel(SAMPLES / f"{sample}.aimodel")
     container, sites = _weights(program)
     originals = [container.read(site).double().numpy() for site in sites]
-    compress_(program, SparsifyConfig(0.5, weight_num_threshold=THRESHOLD))
+    compress_(program, SparsifyConfig(target_sparsity=0.5, weight_num_threshold=THRESHOLD))
     decoded = _dense_weights(program)
     assert len(decoded) == len(originals)
     for dense, original in zip(decoded, originals, strict=True):
@@ -112,7 +112,7 @@ def test_n_m_keeps_n_of_every_m_along_the_input_axis() -> None:
     container, sites = _weights(program)
     w = container.read(sites[0])
     for n, m in ((2, 4), (1, 4), (3, 8)):
-        mask = sparsity_mask(w, sites[0], SparsifyConfig(None, n_m_ratio=(n, m)))
+        mask = sparsity_mask(w, sites[0], SparsifyConfig(target_sparsity=None, n_m_ratio=(n, m)))
         assert isinstance(mask, torch.Tensor)
         runs = mask.movedim(sites[0].input_axis, -1).reshape(-1, m)
         assert (runs.sum(1) == n).all()
@@ -126,7 +126,7 @@ def test_block_sparsity_prunes_whole_blocks_by_l2_norm() -> None:
     program = load_aimodel(SAMPLES / "mlp.aimodel")
     container, (site, *_) = _weights(program)
     w = container.read(site)
-    mask = sparsity_mask(w, site, SparsifyConfig(0.5, block_size=4))
+    mask = sparsity_mask(w, site, SparsifyConfig(target_sparsity=0.5, block_size=4))
     assert isinstance(mask, torch.Tensor)
     moved = mask.movedim(site.output_axis, 0)
     blocks = moved.reshape(moved.shape[0] // 4, 4, -1)
@@ -140,9 +140,9 @@ def test_block_sparsity_prunes_whole_blocks_by_l2_norm() -> None:
 def test_ties_are_deterministic_and_go_to_the_lower_index() -> None:
     site = WeightSite(None, "w", (2, 8), element("f32"), 0, 1)
     w = torch.ones(2, 8)
-    mask = sparsity_mask(w, site, SparsifyConfig(None, n_m_ratio=(2, 4)))
+    mask = sparsity_mask(w, site, SparsifyConfig(target_sparsity=None, n_m_ratio=(2, 4)))
     assert mask.tolist() == [[True, True, False, False] * 2] * 2
-    mask = sparsity_mask(w, site, SparsifyConfig(0.75))
+    mask = sparsity_mask(w, site, SparsifyConfig(target_sparsity=0.75))
     assert mask.reshape(-1).nonzero().reshape(-1).tolist() == [0, 1, 2, 3]
 
 
@@ -152,11 +152,11 @@ def test_fp16_weights_near_7_and_300_never_nan(tmp_path: Path) -> None:
     path, weight = _fp16_probe(tmp_path)
     eye = {inspect_model(path).inputs[0].name: np.eye(64, dtype=np.float16)}  # output: the weight, transposed
     for plan in (
-        SparsifyConfig(0.5),
-        SparsifyConfig(0.5, palettize_nbits=4),
-        SparsifyConfig(None, n_m_ratio=(2, 4), quantize_dtype=DType.FP8_E4M3FN),
-        SparsifyConfig(0.5, quantize_dtype=DType.INT8),
-        SparsifyConfig(0.5, quantize_dtype=DType.UINT8),
+        SparsifyConfig(target_sparsity=0.5),
+        SparsifyConfig(target_sparsity=0.5, palettize_nbits=4),
+        SparsifyConfig(target_sparsity=None, n_m_ratio=(2, 4), quantize_dtype=DType.FP8_E4M3FN),
+        SparsifyConfig(target_sparsity=0.5, quantize_dtype=DType.INT8),
+        SparsifyConfig(target_sparsity=0.5, quantize_dtype=DType.UINT8),
     ):
         program = sparsify_weights(load_aimodel(path), weight_num_threshold=0, **_kwargs(plan))
         out = save_aimodel(program, tmp_path / "o.aimodel", force=True)
@@ -207,7 +207,9 @@ def test_invalid_options_raise(kwargs: dict, message: str) -> None:
 
 def test_layouts_that_do_not_fit_are_skipped_with_a_reason() -> None:
     program = load_aimodel(SAMPLES / "transformer.aimodel")
-    report = compress_(program, SparsifyConfig(None, n_m_ratio=(3, 7), weight_num_threshold=THRESHOLD))
+    report = compress_(
+        program, SparsifyConfig(target_sparsity=None, n_m_ratio=(3, 7), weight_num_threshold=THRESHOLD)
+    )
     layout = [s for s in report.skipped if s.kind is SkipKind.LAYOUT]
     assert layout and all("not a multiple of m=7" in s.reason for s in layout)
 

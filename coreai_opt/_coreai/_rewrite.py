@@ -8,6 +8,7 @@ place. Sub-byte codes are packed low bits first, as Core AI reads them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,35 @@ def constant_name(op: Any, index: int) -> str:
     """A readable name: the source name in the op's location, else `const#<index>`, the constant's
     position in the program (the same in every process, unlike a hash)."""
     return location_name(op) or f"const#{index}"
+
+
+_RANDOM_SUFFIX = re.compile(r"^(?P<base>.+)_[a-z]{8}$")
+
+
+def canonical_symbol_names(program: Any) -> int:
+    """Rename the private graphs coreai's authoring API names with a random suffix (`layer_norm_
+    kanpfudi`, drawn by `secrets` at every conversion) after their base name and place, the same in
+    every run, so converting a program twice gives the same bytes; returns how many were renamed."""
+    import hashlib
+
+    from coreai._compiler import ir
+
+    module = mlir_module(program)
+    renamed = 0
+    with module.context:
+        for index, op in enumerate(module.body.operations):
+            if "sym_name" not in op.attributes:
+                continue
+            old = ir.StringAttr(op.attributes["sym_name"]).value
+            match = _RANDOM_SUFFIX.match(old)
+            if match is None or old == "main":
+                continue
+            digest = hashlib.sha256(f"{match['base']}:{index}".encode()).digest()
+            new = f"{match['base']}_" + "".join(chr(ord("a") + b % 26) for b in digest[:8])
+            ir.SymbolTable.replace_all_symbol_uses(old, new, module.operation)
+            op.attributes["sym_name"] = ir.StringAttr.get(new)
+            renamed += 1
+    return renamed
 
 
 def name_constants(program: Any, name_of: Callable[[np.ndarray], str | None]) -> int:

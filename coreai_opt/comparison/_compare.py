@@ -254,14 +254,7 @@ def compare_many(
     `ComparisonResult` per candidate, in order.
     """
     reference, paths = Path(reference), [Path(c) for c in candidates]
-    if not paths:
-        raise ValueError("give at least one candidate")
-    if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
-        raise ConfigError(f"min_cosine {min_cosine} is not in [-1, 1]", "min_cosine")
-    if samples < 1:
-        raise ConfigError(f"samples must be 1 or more, not {samples}", "samples")
-    if inputs is not None and samples != 1:
-        raise ValueError("give inputs or a number of random samples, not both")
+    _check_options(paths, min_cosine, samples, inputs)
     start = time.perf_counter()
     for path in (reference, *paths):
         require_existing(path)
@@ -286,41 +279,75 @@ def compare_many(
     results = []
     for index, candidate in enumerate(paths):
         begun = time.perf_counter()
-        with contextlib.ExitStack() as stack:
-            cand_side = _open(candidate, trust_pickle, stack)
-            names, cand_names = (
-                sorted(s.name for s in ref_side.inputs),
-                sorted(s.name for s in cand_side.inputs),
-            )
-            if names != cand_names:
-                raise ModelFileError(
-                    candidate, f"takes inputs {', '.join(cand_names)}; the reference takes {', '.join(names)}"
-                )
-            per_output: list[list[Agreement]] = []
-            pairs: list[tuple[TensorSpec, TensorSpec]] = []
-            for done, (name, arrays, ref_run) in enumerate(ref_runs, 1):
-                _fits(blame, arrays, cand_side.inputs)
-                cand_run = cand_side.run(arrays)
-                if not pairs:
-                    pairs = _pair_outputs(ref_run.outputs, cand_run.outputs, candidate)
-                    per_output = [[] for _ in pairs]
-                for found, (ref, cand) in zip(per_output, pairs, strict=True):
-                    found.append(agreement(ref_run.values[ref.name], cand_run.values[cand.name]))
-                if progress is not None:
-                    progress(total * (1 + index) + done, runs, f"{candidate.name} {name}")
-        labels = [name for name, _, _ in ref_runs]
-        result = ComparisonResult(reference, candidate, label, ref_side.inputs, min_cosine, rules, labels)
-        for found, (ref, cand) in zip(per_output, pairs, strict=True):
-            metrics = worst_of(found)
-            ok = metrics.passes(min_cosine) if min_cosine is not None else None
-            dtype = ref.dtype.name if ref.dtype == cand.dtype else f"{ref.dtype.name} -> {cand.dtype.name}"
-            spread = _spread(found, labels)
-            result.outputs.append(
-                OutputComparison(ref.name, cand.name, ref.shape, dtype, metrics, spread, ok)
-            )
+        result = ComparisonResult(
+            reference, candidate, label, ref_side.inputs, min_cosine, rules, [name for name, _, _ in ref_runs]
+        )
+        counted = _Counted(progress, runs, total * (1 + index))
+        _candidate(result, ref_side, ref_runs, blame, trust_pickle, counted)
         result.seconds = shared + time.perf_counter() - begun
         results.append(result)
     return results
+
+
+def _check_options(paths: list[Path], min_cosine: float | None, samples: int, inputs: object) -> None:
+    if not paths:
+        raise ValueError("give at least one candidate")
+    if min_cosine is not None and not -1.0 <= min_cosine <= 1.0:
+        raise ConfigError(f"min_cosine {min_cosine} is not in [-1, 1]", "min_cosine")
+    if samples < 1:
+        raise ConfigError(f"samples must be 1 or more, not {samples}", "samples")
+    if inputs is not None and samples != 1:
+        raise ValueError("give inputs or a number of random samples, not both")
+
+
+@dataclass
+class _Counted:
+    """Progress over every model run of a comparison, from `done` on."""
+
+    progress: Progress | None
+    total: int
+    done: int
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, label)
+
+
+def _candidate(
+    result: ComparisonResult,
+    ref_side: Any,
+    ref_runs: list[tuple[str, dict[str, np.ndarray], RunResult]],
+    blame: Path,
+    trust_pickle: bool,
+    counted: _Counted,
+) -> None:
+    """Run one candidate on every sample the reference ran on; fill `result`'s outputs."""
+    candidate = result.candidate
+    with contextlib.ExitStack() as stack:
+        cand_side = _open(candidate, trust_pickle, stack)
+        names, cand_names = sorted(s.name for s in ref_side.inputs), sorted(s.name for s in cand_side.inputs)
+        if names != cand_names:
+            raise ModelFileError(
+                candidate, f"takes inputs {', '.join(cand_names)}; the reference takes {', '.join(names)}"
+            )
+        per_output: list[list[Agreement]] = []
+        pairs: list[tuple[TensorSpec, TensorSpec]] = []
+        for name, arrays, ref_run in ref_runs:
+            _fits(blame, arrays, cand_side.inputs)
+            cand_run = cand_side.run(arrays)
+            if not pairs:
+                pairs = _pair_outputs(ref_run.outputs, cand_run.outputs, candidate)
+                per_output = [[] for _ in pairs]
+            for found, (ref, cand) in zip(per_output, pairs, strict=True):
+                found.append(agreement(ref_run.values[ref.name], cand_run.values[cand.name]))
+            counted.step(f"{candidate.name} {name}")
+    for found, (ref, cand) in zip(per_output, pairs, strict=True):
+        metrics = worst_of(found)
+        ok = metrics.passes(result.min_cosine) if result.min_cosine is not None else None
+        dtype = ref.dtype.name if ref.dtype == cand.dtype else f"{ref.dtype.name} -> {cand.dtype.name}"
+        spread = _spread(found, result.samples)
+        result.outputs.append(OutputComparison(ref.name, cand.name, ref.shape, dtype, metrics, spread, ok))
 
 
 def _spread(found: list[Agreement], labels: list[str]) -> SampleSpread:

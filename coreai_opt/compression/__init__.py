@@ -33,7 +33,7 @@ from coreai_opt.weights import (
     container_of,
 )
 
-from ._algorithms import BUILT_IN, Algorithm, algorithm_for, methods, register, unregister
+from ._algorithms import BUILT_IN, Algorithm, algorithm_for, algorithm_named, methods, register, unregister
 from ._config import (
     JOINT_DTYPES,
     LUT_DTYPES,
@@ -46,6 +46,9 @@ from ._config import (
     PalettizeConfig,
     QuantizeConfig,
     SparsifyConfig,
+    config_from_dict,
+    flag_names,
+    flags,
     parse_override,
 )
 from ._executors import Executor, ExecutorKind, LocalExecutor, RayExecutor, executor_of
@@ -93,9 +96,13 @@ __all__ = [
     "WeightSite",
     "Written",
     "algorithm_for",
+    "algorithm_named",
     "compress_",
+    "config_from_dict",
     "container_of",
     "executor_of",
+    "flag_names",
+    "flags",
     "methods",
     "parse_override",
     "register",

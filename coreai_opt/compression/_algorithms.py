@@ -87,13 +87,16 @@ def methods(config_type: type | str) -> tuple[str, ...]:
     return tuple(method for config, method in _REGISTRY if config == name)
 
 
-def algorithm_for(config: Any) -> Algorithm:
-    """The algorithm a config selects by its type and `method`."""
-    name = type(config).__name__
+def algorithm_named(config_type: type | str, method: str) -> Algorithm:
+    """The algorithm a config type offers under `method`."""
+    name = config_type if isinstance(config_type, str) else config_type.__name__
     try:
-        return _REGISTRY[(name, config.method)]
+        return _REGISTRY[(name, method)]
     except KeyError:
         offered = ", ".join(methods(name))
-        raise ConfigError(
-            f"{name} has no method {config.method!r}; choose one of {offered}", "method"
-        ) from None
+        raise ConfigError(f"{name} has no method {method!r}; choose one of {offered}", "method") from None
+
+
+def algorithm_for(config: Any) -> Algorithm:
+    """The algorithm a config selects by its type and `method`."""
+    return algorithm_named(type(config), config.method)

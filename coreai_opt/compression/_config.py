@@ -1,10 +1,16 @@
 """One frozen, validated config per pass, and per-weight overrides by name pattern.
 
-A config names everything its pass needs (as seed 002's keyword arguments do) and refuses a
-combination the pass cannot carry out when it is made, so bad options fail before any file is read.
-`overrides` change the config for the weights whose names match a pattern - skip them, or change
-some fields - as coremltools' `op_name_configs` and torchao's `FqnToConfig` let users do; the first
-override whose pattern matches wins.
+A config names everything its pass needs (as seed 002's keyword arguments do), is built by keyword
+only, and refuses a combination the pass cannot carry out when it is made (`ConfigError`, naming
+the field), so bad options fail before any file is read. `overrides` change the config for the
+weights whose names match a pattern - skip them, or change some fields - as coremltools'
+`op_name_configs` and torchao's `FqnToConfig` let users do; the first override whose pattern
+matches wins.
+
+Each field carries its command-line flag and help (`Flag`, in the field's metadata): the CLI's
+options, its flag names in errors and the `--override` parser are made from them. A config
+serialises to plain data with its kind and a version (`to_dict` / `config_from_dict`; JSON or
+YAML files through `coreai_opt.recipes`).
 """
 
 from __future__ import annotations
@@ -12,13 +18,42 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from coreai_opt._errors import ConfigError
 
 from ._options import CompressionGranularity, DType, QScheme
 
 G = CompressionGranularity
+CONFIG_VERSION = 1  # of `to_dict`'s layout
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a config field appears on the command line: its flag, its help, the values it offers
+    (None: any of its type), and the CLI's own default where it differs from the library's."""
+
+    flag: str
+    help: str
+    choices: tuple[Any, ...] | None = None
+    cli_default: Any = None  # None: the library's default
+
+
+def option(default: Any, flag: str, help: str, **more: Any) -> Any:
+    """A config field with its `Flag`."""
+    return field(default=default, metadata={"flag": Flag(flag, help, **more)})
+
+
+def flags(config_type: type) -> dict[str, Flag]:
+    """Field name -> its `Flag`, in field order."""
+    return {f.name: f.metadata["flag"] for f in dataclasses.fields(config_type) if "flag" in f.metadata}
+
+
+def flag_names(config_type: type) -> dict[str, str]:
+    """Field name -> its command-line flag (what a CLI error names)."""
+    return {name: flag.flag for name, flag in flags(config_type).items()}
+
+
 # What each option takes (the CLI offers exactly these).
 WEIGHT_DTYPES = tuple(d for d in DType if d is not DType.FP8_E8M0FNU)
 N_BITS = (1, 2, 3, 4, 6, 8)
@@ -108,6 +143,14 @@ def _field_value(annotation: str, value: str, text: str) -> Any:
 
 C = TypeVar("C", bound="_Config")
 
+_THRESHOLD_HELP = "Skip weights with this many elements or fewer."
+_OVERRIDE_HELP = (
+    "Per-weight change, by a glob over the weight's name (first match wins): 'PATTERN:skip', or "
+    "'PATTERN:OPTION=VALUE[,OPTION=VALUE]' with the pass's option names (dtype=int8, n_bits=8, "
+    "granularity=channel, ...). Repeatable. Example: --override 'embed*:skip'"
+)
+_METHOD_HELP = "The algorithm (data-free: {default}; those that learn from data need --calibration)."
+
 
 class _Config:
     """What every pass's config shares: the size threshold and the overrides."""
@@ -122,6 +165,7 @@ class _Config:
         if not isinstance(self.weight_num_threshold, int) or self.weight_num_threshold < 0:
             raise ConfigError("weight_num_threshold must be 0 or more", "weight_num_threshold")
         object.__setattr__(self, "overrides", tuple(self.overrides))
+        canonical = []
         for override in self.overrides:
             if not isinstance(override, Override):
                 raise ConfigError(f"overrides take Override records, not {override!r}", "overrides")
@@ -134,9 +178,14 @@ class _Config:
                 )
             if not override.skip:  # the changed config must be valid too: fail now, not mid-run
                 try:
-                    dataclasses.replace(self, overrides=(), **self._changes(override))  # type: ignore[type-var]
+                    changed = dataclasses.replace(self, overrides=(), **self._changes(override))  # type: ignore[type-var]
                 except (ValueError, TypeError) as exc:
                     raise ConfigError(f"override {override.pattern!r}: {exc}", "overrides") from None
+                # the values as the config holds them (enums, tuples): one override, one spelling
+                values = tuple((key, getattr(changed, key)) for key, _ in override.changes)
+                override = dataclasses.replace(override, changes=values)
+            canonical.append(override)
+        object.__setattr__(self, "overrides", tuple(canonical))
 
     def for_weight(self: C, name: str) -> C | Override | None:
         """The config for one weight: itself, the first matching override's version of it, or the
@@ -156,6 +205,51 @@ class _Config:
         """Overrides whose pattern matches none of `names` (a typo, most likely)."""
         return [o for o in self.overrides if not any(o.matches(n) for n in names)]
 
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data (its kind, the layout's version, every field; enums by value,
+        overrides as pattern, skip and changes) that `config_from_dict` reads back."""
+        data: dict[str, Any] = {"kind": self.KIND, "version": CONFIG_VERSION}  # type: ignore[attr-defined]
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.name == "overrides":
+                data[f.name] = [
+                    {
+                        "pattern": o.pattern,
+                        **({"skip": True} if o.skip else {}),
+                        **{k: _plain(v) for k, v in o.changes},
+                    }
+                    for o in value
+                ]
+            else:
+                data[f.name] = _plain(value)
+        return data
+
+    @classmethod
+    def from_dict(cls: type[C], data: Any) -> C:
+        """A config from `to_dict`'s data (unknown fields and versions are refused, naming them)."""
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"a {cls.__name__} is a mapping of its options, not {type(data).__name__}", "config"
+            )
+        version = data.get("version", CONFIG_VERSION)
+        if version != CONFIG_VERSION:
+            raise ConfigError(
+                f"config version {version!r} is not one this coreopt reads ({CONFIG_VERSION})", "version"
+            )
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        values = {k: v for k, v in data.items() if k not in ("kind", "version")}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"{cls.__name__} has no option {unknown[0]!r}", unknown[0])
+        if "overrides" in values:
+            values["overrides"] = tuple(_override_from(item, cls) for item in values["overrides"] or ())
+        if isinstance(values.get("n_m_ratio"), list):
+            values["n_m_ratio"] = tuple(values["n_m_ratio"])
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ConfigError(f"{cls.__name__}: {exc}", "config") from None
+
     def options(self) -> dict[str, Any]:
         """The options as plain JSON values (enums by their value, overrides described)."""
         out: dict[str, Any] = {}
@@ -174,6 +268,25 @@ class _Config:
         return out
 
 
+def _plain(value: Any) -> Any:
+    """A field value as JSON/YAML data: enums by value, tuples as lists."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return getattr(value, "value", value)
+
+
+def _override_from(item: Any, config_type: type) -> Override:
+    if not isinstance(item, dict) or not isinstance(item.get("pattern"), str):
+        raise ConfigError(f"an override is a mapping with a pattern, not {item!r}", "overrides")
+    changes = {k: v for k, v in item.items() if k not in ("pattern", "skip")}
+    if isinstance(changes.get("n_m_ratio"), list):
+        changes["n_m_ratio"] = tuple(changes["n_m_ratio"])
+    try:
+        return Override.of(item["pattern"], skip=bool(item.get("skip", False)), **changes)
+    except ValueError as exc:
+        raise ConfigError(str(exc), "overrides") from None
+
+
 def _enum(kind: type, value: Any, field_name: str) -> Any:
     if value is None or isinstance(value, kind):
         return value
@@ -184,21 +297,33 @@ def _enum(kind: type, value: Any, field_name: str) -> Any:
         raise ConfigError(f"unknown {kind.__name__} {value!r}; choose one of {choices}", field_name) from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuantizeConfig(_Config):
     """`quantize_weights`: integer, FP8 or MX FP4 codes with a scale per tensor, channel or block.
 
     granularity None takes per channel, or per block for MX FP4 (which is per block by definition).
     """
 
-    dtype: DType = DType.INT8
-    qscheme: QScheme = QScheme.SYMMETRIC
-    granularity: CompressionGranularity | None = None
-    block_size: int = 32
-    scale_dtype: DType | None = None
-    weight_num_threshold: int = 1024
-    overrides: tuple[Override, ...] = ()
-    method: str = "rtn"  # the algorithm (`_algorithms`): rtn unless data-driven
+    KIND: ClassVar[str] = "quantize"
+
+    dtype: DType = option(DType.INT8, "--dtype", "Element type of the stored weights.", choices=WEIGHT_DTYPES)
+    qscheme: QScheme = option(
+        QScheme.SYMMETRIC, "--scheme", "sym, or asym (integers: with a zero point).", choices=tuple(QScheme)
+    )
+    granularity: CompressionGranularity | None = option(
+        None, "--granularity", "Scale per tensor, channel or block (default: channel; block for mxfp4).",
+        choices=QUANTIZE_GRANULARITIES,
+    )  # fmt: skip
+    block_size: int = option(32, "--block-size", "Block length along the input axis.")
+    scale_dtype: DType | None = option(
+        None,
+        "--scale-dtype",
+        "e8m0: power-of-two scales (fp8 / mxfp4 data only).",
+        choices=(DType.FP8_E8M0FNU,),
+    )
+    weight_num_threshold: int = option(1024, "--threshold", _THRESHOLD_HELP)
+    overrides: tuple[Override, ...] = option((), "--override", _OVERRIDE_HELP)
+    method: str = option("rtn", "--method", _METHOD_HELP.format(default="rtn"))
 
     def __post_init__(self) -> None:
         for name, kind in (
@@ -249,23 +374,37 @@ class QuantizeConfig(_Config):
         return self.dtype.value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PalettizeConfig(_Config):
     """`palettize_weights`: exact k-means look-up tables of 2**n_bits entries per tensor, channel or
-    group of channels; `num_kmeans_workers` threads share the work (results do not depend on it)."""
+    group of channels; `num_kmeans_workers` threads share the work (0: one per CPU; results do not
+    depend on it)."""
 
-    n_bits: int = 4
-    lut_dtype: DType | None = None
-    granularity: CompressionGranularity = G.PER_TENSOR
-    group_size: int = 32
-    cluster_dim: int = 1
-    enable_per_channel_scale: bool = False
-    num_kmeans_workers: int = 1
-    enable_fast_kmeans_mode: bool = False
-    rounding_precision: int = 4
-    weight_num_threshold: int = 1024
-    overrides: tuple[Override, ...] = ()
-    method: str = "kmeans"  # the algorithm (`_algorithms`): kmeans unless data-driven
+    KIND: ClassVar[str] = "palettize"
+
+    n_bits: int = option(
+        4, "--nbits", "Index width: 1, 2, 3, 4, 6 or 8 (a LUT of 2^nbits entries).", choices=N_BITS
+    )
+    lut_dtype: DType | None = option(
+        None, "--lut-dtype", "Quantize LUT entries (one scale per LUT).", choices=LUT_DTYPES
+    )
+    granularity: CompressionGranularity = option(
+        G.PER_TENSOR, "--granularity", "One LUT per tensor, per channel or per group of channels.",
+        choices=PALETTIZE_GRANULARITIES,
+    )  # fmt: skip
+    group_size: int = option(32, "--group-size", "Channels per LUT with --granularity grouped.")
+    cluster_dim: int = option(1, "--cluster-dim", "Vector length along the output channels (>1: vectors).")
+    enable_per_channel_scale: bool = option(
+        False, "--per-channel-scale", "Normalize each channel by its max |w| before clustering."
+    )
+    num_kmeans_workers: int = option(1, "--workers", "k-means threads (0: one per CPU).", cli_default=0)
+    enable_fast_kmeans_mode: bool = option(
+        False, "--fast", "Round values to --rounding-precision decimals first."
+    )
+    rounding_precision: int = option(4, "--rounding-precision", "Decimals kept by --fast.")
+    weight_num_threshold: int = option(1024, "--threshold", _THRESHOLD_HELP)
+    overrides: tuple[Override, ...] = option((), "--override", _OVERRIDE_HELP)
+    method: str = option("kmeans", "--method", _METHOD_HELP.format(default="kmeans"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lut_dtype", _enum(DType, self.lut_dtype, "lut_dtype"))
@@ -298,8 +437,8 @@ class PalettizeConfig(_Config):
             and self.group_size % self.cluster_dim
         ):
             raise ConfigError("group_size must be a multiple of cluster_dim", "group_size", "cluster_dim")
-        if self.num_kmeans_workers < 1:
-            raise ConfigError("num_kmeans_workers must be 1 or more", "num_kmeans_workers")
+        if not isinstance(self.num_kmeans_workers, int) or self.num_kmeans_workers < 0:
+            raise ConfigError("num_kmeans_workers must be 0 (one per CPU) or more", "num_kmeans_workers")
         if self.rounding_precision < 0:
             raise ConfigError("rounding_precision must be 0 or more", "rounding_precision")
 
@@ -308,20 +447,32 @@ class PalettizeConfig(_Config):
         return f"lut{self.n_bits}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SparsifyConfig(_Config):
     """`sparsify_weights`: magnitude (`target_sparsity`, by default 0.5), block (`block_size` output
     channels at a time) or n:m (`n_m_ratio=(n, m)`: n of every m kept) pruning, the kept values
     optionally quantized (`quantize_dtype`) or palettized (`palettize_nbits`)."""
 
-    target_sparsity: float | None = None
-    block_size: int | None = None
-    n_m_ratio: tuple[int, int] | None = None
-    quantize_dtype: DType | None = None
-    palettize_nbits: int | None = None
-    weight_num_threshold: int = 1024
-    overrides: tuple[Override, ...] = field(default=())
-    method: str = "magnitude"  # the algorithm (`_algorithms`): magnitude unless data-driven
+    KIND: ClassVar[str] = "sparsify"
+
+    target_sparsity: float | None = option(
+        None, "--sparsity", "Fraction of weights zeroed, smallest |w| first (default 0.5)."
+    )
+    block_size: int | None = option(
+        None, "--block-size", "Prune blocks of this many output channels, ranked by L2 norm."
+    )
+    n_m_ratio: tuple[int, int] | None = option(
+        None, "--nm", "N:M structured sparsity: keep the N largest of every M along the input axis."
+    )
+    quantize_dtype: DType | None = option(
+        None, "--quantize", "Quantize the kept values too.", choices=JOINT_DTYPES
+    )
+    palettize_nbits: int | None = option(
+        None, "--palettize", "Palettize the kept values with a 2^N-entry k-means LUT.", choices=N_BITS
+    )
+    weight_num_threshold: int = option(1024, "--threshold", _THRESHOLD_HELP)
+    overrides: tuple[Override, ...] = option((), "--override", _OVERRIDE_HELP)
+    method: str = option("magnitude", "--method", _METHOD_HELP.format(default="magnitude"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "quantize_dtype", _enum(DType, self.quantize_dtype, "quantize_dtype"))
@@ -392,3 +543,13 @@ class SparsifyConfig(_Config):
 
 
 Config = QuantizeConfig | PalettizeConfig | SparsifyConfig
+
+CONFIG_TYPES: dict[str, type] = {c.KIND: c for c in (QuantizeConfig, PalettizeConfig, SparsifyConfig)}
+
+
+def config_from_dict(data: Any) -> Config:
+    """A pass's config from its plain data (`to_dict`), by its `kind`."""
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if kind not in CONFIG_TYPES:
+        raise ConfigError(f"a config's kind is one of {', '.join(CONFIG_TYPES)}, not {kind!r}", "kind")
+    return CONFIG_TYPES[kind].from_dict(data)  # type: ignore[no-any-return]

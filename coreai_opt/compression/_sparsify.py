@@ -102,14 +102,21 @@ def _quantized(
             return f"{kept} kept values do not split into blocks of 8 or more for uint8 scales"
         line = dataclasses.replace(site, shape=(kept,), output_axis=0, input_axis=0)
         inner = QuantizeConfig(
-            dtype, QScheme.ASYMMETRIC, CompressionGranularity.PER_BLOCK, block, weight_num_threshold=0
+            dtype=dtype,
+            qscheme=QScheme.ASYMMETRIC,
+            granularity=CompressionGranularity.PER_BLOCK,
+            block_size=block,
+            weight_num_threshold=0,
         )
         encoded = quantize(_kept(w, mask), line, inner)
         assert isinstance(encoded, Encoding) and isinstance(encoded.form, Quantized)
         return encoded.form, None
     pruned = torch.where(mask, w, torch.zeros((), dtype=w.dtype))
     inner = QuantizeConfig(
-        dtype, QScheme.SYMMETRIC, CompressionGranularity.PER_CHANNEL, weight_num_threshold=0
+        dtype=dtype,
+        qscheme=QScheme.SYMMETRIC,
+        granularity=CompressionGranularity.PER_CHANNEL,
+        weight_num_threshold=0,
     )
     encoded = quantize(pruned, site, inner)
     assert isinstance(encoded, Encoding) and isinstance(encoded.form, Quantized)
@@ -123,7 +130,9 @@ def _palettized(w: torch.Tensor, mask: torch.Tensor, site: WeightSite, config: S
     values = _kept(w, mask)
     exact = site.element.bits == 16
     rows = values.float()[None, :]
-    centroids, index = _scalar_clusters(rows, values[None, :] if exact else None, PalettizeConfig(n_bits))
+    centroids, index = _scalar_clusters(
+        rows, values[None, :] if exact else None, PalettizeConfig(n_bits=n_bits)
+    )
     lut = stored_float(tcast.cast(torch.from_numpy(centroids[0]), site.element.tcast), site.element)
     rank = len(site.shape)
     lut = Stored(lut.values.reshape((*(1,) * rank, 2**n_bits, 1)), site.element)

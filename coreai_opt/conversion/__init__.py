@@ -1,5 +1,5 @@
 """Conversion of `torch.export` programs to Core AI through coreai-torch."""
 
-from ._convert import ConversionResult, convert_exported_program, convert_file
+from ._convert import ConverterFailure, convert_exported_program, convert_with_log
 
-__all__ = ["ConversionResult", "convert_exported_program", "convert_file"]
+__all__ = ["ConverterFailure", "convert_exported_program", "convert_with_log"]

@@ -1,4 +1,4 @@
-"""Run coreai-torch's converter and save its program atomically."""
+"""Run coreai-torch's converter on a program in memory (files: `coreai_opt.recipes`)."""
 
 from __future__ import annotations
 
@@ -6,36 +6,23 @@ import contextlib
 import hashlib
 import io
 import logging
-import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from coreai_opt._elements import of_torch
-from coreai_opt._memory import trim_heap
-from coreai_opt.io import ConversionError, ModelFormat, check_output, load_pt2, model_format, save_aimodel
 
 if TYPE_CHECKING:
     from coreai.authoring import AIProgram
     from torch.export import ExportedProgram
 
 
-@dataclass(frozen=True)
-class ConversionResult:
-    source: Path
-    output: Path
-    seconds: float
-    converter_log: str
-
-
 def convert_exported_program(program: ExportedProgram) -> AIProgram:
     """Convert with coreai-torch; its console chatter is kept out of our output. Every weight
     constant of the result carries its source's qualified name (`layers.0.fc2.weight`)."""
-    converted, _ = _convert(program)
+    converted, _ = convert_with_log(program)
     return converted
 
 
@@ -86,11 +73,12 @@ def _source_names(program: ExportedProgram) -> Callable[[np.ndarray], str | None
     return name_of
 
 
-class _ConverterFailure(RuntimeError):
+class ConverterFailure(RuntimeError):
     """coreai-torch raised; the message adds the MLIR diagnostic it printed, if any."""
 
 
-def _convert(program: ExportedProgram) -> tuple[AIProgram, str]:
+def convert_with_log(program: ExportedProgram) -> tuple[AIProgram, str]:
+    """The converted program and what the converter printed (its log and MLIR diagnostics)."""
     from coreai_opt._coreai._native import first_error, native_stderr
 
     with warnings.catch_warnings():
@@ -119,30 +107,9 @@ def _convert(program: ExportedProgram) -> tuple[AIProgram, str]:
     if failure is not None:
         message = " ".join(str(failure).split()) or type(failure).__name__
         detail = first_error(diagnostics)
-        raise _ConverterFailure(f"{message} ({detail})" if detail else message) from failure
-    from coreai_opt._coreai._rewrite import name_constants
+        raise ConverterFailure(f"{message} ({detail})" if detail else message) from failure
+    from coreai_opt._coreai._rewrite import canonical_symbol_names, name_constants
 
     name_constants(result, _source_names(program))
+    canonical_symbol_names(result)  # coreai names composites at random: the same bytes every time
     return result, "\n".join([log.getvalue().strip(), *diagnostics]).strip()
-
-
-def convert_file(
-    source: Path | str, output: Path | str | None = None, *, force: bool = False, trust_pickle: bool = False
-) -> ConversionResult:
-    """Convert a `.pt2` file to an `.aimodel` asset beside it (or at `output`)."""
-    source = Path(source)
-    output = Path(output) if output is not None else source.with_suffix(ModelFormat.AIMODEL.value)
-    model_format(output, (ModelFormat.AIMODEL,))
-    check_output(output, force=force, inputs=(source,))
-    exported = load_pt2(source, trust_pickle=trust_pickle)
-    start = time.perf_counter()
-    try:
-        program, log = _convert(exported)
-    except _ConverterFailure as exc:
-        raise ConversionError(source, f"coreai-torch could not convert the program: {exc}") from None
-    # the Core AI program holds its own copy of every weight: the source's mapped pages and the
-    # converter's freed temporaries go back before the save serializes it
-    del exported
-    trim_heap()
-    save_aimodel(program, output, force=force, inputs=(source,))
-    return ConversionResult(source, output, time.perf_counter() - start, log)

@@ -36,7 +36,14 @@ def quantize_weights(
     in_place: bool = False,
 ) -> Any:
     """Quantize the weights of an AIProgram; returns the (copied unless in_place) program."""
-    config = QuantizeConfig(dtype, qscheme, granularity, block_size, scale_dtype, weight_num_threshold)
+    config = QuantizeConfig(
+        dtype=dtype,
+        qscheme=qscheme,
+        granularity=granularity,
+        block_size=block_size,
+        scale_dtype=scale_dtype,
+        weight_num_threshold=weight_num_threshold,
+    )
     return _run(coreai_program, config, in_place)
 
 
@@ -59,9 +66,17 @@ def palettize_weights(
     `num_kmeans_workers` threads share the k-means groups (no processes); results do not depend on it.
     """
     config = PalettizeConfig(
-        n_bits, lut_dtype, granularity, group_size, cluster_dim, enable_per_channel_scale,
-        num_kmeans_workers, enable_fast_kmeans_mode, rounding_precision, weight_num_threshold,
-    )  # fmt: skip
+        n_bits=n_bits,
+        lut_dtype=lut_dtype,
+        granularity=granularity,
+        group_size=group_size,
+        cluster_dim=cluster_dim,
+        enable_per_channel_scale=enable_per_channel_scale,
+        num_kmeans_workers=num_kmeans_workers,
+        enable_fast_kmeans_mode=enable_fast_kmeans_mode,
+        rounding_precision=rounding_precision,
+        weight_num_threshold=weight_num_threshold,
+    )
     return _run(coreai_program, config, in_place)
 
 
@@ -79,6 +94,11 @@ def sparsify_weights(
     (copied unless in_place) program. `target_sparsity` is 0.5 unless `n_m_ratio=(n, m)` (n of
     every m weights kept) is given instead."""
     config = SparsifyConfig(
-        target_sparsity, block_size, n_m_ratio, quantize_dtype, palettize_nbits, weight_num_threshold
+        target_sparsity=target_sparsity,
+        block_size=block_size,
+        n_m_ratio=n_m_ratio,
+        quantize_dtype=quantize_dtype,
+        palettize_nbits=palettize_nbits,
+        weight_num_threshold=weight_num_threshold,
     )
     return _run(coreai_program, config, in_place)

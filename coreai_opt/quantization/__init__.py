@@ -4,7 +4,7 @@
 `calibration_mode()` (and training, if wished) -> `finalize(backend=ExportBackend.CoreAI)`: a
 module carrying coreai-torch's `quantize`/`dequantize` around the inputs of linear, convolution
 and matrix-product ops and their weights encoded as `quantize_weights` encodes them.
-`quantize_activations_file` does the same to a `.pt2` file on calibration samples.
+`coreai_opt.recipes.quantize_activations_file` does the same to a `.pt2` file on calibration samples.
 """
 
 from ._config import (
@@ -24,15 +24,12 @@ _LAZY = {
     "NothingToQuantize": "_quantizer",
     "QuantizationReport": "_quantizer",
     "Quantizer": "_quantizer",
-    "quantize_activations_file": "_file",
-    "ActivationsFileResult": "_file",
 }
 
 __all__ = [
     "ACTIVATION_DTYPES",
     "ActivationConfig",
     "ActivationResult",
-    "ActivationsFileResult",
     "ExportBackend",
     "NotCalibrated",
     "NothingToQuantize",
@@ -42,7 +39,6 @@ __all__ = [
     "QuantizationReport",
     "Quantizer",
     "QuantizerConfig",
-    "quantize_activations_file",
 ]
 
 

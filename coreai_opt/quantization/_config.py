@@ -14,6 +14,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
+from coreai_opt._errors import ConfigError
 from coreai_opt.compression import DType, QScheme, QuantizeConfig
 
 
@@ -43,14 +44,14 @@ class OpType(enum.Enum):
 ACTIVATION_DTYPES = (DType.INT8, DType.UINT8)
 
 
-def _enum(kind: type[enum.Enum], value: Any) -> Any:
+def _enum(kind: type[enum.Enum], value: Any, field_name: str) -> Any:
     if isinstance(value, kind):
         return value
     try:
         return kind(value)
     except ValueError:
         choices = ", ".join(str(m.value) for m in kind)
-        raise ValueError(f"unknown {kind.__name__} {value!r}; choose one of {choices}") from None
+        raise ConfigError(f"unknown {kind.__name__} {value!r}; choose one of {choices}", field_name) from None
 
 
 @dataclass(frozen=True)
@@ -68,20 +69,22 @@ class ActivationConfig:
     averaging_constant: float = 0.01
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", _enum(DType, self.dtype))
-        object.__setattr__(self, "qscheme", _enum(QScheme, self.qscheme))
-        object.__setattr__(self, "observer", _enum(Observer, self.observer))
+        object.__setattr__(self, "dtype", _enum(DType, self.dtype, "dtype"))
+        object.__setattr__(self, "qscheme", _enum(QScheme, self.qscheme, "qscheme"))
+        object.__setattr__(self, "observer", _enum(Observer, self.observer, "observer"))
         if self.dtype not in ACTIVATION_DTYPES:
-            raise ValueError(f"activations are quantized to int8 or uint8, not {self.dtype.value}")
+            raise ConfigError(f"activations are quantized to int8 or uint8, not {self.dtype.value}", "dtype")
         if not 50.0 < float(self.percentile) <= 100.0:
-            raise ValueError(f"percentile must lie in (50, 100], not {self.percentile}")
+            raise ConfigError(f"percentile must lie in (50, 100], not {self.percentile}", "percentile")
         if not 0.0 < float(self.averaging_constant) <= 1.0:
-            raise ValueError(f"averaging_constant must lie in (0, 1], not {self.averaging_constant}")
+            raise ConfigError(
+                f"averaging_constant must lie in (0, 1], not {self.averaging_constant}", "averaging_constant"
+            )
 
 
 def _default_weights() -> QuantizeConfig:
     # every weight of a quantized op, however small: its activations are quantized too
-    return QuantizeConfig(DType.INT8, weight_num_threshold=0)
+    return QuantizeConfig(dtype=DType.INT8, weight_num_threshold=0)
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,15 @@ class OpConfig:
 
     def __post_init__(self) -> None:
         if self.weights is not None and not isinstance(self.weights, QuantizeConfig):
-            raise TypeError(f"weights takes a QuantizeConfig or None, not {self.weights!r}")
+            raise ConfigError(f"weights takes a QuantizeConfig or None, not {self.weights!r}", "weights")
         if self.weights is not None and self.weights.overrides:
-            raise ValueError("per-weight choices go in module_name_configs, not in weight overrides")
+            raise ConfigError(
+                "per-weight choices go in module_name_configs, not in weight overrides", "weights"
+            )
         if self.activations is not None and not isinstance(self.activations, ActivationConfig):
-            raise TypeError(f"activations takes an ActivationConfig or None, not {self.activations!r}")
+            raise ConfigError(
+                f"activations takes an ActivationConfig or None, not {self.activations!r}", "activations"
+            )
 
 
 Entries = tuple[tuple[str, OpConfig | None], ...]
@@ -108,9 +115,11 @@ def _entries(value: Any, what: str) -> Entries:
     entries = tuple((key, config) for key, config in items)
     for key, config in entries:
         if not isinstance(key, str) or not key:
-            raise ValueError(f"{what} keys are non-empty strings, not {key!r}")
+            raise ConfigError(f"{what} keys are non-empty strings, not {key!r}", what)
         if config is not None and not isinstance(config, OpConfig):
-            raise TypeError(f"{what}[{key!r}] takes an OpConfig or None (leave in float), not {config!r}")
+            raise ConfigError(
+                f"{what}[{key!r}] takes an OpConfig or None (leave in float), not {config!r}", what
+            )
     return entries
 
 
@@ -129,13 +138,13 @@ class QuantizerConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.global_config, OpConfig):
-            raise TypeError(f"global_config takes an OpConfig, not {self.global_config!r}")
+            raise ConfigError(f"global_config takes an OpConfig, not {self.global_config!r}", "global_config")
         object.__setattr__(
             self, "module_name_configs", _entries(self.module_name_configs, "module_name_configs")
         )
         types = _entries(self.op_type_configs, "op_type_configs")
         for key, _ in types:
-            _enum(OpType, key)
+            _enum(OpType, key, "op_type_configs")
         object.__setattr__(self, "op_type_configs", types)
 
     def for_op(self, module: str, op_type: OpType) -> OpConfig | None:
@@ -150,4 +159,4 @@ class QuantizerConfig:
 
     @classmethod
     def w8a8(cls, observer: Observer | str = Observer.MINMAX) -> QuantizerConfig:
-        return cls(OpConfig(activations=ActivationConfig(observer=_enum(Observer, observer))))
+        return cls(OpConfig(activations=ActivationConfig(observer=_enum(Observer, observer, "observer"))))

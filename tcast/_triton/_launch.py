@@ -461,26 +461,13 @@ def _float_cast(
 ) -> torch.Tensor | Tensor:
     """A cast under float scales: per tile (1-D, 2-D or a channel row) computed in the kernel,
     or one per tensor (and two-level's tensor scale): `given`, else from an amax pass first."""
-    sspec = dtype.sspec
-    assert sspec is not None
+    assert dtype.sspec is not None
     nspec = dtype.nspec
     x = x.contiguous()
     shape = tuple(x.shape)
     geo = _geometry(shape, dtype)
-    two_level = sspec.tensor_scale is not None
-    # one scale per tensor in float32 or 8 bits, or a float32 tensor scale over tile scales: the
-    # kernel derives it from the amax pass's bits, where the host's rule would launch a dozen
-    # tiny kernels between the two passes
-    if two_level:
-        in_kernel = sspec.tensor_scale.torch_dtype is torch.float32
-    else:
-        in_kernel = geo.flat and (sspec.scale.torch_dtype is torch.float32 or sspec.scale.bits == 8)
-    given = None if given_value is None else given_tensor_scale(given_value, x.device)
-    tensor_amax = given is None and in_kernel and x.numel() > 0
-    if tensor_amax:
-        given = _amax_stats(x)
-    elif given is None and (geo.flat or two_level):
-        given = _given_scale(x, dtype, scalemode)
+    two_level = dtype.sspec.tensor_scale is not None
+    given, tensor_amax = _float_scalar(x, dtype, geo, scalemode, given_value)
     out = out_dtype or x.dtype
     divisors = _divisors(geo, dtype, given_value)
     if not virtual and config == LaunchConfig():
@@ -505,6 +492,40 @@ def _float_cast(
                 NATIVE=not interpreting(), **common,
             )  # fmt: skip
         return result
+    return _float_actual(x, dtype, geo, given, tensor_amax, grid, common, words, source, placeholder)
+
+
+def _float_scalar(
+    x: torch.Tensor, dtype: DataType, geo: _Geometry, scalemode: ScaleMode, given_value: float | None
+) -> tuple[torch.Tensor | None, bool]:
+    """(the one scale per tensor or two-level tensor scale the kernel reads, or None; whether
+    the kernel derives it from an amax pass's bits)."""
+    sspec = dtype.sspec
+    assert sspec is not None
+    two_level = sspec.tensor_scale is not None
+    # one scale per tensor in float32 or 8 bits, or a float32 tensor scale over tile scales: the
+    # kernel derives it from the amax pass's bits, where the host's rule would launch a dozen
+    # tiny kernels between the two passes
+    if two_level:
+        in_kernel = sspec.tensor_scale.torch_dtype is torch.float32
+    else:
+        in_kernel = geo.flat and (sspec.scale.torch_dtype is torch.float32 or sspec.scale.bits == 8)
+    given = None if given_value is None else given_tensor_scale(given_value, x.device)
+    tensor_amax = given is None and in_kernel and x.numel() > 0
+    if tensor_amax:
+        given = _amax_stats(x)
+    elif given is None and (geo.flat or two_level):
+        given = _given_scale(x, dtype, scalemode)
+    return given, tensor_amax
+
+
+def _float_actual(
+    x: torch.Tensor, dtype: DataType, geo: _Geometry, given: torch.Tensor | None, tensor_amax: bool,
+    grid: tuple[int], common: dict[str, object], words: bool, source: torch.Tensor, placeholder: torch.Tensor,
+) -> Tensor:  # fmt: skip
+    """The actual cast's launch: codes packed, scales stored by the kernel or given."""
+    sspec, nspec = dtype.sspec, dtype.nspec
+    assert sspec is not None
     numel_padded = geo.stored
     code_bytes = packed_nbytes(numel_padded, nspec.bits)
     codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
@@ -518,32 +539,17 @@ def _float_cast(
         scales = given.to(scale_dtype)
     if geo.blocks:
         float_actual_kernel[grid](
-            source,
-            codes,
-            scales,
-            placeholder,
-            *geo.args(),
-            code_bytes,
-            geo.stride,
-            WORDS=not geo.flat,
-            RUNS16=_runs16(nspec, x, geo),
-            PAIRS=_pairs(nspec, x, geo),
-            BYTE_WORDS=words,
-            NATIVE=not interpreting(),
-            **common,
-        )
+            source, codes, scales, placeholder, *geo.args(), code_bytes, geo.stride, WORDS=not geo.flat,
+            RUNS16=_runs16(nspec, x, geo), PAIRS=_pairs(nspec, x, geo), BYTE_WORDS=words,
+            NATIVE=not interpreting(), **common,
+        )  # fmt: skip
     if stored_by_kernel and not common["S_FP32"]:
         scales = scales.view(scale_dtype)
+    two_level = sspec.tensor_scale is not None
     return Tensor(
-        dtype=dtype,
-        shape=shape,
-        source_dtype=x.dtype,
-        codes=codes,
-        scales=scales,
-        zeros=None,
-        tensor_scale=_tensor_scale(given, tensor_amax) if two_level else None,
-        numel_padded=numel_padded,
-    )
+        dtype=dtype, shape=tuple(x.shape), source_dtype=x.dtype, codes=codes, scales=scales, zeros=None,
+        tensor_scale=_tensor_scale(given, tensor_amax) if two_level else None, numel_padded=numel_padded,
+    )  # fmt: skip
 
 
 def upcast(

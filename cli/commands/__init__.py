@@ -1,0 +1,1 @@
+"""One module per `coreopt` command, each with `register(app)`."""

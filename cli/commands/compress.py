@@ -1,0 +1,201 @@
+"""`coreopt quantize|palettize|sparsify`: a one-step recipe of a weight pass (W8A8 for `quantize
+--activations`). Each pass's options are its config's fields (`cli._config_options`)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .._common import (
+    allow_empty_option,
+    choices,
+    force_option,
+    json_option,
+    print_json,
+    quiet_option,
+    trust_pickle_option,
+    user_errors,
+)
+from .._config_options import config_from_options, config_parameters
+from .._progress import weight_progress
+
+_MODEL_HELP = "The .aimodel or .pt2 to compress (never modified); the output has its format."
+
+
+def _executor_option() -> Any:
+    from coreai_opt.compression import ExecutorKind
+
+    return typer.Option(
+        ExecutorKind.LOCAL.value,
+        "--executor",
+        help="Where the per-weight encoding runs: local (this process), or ray (Ray tasks on the cluster "
+        "ray.init() finds: RAY_ADDRESS, else a new local one; pip install 'coreopt[ray]'). The output file "
+        "is the same either way.",
+    )
+
+
+def common_parameters(output_help: str) -> list[inspect.Parameter]:
+    """The options every compression command takes besides its config's."""
+    from coreai_opt.compression import ExecutorKind
+
+    def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+    return [
+        keyword(
+            "calibration",
+            typer.Option(
+                None,
+                "--calibration",
+                help=(
+                    "Calibration samples for methods that learn from data: a safetensors file (one tensor per "
+                    "input, optionally [N, *shape]) or a directory of them, a text file (token windows), or "
+                    "'random' (seeded draws)."
+                ),
+            ),
+            str | None,
+        ),
+        keyword(
+            "calibration_samples",
+            typer.Option(
+                None,
+                "--calibration-samples",
+                min=1,
+                help=(
+                    "At most this many calibration samples (--calibration random draws this many; default 32)."
+                ),
+            ),
+            int | None,
+        ),
+        keyword(
+            "calibration_tokens",
+            typer.Option(
+                None,
+                "--calibration-tokens",
+                min=1,
+                help=("At most this many tokens of a text --calibration."),
+            ),
+            int | None,
+        ),
+        keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
+        keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
+        keyword("allow_empty", allow_empty_option(), bool),
+        keyword("force", force_option(), bool),
+        keyword("trust_pickle", trust_pickle_option(), bool),
+        keyword("quiet", quiet_option(), bool),
+        keyword("as_json", json_option(), bool),
+    ]
+
+
+def show(result: Any, as_json: bool, quiet: bool) -> None:
+    from .._render import compression_line, print_line, render_compression
+
+    if as_json:
+        print_json(result.to_dict())
+    elif quiet:
+        print_line(compression_line(result))
+    else:
+        render_compression(result)
+
+
+def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
+    """Run one compression command: its config from the options, then the one-step recipe."""
+    from coreai_opt.recipes import compress_file
+
+    if config_type.__name__ == "SparsifyConfig":
+        _sparsify_checks(values)
+    fields = {p.name for p in config_parameters(config_type)}
+    config = config_from_options(config_type, {k: v for k, v in values.items() if k in fields})
+    as_json, quiet = values["as_json"], values["quiet"]
+    with (
+        user_errors(as_json, {"calibration": "--calibration"}),
+        weight_progress(not (as_json or quiet), what) as progress,
+    ):
+        result = compress_file(
+            values["model"], values["output"], config, force=values["force"], progress=progress,
+            trust_pickle=values["trust_pickle"], executor=values["executor"].value,
+            allow_empty=values["allow_empty"], calibration=values["calibration"],
+            calibration_samples=values["calibration_samples"], calibration_tokens=values["calibration_tokens"],
+        )  # fmt: skip
+    show(result, as_json, quiet)
+
+
+def command_of(config_type: type, what: str, doc: str, output_help: str, extra: tuple[inspect.Parameter, ...] = (),
+               body: Any = None) -> Any:  # fmt: skip
+    """A Typer command whose options are the config's fields plus the common ones (and `extra`)."""
+
+    def command(**values: Any) -> None:
+        (body or compress)(config_type, what, values)
+
+    model = inspect.Parameter(
+        "model",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=typer.Argument(..., help=_MODEL_HELP),
+        annotation=Path,
+    )
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [model, *config_parameters(config_type), *extra, *common_parameters(output_help)]
+    )
+    command.__doc__ = doc
+    return command
+
+
+QUANTIZE_DOC = """Quantize the weights of a Core AI asset or a torch.export program and report every weight;
+with --activations also the activations (calibrated on real samples) of a .pt2.
+
+Example: coreopt quantize sample_models/transformer.aimodel --dtype int8 -o build/t.int8.aimodel
+
+Example: coreopt quantize sample_models/transformer.pt2 --dtype int8 -o build/t.int8.pt2
+
+Example: coreopt quantize model.aimodel --dtype int4 --granularity block --block-size 32 --json
+
+Example: coreopt quantize model.aimodel --dtype fp8e4m3 --scale-dtype e8m0 --override 'embed*:skip'
+
+Example: coreopt quantize model.pt2 --activations int8 --calibration samples.safetensors --observer mse
+
+Example: coreopt quantize sample_models/cnn.pt2 --activations int8 --calibration random -o build/cnn.w8a8.pt2
+"""
+_PALETTIZE_DOC = """Palettize weights with exact optimal k-means look-up tables and report every weight.
+
+Example: coreopt palettize sample_models/transformer.aimodel --nbits 4 -o build/t.lut4.aimodel
+
+Example: coreopt palettize model.pt2 --nbits 4 -o model.lut4.pt2   (coreai-torch ops; convert later)
+
+Example: coreopt palettize model.aimodel --nbits 4 --granularity grouped --group-size 16 --lut-dtype int8
+
+Example: coreopt palettize model.aimodel --nbits 2 --cluster-dim 2 --override 'head*:n_bits=8' --json
+
+Example: RAY_ADDRESS=auto coreopt palettize big.aimodel --nbits 4 --executor ray   (on a Ray cluster)
+"""
+_SPARSIFY_DOC = """Prune weights to a bitmask-sparse form (optionally quantized or palettized) and report every weight.
+
+Example: coreopt sparsify sample_models/transformer.aimodel --sparsity 0.5 -o build/t.sparse.aimodel
+
+Example: coreopt sparsify model.pt2 --nm 2:4 --quantize int8 -o model.2of4.pt2
+
+Example: coreopt sparsify model.aimodel --nm 2:4 --quantize int8
+
+Example: coreopt sparsify model.aimodel --sparsity 0.75 --block-size 4 --palettize 4 --json
+"""
+
+
+def register(app: typer.Typer) -> None:
+    from coreai_opt.compression import PalettizeConfig, SparsifyConfig
+
+    from .quantize import quantize_command
+
+    app.command("quantize")(quantize_command())
+    app.command("palettize")(command_of(PalettizeConfig, "palettizing", _PALETTIZE_DOC,
+                                      "Output file (default: model.lut<nbits>.<suffix> beside the input)."))  # fmt: skip
+    app.command("sparsify")(command_of(SparsifyConfig, "sparsifying", _SPARSIFY_DOC,
+                                     "Output file (default: model.sparse<..>.<suffix> beside the input)."))  # fmt: skip
+
+
+def _sparsify_checks(values: dict[str, Any]) -> None:
+    if values.get("n_m_ratio") is not None and values.get("target_sparsity") is not None:
+        raise typer.BadParameter("give --sparsity or --nm, not both", param_hint="--nm")
+    if values.get("quantize_dtype") is not None and values.get("palettize_nbits") is not None:
+        raise typer.BadParameter("give --quantize or --palettize, not both", param_hint="--palettize")

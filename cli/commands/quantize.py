@@ -1,0 +1,139 @@
+"""`coreopt quantize`: weight quantization (a one-step recipe), or with `--activations` W8A8 of a
+`.pt2` calibrated on samples."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import typer
+
+from .._common import choices, option_errors, print_json, user_errors
+from .._progress import weight_progress
+from .compress import QUANTIZE_DOC, command_of, compress
+
+
+def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _activation_parameters() -> tuple[inspect.Parameter, ...]:
+    from coreai_opt.compression import QScheme
+    from coreai_opt.quantization import ACTIVATION_DTYPES, ActivationConfig, Observer
+
+    defaults = ActivationConfig()
+    return (
+        _keyword(
+            "activations",
+            typer.Option(
+                None,
+                "--activations",
+                help=(
+                    "Also quantize the activations feeding linear/conv/matmul ops (W8A8; .pt2 only; needs "
+                    "--calibration)."
+                ),
+            ),
+            choices("ActivationDType", ACTIVATION_DTYPES) | None,
+        ),
+        _keyword(
+            "activation_scheme",
+            typer.Option(defaults.qscheme.value, "--activation-scheme", help="Activations: sym or asym."),
+            choices("ActivationScheme", tuple(QScheme)),
+        ),
+        _keyword(
+            "observer",
+            typer.Option(
+                defaults.observer.value,
+                "--observer",
+                help=("How activation ranges are found: min-max, moving average, percentile, or least MSE."),
+            ),
+            choices("ObserverChoice", tuple(Observer)),
+        ),
+    )
+
+
+def _quantize(config_type: type, what: str, values: dict[str, Any]) -> None:
+    from coreai_opt.compression import ExecutorKind, QuantizeConfig
+    from coreai_opt.quantization import OpConfig
+
+    activations = values["activations"]
+    if values["weight_num_threshold"] is None:  # every weight of a quantized op, with --activations
+        defaults = OpConfig().weights if activations is not None else QuantizeConfig()
+        values["weight_num_threshold"] = defaults.weight_num_threshold  # type: ignore[union-attr]
+    if activations is None:
+        from coreai_opt.compression import algorithm_named
+
+        if (
+            values["calibration"] is not None
+            and algorithm_named(config_type, values["method"].value).data_free
+        ):
+            raise typer.BadParameter(
+                "--calibration calibrates --activations (or a --method that learns from data)",
+                param_hint="--calibration",
+            )
+        compress(config_type, what, values)
+        return
+    if values["calibration"] is None:
+        raise typer.BadParameter(
+            "activation ranges need real data: give samples (a safetensors file or directory), or say "
+            "'--calibration random' to calibrate on seeded random inputs",
+            param_hint="--calibration",
+        )
+    if values["overrides"]:
+        raise typer.BadParameter("--override applies to weight-only quantization", param_hint="--override")
+    if values["executor"].value != ExecutorKind.LOCAL.value:
+        raise typer.BadParameter("--executor applies to weight-only quantization", param_hint="--executor")
+    _w8a8(values)
+
+
+def _w8a8(values: dict[str, Any]) -> None:
+    from coreai_opt.compression import QuantizeConfig, flag_names
+    from coreai_opt.quantization import ActivationConfig, OpConfig, QuantizerConfig
+    from coreai_opt.recipes import quantize_activations_file
+
+    from .._config_options import config_from_options, config_parameters
+    from .._render import activations_line, print_line, render_activation_quantization
+
+    fields = {p.name for p in config_parameters(QuantizeConfig)}
+    weights = config_from_options(QuantizeConfig, {k: v for k, v in values.items() if k in fields})
+    with option_errors(
+        flag_names(QuantizeConfig) | {"observer": "--observer", "qscheme": "--activation-scheme"}
+    ):
+        acts = ActivationConfig(
+            values["activations"].value, values["activation_scheme"].value, values["observer"].value
+        )
+        config = QuantizerConfig(OpConfig(weights, acts))
+    as_json, quiet = values["as_json"], values["quiet"]
+    with user_errors(as_json), weight_progress(not (as_json or quiet), "calibrating") as progress:
+        result = quantize_activations_file(
+            values["model"], values["output"], config, calibration=values["calibration"],
+            random_samples=values["calibration_samples"] or 32, force=values["force"], progress=progress,
+            trust_pickle=values["trust_pickle"],
+        )  # fmt: skip
+    if as_json:
+        print_json(result.to_dict())
+    elif quiet:
+        print_line(activations_line(result))
+    else:
+        render_activation_quantization(result)
+
+
+def quantize_command() -> Any:
+    from coreai_opt.compression import QuantizeConfig
+    from coreai_opt.quantization import OpConfig
+
+    command = command_of(
+        QuantizeConfig, "quantizing", QUANTIZE_DOC,
+        "Output file (default: model.<dtype>.<suffix>, or model.w8a8.pt2 with --activations, beside the input).",
+        _activation_parameters(), body=_quantize,
+    )  # fmt: skip
+    signature = command.__signature__
+    threshold = typer.Option(None, "--threshold", help=(
+        f"Skip weights with this many elements or fewer (default: {QuantizeConfig().weight_num_threshold}; "
+        f"with --activations {OpConfig().weights.weight_num_threshold}: every weight of a quantized op)."))  # type: ignore[union-attr]  # fmt: skip
+    parameters = [
+        p.replace(default=threshold, annotation=int | None) if p.name == "weight_num_threshold" else p
+        for p in signature.parameters.values()
+    ]
+    command.__signature__ = signature.replace(parameters=parameters)
+    return command

@@ -1,0 +1,318 @@
+"""The one file harness: check the paths, load the model once, run a recipe's steps on it in
+memory, save the result atomically (or nothing, when a step's check fails).
+
+Every command that writes a model is a recipe: `coreopt quantize|palettize|sparsify` one
+`Compress` step, `coreopt cast` one `Cast`, `coreopt convert` one `Convert`, `coreopt quantize
+--activations` one `QuantizeActivations`; `coreopt apply` runs a recipe file. Bad input fails
+before any work (formats, output, overwrite, options); the input is never modified.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coreai_opt._errors import NothingDoneError
+from coreai_opt.io import (
+    ConversionError,
+    ModelFileError,
+    ModelFormat,
+    asset_bytes,
+    check_output,
+    load_aimodel,
+    load_pt2,
+    model_format,
+    require_existing,
+    save_aimodel,
+    save_pt2,
+)
+
+from ._recipe import Recipe
+from ._results import (
+    ActivationsFileResult,
+    BudgetResult,
+    CastFileResult,
+    CompressionFileResult,
+    ConversionResult,
+    RecipeResult,
+    StepResult,
+)
+from ._steps import Budget, Cast, Compress, Convert, QuantizeActivations, Step
+
+Progress = Callable[[int, int, str], None]
+_PT2_ONLY = (QuantizeActivations, Cast, Convert)
+
+
+def default_output(source: Path, recipe: Recipe) -> Path:
+    """`model.pt2` -> `model.<tags>.<suffix>` beside the input: each step's tag (`int8`, `lut4`,
+    `fp16`, `w8a8`, ...) in order, and `.aimodel` once a step converts."""
+    tags = [tag for tag in (step.tag() for step in recipe.steps) if tag]
+    suffix = ModelFormat.AIMODEL.value if any(isinstance(s, Convert) for s in recipe.steps) else source.suffix
+    return source.with_name(".".join([source.stem, *tags]) + suffix)
+
+
+def _formats(recipe: Recipe) -> tuple[tuple[ModelFormat, ...], ModelFormat | None]:
+    """(the formats the source may have, the output's format: None for the source's)."""
+    converts = [i for i, step in enumerate(recipe.steps) if isinstance(step, Convert)]
+    first = recipe.steps[0]
+    sources = (
+        (ModelFormat.PT2,)
+        if isinstance(first, _PT2_ONLY) or converts
+        else (ModelFormat.AIMODEL, ModelFormat.PT2)
+    )
+    if converts:
+        after = recipe.steps[converts[0] + 1 :]
+        late = next((s for s in after if isinstance(s, _PT2_ONLY)), None)
+        if late is not None:
+            raise ValueError(f"a {late.KIND} step needs a .pt2 program: put it before the convert step")
+    return sources, ModelFormat.AIMODEL if converts else None
+
+
+@dataclass
+class _Run:
+    """What the steps share: the paths and the options of the run."""
+
+    source: Path
+    output: Path
+    force: bool
+    trust_pickle: bool
+    executor: Any
+    allow_empty: bool
+    progress: Progress | None
+
+
+def apply_recipe(
+    recipe: Recipe,
+    source: Path | str,
+    output: Path | str | None = None,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
+    trust_pickle: bool = False,
+    executor: Any = None,
+    allow_empty: bool = False,
+) -> RecipeResult:
+    """Run `recipe` on the model file `source` into `output` (default: beside the input, named by
+    the steps). A step whose check fails (a cast's, a budget) stops the run: nothing is written
+    unless that cast step keeps failures (`keep_failed`). A compress step that changes nothing
+    raises `NothingDoneError` unless `allow_empty`."""
+    source = Path(source)
+    sources, produced = _formats(recipe)
+    kind = model_format(source, sources)
+    require_existing(source)
+    out = Path(output) if output is not None else default_output(source, recipe)
+    model_format(out, (produced or kind,))
+    check_output(out, force=force, inputs=(source,))
+    run = _Run(source, out, force, trust_pickle, executor, allow_empty, progress)
+    _check_steps(recipe, run)
+    program = (
+        load_aimodel(source) if kind is ModelFormat.AIMODEL else load_pt2(source, trust_pickle=trust_pickle)
+    )
+    result = RecipeResult(source, out, 0.0, False)
+    start = time.perf_counter()
+    for index, step in enumerate(recipe.steps):
+        program, outcome, failed = _RUNNERS[type(step)](step, program, run, index)
+        result.steps.append((step.KIND, outcome))
+        if failed is not None:
+            result.failed = failed
+            keep = isinstance(step, Cast) and step.keep_failed
+            if not keep:
+                result.seconds = time.perf_counter() - start
+                return result
+    result.seconds = time.perf_counter() - start
+    _save(program, out, run)
+    result.written = True
+    for _, outcome in result.steps:
+        if isinstance(outcome, CompressionFileResult | ActivationsFileResult):
+            outcome.file_bytes_after = asset_bytes(out)
+    return result
+
+
+def _check_steps(recipe: Recipe, run: _Run) -> None:
+    """What can fail before the load fails now: executors, op names, calibration sources."""
+    from coreai_opt.compression import executor_of
+
+    for step in recipe.steps:
+        if isinstance(step, Compress):
+            executor_of(run.executor)  # an unknown name or a missing extra
+        if isinstance(step, Cast):
+            from coreai_opt.casting import resolve_op
+
+            for name in step.ignored_ops:
+                resolve_op(name)
+
+
+def _save(program: Any, out: Path, run: _Run) -> None:
+    if model_format(out) is ModelFormat.AIMODEL:
+        save_aimodel(program, out, force=run.force, inputs=(run.source,))
+    else:
+        save_pt2(program, out, force=run.force, inputs=(run.source,))
+
+
+StepOutcome = tuple[Any, StepResult, str | None]  # (the program after, the step's record, a failed check)
+
+
+def _compress(step: Compress, program: Any, run: _Run, index: int) -> StepOutcome:
+    from coreai_opt.compression import compress_
+
+    calibration = _calibration(step, program)
+    start = time.perf_counter()
+    report = compress_(program, step.config, run.progress, run.executor, calibration)
+    seconds = time.perf_counter() - start
+    if report.problems and not run.allow_empty:
+        raise NothingDoneError(
+            f"{run.source}: {'; '.join(report.problems)}: no output written (--allow-empty writes it anyway)"
+        )
+    method = type(step.config).KIND  # type: ignore[attr-defined]
+    before = asset_bytes(run.source)
+    outcome = CompressionFileResult(
+        run.source, run.output, method, step.config.options(), report, seconds, before, 0
+    )
+    return program, outcome, None
+
+
+def _calibration(step: Compress, program: Any) -> Any:
+    """The statistics source for methods that learn from data (None when none does)."""
+    from coreai_opt.compression import algorithm_named
+
+    config = step.config
+    methods = {
+        config.method,
+        *(dict(o.changes).get("method", config.method) for o in config.overrides if not o.skip),
+    }
+    if all(algorithm_named(type(config), method).data_free for method in methods) or step.calibration is None:
+        return None  # data-free; or the driver names the missing --calibration
+    if type(program).__name__ != "ExportedProgram":
+        raise ValueError("methods that learn from data run on a .pt2 program: compress before converting")
+    from coreai_opt.calibration import Samples, calibrate
+
+    samples = Samples.of(step.calibration, count=step.calibration_samples, tokens=step.calibration_tokens)
+    return calibrate(program, samples)
+
+
+def _quantize_activations(step: QuantizeActivations, program: Any, run: _Run, index: int) -> StepOutcome:
+    from coreai_opt.calibration import RANDOM, Samples
+    from coreai_opt.quantization import NothingToQuantize, Quantizer
+
+    random = step.calibration == RANDOM
+    samples = Samples.of(step.calibration, count=step.calibration_samples if random else None, seed=step.seed)
+    batches = list(samples.inputs(program))  # read and checked before any work
+    start = time.perf_counter()
+    quantizer = Quantizer.of_program(program, step.config)
+    try:
+        prepared = quantizer.prepare(batches[0][1])
+    except NothingToQuantize as exc:
+        raise ModelFileError(run.source, str(exc)) from None
+    with quantizer.calibration_mode():
+        for done, (name, inputs) in enumerate(batches, 1):
+            prepared(*inputs)
+            if run.progress is not None:
+                run.progress(done, len(batches), name)
+    quantizer.finalize()
+    assert quantizer.report is not None
+    seconds = time.perf_counter() - start
+    outcome = ActivationsFileResult(
+        run.source, run.output, samples.describe(), len(batches), _activation_options(step.config),
+        quantizer.report, seconds, asset_bytes(run.source), 0,
+    )  # fmt: skip
+    return program, outcome, None
+
+
+def _activation_options(config: Any) -> dict[str, Any]:
+    op = config.global_config
+    acts = op.activations
+    return {
+        "weights": op.weights.options() if op.weights is not None else None,
+        "activations": None if acts is None else {
+            "dtype": acts.dtype.value, "qscheme": acts.qscheme.value, "observer": acts.observer.value,
+            "percentile": acts.percentile, "averaging_constant": acts.averaging_constant,
+        },
+    }  # fmt: skip
+
+
+def _cast(step: Cast, program: Any, run: _Run, index: int) -> StepOutcome:
+    from coreai_opt.casting import CastTarget, cast_program, check_inputs, compare_programs, resolve_op
+    from coreai_opt.casting._graph import op_matcher
+
+    ops = tuple(resolve_op(name) for name in step.ignored_ops)
+    calls = [n for n in program.graph.nodes if n.op == "call_function"]
+    unmatched = [
+        name for name, op in zip(step.ignored_ops, ops, strict=True) if not any(map(op_matcher(op), calls))
+    ]
+    if unmatched and not run.allow_empty:
+        raise NothingDoneError(
+            f"{run.source}: the program calls no {', no '.join(unmatched)} (--ignore-op matches nothing): no output "
+            "written (--allow-empty writes it anyway)"
+        )
+    original = None
+    if step.check:  # the program before the cast: a second load of an untouched file costs no memory
+        original = (
+            load_pt2(run.source, trust_pickle=run.trust_pickle) if index == 0 else copy.deepcopy(program)
+        )
+    start = time.perf_counter()
+    target = CastTarget(step.to)
+    report = cast_program(program, target, ops or None)
+    seconds = time.perf_counter() - start
+    checked = None
+    if original is not None:
+        tensors, label, rules = check_inputs(original, step.inputs, step.seed)
+        try:
+            checked = compare_programs(original, program, tensors, label, rules)
+        except (RuntimeError, IndexError, ValueError) as exc:
+            from coreai_opt.io import one_line
+
+            hint = (
+                "" if step.inputs is not None else "; pass --inputs with valid example inputs, or --no-check"
+            )
+            raise ModelFileError(
+                run.source, f"the check could not run the programs ({one_line(exc)}){hint}"
+            ) from None
+    failed = None if checked is None or checked.ok else "cast check"
+    written = failed is None or step.keep_failed
+    return program, CastFileResult(run.source, run.output, target, report, checked, seconds, written), failed
+
+
+def _convert(step: Convert, program: Any, run: _Run, index: int) -> StepOutcome:
+    from coreai_opt._memory import trim_heap
+    from coreai_opt.conversion._convert import ConverterFailure, convert_with_log
+
+    start = time.perf_counter()
+    try:
+        converted, log = convert_with_log(program)
+    except ConverterFailure as exc:
+        raise ConversionError(run.source, f"coreai-torch could not convert the program: {exc}") from None
+    # the Core AI program holds its own copy of every weight: the source's mapped pages and the
+    # converter's freed temporaries go back before the save serializes it
+    del program
+    trim_heap()
+    return converted, ConversionResult(run.source, run.output, time.perf_counter() - start, log), None
+
+
+def _budget(step: Budget, program: Any, run: _Run, index: int) -> StepOutcome:
+    from coreai_opt.inspection import inspect_ai_program, inspect_exported_program
+
+    if type(program).__name__ == "ExportedProgram":
+        report = inspect_exported_program(program)
+    else:
+        report = inspect_ai_program(program)
+    outcome = BudgetResult(run.source, run.output, report.weight_bytes, step.max_bytes)
+    return program, outcome, None if outcome.ok else "budget"
+
+
+_RUNNERS: dict[type, Callable[[Any, Any, _Run, int], StepOutcome]] = {
+    Compress: _compress,
+    QuantizeActivations: _quantize_activations,
+    Cast: _cast,
+    Convert: _convert,
+    Budget: _budget,
+}
+
+
+def one_step(step: Step, source: Path | str, output: Path | str | None, **options: Any) -> StepResult:
+    """A recipe of one step, run; its step's record (what the single-step commands print)."""
+    result = apply_recipe(Recipe((step,)), source, output, **options)
+    return result.steps[0][1]

@@ -1,0 +1,112 @@
+"""The single-step file commands, as recipes of one step: what `coreopt quantize|palettize|
+sparsify|cast|convert` and `quantize --activations` run (and the Python forms of them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from coreai_opt.compression import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig
+
+from ._apply import one_step
+from ._results import ActivationsFileResult, CastFileResult, CompressionFileResult, ConversionResult
+from ._steps import Cast, Compress, Convert, QuantizeActivations
+
+
+def compress_file(
+    source: Path | str,
+    output: Path | str | None,
+    config: Config,
+    *,
+    calibration: str | Path | None = None,
+    calibration_samples: int | None = None,
+    calibration_tokens: int | None = None,
+    **options: Any,
+) -> CompressionFileResult:
+    """Compress a model's weights as `config` says into a new file of the input's format (an
+    `.aimodel` through Core AI's decompression ops, a `.pt2` through coreai-torch's). `options`:
+    force, progress, trust_pickle, executor, allow_empty (see `apply_recipe`)."""
+    step = Compress(
+        config=config,
+        calibration=None if calibration is None else str(calibration),
+        calibration_samples=calibration_samples,
+        calibration_tokens=calibration_tokens,
+    )
+    return one_step(step, source, output, **options)  # type: ignore[return-value]
+
+
+def quantize_file(
+    source: Path | str, output: Path | str | None = None, config: QuantizeConfig | None = None, **options: Any
+) -> CompressionFileResult:
+    """`coreopt quantize`: quantize a model's weights into a new file."""
+    return compress_file(source, output, config or QuantizeConfig(), **options)
+
+
+def palettize_file(
+    source: Path | str,
+    output: Path | str | None = None,
+    config: PalettizeConfig | None = None,
+    **options: Any,
+) -> CompressionFileResult:
+    """`coreopt palettize`: k-means palettize a model's weights into a new file."""
+    return compress_file(source, output, config or PalettizeConfig(), **options)
+
+
+def sparsify_file(
+    source: Path | str, output: Path | str | None = None, config: SparsifyConfig | None = None, **options: Any
+) -> CompressionFileResult:
+    """`coreopt sparsify`: prune a model's weights (optionally quantizing or palettizing the kept ones)."""
+    return compress_file(source, output, config or SparsifyConfig(), **options)
+
+
+def cast_file(
+    source: Path | str,
+    target: Any = "16bit",
+    output: Path | str | None = None,
+    *,
+    ignored_ops: tuple[str, ...] = (),
+    check: bool = True,
+    inputs: Path | str | None = None,
+    seed: int = 0,
+    keep_failed: bool = False,
+    **options: Any,
+) -> CastFileResult:
+    """Cast a `.pt2` to 16 bits into a new file, checked against the original unless `check` is
+    off; a program that fails its check is not written unless `keep_failed`. An ignored op that
+    the program never calls raises `NothingDoneError` (a typo, most likely) and writes nothing,
+    unless `allow_empty`."""
+    step = Cast(
+        to=getattr(target, "value", target), ignored_ops=tuple(ignored_ops), check=check,
+        inputs=None if inputs is None else str(inputs), seed=seed, keep_failed=keep_failed,
+    )  # fmt: skip
+    return one_step(step, source, output, **options)  # type: ignore[return-value]
+
+
+def convert_file(source: Path | str, output: Path | str | None = None, **options: Any) -> ConversionResult:
+    """Convert a `.pt2` file to an `.aimodel` asset beside it (or at `output`)."""
+    return one_step(Convert(), source, output, **options)  # type: ignore[return-value]
+
+
+def quantize_activations_file(
+    source: Path | str,
+    output: Path | str | None = None,
+    config: Any = None,
+    *,
+    calibration: Path | str,
+    random_samples: int = 32,
+    seed: int = 0,
+    **options: Any,
+) -> ActivationsFileResult:
+    """Quantize a `.pt2`'s weights and activations, calibrated on `calibration` (a safetensors
+    file or directory of samples, or "random" for `random_samples` seeded draws). The loaded
+    program is edited in place and saved: it is never exported again."""
+    from coreai_opt._errors import ConfigError
+    from coreai_opt.quantization import QuantizerConfig
+
+    if random_samples < 1:
+        raise ConfigError(f"random_samples must be 1 or more, not {random_samples}", "random_samples")
+    step = QuantizeActivations(
+        config=config if config is not None else QuantizerConfig(),
+        calibration=str(calibration), calibration_samples=random_samples, seed=seed,
+    )  # fmt: skip
+    return one_step(step, source, output, **options)  # type: ignore[return-value]
