@@ -34,10 +34,6 @@ class Element:
     def is_float(self) -> bool:
         return self.kind is Kind.FLOAT
 
-    @property
-    def sub_byte(self) -> bool:
-        return self.bits < 8
-
     def torch_dtype(self) -> Any:
         import torch
 

@@ -15,9 +15,10 @@ from typing import Any
 from ._codebook import Codebook, codebook
 from ._datatype import ALIASES, PREDEFINED, DataType, datatype, lookup, resolve_name
 from ._engine import Support, supports
+from ._formats import number
 from ._metrics import energies, snr_db, sqnr_db
 from ._modes import CastMode, ComputeMode, RoundMode, ScaleMode, defaults, initialize
-from ._number import InfNaN, Kind, NumberSpec, number
+from ._number import InfNaN, Kind, NumberSpec
 from ._scale import ScaleSpec, Tile, scale
 from ._tensor import Tensor
 
@@ -59,6 +60,7 @@ __all__ = [
     "scale",
     "snr_db",
     "sparse",
+    "sparse_mask",
     "sqnr_db",
     "supports",
     "unpack_codes",
@@ -95,6 +97,8 @@ def cast(
     computemode: Any = None,
     measure: bool = False,
     tensor_scale: Any = None,
+    scales: Any = None,
+    zero_points: Any = None,
 ) -> Any:
     """Cast a float32/float16/bfloat16 tensor to a tcast DataType.
 
@@ -115,19 +119,26 @@ def cast(
     read back to check it, which waits for the GPU. A two-level tensor scale beyond 2**126 over
     the larger of the tile scale's and the element's max is cast by TorchCast (TritonCast
     divides in float32).
+
+    `scales` (and, for unsigned types, `zero_points`) give every tile's scale instead, as
+    `Tensor.scale_grid()` / `zero_grid()` hold them (E8M0 codes, or values of the scale format):
+    the elements are rounded to that fixed grid - what GPTQ does column by column - by TorchCast.
     """
-    from . import _torchcast
+    from . import _primitives, _torchcast
     from ._engine import use_triton
     from ._modes import resolve_cast, resolve_compute, resolve_round, resolve_scale
 
     datatype_ = _as_datatype(dtype)
+    if scales is not None or zero_points is not None:
+        return _cast_under(x, datatype_, roundmode, castmode, computemode, seed, generator, out_dtype,
+                           measure, scales, zero_points)  # fmt: skip
     round_ = resolve_round(roundmode)
     scale_ = resolve_scale(scalemode)
     actual = resolve_cast(castmode) is CastMode.ACTUAL
     if measure and not actual:
         raise ValueError("measure records the error of an actual cast (castmode='actual')")
     _torchcast._check_input(x)
-    given = None if tensor_scale is None else _torchcast.rounded_tensor_scale(datatype_, tensor_scale)
+    given = None if tensor_scale is None else _primitives.rounded_tensor_scale(datatype_, tensor_scale)
     if datatype_.nspec.is_codebook:
         from . import _lutcast
 
@@ -140,25 +151,60 @@ def cast(
     if use_triton(
         datatype_, resolve_compute(computemode), tuple(x.shape), x.dtype, x.is_cuda, "cast to", round_, given
     ):
-        from . import _triton
-
-        kernel_seed = 0
-        if round_ is RoundMode.STOCHASTIC:
-            kernel_seed = _kernel_seed(x, seed, generator)
-        result = _triton.cast(
-            x, datatype_, round_, scale_, kernel_seed, not actual, None if actual else out_dtype, given
-        )
-        if measure:
-            import dataclasses
-
-            signal, noise = energies(x, upcast(result, result.value_dtype))
-            result = dataclasses.replace(result, signal=signal, noise=noise)
-        return result
+        return _triton_cast(x, datatype_, round_, scale_, actual, seed, generator, out_dtype, measure, given)
     gen = _generator(x, seed, generator)
-    on_device = None if given is None else _torchcast.given_tensor_scale(given, x.device)
+    on_device = None if given is None else _primitives.given_tensor_scale(given, x.device)
     if actual:
         return _torchcast.actual_cast(x, datatype_, round_, scale_, gen, measure, on_device)
     return _torchcast.virtual_cast(x, datatype_, round_, scale_, gen, out_dtype, on_device)
+
+
+def _triton_cast(
+    x: Any, datatype_: DataType, round_: RoundMode, scale_: ScaleMode, actual: bool, seed: int | None,
+    generator: Any, out_dtype: Any, measure: bool, given: float | None,
+) -> Any:  # fmt: skip
+    from . import _triton
+
+    kernel_seed = _kernel_seed(x, seed, generator) if round_ is RoundMode.STOCHASTIC else 0
+    result = _triton.cast(
+        x, datatype_, round_, scale_, kernel_seed, not actual, None if actual else out_dtype, given
+    )
+    if measure:
+        import dataclasses
+
+        signal, noise = energies(x, upcast(result, result.value_dtype))
+        result = dataclasses.replace(result, signal=signal, noise=noise)
+    return result
+
+
+def _cast_under(
+    x: Any, datatype_: DataType, roundmode: Any, castmode: Any, computemode: Any, seed: int | None, generator: Any,
+    out_dtype: Any, measure: bool, scales: Any, zero_points: Any,
+) -> Any:  # fmt: skip
+    """A cast to the per-tile scales (and zero points) a caller gives: TorchCast's element rounding
+    under them (TritonCast computes its scales in the kernel and takes none per tile)."""
+    from . import _torchcast
+    from ._modes import ComputeMode, resolve_cast, resolve_compute, resolve_round
+
+    if scales is None:
+        raise ValueError("zero_points come with the scales they belong to")
+    if resolve_compute(computemode) is ComputeMode.TRITON:
+        raise ValueError("TritonCast takes no per-tile scales: computemode='torch' or 'auto'")
+    if datatype_.nspec.is_codebook:
+        raise ValueError(f"codebook type {datatype_.name} chooses its tables itself: no scales to give")
+    round_ = resolve_round(roundmode)
+    import torch
+
+    given = (
+        torch.as_tensor(scales, device=x.device),
+        None if zero_points is None else torch.as_tensor(zero_points, device=x.device),
+    )
+    gen = _generator(x, seed, generator)
+    if resolve_cast(castmode) is CastMode.ACTUAL:
+        return _torchcast.actual_cast(x, datatype_, round_, ScaleMode.MAX, gen, measure, None, given)
+    if measure:
+        raise ValueError("measure records the error of an actual cast (castmode='actual')")
+    return _torchcast.virtual_cast(x, datatype_, round_, ScaleMode.MAX, gen, out_dtype, None, given)
 
 
 def _kernel_seed(x: Any, seed: int | None, generator: Any) -> int:
@@ -198,10 +244,11 @@ _LAZY = {
     "packed_nbytes": "_pack",
     "unpack_codes": "_pack",
     "sparse": "_sparse",
+    "sparse_mask": "_sparse",
     "exponent_scales": "_scales",
     "decode": "_codes",
     "exponent_codes": "_scales",
-    "float_scales": "_scales",
+    "float_scales": "_primitives",
     "hadamard": "_hadamard",
     "hadamard_inverse": "_hadamard",
 }

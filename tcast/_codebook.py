@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._number import InfNaN, Kind, NumberSpec, number
+from ._number import InfNaN, Kind, NumberSpec
 
 if TYPE_CHECKING:
     import torch
@@ -293,7 +293,7 @@ def parse(code: str) -> Codebook:
             f"unknown codebook {code!r}: expected cb<index bits><meta bits><clauses>_<compute>[_<label>]"
         )
     index_bits, meta_bits, desc = int(m.group(1)), int(m.group(2)), m.group(3)
-    compute = number(m.group(4))
+    compute = _spec(m.group(4))
     if not isinstance(compute, NumberSpec) or not (compute.is_float or compute.is_int):
         raise ValueError(f"codebook {code}: the compute format must be a float or int format")
     if not 2 <= index_bits <= 8:
@@ -319,11 +319,11 @@ def codebook(tables: Any, compute: Any = "float32", name: str | None = None) -> 
         values = values[None]
     if values.dim() != 2 or values.shape[1] < 2 or values.shape[1] & (values.shape[1] - 1):
         raise ValueError(f"codebook tables must be [tables, 2**bits] values, got shape {tuple(values.shape)}")
-    spec = number(compute)
+    spec = _spec(compute)
     if not isinstance(spec, NumberSpec) or not (spec.is_float or spec.is_int):
         raise ValueError(f"a codebook's compute format must be a float or int format, not {compute}")
     from ._modes import RoundMode
-    from ._torchcast import quantize
+    from ._primitives import quantize
 
     if not torch.isfinite(values).all():
         raise ValueError("codebook tables must be finite")
@@ -391,3 +391,8 @@ def nearest(values: torch.Tensor, book: Codebook, table: int) -> tuple[torch.Ten
         go_up |= (values == middle) & up[below.clamp(max=last - 1)]
     chosen = torch.where(go_up, above, below)
     return codes[chosen], ordered[chosen]
+
+
+def _spec(code: Any) -> NumberSpec:
+    """A compute format's spec (a codebook's values are of a plain number format, never a codebook)."""
+    return code if isinstance(code, NumberSpec) else NumberSpec(code)

@@ -6,7 +6,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from ._number import InfNaN, NumberSpec, number
+from ._formats import number
+from ._number import InfNaN, NumberSpec
 from ._scale import ScaleSpec, scale
 
 
@@ -38,10 +39,6 @@ class DataType:
         object.__setattr__(self, "nspec", n)
         object.__setattr__(self, "sspec", s)
         object.__setattr__(self, "name", name or (n.code + (f"_{s.code}" if s else "")))
-
-    @property
-    def is_unscaled(self) -> bool:
-        return self.sspec is None
 
     @property
     def is_tile(self) -> bool:

@@ -22,16 +22,12 @@ from typing import Any
 
 import torch
 
+from ._primitives import signs_for
+
 MIN_SIZE, MAX_SIZE = 16, 4096
 
 
 @functools.lru_cache(maxsize=32)
-def signs_for(size: int, seed: int) -> torch.Tensor:
-    """The sign vector d: `size` values of +-1 from a CPU generator (the same on every device)."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 2, (size,), generator=generator).mul_(2).sub_(1).to(torch.float32)
-
-
 def _check(x: torch.Tensor, dim: int, size: int) -> int:
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError("hadamard takes a floating-point torch tensor")

@@ -20,8 +20,8 @@ from ._datatype import DataType
 from ._metrics import squares
 from ._modes import RoundMode, ScaleMode
 from ._pack import pack_codes, unpack_codes
+from ._primitives import combine_piece, in_scale_units, scaling_of, stored_scales, stored_scaling
 from ._tensor import Tensor
-from ._torchcast import _scaling, combine_piece, in_scale_units, stored_scales, stored_scaling
 
 
 def _book(dtype: DataType) -> Codebook:
@@ -43,7 +43,7 @@ def _run(
     book = _book(dtype)
     layout = plan(tuple(x.shape), dtype.sspec)
     blocks = to_blocks(x, layout).double()
-    scaling = _scaling(blocks, dtype, scalemode, torch.float64)
+    scaling = scaling_of(blocks, dtype, scalemode, torch.float64)
     if scaling.scale is None and not bool(torch.isfinite(blocks).all()):
         raise ValueError(f"unscaled codebook {book.code} has no NaN or Inf: the input holds some")
     v = in_scale_units(blocks, scaling, slice(None))

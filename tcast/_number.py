@@ -317,15 +317,3 @@ class NumberSpec:
 
     def __repr__(self) -> str:
         return f"NumberSpec({self.code!r})"
-
-
-def number(code: Any) -> Any:
-    """A NumberSpec from a code, a common name, or a torch dtype; a tcast.Codebook from a code
-    starting `cb` (or a Codebook given)."""
-    if isinstance(code, NumberSpec) or getattr(code, "is_codebook", False):
-        return code
-    if isinstance(code, str) and code.strip().lower().startswith(("cb", "icb")):
-        from ._codebook import parse
-
-        return parse(code)
-    return NumberSpec(code)

@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from ._codes import decode, encode, ldexp_exact, nan_code
-from ._modes import RoundMode, ScaleMode
+from ._codes import ldexp_exact, nan_code
+from ._modes import ScaleMode
 from ._number import NumberSpec
 
 
@@ -67,34 +67,3 @@ def pow2(exponent: torch.Tensor) -> torch.Tensor:
     nan = torch.isnan(exponent)
     values = ldexp_exact(torch.ones_like(exponent), torch.nan_to_num(exponent).to(torch.int32))
     return torch.where(nan, exponent, values)
-
-
-def _next_up(values: torch.Tensor, scale: NumberSpec) -> torch.Tensor:
-    """The next larger value of the (positive, finite) format: by torch's nextafter where the
-    format is a torch dtype, else the next code."""
-    exact = scale.torch_dtype
-    if exact is not None and exact.is_floating_point and exact.itemsize >= 2:
-        infinity = torch.tensor(math.inf, dtype=exact, device=values.device)
-        return torch.nextafter(values.to(exact), infinity).to(values.dtype)
-    return decode(encode(values, scale).to(torch.int32) + 1, scale, values.dtype)
-
-
-def float_scales(
-    extent: torch.Tensor, element: NumberSpec, scale: NumberSpec, scalemode: ScaleMode = ScaleMode.MAX
-) -> torch.Tensor:
-    """Per-block scales in the float format `scale`: `extent` (the block's amax, or its max - min
-    for unsigned elements) over the element format's max, rounded to nearest (`max`) or up
-    (`ceil`); values are in `extent`'s dtype, exactly representable in `scale`. `midmax` and `even` choose
-    between powers of two: float scales read it as `max`."""
-    from ._torchcast import quantize
-
-    raw = extent / element.max
-    lowest = scale.smallest_subnormal if scale.mbits else scale.smallest_normal
-    clamped = torch.clamp(torch.nan_to_num(raw, nan=1.0, posinf=1.0), min=lowest, max=scale.max)
-    rounded = quantize(clamped, scale, RoundMode.EVEN)
-    if scalemode is ScaleMode.CEIL:
-        below = (rounded < clamped) & (rounded < scale.max)
-        if bool(below.any()):
-            rounded = torch.where(below, _next_up(rounded, scale), rounded)
-    scales = torch.where(extent > 0, rounded, torch.ones_like(rounded))
-    return torch.where(torch.isnan(extent) | torch.isinf(extent), torch.full_like(scales, math.nan), scales)

@@ -6,12 +6,10 @@ import torch
 import torch.nn.functional as F
 
 
-def sparse(x: torch.Tensor, m: int, n: int, dim: int = -1) -> torch.Tensor:
-    """Keep the `n` largest magnitudes of every `m` consecutive values along `dim`; zero the rest.
-
-    Signs are kept. A length that `m` does not divide ends in a shorter group, which keeps at
-    most `n` values. NaN counts as the largest magnitude, so it is never dropped silently.
-    """
+def sparse_mask(x: torch.Tensor, m: int, n: int, dim: int = -1) -> torch.Tensor:
+    """Where `sparse` keeps values: the `n` largest magnitudes of every `m` consecutive values along
+    `dim` (ties to the lower index, so the mask is the same on every run and device; NaN counts as
+    the largest magnitude). A length that `m` does not divide ends in a shorter group."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"sparse takes a torch tensor, got {type(x).__name__}")
     if not (isinstance(m, int) and isinstance(n, int) and 0 < n <= m):
@@ -25,7 +23,17 @@ def sparse(x: torch.Tensor, m: int, n: int, dim: int = -1) -> torch.Tensor:
     if pad:
         magnitude = F.pad(magnitude, (0, pad), value=-1.0)  # padding never outranks a real value
     groups = magnitude.reshape(*magnitude.shape[:-1], -1, m)
-    keep_index = torch.topk(groups, n, dim=-1, sorted=False).indices
-    mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, keep_index, True)
-    mask = mask.reshape(*moved.shape[:-1], length + pad)[..., :length]
-    return torch.where(mask, moved, torch.zeros_like(moved)).movedim(-1, dim)
+    order = torch.sort(groups, dim=-1, descending=True, stable=True).indices
+    mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, order[..., :n], True)
+    return mask.reshape(*moved.shape[:-1], length + pad)[..., :length].movedim(-1, dim)
+
+
+def sparse(x: torch.Tensor, m: int, n: int, dim: int = -1) -> torch.Tensor:
+    """Keep the `n` largest magnitudes of every `m` consecutive values along `dim`; zero the rest.
+
+    Signs are kept. A length that `m` does not divide ends in a shorter group, which keeps at
+    most `n` values. NaN counts as the largest magnitude, so it is never dropped silently; ties go
+    to the lower index (`sparse_mask`).
+    """
+    mask = sparse_mask(x, m, n, dim)
+    return torch.where(mask, x, torch.zeros_like(x))

@@ -55,7 +55,7 @@ class Tensor:
     def value_dtype(self) -> torch.dtype:
         """float32 or float64: the dtype that holds every value of the cast exactly (where upcasts
         compute; an upcast to it loses nothing)."""
-        from ._torchcast import compute_dtype
+        from ._primitives import compute_dtype
 
         return compute_dtype(self.dtype, self.source_dtype)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
 import shutil
 import sys
 import warnings
@@ -16,6 +17,16 @@ import pytest
 from typer.testing import CliRunner
 
 warnings.filterwarnings("ignore", message="coreai-torch has only been validated")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Without CUDA, Triton's kernels run in its interpreter (TRITON_INTERPRET=1, read when the
+    kernels are first defined): set for the whole session, before any test imports them."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_models"

@@ -94,3 +94,33 @@ def test_unwritable_parent_is_reported(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(UnwritableOutputError, match=r"not a directory|cannot create"):
         save_pt2(load_pt2(SAMPLES / "mlp.pt2"), blocker / "out.pt2")
+
+
+def test_the_private_torch_apis_the_loader_relies_on_are_there() -> None:
+    """The safe `.pt2` loader reads the archive itself and hands torch's own deserializer the parsed
+    program: these private names and their behaviour are what it uses (a torch upgrade that moves
+    them fails here, not in a user's hands)."""
+    import json
+    import zipfile
+
+    import torch
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import (
+        _SERIALIZE_TO_TORCH_DTYPE,
+        _SYM_OPS,
+        ExportedProgramDeserializer,
+        _dict_to_dataclass,
+    )
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._weights_only_unpickler import _get_allowed_globals
+
+    assert _SERIALIZE_TO_TORCH_DTYPE[schema.ScalarType.FLOAT] is torch.float32
+    assert schema.ScalarType(10) is schema.ScalarType.COMPLEXFLOAT
+    assert "torch._utils._rebuild_tensor_v2" in _get_allowed_globals()
+    assert len(_SYM_OPS) > 10 and callable(FakeTensorMode)
+    with zipfile.ZipFile(SAMPLES / "mlp.pt2") as archive:
+        name = next(n for n in archive.namelist() if n.endswith("models/model.json"))
+        document = json.loads(archive.read(name))
+    serialized = _dict_to_dataclass(schema.ExportedProgram, document)
+    assert isinstance(serialized, schema.ExportedProgram)
+    assert callable(ExportedProgramDeserializer(None).deserialize)

@@ -164,3 +164,40 @@ def _long_functions(paths: list[Path]) -> list[str]:
 
 def test_no_function_in_the_product_is_over_80_lines() -> None:
     assert _long_functions(PRODUCT) == []
+
+
+def _runtime_imports(path: Path, name: str) -> set[str]:
+    """The modules a file imports when it runs (imports under `if TYPE_CHECKING:` left out)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+        for inner in ast.walk(node)
+    }
+    found = set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(tree):
+        if id(node) in typing_only or not isinstance(node, ast.ImportFrom):
+            continue
+        base = package[: len(package) - node.level + 1] if node.level else []
+        module = ".".join([*base, node.module]) if node.module else ".".join(base)
+        found.add(module)
+        found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_no_tcast_module_imports_one_that_imports_it_back() -> None:
+    """tcast's modules form no circle: the rounding primitives and scale rules (`_primitives`) sit
+    below both engines, `number()` above NumberSpec and Codebook; only the `tcast` facade, which
+    dispatches to the engines, imports them (and nothing imports it back but the CLI helpers)."""
+    files = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): p for p in sorted((ROOT / "tcast").rglob("*.py"))
+    }
+    names = {name.removesuffix(".__init__"): path for name, path in files.items()}
+    graph = {
+        name: {m for m in _runtime_imports(path, name) if m in names and m != name}
+        for name, path in names.items()
+        if name != "tcast"
+    }
+    assert _cycles(graph) == []

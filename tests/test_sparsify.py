@@ -239,3 +239,12 @@ def test_cli_sparsify_json_and_errors(coreopt, tmp_path: Path) -> None:  # type:
     assert not (tmp_path / "x.aimodel").exists()
     missing = coreopt("sparsify", tmp_path / "nope.aimodel")
     assert missing.exit_code == 1 and "nope.aimodel" in missing.stderr
+
+
+def test_n_m_ties_go_to_the_lower_index_in_one_rule() -> None:
+    """One n:m tie rule: tcast's mask, which the sparsify pass uses piece by piece."""
+    import tcast
+
+    equal = torch.tensor([[1.0, -1.0, 1.0, -1.0, 3.0, 2.0, 2.0, 2.0]])
+    assert tcast.sparse_mask(equal, 4, 2).tolist() == [[True, True, False, False, True, True, False, False]]
+    assert torch.equal(tcast.sparse(equal, 4, 2), torch.tensor([[1.0, -1.0, 0, 0, 3.0, 2.0, 0, 0]]))

@@ -235,7 +235,7 @@ FAST_PATH_FORMATS = (
 @pytest.mark.parametrize("mode", list(tcast.RoundMode))
 def test_float32_fast_path_equals_the_general_path(code: str, mode: tcast.RoundMode) -> None:
     """The in-place float32 rounding gives the same bits as the general frexp/ldexp path in float64."""
-    from tcast import _torchcast
+    from tcast import _primitives
 
     spec = tcast.number(code)
     generator = torch.Generator().manual_seed(11)
@@ -250,9 +250,9 @@ def test_float32_fast_path_equals_the_general_path(code: str, mode: tcast.RoundM
     )
     x = torch.cat([random, -random, grid, ties, -ties, corners])
     noise = torch.rand(x.shape, generator=generator)
-    assert _torchcast._fast_path(x, spec)
-    fast = _torchcast.quantize(x, spec, mode, noise)
-    general = _torchcast.quantize(x.double(), spec, mode, noise.double()).float()
+    assert _primitives._fast_path(x, spec)
+    fast = _primitives.quantize(x, spec, mode, noise)
+    general = _primitives.quantize(x.double(), spec, mode, noise.double()).float()
     assert same_bits(fast, general, code)
 
 

@@ -187,3 +187,49 @@ def test_snr_db_is_one_definition() -> None:
     assert tcast.snr_db(1.0, 0.0) == math.inf and tcast.snr_db(0.0, 1.0) == -math.inf
     x = torch.tensor([3.0, 4.0])
     assert tcast.sqnr_db(x, x + torch.tensor([0.3, 0.4])) == pytest.approx(20.0)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
+
+
+GIVEN = ("mxfp4e2", "mxfp8e4", "mxint8", "fp8_1x128", "int8_fc", "uint4_ffc", "uint8_fic", "fp8_F")
+
+
+@pytest.mark.parametrize("name", GIVEN)
+def test_a_cast_under_its_own_scales_gives_its_own_codes(name: str) -> None:
+    """Given the scales (and zero points) a cast chose, the cast reproduces itself bit for bit; given
+    another tensor, it rounds that tensor to the same fixed grid."""
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(3)) * 3
+    first = tcast.cast(x, name, castmode="actual", computemode="torch")
+    again = tcast.cast(x, name, castmode="actual", computemode="torch", scales=first.scale_grid(),
+                       zero_points=first.zero_grid())  # fmt: skip
+    assert torch.equal(again.codes, first.codes) and torch.equal(
+        again.scales.view(torch.uint8) if again.scales.dtype.itemsize == 1 else again.scales,
+        first.scales.view(torch.uint8) if first.scales.dtype.itemsize == 1 else first.scales,
+    )
+    virtual = tcast.cast(
+        x, name, computemode="torch", scales=first.scale_grid(), zero_points=first.zero_grid()
+    )
+    assert torch.equal(virtual, tcast.upcast(first, x.dtype))
+    other = x.flip(1)  # other values on the same grid: every value is on it (or clipped to its range)
+    moved = tcast.cast(
+        other, name, computemode="torch", scales=first.scale_grid(), zero_points=first.zero_grid()
+    )
+    grid_values = tcast.cast(
+        moved, name, computemode="torch", scales=first.scale_grid(), zero_points=first.zero_grid()
+    )
+    assert torch.equal(moved, grid_values)
+
+
+def test_given_scales_are_checked() -> None:
+    x = torch.randn(4, 64)
+    t = tcast.cast(x, "int8_fc", castmode="actual", computemode="torch")
+    with pytest.raises(ValueError, match="do not fit the tiles"):
+        tcast.cast(x, "int8_fc", scales=torch.ones(3, 1))
+    with pytest.raises(ValueError, match="positive and finite"):
+        tcast.cast(x, "int8_fc", scales=torch.zeros_like(t.scale_grid()))
+    with pytest.raises(ValueError, match="values of"):
+        tcast.cast(x, "int8_fc", scales=t.scale_grid().double() * (1 + 2**-20))
+    with pytest.raises(ValueError, match="takes no per-tile scales"):
+        tcast.cast(x, "int8_fc", scales=t.scale_grid(), computemode="triton")

@@ -10,17 +10,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import os
 from collections.abc import Iterator
 
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are first defined
+import tcast
 
-import tcast  # noqa: E402
+CUDA = torch.cuda.is_available()  # without it the kernels run in Triton's interpreter (conftest)
 
 pytest.importorskip("triton")
 # the interpreter evaluates both sides of every tl.where in numpy, NaN lanes included

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -39,10 +38,3 @@ def run_in(worker: AssetWorker, inputs_for: InputsFor) -> RunResult:
         arrays[spec.name] = np.ascontiguousarray(value.astype(spec.dtype, copy=False))
     values = worker.run(arrays)
     return RunResult(ins, outs, {spec.name: values[spec.name] for spec in outs})
-
-
-def run_asset(path: Path, inputs_for: InputsFor) -> RunResult:
-    """Verify and run an asset once in a fresh worker (see `run_in`)."""
-    with AssetWorker(path) as worker:
-        worker.verify()
-        return run_in(worker, inputs_for)

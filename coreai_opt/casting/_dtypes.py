@@ -50,10 +50,6 @@ def tensor_max_finite(tensor: torch.Tensor) -> float:
     return float(finite.abs().max()) if finite.numel() else 0.0
 
 
-def tensor_overflows_fp16(tensor: torch.Tensor) -> bool:
-    return tensor_max_finite(tensor) > FP16_MAX
-
-
 def tensor_to_fp16(tensor: torch.Tensor) -> torch.Tensor:
     """fp16 copy where tiny non-zeros snap to the smallest subnormal instead of flushing to zero."""
     half = tensor.detach().to(torch.float16)

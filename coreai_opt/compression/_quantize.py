@@ -82,7 +82,7 @@ def cast_codes(
     and unsigned storage of symmetric codes takes that 2**(bits-1) as its offset.
     """
     datatype = _tcast_type(dtype, qscheme, scale, tile)
-    cast = tcast.cast(x, datatype, castmode="actual", scalemode=scalemode, computemode="torch")
+    cast = tcast.cast(x, datatype, castmode="actual", scalemode=scalemode, computemode="auto")
     codes = cast.unpacked_codes()
     grid = cast.scale_grid()
     assert grid is not None
@@ -103,7 +103,7 @@ def cast_codes(
 def stored_codes(codes: torch.Tensor, element: Element) -> Stored:
     """Codes as `element` stores them: 8-bit integers as their own values, everything else (narrower
     integers, FP8, FP4) as unsigned codes."""
-    values = codes.to(torch.uint8).numpy()
+    values = codes.to(torch.uint8).cpu().numpy()  # stored arrays live on the host
     own = element.bits == 8 and not element.is_float
     return Stored(values.view(element.numpy_dtype()) if own else values, element)
 
@@ -126,8 +126,8 @@ def stored_float(values: torch.Tensor, element: Element) -> Stored:
     """Float values already on `element`'s grid, as `element` stores them (the conversion is exact;
     values already of that dtype are copied once, without a float64 pass)."""
     if values.dtype in (torch.float16, torch.float32) and values.dtype == element.torch_dtype():
-        return Stored(values.numpy().copy(), element)
-    return Stored(values.double().numpy().astype(element.numpy_dtype()), element)
+        return Stored(values.cpu().numpy().copy(), element)
+    return Stored(values.double().cpu().numpy().astype(element.numpy_dtype()), element)
 
 
 def _tile(site: WeightSite, config: QuantizeConfig) -> str:
@@ -161,7 +161,7 @@ def quantize(
     codes = cast_codes(view, dtype, config.qscheme, scale, _tile(site, config), scalemode)
     data = stored_codes(_unview(codes.data, w, site, config), dtype.element)
     if scale == "e8m0":
-        scales = Stored(codes.scale.reshape(shape).numpy(), tcast_element("e8m0"))
+        scales = Stored(codes.scale.reshape(shape).cpu().numpy(), tcast_element("e8m0"))
     else:
         scales = stored_float(codes.scale.reshape(shape), site.element)
     offset = None if codes.offset is None else stored_codes(codes.offset.reshape(shape), dtype.element)
@@ -177,7 +177,7 @@ def dequantized(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> to
     scale, scalemode = _scale_format(site, config)
     view = _view(w, site, config)
     datatype = _tcast_type(config.dtype, config.qscheme, scale, _tile(site, config))
-    cast = tcast.cast(view, datatype, castmode="actual", scalemode=scalemode, computemode="torch")
+    cast = tcast.cast(view, datatype, castmode="actual", scalemode=scalemode, computemode="auto")
     return _unview(tcast.upcast(cast, w.dtype), w, site, config)
 
 

@@ -5,7 +5,8 @@ Which weights are kept:
 - block (`block_size`): blocks of `block_size` consecutive output channels at each position of the
   other axes, ranked by L2 norm; whole blocks are kept or zeroed.
 - n:m (`n_m_ratio=(n, m)`): along the consumer's input (reduction) axis, in every run of m weights
-  the n largest |w| are KEPT and m - n zeroed (2:4 keeps half). The peer library zeroes n instead.
+  the n largest |w| are KEPT and m - n zeroed (2:4 keeps half; `tcast.sparse_mask`). The peer
+  library zeroes n instead.
 Ties go to the lower index, so the result is deterministic.
 
 Joint forms store only the kept values, compressed:
@@ -68,8 +69,7 @@ def sparsity_mask(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> 
         runs = moved.reshape(-1, m)
         mask = torch.empty(runs.shape, dtype=torch.bool)
         for a, b in spans(runs.shape[0], m):  # runs are independent: a piece at a time
-            order = torch.sort(runs[a:b].float().abs(), dim=1, descending=True, stable=True).indices
-            mask[a:b] = torch.zeros((b - a, m), dtype=torch.bool).scatter_(1, order[:, :n], True)
+            mask[a:b] = tcast.sparse_mask(runs[a:b].float(), m, n)  # tcast's rule: ties to the lower index
         return mask.reshape(moved.shape).movedim(-1, site.input_axis)
     magnitude = w.float().abs()
     sparsity = float(config.target_sparsity or 0.0)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._hadamard import signs_for
+from .._primitives import signs_for
 from ._launch import _as_bits
 from ._memory import narrow, widen
 

@@ -16,9 +16,9 @@ from .._engine import interpreting, scalar_factors
 from .._modes import RoundMode, ScaleMode
 from .._number import InfNaN, NumberSpec
 from .._pack import packed_nbytes
-from .._scales import float_scales, step_up_limit
+from .._primitives import float_scales, given_tensor_scale, tensor_scale_divisor, tensor_scale_of
+from .._scales import step_up_limit
 from .._tensor import Tensor
-from .._torchcast import given_tensor_scale, tensor_scale_divisor, tensor_scale_of
 from ._kernels import (
     actual_kernel,
     amax_kernel,
