@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from pathlib import Path
 
 import _architectures as arch
 import pytest
@@ -17,6 +18,7 @@ from coreai_opt.casting import (
     new_input_dtypes,
 )
 from coreai_opt.conversion import convert_exported_program
+from coreai_opt.io import load_pt2, save_pt2
 
 PASSES = {
     "fp16": (cast_fp32_to_fp16, True),
@@ -48,7 +50,7 @@ def _outputs(value: object) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("cast", sorted(PASSES))
 @pytest.mark.parametrize("name", sorted(BY_NAME))
-def test_cast_runs_agrees_and_converts(name: str, cast: str) -> None:
+def test_cast_runs_agrees_and_converts(name: str, cast: str, tmp_path: Path) -> None:
     architecture = BY_NAME[name]
     program = _program(name)
     inputs = architecture.inputs(1)  # other data than the export saw: 0/1 masks, ids in range
@@ -82,6 +84,11 @@ def test_cast_runs_agrees_and_converts(name: str, cast: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         convert_exported_program(program)
+    # the cast program passes the load check (names, operator allowlist, sizes) and runs as it did
+    path = save_pt2(program, tmp_path / "cast.pt2")
+    with torch.no_grad():
+        loaded = _outputs(load_pt2(path).module()(*[x.to(d) for x, d in zip(inputs, expected, strict=True)]))
+    assert all(torch.equal(a, b) for a, b in zip(loaded, got, strict=True))
 
 
 def test_hugging_face_rmsnorm_on_fp16_weights_keeps_node_order() -> None:

@@ -203,7 +203,7 @@ def test_a_weight_with_nan_or_inf_is_left_alone_by_every_pass(special: float, tm
             {"cluster_dim": 3, "granularity": G.PER_GROUPED_CHANNEL, "group_size": 8},
             "multiple of cluster_dim",
         ),
-        ({"num_kmeans_workers": 0}, "num_kmeans_workers"),
+        ({"num_kmeans_workers": -1}, "num_kmeans_workers"),
     ],
 )
 def test_invalid_options_name_the_rule(kwargs: dict, rule: str) -> None:

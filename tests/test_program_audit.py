@@ -13,14 +13,12 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-import _architectures as arch
 import _hostile as h
 import _hostile_programs as hp
 import pytest
 import torch
 
-from coreai_opt.casting import cast_to_16_bit_precision
-from coreai_opt.io import ModelFileError, load_pt2, save_pt2
+from coreai_opt.io import ModelFileError, load_pt2
 from coreai_opt.io._allowlist import ATEN_OPS, COREAI_OPS, SYMBOLIC_TARGETS, schema_problem
 from coreai_opt.io._expressions import guard_problem, sympy_problem
 from coreai_opt.io._program_audit import FLOOR_ELEMENTS, name_problem, path_problem, program_problem
@@ -245,30 +243,8 @@ def test_sizes_are_bounded_by_what_the_file_stores() -> None:
 
 
 # ----- real programs still load and run ----------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", [a.name for a in arch.MATRIX])
-def test_every_architecture_loads_and_runs_as_exported(name: str, tmp_path: Path) -> None:
-    """Every architecture the cast tests cover, as exported and cast to 16 bits, passes the check
-    and computes exactly what the program in memory computes."""
-    import warnings
-
-    architecture = next(a for a in arch.MATRIX if a.name == name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = arch.export(architecture)
-    inputs = architecture.inputs(3)
-    for stage in ("exported", "16bit"):
-        if stage == "16bit":
-            cast_to_16_bit_precision(program)
-            inputs = tuple(x.half() if x.dtype == torch.float32 else x for x in inputs)
-        path = save_pt2(program, tmp_path / f"{stage}.pt2")
-        loaded = load_pt2(path)
-        with torch.no_grad():
-            expected = torch.utils._pytree.tree_leaves(program.module()(*inputs))
-            got = torch.utils._pytree.tree_leaves(loaded.module()(*inputs))
-        assert len(got) == len(expected)
-        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), stage
+# Every architecture the cast tests cover is saved, loaded through the check and run after each
+# cast there (tests/test_cast_architectures.py); the sample models load in every CLI test.
 
 
 # ----- seeded mutations of real programs ---------------------------------------------------------
