@@ -45,7 +45,13 @@ FLOAT = (
     "mxfp4s",
 )
 GIVEN = "+ts"  # a format name's suffix: the cast is given its tensor scale
-FORMATS = {"mx": MX, "float": FLOAT, "all": MX + FLOAT}
+GRID = "+grid"  # a format name's suffix: the cast is given its per-tile scales (as GPTQ rounds)
+# the last: int4 codes under float16 steps per 32 (coreai_opt's int4 block 32 through tcast)
+# (beside each, the cast that computes its scales; Triton computes no float16 tile scales)
+GRIDS = ("mxfp4e2", "mxfp4e2+grid", "mxfp8e4", "mxfp8e4+grid", "nvf4", "nvf4+grid", "fp8_1x128",
+         "fp8_1x128+grid", "int4_f16_t32+grid")  # fmt: skip
+CUSTOM = {"int4_f16_t32": ("int4", "e5m10b13_t32")}
+FORMATS = {"mx": MX, "float": FLOAT, "grid": GRIDS, "all": MX + FLOAT}
 SIZES = {"16M": 1 << 24, "256M": 1 << 28, "1G": 1 << 30}
 COLS = 4096
 
@@ -76,9 +82,17 @@ def _same_tensor_scale(a: tcast.Tensor, b: tcast.Tensor) -> bool:
     return _same(a.tensor_scale.reshape(1).cuda(), b.tensor_scale.reshape(1).cuda())
 
 
-def _cast_args(x: torch.Tensor, name: str) -> tuple[str, dict]:
-    """(tcast name, keyword arguments) of a bench format: `+ts` passes the tensor scale the
-    cast itself derives, so the output is the same and only the amax pass is saved."""
+def _cast_args(x: torch.Tensor, name: str) -> tuple[object, dict]:
+    """(tcast type, keyword arguments) of a bench format: `+ts` passes the tensor scale the
+    cast itself derives, so the output is the same and only the amax pass is saved; `+grid` its
+    per-tile scales (the kernel for a grid fixed in advance)."""
+    if name.endswith(GRID):
+        base = name.removesuffix(GRID)
+        dtype = tcast.datatype(*CUSTOM[base]) if base in CUSTOM else base
+        finite = torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+        return dtype, {
+            "scales": tcast.cast(finite, dtype, castmode="actual", computemode="torch").scale_grid()
+        }
     if not name.endswith(GIVEN):
         return name, {}
     base = name.removesuffix(GIVEN)
@@ -105,7 +119,7 @@ def check(formats: tuple[str, ...], n: int = 1 << 22) -> list[dict]:
                 vg = tcast.cast(x, name, computemode="triton", **modes)
                 at = tcast.cast(x, name, castmode="actual", computemode="torch", **modes)
                 ag = tcast.cast(x, name, castmode="actual", computemode="triton", **modes)
-                up = tcast.upcast(ag, computemode="triton")
+                up = tcast.upcast(ag, computemode="auto" if label.endswith(GRID) else "triton")
                 ok = (
                     _same(vt, vg)
                     and torch.equal(at.codes, ag.codes)
@@ -240,6 +254,8 @@ def bandwidth(sizes: list[str], formats: tuple[str, ...]) -> list[dict]:
                     )
                 )
                 row(label, "actual", ms, n * es + packed)
+                if label.endswith(GRID):  # the upcast is the computed-scale format's row
+                    continue
                 ms = _bench(lambda t=t: tcast.upcast(t, computemode="triton"))
                 row(label, "upcast", ms, packed + n * es)
                 del t

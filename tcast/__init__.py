@@ -122,7 +122,8 @@ def cast(
 
     `scales` (and, for unsigned types, `zero_points`) give every tile's scale instead, as
     `Tensor.scale_grid()` / `zero_grid()` hold them (E8M0 codes, or values of the scale format):
-    the elements are rounded to that fixed grid - what GPTQ does column by column - by TorchCast.
+    the elements are rounded to that fixed grid - what GPTQ does column by column - by either
+    engine (TritonCast: E8M0 or float scales without zero points; bit-exact with TorchCast).
     """
     from . import _primitives, _torchcast
     from ._engine import use_triton
@@ -181,29 +182,42 @@ def _cast_under(
     x: Any, datatype_: DataType, roundmode: Any, castmode: Any, computemode: Any, seed: int | None, generator: Any,
     out_dtype: Any, measure: bool, scales: Any, zero_points: Any,
 ) -> Any:  # fmt: skip
-    """A cast to the per-tile scales (and zero points) a caller gives: TorchCast's element rounding
-    under them (TritonCast computes its scales in the kernel and takes none per tile)."""
+    """A cast to the per-tile scales (and zero points) a caller gives: TritonCast's kernel for
+    them where it supports the cast (auto: on CUDA), else TorchCast's element rounding."""
     from . import _torchcast
-    from ._modes import ComputeMode, resolve_cast, resolve_compute, resolve_round
+    from ._engine import choose, given_support
+    from ._modes import resolve_cast, resolve_compute, resolve_round
 
     if scales is None:
         raise ValueError("zero_points come with the scales they belong to")
-    if resolve_compute(computemode) is ComputeMode.TRITON:
-        raise ValueError("TritonCast takes no per-tile scales: computemode='torch' or 'auto'")
     if datatype_.nspec.is_codebook:
         raise ValueError(f"codebook type {datatype_.name} chooses its tables itself: no scales to give")
     round_ = resolve_round(roundmode)
+    actual = resolve_cast(castmode) is CastMode.ACTUAL
+    if measure and not actual:
+        raise ValueError("measure records the error of an actual cast (castmode='actual')")
+    _torchcast._check_input(x)
     import torch
 
     given = (
         torch.as_tensor(scales, device=x.device),
         None if zero_points is None else torch.as_tensor(zero_points, device=x.device),
     )
+    compute = resolve_compute(computemode)
+    what = f"cast to {datatype_.name} under given scales"
+    if choose(compute, given_support(datatype_, x, round_), bool(x.is_cuda), what):
+        from ._triton._given import cast_under
+
+        result = cast_under(x, datatype_, round_, given[0], not actual, None if actual else out_dtype)
+        if measure:
+            import dataclasses
+
+            signal, noise = energies(x, upcast(result, result.value_dtype))
+            result = dataclasses.replace(result, signal=signal, noise=noise)
+        return result
     gen = _generator(x, seed, generator)
-    if resolve_cast(castmode) is CastMode.ACTUAL:
+    if actual:
         return _torchcast.actual_cast(x, datatype_, round_, ScaleMode.MAX, gen, measure, None, given)
-    if measure:
-        raise ValueError("measure records the error of an actual cast (castmode='actual')")
     return _torchcast.virtual_cast(x, datatype_, round_, ScaleMode.MAX, gen, out_dtype, None, given)
 
 

@@ -175,6 +175,38 @@ def _check(
     return tensor_support(source, on_cuda)
 
 
+def given_support(dtype: DataType, x: Any, roundmode: RoundMode) -> Support:
+    """Can TritonCast cast tensor `x` under per-tile scales a caller gives? Every float scale
+    format (its values are exact float32 divisors) or E8M0, tiles as the scale-computing kernels
+    take them; zero points, scales per tensor and stochastic rounding are TorchCast's."""
+    if not _triton_importable():
+        return Support(False, "triton is not installed")
+    sspec = dtype.sspec
+    problem = _element_support(dtype.nspec)
+    if not problem and sspec is not None:
+        scale = sspec.scale
+        if sspec.zero is not None:
+            problem = f"scale {sspec.code}: zero points are cast by TorchCast"
+        elif sspec.is_tensor or sspec.tensor_scale is not None:
+            problem = f"scale {sspec.code}: a scale per tensor is given as tensor_scale"
+        elif roundmode is RoundMode.STOCHASTIC:
+            problem = "stochastic rounding under given scales is cast by TorchCast"
+        elif sspec.is_exponent and scale.code != "e8m0":
+            problem = f"scale {sspec.code}: Triton takes E8M0 or float scales"
+        elif not sspec.is_exponent and (
+            scale.is_int or scale.is_uint or (scale.bits > 16 and scale.torch_dtype is not _float32())
+        ):
+            problem = f"scale {sspec.code}: given scales in Triton are floats of at most 16 bits, or float32"
+        elif not sspec.is_exponent and (scale.max >= 2.0**128 or scale.smallest_subnormal < 2.0**-149):
+            problem = f"scale {sspec.code}: its values reach beyond float32, which Triton divides in"
+        problem = (
+            problem or _tile_support(sspec, dtype.nspec) or _shape_support(sspec, dtype.nspec, tuple(x.shape))
+        )
+    if problem:
+        return Support(False, problem)
+    return tensor_support(x.dtype, bool(x.is_cuda))
+
+
 def tensor_support(source: Any, on_cuda: bool | None) -> Support:
     """The rules every Triton kernel has for its input: triton importable, a float32/16/bf16
     tensor (when `source` is given), on CUDA or under the interpreter."""

@@ -511,32 +511,56 @@ def signs_for(size: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 2, (size,), generator=generator).mul_(2).sub_(1).to(torch.float32)
 
 
-def given_scaling(
-    dtype: DataType, layout: Blocking, scales: torch.Tensor, zeros: torch.Tensor | None, work: torch.dtype
-) -> Scaling:
-    """The scaling of a cast under scales a caller chose (GPTQ rounds to a grid it fixed): `scales`
-    and `zeros` as `Tensor.scale_grid()` / `zero_grid()` give them - E8M0 codes or float values of
-    the scale format, and zero points of the uint formats - one per tile. Float scales must be
-    values of the scale format, positive and finite; zero points integers in the element's range."""
-    sspec, nspec = dtype.sspec, dtype.nspec
+def checked_scales(dtype: DataType, layout: Blocking, scales: torch.Tensor) -> torch.Tensor:
+    """A caller's per-tile scales, [tiles, 1] in block-row order, checked: E8M0 codes (integers
+    0..255, as `Tensor.scale_grid()` gives them), or positive finite values of the scale format
+    (a tensor already in the format's torch dtype holds nothing else; others are rounded into it
+    and must come back unchanged). One read-back to the host, whatever the device."""
+    sspec = dtype.sspec
     if sspec is None:
         raise ValueError(f"{dtype.name} has no scales to give")
     if sspec.tensor_scale is not None:
         raise ValueError(f"{dtype.name}: give its tensor scale (tensor_scale=), not per-tile scales")
     per_block = blocks_of_grid(scales, layout)
     if sspec.is_exponent:
-        if per_block.dtype.is_floating_point:
+        if per_block.dtype.is_floating_point or per_block.dtype == torch.bool:
             raise ValueError(
                 f"{dtype.name} takes its E8M0 scales as codes (integers), as scale_grid() gives them"
             )
+        if per_block.dtype != torch.uint8 and per_block.numel():
+            low, high = (int(v) for v in torch.aminmax(per_block.to(torch.int64)))
+            if low < 0 or high > 255:
+                raise ValueError(f"E8M0 scale codes of {dtype.name} lie in 0..255")
+        return per_block
+    native = sspec.scale.torch_dtype
+    if native is not None and per_block.dtype == native:
+        wrong = ~(torch.isfinite(per_block.float()) & (per_block.float() > 0))
+    else:
+        values = per_block.double()
+        wrong = ~(torch.isfinite(values) & (values > 0))
+        off_grid = quantize(torch.where(wrong, 1.0, values), sspec.scale, RoundMode.EVEN) != values
+        if bool((off_grid & ~wrong).any()):
+            raise ValueError(f"given scales must be values of {sspec.scale.code}")
+    if bool(wrong.any()):
+        raise ValueError("given scales must be positive and finite")
+    return per_block
+
+
+def given_scaling(
+    dtype: DataType, layout: Blocking, scales: torch.Tensor, zeros: torch.Tensor | None, work: torch.dtype
+) -> Scaling:
+    """The scaling of a cast under scales a caller chose (GPTQ rounds to a grid it fixed): `scales`
+    and `zeros` as `Tensor.scale_grid()` / `zero_grid()` give them - E8M0 codes or float values of
+    the scale format (see `checked_scales`), and zero points of the uint formats - one per tile;
+    zero points integers in the element's range."""
+    sspec, nspec = dtype.sspec, dtype.nspec
+    per_block = checked_scales(dtype, layout, scales)
+    assert sspec is not None
+    if sspec.is_exponent:
         exponent = exponents_from_codes(per_block, sspec.scale, torch.float64)
         scaling = Scaling(scale=exponent, to_grid=pow2(-exponent))
     else:
         values = per_block.double()
-        if not bool(torch.isfinite(values).all()) or bool((values <= 0).any()):
-            raise ValueError("given scales must be positive and finite")
-        if not torch.equal(quantize(values, sspec.scale, RoundMode.EVEN), values):
-            raise ValueError(f"given scales must be values of {sspec.scale.code}")
         scaling = Scaling(scale=values)
         if nspec.is_uint:
             if zeros is None:

@@ -231,5 +231,6 @@ def test_given_scales_are_checked() -> None:
         tcast.cast(x, "int8_fc", scales=torch.zeros_like(t.scale_grid()))
     with pytest.raises(ValueError, match="values of"):
         tcast.cast(x, "int8_fc", scales=t.scale_grid().double() * (1 + 2**-20))
-    with pytest.raises(ValueError, match="takes no per-tile scales"):
-        tcast.cast(x, "int8_fc", scales=t.scale_grid(), computemode="triton")
+    u = tcast.cast(x, "uint4_ffc", castmode="actual", computemode="torch")
+    with pytest.raises(ValueError, match="computemode triton cannot cast to uint4_ffc under given scales"):
+        tcast.cast(x, "uint4_ffc", scales=u.scale_grid(), zero_points=u.zero_grid(), computemode="triton")

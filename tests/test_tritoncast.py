@@ -364,6 +364,53 @@ def test_a_given_tensor_scale_is_bit_exact(name: str, source: torch.dtype) -> No
             )
 
 
+GIVEN_TILES = (
+    "mxfp4e2",
+    "mxint8",
+    "mxfp6e3",
+    "fp8_1x128",
+    "nvf4",
+    "int4:e5m10b13_t32",
+)  # the last: fp16 steps, as coreai_opt casts int4
+
+
+@pytest.mark.parametrize("name", GIVEN_TILES)
+@pytest.mark.parametrize("source", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
+def test_given_per_tile_scales_are_bit_exact(name: str, source: torch.dtype) -> None:
+    """Rounding onto a grid a caller fixed (E8M0 codes, 8-bit float, float16 and float32 scales):
+    the scales of the corner input itself, of a tensor 1000x smaller (saturation) and 1000x larger
+    (flushed tiles), and a NaN E8M0 code: values, codes and stored scales of both engines agree,
+    NaN elements stay NaN one by one."""
+    name = tcast.datatype(*name.split(":")) if ":" in name else name
+    x = corner_input(source, rows=8, cols=64)
+    finite = torch.nan_to_num(x.float(), nan=0.0, posinf=7.0, neginf=-7.0)
+    for factor in (1.0, 1e-3, 1e3):
+        grid = tcast.cast(finite * factor, name, castmode="actual", computemode="torch").scale_grid()
+        if factor == 1.0 and grid.dtype == torch.uint8:
+            grid = grid.clone()
+            grid.reshape(-1)[1] = 255  # E8M0's NaN: its tile is NaN
+        virtual_torch, virtual_triton = _both(x, name, scales=grid)
+        assert same_bits(virtual_torch, virtual_triton), factor
+        actual_torch, actual_triton = _both(x, name, castmode="actual", scales=grid)
+        assert torch.equal(actual_torch.codes, actual_triton.codes), factor
+        assert actual_triton.scales.dtype == actual_torch.scales.dtype
+        assert same_bits(actual_torch.scales.float(), actual_triton.scales.float())
+        assert actual_triton.numel_padded == actual_torch.numel_padded
+        assert same_bits(tcast.upcast(actual_triton, computemode="torch"), virtual_torch)
+
+
+def test_given_scales_the_triton_kernel_leaves_to_torchcast() -> None:
+    x = torch.randn(4, 64, device=DEVICE)
+    uint = tcast.cast(x, "uint4_ffc", castmode="actual", computemode="torch")
+    assert not tcast._engine.given_support(uint.dtype, x, tcast.RoundMode.EVEN)
+    wide = tcast.datatype("int4", "e8m7b124_t32")  # bfloat16 steps of int4: up to 2**131
+    assert "beyond float32" in tcast._engine.given_support(wide, x, tcast.RoundMode.EVEN).reason
+    mx = tcast.cast(x, "mxfp4e2", castmode="actual", computemode="torch")
+    assert "stochastic" in tcast._engine.given_support(mx.dtype, x, tcast.RoundMode.STOCHASTIC).reason
+    auto = tcast.cast(x, "uint4_ffc", scales=uint.scale_grid(), zero_points=uint.zero_grid())
+    assert same_bits(auto, tcast.upcast(uint, x.dtype))
+
+
 @pytest.mark.parametrize("element", ["e5m2", "e4m3fn"])
 def test_a_huge_given_tensor_scale_is_bit_exact_or_left_to_torchcast(element: str) -> None:
     """Two levels of e5m2 (max 57344) or e4m3 (448) elements under e4m3 tile scales: a caller's
@@ -401,11 +448,11 @@ def test_4_bit_codes_of_16_bit_tiles_read_as_word_pairs_are_bit_exact(
     the data scaled down 2**-120 (divisors below 2**-64: the prescaled branch, and for NVFP4 a
     tensor scale computed that small), a caller's tensor scale; a stream not on a word boundary
     takes the element path and gives the same codes."""
-    from tcast._triton._launch import _geometry, _pairs
+    from tcast._triton._launch import _pairs, geometry
 
     dtype = tcast.lookup(spec[0]) if len(spec) == 1 else tcast.datatype(*spec)
     x = corner_input(source, rows=36, cols=64)
-    assert _pairs(dtype.nspec, x, _geometry(tuple(x.shape), dtype))
+    assert _pairs(dtype.nspec, x, geometry(tuple(x.shape), dtype))
     for values in (x, x * 2.0**-120):
         for roundmode, scalemode in (("even", "max"), ("nearest", "midmax"), ("zero", "ceil")):
             _assert_engines_agree(values, dtype, roundmode=roundmode, scalemode=scalemode)
@@ -413,7 +460,7 @@ def test_4_bit_codes_of_16_bit_tiles_read_as_word_pairs_are_bit_exact(
         for tensor_scale in (torch.finfo(torch.float32).tiny, 0.7):
             _assert_engines_agree(x, dtype, tensor_scale=tensor_scale)
     shifted = off_word_boundary(x)
-    assert shifted.data_ptr() % 4 == 2 and not _pairs(dtype.nspec, shifted, _geometry(tuple(x.shape), dtype))
+    assert shifted.data_ptr() % 4 == 2 and not _pairs(dtype.nspec, shifted, geometry(tuple(x.shape), dtype))
     assert torch.equal(
         tcast.cast(shifted, dtype, castmode="actual", computemode="triton").codes,
         tcast.cast(x, dtype, castmode="actual", computemode="triton").codes,
@@ -458,13 +505,13 @@ def test_4_bit_codes_of_e8m0_tiles_read_as_words_are_bit_exact(
     NaN, an Inf, a tile of zeros, -0, subnormals), the data scaled to the ends of the scale range,
     every finite bfloat16 value in order (each tile spans neighbouring values, ties included); a
     stream not on a word boundary and odd rows take the element path and give the same codes."""
-    from tcast._triton._launch import _geometry, _nibble_words
+    from tcast._triton._launch import _nibble_words, geometry
 
     dtype = tcast.lookup(spec[0]) if len(spec) == 1 else tcast.datatype(*spec)
     x = corner_input(source, rows=36, cols=70)
     x[32:, 32:64] = 0.0  # a tile of zeros (and padding) under 32x32 tiles
     even = tcast.RoundMode.EVEN
-    assert _nibble_words(dtype.nspec, even, x, _geometry(tuple(x.shape), dtype))
+    assert _nibble_words(dtype.nspec, even, x, geometry(tuple(x.shape), dtype))
     scaled = [x * 2.0**-120, x * 2.0**100] if source == torch.bfloat16 else [x * 2.0**-10]
     for values in [x, x.reshape(2, 18, 70), *scaled]:
         for scalemode in SCALES:
@@ -472,9 +519,9 @@ def test_4_bit_codes_of_e8m0_tiles_read_as_words_are_bit_exact(
     if source == torch.bfloat16:
         _assert_engines_agree(in_rows(torch.sort(finite_bfloat16().float()).values.to(torch.bfloat16)), dtype)
     shifted = off_word_boundary(x)
-    assert not _nibble_words(dtype.nspec, even, shifted, _geometry(tuple(x.shape), dtype))
+    assert not _nibble_words(dtype.nspec, even, shifted, geometry(tuple(x.shape), dtype))
     odd = x[:, :69]
-    assert not _nibble_words(dtype.nspec, even, odd, _geometry(tuple(odd.shape), dtype))
+    assert not _nibble_words(dtype.nspec, even, odd, geometry(tuple(odd.shape), dtype))
     for values in (shifted, odd):
         _assert_engines_agree(values, dtype, roundmode="even")
     assert torch.equal(
@@ -518,14 +565,14 @@ def test_large_float_scaled_tiles_and_their_word_path_are_bit_exact(
     and so does the virtual cast into 16-bit values but for fnuz elements (`_float_virtual_words`:
     two values a word out, signs by one mask); odd rows (round to nearest even only) and a stream
     off a word boundary take the element path, with the same codes."""
-    from tcast._triton._launch import _byte_words, _geometry
+    from tcast._triton._launch import _byte_words, geometry
 
     dtype = tcast.lookup(spec[0]) if len(spec) == 1 else tcast.datatype(*spec)
     shapes = [(2, 160, 200), (2, 160, 199)] if dtype.sspec.is_2d else [(2, 8192), (2, 8191)]
     words = dtype.nspec.bits == 8 and not dtype.nspec.is_int and source != torch.float32
     for shape in shapes:
         x = _large_tile_input(source, shape)
-        geo = _geometry(shape, dtype)
+        geo = geometry(shape, dtype)
         assert _byte_words(dtype.nspec, x, geo) == (words and shape[-1] % 2 == 0)
         modes = (
             (("even", "max"), ("nearest", "midmax"), ("zero", "ceil"))
@@ -619,11 +666,11 @@ def test_a_tensor_scale_computed_on_the_device_either_side_of_the_fast_divisors_
     arm, below it the prescaled one (`_launch._divisors`). Tensors whose scale lands below, near
     and above the bound are bit-exact in both engines, rounding boundaries and float32-subnormal
     divisors included."""
-    from tcast._triton._launch import _divisors, _geometry
+    from tcast._triton._launch import _divisors, geometry
 
     name = "nvfp4"
     dtype = tcast.lookup(name)
-    divisors = _divisors(_geometry((64, 16), dtype), dtype, None)
+    divisors = _divisors(geometry((64, 16), dtype), dtype, None)
     bound = divisors["SCALAR_LO"]
     assert bound * dtype.sspec.scale.smallest_subnormal == 2.0**-64 and divisors["SCALAR_HI"] > 1.0
 

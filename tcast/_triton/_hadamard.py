@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .._primitives import signs_for
-from ._launch import _as_bits
+from ._launch import as_bits
 from ._memory import narrow, widen
 
 _PROGRAM_BYTES = 8192  # of input per program, in whole blocks (swept on an H100: docs/benchmarks.md)
@@ -61,7 +61,7 @@ def rotate(blocks: torch.Tensor, size: int, seed: int, inverse: bool) -> torch.T
     signs = signs_for(size, seed).to(device=blocks.device)
     if n:
         hadamard_kernel[(triton.cdiv(n, rows),)](
-            _as_bits(blocks, loading=True), signs, _as_bits(out), n, 1.0 / math.sqrt(size),
+            as_bits(blocks, loading=True), signs, as_bits(out), n, 1.0 / math.sqrt(size),
             SIZE=size, ROWS=rows, LOG=size.bit_length() - 1, INVERSE=inverse,
             num_warps=2 if blocks.element_size() == 2 else 4, enable_fp_fusion=False,
         )  # fmt: skip

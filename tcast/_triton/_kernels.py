@@ -1,6 +1,7 @@
 """The kernels: virtual cast, actual cast (packed codes + E8M0 scale codes) and upcast for
 unscaled and power-of-two scaled formats; the same three for float scales (per tile, channel
-row or tensor, and two-level); and the amax pass that per-tensor scales need first."""
+row or tensor, and two-level); the cast under per-tile scales a caller gives; and the amax pass
+that per-tensor scales need first."""
 
 from __future__ import annotations
 
@@ -718,3 +719,31 @@ def amax_kernel(x_ptr, out_ptr, numel, BLOCK: tl.constexpr):
     bits = ((x.to(tl.uint32, bitcast=True) << 1) >> 1).to(tl.int32)
     tl.atomic_max(out_ptr, tl.max(bits, axis=0))
     tl.atomic_max(out_ptr + 1, tl.max(tl.where(bits < 0x7F800000, bits, 0), axis=0))
+
+
+@triton.jit
+def given_tiles_kernel(
+    x_ptr, out_ptr, divisors_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, code_bytes, code_stride,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr, VIRTUAL: tl.constexpr,
+    BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr,
+    IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr, NAN_CODE: tl.constexpr, ROUND: tl.constexpr,
+    LEAN: tl.constexpr, DIVISORS: tl.constexpr,
+):  # fmt: skip
+    """A cast under per-tile scales a caller chose, as float32 divisors (an E8M0 scale is its power
+    of two): no statistics, each element rounded over its tile's divisor (a NaN divisor makes its
+    tile NaN; NaN elements stay NaN one by one, as under a given scale per tensor). VIRTUAL: the
+    codes' values into out_ptr; else the codes packed there."""
+    block, offsets, valid, _, x = load_tiles(
+        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
+    )
+    divisor = tl.load(divisors_ptr + block, mask=block < n_blocks, other=1.0)
+    bad = (divisor != divisor).to(tl.int32)
+    code = quotient_codes(
+        x, divisor, bad, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT, FNUZ, NAN_CODE, ROUND, LEAN, DIVISORS
+    )
+    code = tl.where(x != x, NAN_CODE, code)
+    if VIRTUAL:
+        values = scaled_values(code, divisor, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF)
+        tl.store(out_ptr + offsets, narrow(values, out_ptr), mask=valid)
+    else:
+        store_codes(out_ptr, code, block, n_blocks, code_bytes, code_stride, TILE, BLOCKS, BITS, True)

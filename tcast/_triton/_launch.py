@@ -29,7 +29,7 @@ from ._kernels import (
     virtual_kernel,
 )
 
-_ROUND = {RoundMode.EVEN: 0, RoundMode.NEAREST: 1, RoundMode.ZERO: 2, RoundMode.STOCHASTIC: 3}
+ROUND_CODES = {RoundMode.EVEN: 0, RoundMode.NEAREST: 1, RoundMode.ZERO: 2, RoundMode.STOCHASTIC: 3}
 _SCALE = {ScaleMode.MAX: 0, ScaleMode.MIDMAX: 1, ScaleMode.CEIL: 2, ScaleMode.EVEN: 3}
 _PROGRAM_BYTES = 8192  # of the float stream (input of a cast, output of an upcast) per program
 _UNSCALED_TILE = 256  # unscaled casts walk the flat tensor in runs of this many elements
@@ -37,7 +37,7 @@ _AMAX_BYTES = 65536  # of the input per program of the amax pass, on 8 warps (do
 
 
 @dataclass(frozen=True)
-class _Geometry:
+class Geometry:
     """How a kernel walks a tensor: blocks of `tile` elements (a power of two), `tcols` of them
     along the last dim (a 2-D tile has tile // tcols rows), numbered as TorchCast's layout numbers
     its scale blocks."""
@@ -66,29 +66,29 @@ class _Geometry:
         return self.blocks, self.per_row, self.block_rows, self.rows, self.cols
 
 
-def _geometry(shape: tuple[int, ...], dtype: DataType) -> _Geometry:
+def geometry(shape: tuple[int, ...], dtype: DataType) -> Geometry:
     numel = 1
     for d in shape:
         numel *= d
     sspec = dtype.sspec
     if sspec is None or sspec.is_tensor:
         blocks = -(-numel // _UNSCALED_TILE)
-        return _Geometry(_UNSCALED_TILE, _UNSCALED_TILE, blocks, 1, 1, numel, blocks, _UNSCALED_TILE, True)
+        return Geometry(_UNSCALED_TILE, _UNSCALED_TILE, blocks, 1, 1, numel, blocks, _UNSCALED_TILE, True)
     cols = shape[-1]
     lines = numel // cols if cols else 0
     if sspec.is_channel:
         tile = max(8, triton.next_power_of_2(cols))
-        return _Geometry(tile, tile, 1, 1, 1, cols, lines, cols, False)
+        return Geometry(tile, tile, 1, 1, 1, cols, lines, cols, False)
     if len(sspec.tiles) == 1:
         tile = sspec.tiles[0].size
         per_row = -(-cols // tile)
-        return _Geometry(tile, tile, per_row, 1, 1, cols, lines * per_row, tile, False)
+        return Geometry(tile, tile, per_row, 1, 1, cols, lines * per_row, tile, False)
     trows, tcols = sspec.tiles[0].size, sspec.tiles[1].size
     rows = shape[-2]
     matrices = numel // (rows * cols) if rows * cols else 0
     per_row, block_rows = -(-cols // tcols), -(-rows // trows)
     blocks = matrices * per_row * block_rows
-    return _Geometry(trows * tcols, tcols, per_row, block_rows, rows, cols, blocks, trows * tcols, False)
+    return Geometry(trows * tcols, tcols, per_row, block_rows, rows, cols, blocks, trows * tcols, False)
 
 
 @functools.lru_cache(maxsize=128)
@@ -104,7 +104,7 @@ def _format_params(nspec: NumberSpec) -> dict[str, object]:
 
 
 @functools.lru_cache(maxsize=128)
-def _element_params(nspec: NumberSpec, virtual: bool) -> dict[str, object]:
+def element_params(nspec: NumberSpec, virtual: bool) -> dict[str, object]:
     """Kernel constants of an element format for a cast (cached: encoding the max value costs
     torch ops)."""
     params = _format_params(nspec) | {"EMAX": nspec.emax}
@@ -115,7 +115,7 @@ def _element_params(nspec: NumberSpec, virtual: bool) -> dict[str, object]:
     return params
 
 
-def _as_bits(t: torch.Tensor, loading: bool = False) -> torch.Tensor:
+def as_bits(t: torch.Tensor, loading: bool = False) -> torch.Tensor:
     """bfloat16 tensors travel as int16 bits: always when loaded (the kernels widen them by a
     shift), and when stored only under the interpreter (see `narrow` in _memory)."""
     if t.dtype is torch.bfloat16 and (loading or interpreting()):
@@ -181,7 +181,7 @@ def _square_upcast_config(tile: int) -> LaunchConfig:
     return _square_tile_config(tile) if tile >= 1024 else LaunchConfig(2048, 4)
 
 
-def _nibble_words_config(geo: _Geometry) -> LaunchConfig:
+def _nibble_words_config(geo: Geometry) -> LaunchConfig:
     """The launch of `_kernels._nibble_words` (H100 sweeps, docs/benchmarks.md): 64 values a
     thread - two 32x32 tiles to a one-warp program (mxfp4s from bf16 93% -> 97% of copy), 8,192
     values of 1-D tiles on 4 warps (mxfp4e2 97% -> 100%); smaller square tiles as
@@ -225,21 +225,21 @@ def _float_constants(dtype: DataType, roundmode: RoundMode, scalemode: ScaleMode
     assert sspec is not None
     two_level = sspec.tensor_scale is not None
     return {
-        "TWO_LEVEL": two_level, "ROUND": _ROUND[roundmode],
+        "TWO_LEVEL": two_level, "ROUND": ROUND_CODES[roundmode],
         "TENSOR_DIVISOR": tensor_scale_divisor(dtype) if two_level else 1.0,
         "LEAN": lean_nearest(dtype.nspec, roundmode),
         "S_LEAN": scalemode is not ScaleMode.CEIL and lean_nearest(sspec.scale, RoundMode.EVEN),
-    } | _element_params(dtype.nspec, False) | _scale_params(dtype, scalemode)  # fmt: skip
+    } | element_params(dtype.nspec, False) | _scale_params(dtype, scalemode)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=32)
-def _runs16(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
+def _runs16(nspec: NumberSpec, x: torch.Tensor, geo: Geometry) -> bool:
     """Whether 4- and 6-bit codes of 16-bit inputs pack into words from 16-element runs per
     thread (tiles with rows of at least 16 values)."""
     return nspec.bits in (4, 6) and x.element_size() == 2 and not geo.flat and geo.tcols >= 16
 
 
-def _pairs(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
+def _pairs(nspec: NumberSpec, x: torch.Tensor, geo: Geometry) -> bool:
     """Whether a float-scaled actual cast reads 16-value tiles of 16-bit values as 32-bit words
     of two values (`_kernels._float_pairs`): 4-bit codes, a contiguous aligned stream."""
     return (
@@ -247,7 +247,7 @@ def _pairs(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
     )
 
 
-def _word_tiles(x: torch.Tensor, geo: _Geometry) -> bool:
+def _word_tiles(x: torch.Tensor, geo: Geometry) -> bool:
     """Whether x's tiles (not one scale per tensor) read as 32-bit words of two 16-bit values:
     rows, tile rows and code rows of even length, a 4-byte aligned stream."""
     return (
@@ -256,13 +256,13 @@ def _word_tiles(x: torch.Tensor, geo: _Geometry) -> bool:
     )  # fmt: skip
 
 
-def _byte_words(nspec: NumberSpec, x: torch.Tensor, geo: _Geometry) -> bool:
+def _byte_words(nspec: NumberSpec, x: torch.Tensor, geo: Geometry) -> bool:
     """Whether a float-scaled actual cast reads tiles of 16-bit values as 32-bit words of two
     (`_kernels._float_byte_words`): 8-bit float codes of word tiles."""
     return nspec.bits == 8 and not nspec.is_int and _word_tiles(x, geo)
 
 
-def _nibble_words(nspec: NumberSpec, roundmode: RoundMode, x: torch.Tensor, geo: _Geometry) -> bool:
+def _nibble_words(nspec: NumberSpec, roundmode: RoundMode, x: torch.Tensor, geo: Geometry) -> bool:
     """Whether an E8M0-scaled actual cast reads tiles of 16-bit values as 32-bit words of two
     (`_kernels._nibble_words`): 4-bit codes rounded to nearest even of word tiles of at least 8
     values, each tile's codes a whole number of words."""
@@ -272,7 +272,7 @@ def _nibble_words(nspec: NumberSpec, roundmode: RoundMode, x: torch.Tensor, geo:
     )  # fmt: skip
 
 
-def _words16(nspec: NumberSpec, x: torch.Tensor, out: torch.dtype, geo: _Geometry) -> bool:
+def _words16(nspec: NumberSpec, x: torch.Tensor, out: torch.dtype, geo: Geometry) -> bool:
     """Whether a float-scaled virtual cast reads and writes tiles of 16-bit values as 32-bit
     words of two (`_kernels._float_virtual_words`): the tiles and elements `_byte_words` takes
     but fnuz ones (no -0: the sign would need a select), a 16-bit output."""
@@ -280,7 +280,7 @@ def _words16(nspec: NumberSpec, x: torch.Tensor, out: torch.dtype, geo: _Geometr
 
 
 def _float_actual_config(
-    nspec: NumberSpec, x: torch.Tensor, geo: _Geometry, two_level: bool, checked: bool
+    nspec: NumberSpec, x: torch.Tensor, geo: Geometry, two_level: bool, checked: bool
 ) -> LaunchConfig:
     """The launch of a float-scaled actual cast where the default is short (H100 sweeps,
     docs/benchmarks.md): from float32, one scale per tensor 1,024 values a program (fp8_F 79% ->
@@ -310,7 +310,7 @@ def lean_nearest(nspec: NumberSpec, roundmode: RoundMode) -> bool:
     return nearest and not nspec.is_int and grid
 
 
-def _divisors(geo: _Geometry, dtype: DataType, given_value: float | None) -> dict[str, object]:
+def _divisors(geo: Geometry, dtype: DataType, given_value: float | None) -> dict[str, object]:
     """What the float-scale kernels may assume of their divisors (`_elements.quotient_magnitudes`):
     DIVISORS 0 nothing (small ones are prescaled, at a multiply a value); 1 at least 2**-64; 2
     also at most 2**126, on a GPU (the hardware's approximate reciprocal). Each divisor is the
@@ -353,7 +353,7 @@ def _amax_stats(x: torch.Tensor) -> torch.Tensor:
     if numel:
         block = _AMAX_BYTES // x.element_size()
         amax_kernel[(triton.cdiv(numel, block),)](
-            _as_bits(x, loading=True), stats, numel, BLOCK=block, num_warps=8
+            as_bits(x, loading=True), stats, numel, BLOCK=block, num_warps=8
         )
     return stats
 
@@ -397,7 +397,7 @@ def cast(
     nspec = dtype.nspec
     x = x.contiguous()
     shape = tuple(x.shape)
-    geo = _geometry(shape, dtype)
+    geo = geometry(shape, dtype)
     has_scale = dtype.sspec is not None
     # 4- and 6-bit codes under square tiles pack best from plain loads (no 16-element runs)
     narrow_square = has_scale and dtype.sspec.is_2d and nspec.bits in (4, 6)
@@ -413,18 +413,18 @@ def cast(
     grid = (triton.cdiv(geo.blocks, per_program),)
     common = {
         "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "HAS_SCALE": has_scale, "EVEN": geo.even,
-        "ROUND": _ROUND[roundmode], "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
-    } | _element_params(nspec, virtual)  # fmt: skip
+        "ROUND": ROUND_CODES[roundmode], "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
+    } | element_params(nspec, virtual)  # fmt: skip
     if has_scale:
         common |= {"LIMIT": float(step_up_limit(nspec, scalemode)), "SCALE_MODE": _SCALE[scalemode]}
     else:
         common |= {"LIMIT": 0.0, "SCALE_MODE": 0}
     common["HW_FP8"] = _hardware_fp8(nspec, roundmode, has_scale, x.device)
-    source = _as_bits(x, loading=True)
+    source = as_bits(x, loading=True)
     if virtual:
         out = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
         if geo.blocks:
-            virtual_kernel[grid](source, _as_bits(out), *geo.args(), seed, **common)
+            virtual_kernel[grid](source, as_bits(out), *geo.args(), seed, **common)
         return out
     codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
     scales = torch.empty(geo.blocks if has_scale else 0, dtype=torch.uint8, device=x.device)
@@ -465,7 +465,7 @@ def _float_cast(
     nspec = dtype.nspec
     x = x.contiguous()
     shape = tuple(x.shape)
-    geo = _geometry(shape, dtype)
+    geo = geometry(shape, dtype)
     two_level = dtype.sspec.tensor_scale is not None
     given, tensor_amax = _float_scalar(x, dtype, geo, scalemode, given_value)
     out = out_dtype or x.dtype
@@ -482,13 +482,13 @@ def _float_cast(
         common["maxnreg"] = config.registers
     words = _words16(nspec, x, out, geo) if virtual else _byte_words(nspec, x, geo)
     common["num_warps"] = config.warps(geo.tile, 2048 if words else 1024)
-    source = _as_bits(x, loading=True)
+    source = as_bits(x, loading=True)
     placeholder = given if given is not None else source
     if virtual:
         result = torch.empty(shape, dtype=out, device=x.device)
         if geo.blocks:
             float_virtual_kernel[grid](
-                source, _as_bits(result), placeholder, *geo.args(), WORDS16=words,
+                source, as_bits(result), placeholder, *geo.args(), WORDS16=words,
                 NATIVE=not interpreting(), **common,
             )  # fmt: skip
         return result
@@ -496,7 +496,7 @@ def _float_cast(
 
 
 def _float_scalar(
-    x: torch.Tensor, dtype: DataType, geo: _Geometry, scalemode: ScaleMode, given_value: float | None
+    x: torch.Tensor, dtype: DataType, geo: Geometry, scalemode: ScaleMode, given_value: float | None
 ) -> tuple[torch.Tensor | None, bool]:
     """(the one scale per tensor or two-level tensor scale the kernel reads, or None; whether
     the kernel derives it from an amax pass's bits)."""
@@ -520,7 +520,7 @@ def _float_scalar(
 
 
 def _float_actual(
-    x: torch.Tensor, dtype: DataType, geo: _Geometry, given: torch.Tensor | None, tensor_amax: bool,
+    x: torch.Tensor, dtype: DataType, geo: Geometry, given: torch.Tensor | None, tensor_amax: bool,
     grid: tuple[int], common: dict[str, object], words: bool, source: torch.Tensor, placeholder: torch.Tensor,
 ) -> Tensor:  # fmt: skip
     """The actual cast's launch: codes packed, scales stored by the kernel or given."""
@@ -557,7 +557,7 @@ def upcast(
 ) -> torch.Tensor:
     nspec = t.dtype.nspec
     device = t.codes.device
-    geo = _geometry(t.shape, t.dtype)
+    geo = geometry(t.shape, t.dtype)
     out = torch.empty(t.shape, dtype=torch_dtype or t.source_dtype, device=device)
     sspec = t.dtype.sspec
     if sspec is not None and sspec.is_exponent and sspec.is_2d and out.element_size() == 2:
@@ -577,14 +577,14 @@ def upcast(
     table = t.codes if decode else decode_table(nspec.code).to(device=device, dtype=torch.float32)
     if geo.blocks:
         upcast_kernel[grid](
-            t.codes, t.scales if has_scale else t.codes, table, _as_bits(out), *geo.args(), t.codes.numel(),
+            t.codes, t.scales if has_scale else t.codes, table, as_bits(out), *geo.args(), t.codes.numel(),
             HAS_SCALE=has_scale, DECODE=decode, **common,
         )  # fmt: skip
     return out
 
 
 def _float_upcast(
-    t: Tensor, out: torch.Tensor, geo: _Geometry, grid: tuple[int], common: dict[str, object]
+    t: Tensor, out: torch.Tensor, geo: Geometry, grid: tuple[int], common: dict[str, object]
 ) -> torch.Tensor:
     sspec = t.dtype.sspec
     assert sspec is not None and t.scales is not None
@@ -604,7 +604,7 @@ def _float_upcast(
     scales = t.scales if params["S_FP32"] or geo.flat else t.scales.view(torch.uint8)
     if geo.blocks:
         float_upcast_kernel[grid](
-            t.codes, scales, given, _as_bits(out), *geo.args(), t.codes.numel(), geo.stride, GIVEN=geo.flat,
+            t.codes, scales, given, as_bits(out), *geo.args(), t.codes.numel(), geo.stride, GIVEN=geo.flat,
             TWO_LEVEL=two_level, **params, **common,
         )  # fmt: skip
     return out
