@@ -140,12 +140,39 @@ def test_the_human_report_shows_the_spread(tmp_path: Path, mlp_samples: np.ndarr
         assert text in result.stdout, result.stdout
 
 
+def test_n_samples_along_a_batch_dim_of_one_are_n_samples(tmp_path: Path) -> None:
+    """A CNN that takes [1, 3, H, W] reads a [N, 3, H, W] file as N samples, the same as
+    [N, 1, 3, H, W] (the way people save a batch), in compare and in every calibration."""
+    from coreai_opt.calibration import Samples
+    from coreai_opt.inputs import exported_program_specs
+
+    program = load_pt2(SAMPLES / "cnn.pt2")
+    (spec,) = exported_program_specs(program)
+    assert spec.shape[0] == 1
+    data = np.random.default_rng(5).standard_normal((4, *spec.shape[1:])).astype(np.float32)
+    along = tmp_path / "along.safetensors"
+    extra = tmp_path / "extra.safetensors"
+    save_file({spec.name: data}, str(along))
+    save_file({spec.name: data[:, None]}, str(extra))
+    candidate = _pt2_candidate(tmp_path, "cnn", QuantizeConfig(dtype="int4"))
+    by_batch = compare_files(SAMPLES / "cnn.pt2", candidate, inputs=along)
+    by_axis = compare_files(SAMPLES / "cnn.pt2", candidate, inputs=extra)
+    assert by_batch.samples == [f"along.safetensors[{i}]" for i in range(4)]
+    assert by_batch.outputs[0].metrics == by_axis.outputs[0].metrics
+    assert by_batch.outputs[0].spread.cosine_mean == by_axis.outputs[0].spread.cosine_mean
+    drawn = list(Samples.of(along).inputs(program))
+    assert len(drawn) == 4
+    for i, (_, (x,)) in enumerate(drawn):
+        assert x.shape == spec.shape and np.array_equal(x.numpy(), data[i : i + 1])
+
+
 @pytest.mark.parametrize(
     ("layout", "message"),
     [
         ("empty-dir", "holds no .safetensors files"),
         ("zero-samples", "holds no samples"),
         ("bad-shape", "has shape [3, 4, 32]; the model takes [4, 64] (or [N, 4, 64] for N samples)"),
+        ("bad-batch", "the model takes [1, 16] (or [N, 1, 16] or [N, 16] for N samples)"),
         ("float-ids", "is F32; the model takes integers"),
         ("disagree", "tensors disagree on the number of samples"),
         ("not-safetensors", "not a readable safetensors file"),
@@ -161,6 +188,9 @@ def test_bad_sample_files_are_one_line_errors(layout: str, message: str, tmp_pat
         save_file({"x": np.zeros((0, 4, 64), np.float32)}, str(path))
     elif layout == "bad-shape":
         save_file({"x": np.zeros((3, 4, 32), np.float32)}, str(path))
+    elif layout == "bad-batch":
+        model = "transformer"
+        save_file({"input_ids": np.zeros((3, 8), np.int64), "attention_mask": np.ones((3, 16), np.int64)}, str(path))
     elif layout == "not-safetensors":
         path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{bad}")
     else:

@@ -33,8 +33,8 @@ def compare(
     inputs: Path | None = typer.Option(
         None,
         "--inputs",
-        help="Real samples: a safetensors file with one tensor per model input, by input name (optionally "
-        "with a leading sample axis, [N, *shape]), or a directory of such files.",
+        help="Real samples: a safetensors file with one tensor per model input, by input name (N samples: "
+        "[N, *shape], or [N, ...] for an input of [1, ...]), or a directory of such files.",
     ),
     samples: int = typer.Option(
         1, "--samples", min=1, help="Number of seeded random samples when no --inputs are given."

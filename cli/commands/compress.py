@@ -52,7 +52,7 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
                 "--calibration",
                 help=(
                     "Calibration samples for methods that learn from data: a safetensors file (one tensor per "
-                    "input, optionally [N, *shape]) or a directory of them, a text file (token windows), or "
+                    "input, optionally [N, *shape] or [N, ...] for an input of [1, ...]) or a directory of them, a text file (token windows), or "
                     "'random' (seeded draws)."
                 ),
             ),

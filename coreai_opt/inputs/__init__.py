@@ -4,8 +4,9 @@ When a user gives no inputs, each one is drawn to look like real data: integers 
 table from that table's range, integers and booleans that feed arithmetic or masks from {0, 1}
 (an attention mask), floats from the standard normal. The policy reads how each input is used
 from the program itself - a `torch.export` graph or a Core AI program - and every report says
-how each input was drawn. `--inputs FILE|DIR` (safetensors, one tensor per input, optionally with
-a leading sample axis; a directory of such files) gives real data instead.
+how each input was drawn. `--inputs FILE|DIR` (safetensors, one tensor per input, optionally
+holding N samples: a leading sample axis, or N along an input's batch dim of 1; a directory of
+such files) gives real data instead.
 """
 
 from ._files import InputSamples, read_input_samples, read_inputs_file

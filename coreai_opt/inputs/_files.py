@@ -1,7 +1,9 @@
 """Inputs from a user's safetensors files: one tensor per input, by input name.
 
-A file holds one sample (each tensor has the input's shape) or a batch of them (each tensor has a
-leading sample axis: `[N, *shape]`); a directory holds such files, read in name order. Every file's
+A file holds one sample (each tensor has the input's shape) or N of them: each tensor with a
+leading sample axis (`[N, *shape]`), or - for an input whose first dim is 1, as exported models
+take a batch of one - N along that dim (`[N, *shape[1:]]` for `[1, *shape[1:]]`, the way people
+save a batch). A directory holds such files, read in name order. Every file's
 header is checked before any data is read, so a bad file fails before a model runs, and the data
 is read one file at a time.
 """
@@ -27,7 +29,8 @@ SUFFIX = ".safetensors"
 class _SampleFile:
     path: Path
     count: int
-    batched: bool  # tensors carry a leading sample axis
+    batched: bool  # tensors carry N samples
+    along_batch: frozenset[str] = frozenset()  # inputs whose samples lie along their batch dim of 1
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,9 @@ class InputSamples:
                 yield entry.path.name, tensors
                 continue
             for i in range(entry.count):
-                yield f"{entry.path.name}[{i}]", {name: t[i] for name, t in tensors.items()}
+                yield f"{entry.path.name}[{i}]", {
+                    name: t[i : i + 1] if name in entry.along_batch else t[i] for name, t in tensors.items()
+                }
 
 
 def _is_float(dtype: str) -> bool:
@@ -64,8 +69,9 @@ def _is_float(dtype: str) -> bool:
 
 
 def _check_file(path: Path, specs: Sequence[InputSpec]) -> _SampleFile:
-    """Read the header only: a tensor per input, each of the input's shape or with one leading
-    sample axis, the same number of samples in every tensor, integers where the model takes them."""
+    """Read the header only: a tensor per input, each of the input's shape or holding N samples
+    (see the module), the same number of samples in every tensor, integers where the model takes
+    them."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -84,17 +90,12 @@ def _check_file(path: Path, specs: Sequence[InputSpec]) -> _SampleFile:
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise ModelFileError(path, f"not a readable safetensors file ({exc})") from None
     counts: dict[str, int | None] = {}
+    along: set[str] = set()
     for spec in specs:
         shape, dtype = found[spec.name]
-        if shape == spec.shape:
-            counts[spec.name] = None
-        elif len(shape) == len(spec.shape) + 1 and shape[1:] == spec.shape:
-            counts[spec.name] = shape[0]
-        else:
-            raise ModelFileError(
-                path, f"tensor {spec.name} has shape {list(shape)}; the model takes {list(spec.shape)} "
-                f"(or [N, {', '.join(map(str, spec.shape))}] for N samples)"
-            )  # fmt: skip
+        counts[spec.name], on_batch = _sample_count(path, spec, shape)
+        if on_batch:
+            along.add(spec.name)
         if spec.kind is not Kind.FLOAT and _is_float(dtype):
             raise ModelFileError(path, f"tensor {spec.name} is {dtype}; the model takes integers")
     if len(set(counts.values())) > 1:
@@ -105,7 +106,24 @@ def _check_file(path: Path, specs: Sequence[InputSpec]) -> _SampleFile:
     count = next(iter(counts.values()), None)
     if count == 0:
         raise ModelFileError(path, "holds no samples (a sample axis of length 0)")
-    return _SampleFile(path, 1 if count is None else count, count is not None)
+    return _SampleFile(path, 1 if count is None else count, count is not None, frozenset(along))
+
+
+def _sample_count(path: Path, spec: InputSpec, shape: tuple[int, ...]) -> tuple[int | None, bool]:
+    """(samples in a tensor of `shape` for input `spec`, None for one without a sample axis;
+    whether they lie along the input's batch dim of 1)."""
+    if shape == spec.shape:
+        return None, False
+    if len(shape) == len(spec.shape) + 1 and shape[1:] == spec.shape:
+        return shape[0], False
+    if spec.shape and spec.shape[0] == 1 and len(shape) == len(spec.shape) and shape[1:] == spec.shape[1:]:
+        return shape[0], True
+    rest = ", ".join(map(str, spec.shape))
+    also = f" or [N, {', '.join(map(str, spec.shape[1:]))}]" if spec.shape and spec.shape[0] == 1 else ""
+    raise ModelFileError(
+        path, f"tensor {spec.name} has shape {list(shape)}; the model takes {list(spec.shape)} "
+        f"(or [N, {rest}]{also} for N samples)"
+    )  # fmt: skip
 
 
 def read_input_samples(path: Path | str, specs: Sequence[InputSpec]) -> InputSamples:
