@@ -190,7 +190,9 @@ def test_bad_sample_files_are_one_line_errors(layout: str, message: str, tmp_pat
         save_file({"x": np.zeros((3, 4, 32), np.float32)}, str(path))
     elif layout == "bad-batch":
         model = "transformer"
-        save_file({"input_ids": np.zeros((3, 8), np.int64), "attention_mask": np.ones((3, 16), np.int64)}, str(path))
+        save_file(
+            {"input_ids": np.zeros((3, 8), np.int64), "attention_mask": np.ones((3, 16), np.int64)}, str(path)
+        )
     elif layout == "not-safetensors":
         path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{bad}")
     else:

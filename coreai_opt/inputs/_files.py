@@ -58,9 +58,13 @@ class InputSamples:
                 yield entry.path.name, tensors
                 continue
             for i in range(entry.count):
-                yield f"{entry.path.name}[{i}]", {
-                    name: t[i : i + 1] if name in entry.along_batch else t[i] for name, t in tensors.items()
-                }
+                yield (
+                    f"{entry.path.name}[{i}]",
+                    {
+                        name: t[i : i + 1] if name in entry.along_batch else t[i]
+                        for name, t in tensors.items()
+                    },
+                )
 
 
 def _is_float(dtype: str) -> bool:
