@@ -33,3 +33,20 @@ def weight_progress(enabled: bool, what: str) -> Iterator[Any]:
             )
 
         yield advance
+
+
+@contextlib.contextmanager
+def spinner(enabled: bool, what: str) -> Iterator[None]:
+    """A spinner with the elapsed time for one long step whose progress nothing reports (loading
+    and exporting a model), on a terminal's stderr only."""
+    if not enabled or not err_console.is_terminal:
+        yield
+        return
+    from rich.progress import Progress as Bar
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Bar(
+        SpinnerColumn(), TextColumn(what), TimeElapsedColumn(), console=err_console, transient=True
+    ) as bar:
+        bar.add_task(what, total=None)
+        yield

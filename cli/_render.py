@@ -434,7 +434,7 @@ def distinct_tails(names: list[str]) -> list[str]:
     """Names without the start they all share (up to a separator: `model.int8.aimodel`,
     `model.lut4.aimodel` -> `…int8.aimodel`, `…lut4.aimodel`), so what tells them apart survives a
     narrow column."""
-    if len(names) < 2:
+    if len(names) < 2 or len(set(names)) < len(names):
         return names
     shared = names[0]
     for name in names[1:]:

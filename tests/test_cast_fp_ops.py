@@ -141,3 +141,42 @@ def test_resolve_op_names() -> None:
         resolve_op("aten.no_such_op.default")
     with pytest.raises(ValueError, match=r"namespace\.op"):
         resolve_op("exp")
+
+
+class RMSNorm(nn.Module):
+    """LLaMA's norm on a residual stream whose RMS (300) squares past fp16's 65504."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stream = x * 300.0
+        variance = stream.pow(2).mean(-1, keepdim=True)
+        return self.weight * (stream * torch.rsqrt(variance + 1e-5))
+
+
+def test_a_norms_sum_of_squares_runs_in_fp32_and_leaves_as_fp16() -> None:
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    ep = export(RMSNorm(64), x)
+    report = cast_program(ep, CastTarget.FP16)
+    kept = {o.node for o in report.ops if o.outcome is OpOutcome.KEPT_FP32_NORM}
+    chain = [
+        *nodes_of(ep, aten.pow.Tensor_Scalar),
+        *nodes_of(ep, aten.mean.dim),
+        *nodes_of(ep, aten.rsqrt.default),
+    ]
+    assert len(chain) == 3 and {n.name for n in chain} <= kept
+    for n in chain:
+        assert n.meta["val"].dtype == torch.float32
+    # only the root leaves fp32: one cast down after rsqrt, none between the statistic's ops
+    (rsqrt,) = nodes_of(ep, aten.rsqrt.default)
+    assert all(is_cast(u) and cast_target_dtype(u) == torch.float16 for u in rsqrt.users)
+    assert meta_mismatches(ep, x) == []
+    got = run_cast(ep, x)
+    assert got.dtype == torch.float16 and bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got.float(), RMSNorm(64)(x), atol=2e-2, rtol=1e-2)
+    # the same program with the statistic in fp16 is all zeros or inf: what the rule prevents
+    with torch.no_grad():
+        half = (x.half() * 300).pow(2).mean(-1, keepdim=True)
+    assert not bool(torch.isfinite(half).all())

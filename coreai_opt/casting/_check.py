@@ -127,6 +127,7 @@ def compare_programs(
         new_nonfinite |= metrics.nonfinite_candidate > metrics.same_nonfinite
         dtypes = (str(t.dtype).removeprefix("torch.") for t in (ref, got))
         result.outputs.append(OutputAgreement(f"output {i}", *dtypes, metrics, ok))
-    if new_nonfinite:
+    if new_nonfinite or not all(o.ok for o in result.outputs):
+        # an inf inside (a sum of squares, say) can end as a finite but wrong output: name it too
         result.overflows = first_overflows(original, cast, inputs)
     return result

@@ -40,6 +40,7 @@ class FP16Pass:
         self.ignored = ignored
         self.kept_fp32: set[Node] = set()
         self.casts = g.CastInserter(self.graph, owned)
+        self.norm_statistics = _norm_statistics(self.graph)
 
     def run(self) -> None:
         self.convert_state()
@@ -128,6 +129,8 @@ class FP16Pass:
         reason = None
         if self.ignored(node):
             outcome = OpOutcome.KEPT_FP32_IGNORED
+        elif node in self.norm_statistics:
+            outcome = OpOutcome.KEPT_FP32_NORM
         elif any(g.dtype_of(a) == torch.float32 for a in float_inputs):
             outcome = OpOutcome.KEPT_FP32_INPUT
         elif overflowing := [v for v in scalars if dt.scalar_overflows_fp16(v)]:
@@ -157,7 +160,8 @@ class FP16Pass:
 
         g.map_node_args(node, upcast)
         self.kept_fp32.add(node)
-        if g.dtype_of(node) == torch.float32:
+        inside = node in self.norm_statistics and all(u in self.norm_statistics for u in node.users)
+        if g.dtype_of(node) == torch.float32 and not inside:
             self._cast_back(node)
 
     def _cast_back(self, node: Node) -> None:
@@ -165,3 +169,41 @@ class FP16Pass:
 
     def _record(self, node: Node, outcome: OpOutcome, detail: str = "") -> None:
         self.report.ops.append(OpChange.of(node, outcome, detail))
+
+
+_SQUARES = ("aten.pow.Tensor_Scalar", "aten.mul.Tensor")
+_REDUCTIONS = ("aten.mean.dim", "aten.sum.dim_IntList")
+_ROOTS = ("aten.rsqrt.default", "aten.sqrt.default")
+
+
+def _target(node: Node) -> str:
+    return str(node.target) if node.op == "call_function" else ""
+
+
+def _norm_statistics(graph: torch.fx.Graph) -> set[Node]:
+    """The nodes of every RMS-style statistic - x*x (or x**2), its mean or sum, plus a scalar eps,
+    a (reciprocal) square root - which run in fp32 as one piece: a sum of squares of activations
+    that fit fp16 easily exceeds 65504 (LLaMA-family residual streams reach RMS values in the
+    hundreds), while the root that leaves the chain is back in fp16's range."""
+    found: set[Node] = set()
+    for node in graph.nodes:
+        square = _target(node) in _SQUARES and (
+            node.args[1] == 2 if _target(node).startswith("aten.pow") else node.args[0] is node.args[1]
+        )
+        if not square or len(node.users) != 1:
+            continue
+        chain, current = [node], next(iter(node.users))
+        if _target(current) not in _REDUCTIONS:
+            continue
+        chain.append(current)
+        following = next(iter(current.users)) if len(current.users) == 1 else None
+        if (
+            following is not None
+            and _target(following) == "aten.add.Tensor"
+            and isinstance(following.args[1], float)
+        ):
+            chain.append(following)
+            following = next(iter(following.users)) if len(following.users) == 1 else None
+        if following is not None and _target(following) in _ROOTS:
+            found.update((*chain, following))
+    return found

@@ -14,6 +14,7 @@ class OpOutcome(enum.Enum):
     KEPT_FP32_OVERFLOW = "kept fp32 (overflow)"
     KEPT_FP32_IGNORED = "kept fp32 (ignored op)"
     KEPT_FP32_INPUT = "kept fp32 (fp32 input)"
+    KEPT_FP32_NORM = "kept fp32 (norm statistic)"
     KEPT_INDEX_SAFETY = "kept for index safety"
     CONSTANT_FOLDABLE = "constant-foldable"
 

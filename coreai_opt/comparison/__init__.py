@@ -1,7 +1,15 @@
 """Run two models (`.aimodel` on the Core AI runtime, `.pt2` in PyTorch) on the same samples and
 measure how closely their outputs agree."""
 
-from ._compare import ComparisonResult, OutputComparison, SampleSpread, compare_files, compare_many
+from ._compare import (
+    ComparisonResult,
+    OutputComparison,
+    SampleSpread,
+    Side,
+    compare_files,
+    compare_many,
+    open_side,
+)
 from ._inputs import parse_int_range
 from ._plot import check_plot_path, plot_sweep
 from ._sweep import SweepResult, SweepRow, compare_sweep
@@ -10,12 +18,14 @@ __all__ = [
     "ComparisonResult",
     "OutputComparison",
     "SampleSpread",
+    "Side",
     "SweepResult",
     "SweepRow",
     "check_plot_path",
     "compare_files",
     "compare_many",
     "compare_sweep",
+    "open_side",
     "parse_int_range",
     "plot_sweep",
 ]

@@ -162,7 +162,9 @@ class _AssetSide:
 Side = _AssetSide | ExportedSide
 
 
-def _open(path: Path, trust_pickle: bool, stack: contextlib.ExitStack) -> Side:
+def open_side(path: Path, trust_pickle: bool, stack: contextlib.ExitStack) -> Side:
+    """A model ready to run on samples: a `.pt2` in PyTorch, an `.aimodel` in its runtime worker
+    (closed with `stack`)."""
     if model_format(path, _FORMATS) is ModelFormat.PT2:
         return ExportedSide(path, trust_pickle)
     worker = stack.enter_context(AssetWorker(path))
@@ -260,7 +262,7 @@ def compare_many(
         require_existing(path)
         model_format(path, _FORMATS)
     with contextlib.ExitStack() as stack:
-        ref_side = _open(reference, trust_pickle, stack)
+        ref_side = open_side(reference, trust_pickle, stack)
         if inputs is not None:
             total, sampled, rules = _from_files(ref_side, Path(inputs))
             label, blame = str(inputs), Path(inputs)
@@ -325,7 +327,7 @@ def _candidate(
     """Run one candidate on every sample the reference ran on; fill `result`'s outputs."""
     candidate = result.candidate
     with contextlib.ExitStack() as stack:
-        cand_side = _open(candidate, trust_pickle, stack)
+        cand_side = open_side(candidate, trust_pickle, stack)
         names, cand_names = sorted(s.name for s in ref_side.inputs), sorted(s.name for s in cand_side.inputs)
         if names != cand_names:
             raise ModelFileError(

@@ -147,10 +147,13 @@ def _check_steps(recipe: Recipe, run: _Run) -> None:
 
 
 def _save(program: Any, out: Path, run: _Run) -> None:
+    from coreai_opt.models import copy_sidecars
+
     if model_format(out) is ModelFormat.AIMODEL:
         save_aimodel(program, out, force=run.force, inputs=(run.source,))
     else:
         save_pt2(program, out, force=run.force, inputs=(run.source,))
+    copy_sidecars(run.source, out)  # what `coreopt export` said of the model, and its tokenizer
 
 
 StepOutcome = tuple[Any, StepResult, str | None]  # (the program after, the step's record, a failed check)
@@ -159,7 +162,7 @@ StepOutcome = tuple[Any, StepResult, str | None]  # (the program after, the step
 def _compress(step: Compress, program: Any, run: _Run, index: int) -> StepOutcome:
     from coreai_opt.compression import compress_
 
-    calibration = _calibration(step, program)
+    calibration = _calibration(step, program, run)
     start = time.perf_counter()
     report = compress_(program, step.config, run.progress, run.executor, calibration)
     seconds = time.perf_counter() - start
@@ -175,7 +178,7 @@ def _compress(step: Compress, program: Any, run: _Run, index: int) -> StepOutcom
     return program, outcome, None
 
 
-def _calibration(step: Compress, program: Any) -> Any:
+def _calibration(step: Compress, program: Any, run: _Run) -> Any:
     """The statistics source for methods that learn from data (None when none does)."""
     from coreai_opt.compression import algorithm_named
 
@@ -189,8 +192,10 @@ def _calibration(step: Compress, program: Any) -> Any:
     if type(program).__name__ != "ExportedProgram":
         raise ValueError("methods that learn from data run on a .pt2 program: compress before converting")
     from coreai_opt.calibration import Samples, calibrate
+    from coreai_opt.models import model_tokenizer
 
-    samples = Samples.of(step.calibration, count=step.calibration_samples, tokens=step.calibration_tokens)
+    samples = Samples.of(step.calibration, count=step.calibration_samples, tokens=step.calibration_tokens,
+                         tokenizer=model_tokenizer(run.source))  # fmt: skip
     return calibrate(program, samples)
 
 
@@ -199,7 +204,10 @@ def _quantize_activations(step: QuantizeActivations, program: Any, run: _Run, in
     from coreai_opt.quantization import NothingToQuantize, Quantizer
 
     random = step.calibration == RANDOM
-    samples = Samples.of(step.calibration, count=step.calibration_samples if random else None, seed=step.seed)
+    from coreai_opt.models import model_tokenizer
+
+    samples = Samples.of(step.calibration, count=step.calibration_samples if random else None, seed=step.seed,
+                         tokenizer=model_tokenizer(run.source))  # fmt: skip
     batches = list(samples.inputs(program))  # read and checked before any work
     start = time.perf_counter()
     quantizer = Quantizer.of_program(program, step.config)

@@ -1,0 +1,209 @@
+"""`coreopt eval`: what compression costs on real data - perplexity, KL and top-1 on a text."""
+
+from __future__ import annotations
+
+import enum
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .._common import (
+    human_bytes,
+    json_option,
+    option_errors,
+    print_json,
+    quiet_option,
+    shown,
+    trust_pickle_option,
+    user_errors,
+)
+from .._progress import weight_progress
+
+
+class PlotMetric(enum.StrEnum):
+    perplexity = "perplexity"
+    kl = "kl"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(evaluate)
+
+
+def evaluate(
+    reference: Path = typer.Argument(..., help="The reference .pt2 or .aimodel (e.g. the fp32 export)."),
+    candidates: list[Path] = typer.Argument(None, help="Compressed or cast programs to measure against it."),
+    text: Path | None = typer.Option(
+        None, "--text", help="A UTF-8 text file to score (cut with the tokenizer)."
+    ),
+    tokens: Path | None = typer.Option(
+        None, "--tokens", help="Token ids to score instead: a safetensors file with one integer tensor."
+    ),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="A tokenizer.json (default: the one coreopt export saved beside REFERENCE)."
+    ),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", min=2, help="Score at most this many tokens."
+    ),
+    stride: int | None = typer.Option(
+        None,
+        "--stride",
+        min=1,
+        help="Tokens between window starts (default: the window; less gives context).",
+    ),
+    inputs: Path | None = typer.Option(
+        None,
+        "--inputs",
+        help="Not a language model: a safetensors dataset (file or folder) to compare outputs on.",
+    ),
+    max_ppl_increase: float | None = typer.Option(
+        None,
+        "--max-ppl-increase",
+        help="Exit 1 when a candidate's perplexity rises more than this many percent.",
+    ),
+    max_kl: float | None = typer.Option(
+        None, "--max-kl", help="Exit 1 when a candidate's mean KL exceeds this."
+    ),
+    as_csv: bool = typer.Option(False, "--csv", help="Print one CSV row per program instead of a table."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Also write a PNG of the metric against bits per weight."
+    ),
+    plot_metric: PlotMetric = typer.Option(PlotMetric.perplexity, "--plot-metric", help="What --plot draws."),
+    trust_pickle: bool = trust_pickle_option(),
+    quiet: bool = quiet_option(),
+    as_json: bool = json_option(),
+) -> None:
+    """Score language models on a text: perplexity of each program, and each candidate's KL
+    divergence from the reference's next-token distribution and top-1 agreement with it.
+
+    The text is cut into windows of the programs' token length every --stride tokens; each token
+    is scored once. A .pt2 runs in PyTorch (compressed weights decoded once), an .aimodel on the
+    Core AI runtime. One row per program: size, bits per weight, perplexity and its increase, KL
+    mean and 99th percentile, top-1, tokens per second. With --inputs (models that are not
+    language models) it compares outputs on that dataset, as `coreopt compare --inputs` does.
+
+    Example: coreopt eval smol.pt2 smol.int4.pt2 smol.lut4.pt2 --text corpus.txt --max-tokens 4096
+
+    Example: coreopt eval smol.pt2 smol.fp16.aimodel --text corpus.txt --max-ppl-increase 1 --json
+
+    Example: coreopt eval ref.pt2 a.pt2 b.pt2 --text corpus.txt --csv --plot ppl.png
+
+    Example: coreopt eval bert.pt2 bert.int8.pt2 --inputs batch.safetensors
+    """
+    _exclusive(as_csv, as_json)
+    if inputs is not None:
+        _outputs(
+            reference, candidates or [], inputs, text or tokens, trust_pickle, quiet, as_json, as_csv, plot
+        )
+        return
+    if (text is None) == (tokens is None):
+        raise typer.BadParameter("give --text or --tokens (one of them)", param_hint="--text")
+    if plot is not None:
+        from coreai_opt.comparison import check_plot_path
+
+        with option_errors({}, "--plot"):
+            check_plot_path(plot)
+    result = _score(reference, candidates or [], text, tokens, tokenizer, max_tokens, stride, trust_pickle,
+                    plot, plot_metric, quiet or as_json or as_csv)  # fmt: skip
+    limit = None if max_ppl_increase is None else max_ppl_increase / 100
+    failures = result.failures(limit, max_kl)
+    _report(result, failures, as_csv, as_json, quiet)
+    if failures:
+        raise typer.Exit(1)
+
+
+def _exclusive(as_csv: bool, as_json: bool) -> None:
+    if as_csv and as_json:
+        raise typer.BadParameter("give --csv or --json, not both", param_hint="--csv")
+
+
+def _report(result: Any, failures: list[str], as_csv: bool, as_json: bool, quiet: bool) -> None:
+    if as_csv:
+        sys.stdout.write(result.to_csv())
+    elif as_json:
+        print_json(result.to_dict() | {"ok": not failures})
+    elif quiet:
+        from .._render import print_line
+
+        print_line(_line(result, failures))
+    else:
+        _render(result, failures)
+
+
+def _score(reference: Path, candidates: list[Path], text: Path | None, tokens: Path | None, tokenizer: Path | None,
+           max_tokens: int | None, stride: int | None, trust_pickle: bool, plot: Path | None,
+           plot_metric: PlotMetric, silent: bool) -> Any:  # fmt: skip
+    from coreai_opt.evaluation import evaluate_text, plot_evaluation
+
+    flags = {"stride": "--stride", "max_tokens": "--max-tokens"}
+    with user_errors(False, flags), weight_progress(not silent, "scoring") as progress:
+        result = evaluate_text(
+            reference, candidates, text=text, tokens=tokens, tokenizer=tokenizer, max_tokens=max_tokens,
+            stride=stride, trust_pickle=trust_pickle, progress=progress,
+        )  # fmt: skip
+        if plot is not None:
+            plot_evaluation(result, plot, metric=plot_metric.value)
+    return result
+
+
+def _outputs(reference: Path, candidates: list[Path], inputs: Path, text: Path | None, trust_pickle: bool,
+             quiet: bool, as_json: bool, as_csv: bool, plot: Path | None) -> None:  # fmt: skip
+    from . import compare as compare_command
+
+    if text is not None:
+        raise typer.BadParameter("give --inputs or --text/--tokens, not both", param_hint="--inputs")
+    if not candidates:
+        raise typer.BadParameter(
+            "give at least one candidate to compare on --inputs", param_hint="CANDIDATES"
+        )
+    options = {"inputs": inputs, "samples": 1, "seed": 0, "int_range": None, "min_cosine": None,
+               "trust_pickle": trust_pickle}  # fmt: skip
+    result, one = compare_command._run(reference, candidates, options, plot, as_json, as_csv, quiet)
+    compare_command._show(result, one, as_csv, as_json, quiet)
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "inf" if not math.isfinite(value) else f"{100 * value:+.2f}%"
+
+
+def _num(value: float | None, spec: str) -> str:
+    if value is None:
+        return "-"
+    return "inf" if not math.isfinite(value) else format(value, spec)
+
+
+def _line(result: Any, failures: list[str]) -> str:
+    parts = [f"eval {result.reference.path.name}: ppl {_num(result.reference.perplexity, '.3f')}"]
+    for row in result.candidates:
+        parts.append(f"{row.path.name}: ppl {_num(row.perplexity, '.3f')} ({_pct(row.perplexity_increase)}), "
+                     f"KL {_num(row.kl_mean, '.4f')}, top-1 {_num(row.top1, '.3f')}")  # fmt: skip
+    return "; ".join(parts) + ("" if not failures else f" - FAILED: {'; '.join(failures)}")
+
+
+def _render(result: Any, failures: list[str]) -> None:
+    from .._render import console, distinct_tails, fitted_table
+
+    w = result.windows
+    console.print(
+        f"[bold]{shown(Path(result.source).name)}[/bold]: {w.tokens} tokens, {len(w.starts)} windows of {w.length} "
+        f"every {w.stride}, {w.scored} tokens scored"
+        + (f" ({w.dropped} past the last window not)" if w.dropped else "")
+    )
+    columns = [("program", "left")] + [(c, "right") for c in
+               ("size", "bits/w", "perplexity", "Δ ppl", "KL mean", "KL p99", "top-1", "tok/s")]  # fmt: skip
+    rows_in = [result.reference, *result.candidates]
+    names = distinct_tails([r.path.name for r in rows_in])
+    rows = []
+    for name, row in zip(names, rows_in, strict=True):
+        rows.append([
+            shown(name), human_bytes(row.size_bytes), _num(row.bits_per_weight, ".2f"), _num(row.perplexity, ".3f"),
+            _pct(row.perplexity_increase), _num(row.kl_mean, ".5f"), _num(row.kl_p99, ".4f"), _num(row.top1, ".4f"),
+            _num(row.tokens_per_second, ".0f"),
+        ])  # fmt: skip
+    console.print(fitted_table("Programs (the reference first; --json, --csv: every column)", columns, rows))
+    for line in failures:
+        console.print(f"[red]over budget[/red] {shown(line)}")

@@ -1,0 +1,28 @@
+"""Models from where people keep them: a local Hugging Face folder or a GGUF file, exported to a
+`.pt2` for Core AI (`export_model`, `export_file`), with what the model is and its tokenizer kept
+beside the program (`model_info`, `model_tokenizer`) for the commands that follow."""
+
+from ._exporter import ExportedModel, export_model
+from ._families import FAMILIES, Family, ModelKind, supported
+from ._files import ExportFileResult, export_file
+from ._sidecar import ModelInfo, copy_sidecars, info_path, model_info, model_tokenizer, tokenizer_path
+from ._source import ModelSource, open_source
+
+__all__ = [
+    "FAMILIES",
+    "ExportFileResult",
+    "ExportedModel",
+    "Family",
+    "ModelInfo",
+    "ModelKind",
+    "ModelSource",
+    "copy_sidecars",
+    "export_file",
+    "export_model",
+    "info_path",
+    "model_info",
+    "model_tokenizer",
+    "open_source",
+    "supported",
+    "tokenizer_path",
+]

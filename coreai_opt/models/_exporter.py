@@ -1,0 +1,180 @@
+"""`torch.export` of a Hugging Face model at a fixed batch and sequence length, for Core AI.
+
+The model is loaded by transformers from the checked source only (local files, safetensors or
+GGUF, no remote code), in float32, and exported with coreai-torch's decompositions - the form
+every coreopt pass and the converter take. Weights keep their Hugging Face names (what
+`--override` and the reports use): the model's own class is given a forward that returns plain
+tensors (logits; or the last hidden state and pooled output) instead of wrapping it in a module
+that would prefix every name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coreai_opt._errors import ConfigError
+from coreai_opt.io import ModelFileError, one_line
+
+from ._families import ModelKind
+from ._sidecar import ModelInfo
+from ._source import ModelSource, open_source
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+_POSITIONS = ("max_position_embeddings", "n_positions")
+
+
+@dataclass
+class ExportedModel:
+    """A freshly exported program, what it is, and its tokenizer (`tokenizer.json` text, or None)."""
+
+    program: ExportedProgram
+    info: ModelInfo
+    tokenizer: str | None
+    parameters: int
+    seconds: float
+
+
+def export_model(source: Path | str, *, seq_len: int = 128, batch: int = 1, seed: int = 0) -> ExportedModel:
+    """Export a local Hugging Face folder or GGUF file (see `open_source`) for Core AI.
+
+    A causal language model takes `input_ids [batch, seq_len]` (int64) and returns logits
+    `[batch, seq_len, vocab]`; an encoder takes `input_ids` and `attention_mask` and returns its
+    last hidden state (and its pooled output where it has a pooler). `ModelFileError` names the
+    source and the problem; `ConfigError` a bad length.
+    """
+    for name, value, least in (("seq_len", seq_len, 2), ("batch", batch, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ConfigError(f"{name} must be an integer of at least {least}, not {value!r}", name)
+    start = time.perf_counter()
+    src = open_source(source)
+    model = _load(src)
+    _check_positions(src, model.config, seq_len)
+    program = _export(src, model, seq_len, batch, seed)
+    config = json.loads(json.dumps(model.config.to_dict(), default=str))
+    info = ModelInfo(
+        src.family.kind, src.family.model_type, batch, seq_len,
+        getattr(model.config, "vocab_size", None), str(src.path), config,
+    )  # fmt: skip
+    parameters = sum(p.numel() for p in model.parameters())
+    return ExportedModel(program, info, _tokenizer(src), parameters, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """transformers' own progress bars and advice are not ours to print."""
+    import transformers
+
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        transformers.logging.set_verbosity(level)
+
+
+def _load(src: ModelSource) -> Any:
+    import torch
+
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("exporting needs transformers: pip install 'coreopt[hf]'") from None
+    auto = (
+        transformers.AutoModelForCausalLM
+        if src.family.kind is ModelKind.CAUSAL_LM
+        else transformers.AutoModel
+    )
+    options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False, "dtype": torch.float32}
+    if src.gguf:
+        options["gguf_file"] = src.path.name
+    else:
+        options["use_safetensors"] = True
+    try:
+        with _quiet():
+            model = auto.from_pretrained(str(src.folder), **options)
+    except ImportError:
+        raise
+    except Exception as exc:  # transformers raises many types for a malformed folder or file
+        text = one_line(exc, 200)
+        if "accelerate" in text and "pip install" in text:
+            raise ImportError("GGUF models need accelerate: pip install 'coreopt[hf]'") from None
+        raise ModelFileError(src.path, f"transformers could not load it ({text})") from None
+    return model.eval()
+
+
+def _check_positions(src: ModelSource, config: Any, seq_len: int) -> None:
+    for name in _POSITIONS:
+        limit = getattr(config, name, None)
+        if isinstance(limit, int) and seq_len > limit:
+            raise ConfigError(
+                f"seq_len {seq_len} exceeds the {limit} positions {src.path.name} has", "seq_len"
+            )
+
+
+def _plain_outputs(model: Any, kind: ModelKind) -> None:
+    """Give the model's class a forward that returns tensors, not a ModelOutput (whose pytree
+    type a loader would need transformers for); the parameters keep their names."""
+    base = type(model)
+    if kind is ModelKind.CAUSAL_LM:
+
+        def forward(self: Any, input_ids: torch.Tensor) -> torch.Tensor:
+            return base.forward(self, input_ids=input_ids, use_cache=False, return_dict=True).logits
+
+    else:
+
+        def forward(self: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+            out = base.forward(self, input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+            pooled = getattr(out, "pooler_output", None)
+            return out.last_hidden_state if pooled is None else (out.last_hidden_state, pooled)
+
+    model.__class__ = type(base.__name__, (base,), {"forward": forward})
+
+
+def _export(src: ModelSource, model: Any, seq_len: int, batch: int, seed: int) -> ExportedProgram:
+    import torch
+
+    from coreai_opt._export import coreai_decompositions
+
+    vocab = int(getattr(model.config, "vocab_size", 2) or 2)
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
+    kwargs = {"input_ids": ids}
+    if src.family.kind is ModelKind.ENCODER:
+        kwargs["attention_mask"] = torch.ones_like(ids)
+    _plain_outputs(model, src.family.kind)
+    try:
+        with torch.no_grad():
+            program = torch.export.export(model, tuple(kwargs.values()), strict=False)
+            return program.run_decompositions(coreai_decompositions())
+    except Exception as exc:  # torch.export raises many types for code it cannot trace
+        raise ModelFileError(
+            src.path, f"does not export at batch {batch}, seq_len {seq_len} ({one_line(exc, 200)})"
+        ) from None
+
+
+def _tokenizer(src: ModelSource) -> str | None:
+    """The model's tokenizer as `tokenizer.json` text: the folder's own file, else what
+    transformers builds from the folder or the GGUF metadata; None when there is none."""
+    own = src.folder / "tokenizer.json"
+    if not src.gguf and own.is_file():
+        return own.read_text(encoding="utf-8")
+    try:
+        import transformers
+
+        options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
+        if src.gguf:
+            options["gguf_file"] = src.path.name
+        with _quiet():
+            made = transformers.AutoTokenizer.from_pretrained(str(src.folder), **options)
+        return made.backend_tokenizer.to_str()
+    except Exception:  # no tokenizer in the source: the program is still useful without one
+        return None

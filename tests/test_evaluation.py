@@ -1,0 +1,161 @@
+"""`coreopt eval`: perplexity, KL and top-1 of exported language models on a text, checked against
+transformers' own model and against the numbers computed here from the programs' logits."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+
+from tests._hf import TEXT, VOCAB, hf_folder, tiny_model
+
+SEQ = 16
+
+
+@pytest.fixture(scope="module")
+def lineage(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny LLaMA exported (fp32), a 2-bit palettized copy, the text, its ids as safetensors."""
+    from safetensors.numpy import save_file
+
+    from coreai_opt.compression import PalettizeConfig
+    from coreai_opt.models import export_file, model_tokenizer
+    from coreai_opt.recipes import compress_file
+    from tests._hf import tokenizer_json
+
+    root = tmp_path_factory.mktemp("eval")
+    folder = hf_folder("llama", root)
+    ref = export_file(folder, root / "ref.pt2", seq_len=SEQ).output
+    lut = root / "ref.lut2.pt2"
+    compress_file(ref, lut, PalettizeConfig(n_bits=2, weight_num_threshold=0))
+    text = root / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    from tokenizers import Tokenizer
+
+    ids = np.asarray(
+        Tokenizer.from_str(tokenizer_json()).encode(TEXT, add_special_tokens=False).ids, np.int64
+    )
+    save_file({"tokens": ids}, str(root / "ids.safetensors"))
+    assert model_tokenizer(lut) is not None
+    return {"folder": folder, "ref": ref, "lut": lut, "text": text, "ids": root / "ids.safetensors"}
+
+
+def _windows(ids: np.ndarray, stride: int) -> list[tuple[int, int]]:
+    """(start, first scored row) per window, as the evaluation's definition says."""
+    starts = range(0, len(ids) - SEQ + 1, stride)
+    return [(s, 0 if i == 0 else max(0, SEQ - stride - 1)) for i, s in enumerate(starts)]
+
+
+def _logprobs(run, ids: np.ndarray, stride: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[no-untyped-def]
+    rows, targets = [], []
+    for start, first in _windows(ids, stride):
+        window = torch.from_numpy(ids[start : start + SEQ])[None]
+        with torch.no_grad():
+            logits = run(window)[0].double()
+        rows.append(torch.log_softmax(logits[first:-1], -1))
+        targets.append(window[0, first + 1 :])
+    return torch.cat(rows), torch.cat(targets)
+
+
+@pytest.mark.parametrize("stride", [SEQ, 5])
+def test_perplexity_is_transformers_perplexity_on_the_same_windows(lineage, stride: int) -> None:
+    from safetensors.numpy import load_file
+
+    from coreai_opt.evaluation import evaluate_text
+
+    result = evaluate_text(lineage["ref"], text=lineage["text"], stride=stride)
+    ids = load_file(str(lineage["ids"]))["tokens"]
+    model = tiny_model("llama")
+    logp, targets = _logprobs(lambda w: model(input_ids=w).logits, ids, stride)
+    want = math.exp(-float(logp.gather(1, targets[:, None]).mean()))
+    assert result.reference.perplexity == pytest.approx(want, rel=1e-6)
+    w = result.windows
+    assert (w.tokens, w.length, w.stride) == (len(ids), SEQ, stride)
+    assert w.scored == len(targets) and len(w.starts) == len(_windows(ids, stride))
+    assert w.dropped == len(ids) - (w.starts[-1] + SEQ)
+
+
+def test_kl_and_top1_are_those_of_the_programs_logits(lineage) -> None:
+    from safetensors.numpy import load_file
+
+    import coreai_opt
+    from coreai_opt._export import fold_decompression
+    from coreai_opt.evaluation import evaluate_text
+
+    result = evaluate_text(lineage["ref"], [lineage["ref"], lineage["lut"]], tokens=lineage["ids"])
+    same, lut = result.candidates
+    assert (same.kl_mean, same.kl_p99, same.top1, same.perplexity_increase) == (0.0, 0.0, 1.0, 0.0)
+    ids = load_file(str(lineage["ids"]))["tokens"]
+    modules = []
+    for path in (lineage["ref"], lineage["lut"]):
+        module = coreai_opt.load(path).module()
+        fold_decompression(module)
+        modules.append(module)
+    logp, targets = _logprobs(modules[0], ids, SEQ)
+    logq, _ = _logprobs(modules[1], ids, SEQ)
+    logp, logq = logp.float().double(), logq.float().double()  # as the evaluation keeps them
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    assert lut.kl_mean == pytest.approx(float(kl.mean()), rel=1e-6) and lut.kl_mean > 1e-3
+    assert lut.kl_p99 == pytest.approx(float(torch.quantile(kl, 0.99)), rel=1e-6)
+    assert lut.top1 == float((logp.argmax(-1) == logq.argmax(-1)).double().mean()) and lut.top1 < 1
+    ppl = math.exp(-float(logq.gather(1, targets[:, None]).mean()))
+    assert lut.perplexity == pytest.approx(ppl, rel=1e-6)
+    assert lut.perplexity_increase == pytest.approx(ppl / result.reference.perplexity - 1, rel=1e-9)
+    assert lut.bits_per_weight < 8 < result.reference.bits_per_weight == 32
+    assert lut.size_bytes < result.reference.size_bytes
+
+
+def test_the_core_ai_runtime_scores_the_converted_program_alike(lineage, tmp_path: Path) -> None:
+    from coreai_opt.evaluation import evaluate_text
+    from coreai_opt.recipes import convert_file
+
+    converted = convert_file(lineage["ref"], tmp_path / "ref.aimodel").output
+    result = evaluate_text(lineage["ref"], [converted], text=lineage["text"])  # its tokenizer: the sidecar
+    row = result.candidates[0]
+    assert row.perplexity == pytest.approx(result.reference.perplexity, rel=1e-3)
+    assert row.top1 == 1.0 and row.kl_mean < 1e-6
+
+
+def test_eval_cli_reports_and_gates(lineage, coreopt) -> None:
+    result = coreopt("eval", lineage["ref"], lineage["lut"], "--text", lineage["text"], "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is True and doc["window"] == SEQ and doc["windows"] == len(doc and range(doc["windows"]))
+    kl = doc["candidates"][0]["kl_mean"]
+    gated = coreopt("eval", lineage["ref"], lineage["lut"], "--text", lineage["text"], "--max-kl", kl / 2)
+    assert gated.exit_code == 1 and "exceeds" in gated.stdout
+    csv = coreopt("eval", lineage["ref"], lineage["lut"], "--tokens", lineage["ids"], "--csv")
+    assert csv.exit_code == 0 and len(csv.stdout.strip().splitlines()) == 3
+    quiet = coreopt("eval", lineage["ref"], lineage["lut"], "--tokens", lineage["ids"], "--quiet",
+                    "--max-ppl-increase", 1e9)  # fmt: skip
+    assert quiet.exit_code == 0 and len(quiet.stdout.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (["--max-tokens", 8], "fewer than one window of 16"),
+        (["--tokenizer", "missing.json"], "no such tokenizer file"),
+        (["--stride", 17], "--stride"),
+    ],
+)
+def test_eval_errors_are_one_line(lineage, coreopt, args: list[object], problem: str) -> None:
+    result = coreopt("eval", lineage["ref"], "--text", lineage["text"], *args)
+    assert result.exit_code in (1, 2) and problem in result.stderr
+    if result.exit_code == 1:
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_ids_outside_the_vocabulary_are_refused(lineage, tmp_path: Path, coreopt) -> None:
+    from safetensors.numpy import save_file
+
+    bad = tmp_path / "bad.safetensors"
+    save_file({"tokens": np.full(40, VOCAB, np.int64)}, str(bad))
+    result = coreopt("eval", lineage["ref"], "--tokens", bad)
+    assert result.exit_code == 1 and "outside the model's vocabulary" in result.stderr
