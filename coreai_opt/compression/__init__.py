@@ -106,6 +106,7 @@ __all__ = [
     "methods",
     "parse_override",
     "register",
+    "trial_encodings",
     "unregister",
 ]
 
@@ -129,3 +130,11 @@ def compress_(
     if not isinstance(config, (QuantizeConfig, PalettizeConfig, SparsifyConfig)):
         raise TypeError(f"config must be a QuantizeConfig, PalettizeConfig or SparsifyConfig, not {config!r}")
     return compress_container(container_of(program), config, progress, executor, calibration)
+
+
+def trial_encodings(program: Any, config: Config, calibration: Calibration | None = None) -> Any:
+    """Each weight `compress_(program, config)` would compress, with its encoding or why it stays,
+    nothing written (`_driver.trial_encodings`; an iterator of `(WeightSite, Encoding | Skipped)`)."""
+    from ._driver import trial_encodings as trials
+
+    return trials(container_of(program), config, calibration)

@@ -162,3 +162,24 @@ def _non_finite(w: torch.Tensor) -> str | None:
         return None
     bad = int((~torch.isfinite(w)).sum())
     return f"{bad} NaN or Inf value{'s' * (bad > 1)}: left uncompressed" if bad else None
+
+
+def trial_encodings(
+    container: Container, config: Config, calibration: Calibration | None = None
+) -> Iterator[tuple[WeightSite, Encoding | Skipped]]:
+    """Each weight `compress_container` would compress, with its encoding (or why it stays) -
+    nothing written: what a caller swaps into a model in memory to measure one weight at a time.
+    Methods that learn from data take their statistics of the program as it is, in one pass."""
+    sites, _ = select_sites(container.candidates(), config.weight_num_threshold, config.for_weight)
+    learned = [(site, cfg) for site, cfg in sites if not algorithm_for(cfg).data_free]
+    if learned and calibration is None:
+        raise ConfigError("the method learns from data: give calibration samples", "calibration")
+    statistics = {}
+    for needs in {algorithm_for(cfg).needs for _, cfg in learned}:
+        names = [site.name for site, cfg in learned if algorithm_for(cfg).needs is needs]
+        statistics.update(calibration.statistics(names, needs))  # type: ignore[union-attr]
+    for site, cfg in sites:
+        outcome = encode_weight(container.read(site), site, cfg, statistics.get(site.name))
+        if not isinstance(outcome, Skipped) and (refusal := container.refusal(site, outcome)) is not None:
+            outcome = site.skipped(refusal, SkipKind.LAYOUT)
+        yield site, outcome

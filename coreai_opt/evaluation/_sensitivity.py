@@ -1,0 +1,294 @@
+"""How much each weight's compression alone costs on a text: the KL divergence from the
+reference's next-token distribution, the perplexity increase and the bytes it saves, measured by
+swapping the decoded weight into the program in memory (no file written), one weight at a time.
+
+A weight only changes what comes after its first reader, so each window runs the reference once,
+keeping the values alive at every weight's first reader, and each trial resumes from there: on a
+decoder, half a forward pass per weight on average. Beside the measurement, a cheap estimate -
+the second-order Taylor term 1/2 sum(F * dW^2) with F the squared gradients of the next-token
+loss on the same text (the calibration room's Fisher) - and the rank correlation between them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from coreai_opt._errors import ConfigError
+from coreai_opt.io import ModelFileError, load_pt2, require_existing
+
+from ._text import Progress, _Counter
+from ._tokens import Windows, check_ids, file_token_ids, text_token_ids
+
+if TYPE_CHECKING:
+    import torch
+    from torch.fx import GraphModule, Node
+
+
+@dataclass
+class WeightSensitivity:
+    name: str
+    shape: tuple[int, ...]
+    bytes_before: int
+    bytes_after: int
+    kl_mean: float = 0.0
+    perplexity_increase: float = 0.0
+    top1: float = 1.0
+    estimate: float | None = None  # 1/2 sum(F dW^2) per token
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "shape": list(self.shape), "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after, "bytes_saved": self.bytes_saved, "kl_mean": self.kl_mean,
+            "perplexity_increase": self.perplexity_increase, "top1": self.top1, "estimate": self.estimate,
+        }  # fmt: skip
+
+
+@dataclass
+class SensitivityResult:
+    program: Path
+    config: dict[str, Any]
+    source: str
+    windows: Windows
+    reference_perplexity: float
+    weights: list[WeightSensitivity]  # most sensitive (largest KL) first
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    rank_correlation: float | None = None  # Spearman, measured KL vs estimate
+    seconds: float = 0.0
+    estimate_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        w = self.windows
+        return {
+            "program": str(self.program), "config": self.config, "source": self.source, "tokens": w.tokens,
+            "window": w.length, "windows": len(w.starts), "scored_tokens": w.scored,
+            "reference_perplexity": self.reference_perplexity, "rank_correlation": self.rank_correlation,
+            "seconds": round(self.seconds, 3), "estimate_seconds": round(self.estimate_seconds, 3),
+            "weights": [x.to_dict() for x in self.weights], "skipped": self.skipped,
+        }  # fmt: skip
+
+
+def weight_sensitivity(
+    program: Path | str,
+    config: Any,
+    *,
+    text: Path | str | None = None,
+    tokens: Path | str | None = None,
+    tokenizer: Path | str | None = None,
+    max_tokens: int | None = None,
+    estimate: bool = True,
+    trust_pickle: bool = False,
+    progress: Progress | None = None,
+) -> SensitivityResult:
+    """Each weight `config` would compress, measured alone (see the module); windows of the
+    program's length that do not overlap. `estimate` (text only) adds the Fisher estimate."""
+    from coreai_opt.compression import trial_encodings
+    from coreai_opt.models import model_info, model_tokenizer
+
+    start = time.perf_counter()
+    path = Path(program)
+    require_existing(path)
+    if (text is None) == (tokens is None):
+        raise ConfigError("give a text file or a tokens file (one of them)", "text")
+    found = Path(tokenizer) if tokenizer is not None else model_tokenizer(path)
+    ids = text_token_ids(Path(text), found) if text is not None else file_token_ids(Path(tokens))  # type: ignore[arg-type]
+    ids = ids[:max_tokens] if max_tokens is not None else ids
+    info = model_info(path)
+    check_ids(ids, info.vocab_size if info else None, Path(text or tokens))  # type: ignore[arg-type]
+    ep = load_pt2(path, trust_pickle=trust_pickle)
+    trials, skipped = _trials(ep, config, trial_encodings)
+    runner = _Resumable(ep)
+    windows = Windows(len(ids), runner.length, runner.length)
+    counter = _Counter(progress, len(windows.starts) * (1 + len(trials)))
+    rows, ppl = runner.measure(ids, windows, trials, counter)
+    result = SensitivityResult(path, config.to_dict(), str(text or tokens), windows, ppl, rows, skipped)
+    if estimate and text is not None:
+        begun = time.perf_counter()
+        _estimate(ep, rows, trials, text, found, max_tokens)
+        result.estimate_seconds = time.perf_counter() - begun
+        result.rank_correlation = spearman([r.kl_mean for r in rows], [r.estimate or 0.0 for r in rows])
+    rows.sort(key=lambda r: -r.kl_mean)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _trials(
+    ep: Any, config: Any, trial_encodings: Any
+) -> tuple[dict[str, tuple[Any, Any]], list[dict[str, Any]]]:
+    """name -> (site, decoded weight) for every weight that would be compressed; the others."""
+    from coreai_opt.weights import Skipped, decode
+
+    trials, skipped = {}, []
+    for site, outcome in trial_encodings(ep, config):
+        if isinstance(outcome, Skipped):
+            skipped.append({"name": site.name, "reason": outcome.reason})
+        else:
+            trials[site.name] = (site, outcome, decode(outcome))
+    if not trials:
+        raise ValueError("the config compresses no weight of this program")
+    return trials, skipped
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation (ties take their mean rank); None for fewer than 3 values."""
+    if len(a) < 3:
+        return None
+
+    def ranks(values: list[float]) -> np.ndarray:
+        order = np.argsort(values, kind="stable")
+        out = np.empty(len(values))
+        out[order] = np.arange(len(values), dtype=np.float64)
+        for value in set(values):  # ties: their mean rank
+            where = np.asarray(values) == value
+            out[where] = out[where].mean()
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+class _Resumable:
+    """The program's module, run node by node: once per window in full, keeping the values alive
+    at each weight's first reader, then from that reader on with the weight swapped."""
+
+    def __init__(self, ep: Any) -> None:
+        from torch.fx import Interpreter
+
+        from coreai_opt._export import fold_decompression
+
+        self.gm: GraphModule = ep.module()
+        fold_decompression(self.gm)
+        self.nodes = list(self.gm.graph.nodes)
+        position = {n: i for i, n in enumerate(self.nodes)}
+        self.last_use = {n: max((position[u] for u in n.users), default=i) for i, n in enumerate(self.nodes)}
+        self.attrs = {n.target: n for n in self.nodes if n.op == "get_attr"}
+        self.position = position
+        self.interpreter = Interpreter(self.gm)
+        placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        shapes = [tuple(n.meta["val"].shape) for n in placeholders if "val" in n.meta]
+        ints = [n for n in placeholders if "val" in n.meta and not n.meta["val"].is_floating_point()]
+        if not ints or len(shapes[0]) != 2:
+            raise ModelFileError(Path(str(ep)), "takes no [batch, tokens] ids: not a language model")
+        self.placeholders = placeholders
+        self.batch, self.length = tuple(ints[0].meta["val"].shape)
+
+    def cut(self, name: str) -> tuple[int, Node]:
+        node = self.attrs.get(name)
+        if node is None or not node.users:
+            raise ValueError(f"weight {name} is not read by the program")
+        return min(self.position[u] for u in node.users), node
+
+    def _run(
+        self, env: dict[Node, Any], begin: int, keep: dict[int, list[Node]] | None = None
+    ) -> tuple[Any, dict]:
+        saved: dict[int, dict[Node, Any]] = {}
+        for i in range(begin, len(self.nodes)):
+            if keep is not None and i in keep:
+                saved[i] = {n: env[n] for n in keep[i]}
+            node = self.nodes[i]
+            if node.op == "output":
+                args, _ = self.interpreter.fetch_args_kwargs_from_env(node)
+                return args[0], saved
+            if node.op != "placeholder":  # the inputs are in env already
+                self.interpreter.env = env
+                env[node] = self.interpreter.run_node(node)
+            for used in node.all_input_nodes:
+                if self.last_use[used] == i:
+                    env.pop(used, None)
+        raise AssertionError("a graph without an output")
+
+    def _logits(self, output: Any) -> torch.Tensor:
+        import torch
+
+        first = next(t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor))
+        return first
+
+    def measure(
+        self, ids: np.ndarray, windows: Windows, trials: dict[str, tuple[Any, Any, Any]], counter: _Counter
+    ) -> tuple[list[WeightSensitivity], float]:
+        import torch
+
+        cuts = {name: self.cut(name) for name in trials}
+        keep = {c: [n for n in self.nodes[:c] if self.last_use[n] >= c] for c, _ in cuts.values()}
+        sums = {name: [0.0, 0.0, 0] for name in trials}  # KL, NLL, top-1 agreements
+        ref_nll = 0.0
+        starts = list(windows.starts)
+        with torch.no_grad():
+            for first in range(0, len(starts), self.batch):
+                group = starts[first : first + self.batch]
+                rows = [ids[s : s + self.length] for s in group] + [
+                    ids[group[-1] : group[-1] + self.length]
+                ] * (self.batch - len(group))
+                batch = torch.from_numpy(np.stack(rows).astype(np.int64))
+                env: dict[Node, Any] = {self.placeholders[0]: batch}
+                for extra in self.placeholders[1:]:
+                    env[extra] = torch.ones(tuple(extra.meta["val"].shape), dtype=extra.meta["val"].dtype)
+                output, saved = self._run(env, 0, keep)
+                logp, targets = _scored(self._logits(output), batch, len(group), windows, first)
+                ref_nll -= float(logp.gather(1, targets[:, None]).double().sum())
+                counter.step(f"reference window {first + 1}")
+                for name, (cut, attr) in cuts.items():
+                    env = dict(saved[cut])
+                    env[attr] = trials[name][2].to(env[attr].dtype) if attr in env else trials[name][2]
+                    out, _ = self._run(env, cut)
+                    logq, _ = _scored(self._logits(out), batch, len(group), windows, first)
+                    total = sums[name]
+                    p, q = logp.double(), logq.double()
+                    total[0] += float((p.exp() * (p - q)).sum())
+                    total[1] -= float(logq.gather(1, targets[:, None]).double().sum())
+                    total[2] += int((logp.argmax(-1) == logq.argmax(-1)).sum())
+                    counter.step(name)
+        scored = windows.scored
+        ppl = math.exp(ref_nll / scored)
+        found = []
+        for name, (kl, nll, agree) in sums.items():
+            site, encoding, _ = trials[name]
+            found.append(WeightSensitivity(
+                name, tuple(site.shape), site.nbytes, encoding.nbytes, kl / scored,
+                math.exp(nll / scored) / ppl - 1.0, agree / scored,
+            ))  # fmt: skip
+        return found, ppl
+
+
+def _scored(
+    logits: torch.Tensor, batch: torch.Tensor, count: int, windows: Windows, first: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities (float32) at the scored rows of the first `count` windows of a batch,
+    and the tokens they predict."""
+    import torch
+
+    rows, targets = [], []
+    for k in range(count):
+        row = windows.first_row(first + k)
+        # as the evaluation keeps them: computed in float64, held in float32
+        rows.append(torch.log_softmax(logits[k, row:-1].double(), dim=-1).float())
+        targets.append(batch[k, row + 1 :])
+    return torch.cat(rows), torch.cat(targets)
+
+
+def _estimate(ep: Any, rows: list[WeightSensitivity], trials: dict[str, Any], text: Any, tokenizer: Any,
+              max_tokens: int | None) -> None:  # fmt: skip
+    """Each row's 1/2 sum(F dW^2) per token, F the squared gradients of the next-token loss."""
+    from coreai_opt.calibration import Samples, calibrate
+    from coreai_opt.weights import Needs
+
+    samples = Samples.of(text, tokens=max_tokens, tokenizer=tokenizer)
+    found = calibrate(ep, samples, cache=False).statistics(list(trials), Needs.GRADIENT_SQUARES)
+    weights = {n: p for n, p in ep.module().named_parameters()} | dict(ep.module().named_buffers())
+    for row in rows:
+        stats = found[row.name]
+        if stats.gradient_squares is None:
+            continue
+        delta = (trials[row.name][2].double() - weights[row.name].detach().double()) ** 2
+        row.estimate = float(0.5 * (stats.gradient_squares * delta).sum() / max(stats.rows, 1))
