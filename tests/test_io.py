@@ -124,3 +124,28 @@ def test_the_private_torch_apis_the_loader_relies_on_are_there() -> None:
     serialized = _dict_to_dataclass(schema.ExportedProgram, document)
     assert isinstance(serialized, schema.ExportedProgram)
     assert callable(ExportedProgramDeserializer(None).deserialize)
+
+
+def test_coreai_opt_load_runs_a_compressed_program_with_no_other_import(tmp_path: Path) -> None:
+    """A fresh interpreter: `coreai_opt.load` alone registers coreai-torch's ops the program calls."""
+    import subprocess
+    import sys
+
+    from coreai_opt.compression import PalettizeConfig
+    from coreai_opt.recipes import compress_file
+
+    out = tmp_path / "mlp.lut4.pt2"
+    compress_file(SAMPLES / "mlp.pt2", out, PalettizeConfig(n_bits=4, weight_num_threshold=0))
+    script = (
+        "import sys, torch, coreai_opt\n"
+        "p = coreai_opt.load(sys.argv[1])\n"
+        "x = torch.randn(*p.graph_signature.user_inputs and [n.meta['val'].shape for n in p.graph.nodes "
+        "if n.name == p.graph_signature.user_inputs[0]][0])\n"
+        "names = {n.target.name() for n in p.graph.nodes if n.op == 'call_function' and hasattr(n.target, 'name')}\n"
+        "print(bool(torch.isfinite(p.module()(x)).all()), 'coreai::lut_to_dense' in names)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
