@@ -159,3 +159,28 @@ def test_ids_outside_the_vocabulary_are_refused(lineage, tmp_path: Path, coreopt
     save_file({"tokens": np.full(40, VOCAB, np.int64)}, str(bad))
     result = coreopt("eval", lineage["ref"], "--tokens", bad)
     assert result.exit_code == 1 and "outside the model's vocabulary" in result.stderr
+
+
+def test_eval_of_a_model_that_is_not_a_language_model_compares_outputs_on_a_dataset(
+    tmp_path: Path, coreopt
+) -> None:
+    from safetensors.torch import save_file
+
+    import coreai_opt
+    from coreai_opt.compression import QuantizeConfig
+    from coreai_opt.recipes import compress_file
+    from tests.conftest import SAMPLES
+
+    ref = SAMPLES / "mlp.pt2"
+    program = coreai_opt.load(ref)
+    (name,) = program.graph_signature.user_inputs
+    shape = next(n.meta["val"].shape for n in program.graph.nodes if n.name == name)
+    data = tmp_path / "data.safetensors"
+    save_file({name: torch.randn(3, *shape)}, str(data))
+    cand = tmp_path / "mlp.int8.pt2"
+    compress_file(ref, cand, QuantizeConfig(weight_num_threshold=0))
+    result = coreopt("eval", ref, cand, "--inputs", data, "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["inputs_source"] == str(data) and len(doc["samples"]) == 3
+    assert 0.99 < doc["outputs"][0]["cosine"] <= 1.0
