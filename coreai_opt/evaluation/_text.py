@@ -42,7 +42,7 @@ class TextScore:
     bits_per_weight: float | None
     perplexity: float
     seconds: float
-    tokens_per_second: float
+    tokens_per_second: float  # tokens through the program per second of its own run time
     perplexity_increase: float | None = None  # relative to the reference's
     kl_mean: float | None = None
     kl_p99: float | None = None
@@ -175,6 +175,7 @@ class _LanguageSide:
     batch: int
     length: int
     fixed: dict[str, np.ndarray]  # other inputs (an attention mask: all ones)
+    seconds: float = 0.0  # spent running the program
 
     @classmethod
     def open(cls, path: Path, trust_pickle: bool, stack: contextlib.ExitStack) -> _LanguageSide:
@@ -201,7 +202,9 @@ class _LanguageSide:
             rows = [ids[s : s + self.length] for s in group]
             rows += [rows[-1]] * (self.batch - len(rows))  # a last, partial batch: repeat, ignore
             arrays = {self.ids_name: np.stack(rows).astype(dtype), **self.fixed}
+            begun = time.perf_counter()
             result = self.side.run(arrays)
+            self.seconds += time.perf_counter() - begun  # the model's time, not the metrics'
             out = result.values[result.outputs[0].name]
             if out.ndim != 3 or out.shape[:2] != (self.batch, self.length):
                 raise ModelFileError(self.path, f"returns {list(out.shape)} first, not logits "
@@ -225,7 +228,7 @@ def _score_reference(
     import torch
 
     held: list[torch.Tensor] = []
-    nll, kept, begun = 0.0, 0, time.perf_counter()
+    nll, kept = 0.0, 0
     for index, logits in ref.logits(ids, windows, counter):
         row, targets = _targets(ids, windows, index)
         logp = torch.log_softmax(logits[row:-1].double(), dim=-1).float()
@@ -235,8 +238,7 @@ def _score_reference(
                               "the reference: evaluate fewer tokens (--max-tokens)", "max_tokens")  # fmt: skip
         nll -= float(logp.gather(1, targets[:, None]).double().sum())
         held.append(logp)
-    seconds = time.perf_counter() - begun
-    score = _score(ref.path, nll / windows.scored, seconds, windows)
+    score = _score(ref.path, nll / windows.scored, ref.seconds, windows)
     return held, score
 
 
@@ -246,7 +248,7 @@ def _score_candidate(
 ) -> TextScore:  # fmt: skip
     import torch
 
-    nll, kls, agree, begun = 0.0, [], 0, time.perf_counter()
+    nll, kls, agree = 0.0, [], 0
     for index, logits in side.logits(ids, windows, counter):
         row, targets = _targets(ids, windows, index)
         logq = torch.log_softmax(logits[row:-1].double(), dim=-1).float().double()  # as the reference is kept
@@ -254,8 +256,7 @@ def _score_candidate(
         nll -= float(logq.gather(1, targets[:, None]).sum())
         kls.append((logp.exp() * (logp - logq)).sum(-1).float())
         agree += int((logp.argmax(-1) == logq.argmax(-1)).sum())
-    seconds = time.perf_counter() - begun
-    score = _score(side.path, nll / windows.scored, seconds, windows)
+    score = _score(side.path, nll / windows.scored, side.seconds, windows)
     kl = torch.cat(kls).double()
     finite = bool(torch.isfinite(kl).all())
     score.kl_mean = float(kl.mean()) if finite else math.inf
