@@ -108,7 +108,8 @@ def weight_sensitivity(
     trials, skipped = _trials(ep, config, trial_encodings)
     runner = _Resumable(ep)
     windows = Windows(len(ids), runner.length, runner.length)
-    counter = _Counter(progress, len(windows.starts) * (1 + len(trials)))
+    batches = -(-len(windows.starts) // runner.batch)
+    counter = _Counter(progress, batches * (1 + len(trials)))
     rows, ppl = runner.measure(ids, windows, trials, counter)
     result = SensitivityResult(path, config.to_dict(), str(text or tokens), windows, ppl, rows, skipped)
     if estimate and text is not None:
