@@ -47,8 +47,8 @@ def test_each_weights_measure_is_the_evaluation_of_it_alone(exported) -> None:
                                overrides=(Override.of(row.name, n_bits=2), Override.of("*", skip=True)))  # fmt: skip
         compress_file(exported["ref"], alone, only)
         measured = evaluate_text(exported["ref"], [alone], text=exported["text"]).candidates[0]
-        assert row.kl_mean == pytest.approx(measured.kl_mean, rel=1e-4, abs=1e-9)
-        assert row.perplexity_increase == pytest.approx(measured.perplexity_increase, rel=1e-4, abs=1e-9)
+        assert row.kl_mean == pytest.approx(measured.kl_mean, rel=1e-4, abs=1e-7)  # exact float64 vs rounded
+        assert row.perplexity_increase == pytest.approx(measured.perplexity_increase, rel=1e-4, abs=1e-7)
         assert row.top1 == measured.top1
         assert row.bytes_saved > 0
     assert result.weights[0].kl_mean > 10 * result.weights[-1].kl_mean

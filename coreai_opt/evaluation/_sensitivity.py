@@ -236,19 +236,18 @@ class _Resumable:
                 for extra in self.placeholders[1:]:
                     env[extra] = torch.ones(tuple(extra.meta["val"].shape), dtype=extra.meta["val"].dtype)
                 output, saved = self._run(env, 0, keep)
-                logp, targets = _scored(self._logits(output), batch, len(group), windows, first)
-                ref_nll -= float(logp.gather(1, targets[:, None]).double().sum())
+                ref = _Reference(self._logits(output), batch, len(group), windows, first)
+                ref_nll += ref.nll
                 counter.step(f"reference window {first + 1}")
                 for name, (cut, attr) in cuts.items():
                     env = dict(saved[cut])
                     env[attr] = trials[name][2].to(env[attr].dtype) if attr in env else trials[name][2]
                     out, _ = self._run(env, cut)
-                    logq, _ = _scored(self._logits(out), batch, len(group), windows, first)
+                    kl, nll, agree = ref.against(self._logits(out))
                     total = sums[name]
-                    p, q = logp.double(), logq.double()
-                    total[0] += float((p.exp() * (p - q)).sum())
-                    total[1] -= float(logq.gather(1, targets[:, None]).double().sum())
-                    total[2] += int((logp.argmax(-1) == logq.argmax(-1)).sum())
+                    total[0] += kl
+                    total[1] += nll
+                    total[2] += agree
                     counter.step(name)
         scored = windows.scored
         ppl = math.exp(ref_nll / scored)
@@ -262,20 +261,40 @@ class _Resumable:
         return found, ppl
 
 
-def _scored(
-    logits: torch.Tensor, batch: torch.Tensor, count: int, windows: Windows, first: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities (float32) at the scored rows of the first `count` windows of a batch,
-    and the tokens they predict."""
-    import torch
+class _Reference:
+    """The reference's scored rows of one batch, kept so that each trial costs three passes over
+    its logits z: with logq = z - lse(z), KL = sum p logp - sum p z + lse(z) sum p (in float64;
+    p from the reference's log-probabilities as evaluate_text keeps them, float32)."""
 
-    rows, targets = [], []
-    for k in range(count):
-        row = windows.first_row(first + k)
-        # as the evaluation keeps them: computed in float64, held in float32
-        rows.append(torch.log_softmax(logits[k, row:-1].double(), dim=-1).float())
-        targets.append(batch[k, row + 1 :])
-    return torch.cat(rows), torch.cat(targets)
+    def __init__(
+        self, logits: torch.Tensor, batch: torch.Tensor, count: int, windows: Windows, first: int
+    ) -> None:
+        import torch
+
+        self.rows = [(k, windows.first_row(first + k)) for k in range(count)]
+        z = self._scored(logits)
+        logp = (z - torch.logsumexp(z, -1, keepdim=True)).float().double()
+        self.targets = torch.cat([batch[k, row + 1 :] for k, row in self.rows])[:, None]
+        self.p = logp.exp()
+        self.mass = self.p.sum(-1)
+        self.entropy = (self.p * logp).sum(-1)  # sum p logp per row
+        self.top = logp.argmax(-1)
+        self.nll = -float(logp.gather(1, self.targets).sum())
+
+    def _scored(self, logits: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        return torch.cat([logits[k, row:-1] for k, row in self.rows]).double()
+
+    def against(self, logits: torch.Tensor) -> tuple[float, float, int]:
+        """(KL summed over the rows, NLL summed, rows whose most likely token agrees)."""
+        import torch
+
+        z = self._scored(logits)
+        lse = torch.logsumexp(z, -1)
+        kl = self.entropy - (self.p * z).sum(-1) + lse * self.mass
+        nll = float((lse - z.gather(1, self.targets)[:, 0]).sum())
+        return float(kl.sum()), nll, int((z.argmax(-1) == self.top).sum())
 
 
 def _estimate(ep: Any, rows: list[WeightSensitivity], trials: dict[str, Any], text: Any, tokenizer: Any,
