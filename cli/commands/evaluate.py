@@ -86,7 +86,7 @@ def evaluate(
 
     Example: coreopt eval smol.pt2 smol.int4.pt2 smol.lut4.pt2 --text corpus.txt --max-tokens 4096
 
-    Example: coreopt eval smol.pt2 smol.fp16.aimodel --text corpus.txt --max-ppl-increase 1 --json
+    Example: coreopt eval smol.pt2 smol.int8.aimodel --text corpus.txt --max-ppl-increase 1 --json
 
     Example: coreopt eval ref.pt2 a.pt2 b.pt2 --text corpus.txt --csv --plot ppl.png
 
