@@ -184,3 +184,16 @@ def test_eval_of_a_model_that_is_not_a_language_model_compares_outputs_on_a_data
     doc = json.loads(result.stdout)
     assert doc["inputs_source"] == str(data) and len(doc["samples"]) == 3
     assert 0.99 < doc["outputs"][0]["cosine"] <= 1.0
+
+
+def test_programs_without_a_tokenizer_or_token_ids_are_refused_in_one_line(lineage, coreopt) -> None:
+    from tests.conftest import SAMPLES
+
+    result = coreopt("eval", SAMPLES / "transformer.pt2", "--text", lineage["text"])
+    assert result.exit_code == 1 and "transformer.pt2: has no tokenizer beside it" in result.stderr
+    tokenizer = lineage["ref"].with_name("ref.tokenizer.json")
+    result = coreopt("sensitivity", SAMPLES / "mlp.pt2", "--text", lineage["text"], "--tokenizer", tokenizer,
+                     "--config", "palettize:n_bits=4")  # fmt: skip
+    assert result.exit_code == 1 and result.stderr.strip() == (
+        f"error: {SAMPLES / 'mlp.pt2'}: takes no [batch, tokens] ids: not a language model"
+    )

@@ -22,7 +22,7 @@ import numpy as np
 from coreai_opt._errors import ConfigError
 from coreai_opt.io import ModelFileError, load_pt2, require_existing
 
-from ._text import Progress, _Counter
+from ._text import Progress, _Counter, _tokenizer_for
 from ._tokens import Windows, check_ids, file_token_ids, text_token_ids
 
 if TYPE_CHECKING:
@@ -92,21 +92,21 @@ def weight_sensitivity(
     """Each weight `config` would compress, measured alone (see the module); windows of the
     program's length that do not overlap. `estimate` (text only) adds the Fisher estimate."""
     from coreai_opt.compression import trial_encodings
-    from coreai_opt.models import model_info, model_tokenizer
+    from coreai_opt.models import model_info
 
     start = time.perf_counter()
     path = Path(program)
     require_existing(path)
     if (text is None) == (tokens is None):
         raise ConfigError("give a text file or a tokens file (one of them)", "text")
-    found = Path(tokenizer) if tokenizer is not None else model_tokenizer(path)
+    found = _tokenizer_for(path, text, tokenizer)
     ids = text_token_ids(Path(text), found) if text is not None else file_token_ids(Path(tokens))  # type: ignore[arg-type]
     ids = ids[:max_tokens] if max_tokens is not None else ids
     info = model_info(path)
     check_ids(ids, info.vocab_size if info else None, Path(text or tokens))  # type: ignore[arg-type]
     ep = load_pt2(path, trust_pickle=trust_pickle)
+    runner = _Resumable(ep, path)  # a language model, before any weight is encoded
     trials, skipped = _trials(ep, config, trial_encodings)
-    runner = _Resumable(ep)
     windows = Windows(len(ids), runner.length, runner.length)
     batches = -(-len(windows.starts) // runner.batch)
     counter = _Counter(progress, batches * (1 + len(trials)))
@@ -163,7 +163,7 @@ class _Resumable:
     """The program's module, run node by node: once per window in full, keeping the values alive
     at each weight's first reader, then from that reader on with the weight swapped."""
 
-    def __init__(self, ep: Any) -> None:
+    def __init__(self, ep: Any, path: Path) -> None:
         from torch.fx import Interpreter
 
         from coreai_opt._export import fold_decompression
@@ -180,7 +180,7 @@ class _Resumable:
         shapes = [tuple(n.meta["val"].shape) for n in placeholders if "val" in n.meta]
         ints = [n for n in placeholders if "val" in n.meta and not n.meta["val"].is_floating_point()]
         if not ints or len(shapes[0]) != 2:
-            raise ModelFileError(Path(str(ep)), "takes no [batch, tokens] ids: not a language model")
+            raise ModelFileError(path, "takes no [batch, tokens] ids: not a language model")
         self.placeholders = placeholders
         self.batch, self.length = tuple(ints[0].meta["val"].shape)
 

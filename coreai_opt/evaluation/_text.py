@@ -121,7 +121,7 @@ def evaluate_text(
     file, over windows of the programs' token length every `stride` tokens (default: the window,
     so windows do not overlap); each candidate's KL divergence from the reference per scored token
     (mean and 99th percentile) and how often its most likely next token is the reference's."""
-    from coreai_opt.models import model_info, model_tokenizer
+    from coreai_opt.models import model_info
 
     reference, paths = Path(reference), [Path(c) for c in candidates]
     for path in (reference, *paths):
@@ -131,8 +131,7 @@ def evaluate_text(
         raise ConfigError("give a text file or a tokens file (one of them)", "text")
     info = model_info(reference)
     if text is not None:
-        found = Path(tokenizer) if tokenizer is not None else model_tokenizer(reference)
-        ids, source = text_token_ids(Path(text), found), str(text)
+        ids, source = text_token_ids(Path(text), _tokenizer_for(reference, text, tokenizer)), str(text)
     else:
         ids, source = file_token_ids(Path(tokens)), str(tokens)  # type: ignore[arg-type]
     if max_tokens is not None:
@@ -153,6 +152,22 @@ def evaluate_text(
                                      f"[{ref.batch}, {ref.length}]")  # fmt: skip
             result.candidates.append(_score_candidate(side, ids, windows, held, ref_score, counter))
     return result
+
+
+def _tokenizer_for(program: Path, text: object, given: Path | str | None) -> Path | None:
+    """The tokenizer a text is cut with: the one given, else the one `coreopt export` saved beside
+    the program; a one-line error naming the program when there is neither."""
+    from coreai_opt.models import model_tokenizer, tokenizer_path
+
+    if given is not None or text is None:
+        return Path(given) if given is not None else None
+    found = model_tokenizer(program)
+    if found is None:
+        raise ModelFileError(
+            program, f"has no tokenizer beside it ({tokenizer_path(program).name}, as coreopt export writes "
+            "it): give --tokenizer"
+        )  # fmt: skip
+    return found
 
 
 class _Counter:
