@@ -10,7 +10,7 @@ from coreai_opt.io import write_atomically
 from ._sweep import SweepResult
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as error:
@@ -25,13 +25,13 @@ def check_plot_path(path: Path) -> None:
     """Fail before any work: a plot is a .png, and matplotlib must be there to draw it."""
     if Path(path).suffix.lower() != ".png":
         raise ValueError(f"{path}: a plot is written as .png")
-    _pyplot()
+    pyplot()
 
 
 def plot_sweep(result: SweepResult, path: Path) -> None:
     """Size on disk (MiB) against the worst cosine, one labelled point per candidate and the
     reference at cosine 1; written atomically."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5), dpi=120)
     mib = 1 << 20
     axes.scatter([result.reference_bytes / mib], [1.0], marker="*", s=120, color="black")
@@ -46,7 +46,13 @@ def plot_sweep(result: SweepResult, path: Path) -> None:
     axes.set_xlabel("size on disk (MiB)")
     axes.set_ylabel("cosine to the reference (worst output and sample)")
     axes.set_title(f"size vs accuracy against {result.reference.name}")
-    axes.grid(True, alpha=0.3)
+    save_figure(figure, path)
+
+
+def save_figure(figure: Any, path: Path) -> None:
+    """Lay out, write as PNG atomically and close a figure (closed on failure too)."""
+    plt = pyplot()
+    figure.axes[0].grid(True, alpha=0.3)
     figure.tight_layout()
 
     def write(tmp: Path) -> None:

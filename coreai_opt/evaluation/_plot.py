@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coreai_opt.io import write_atomically
-
 from ._text import TextEvaluation
 
 
 def plot_evaluation(result: TextEvaluation, path: Path, *, metric: str = "perplexity") -> None:
     """`metric` is `perplexity` (the reference drawn too) or `kl` (candidates only); log scale."""
-    from coreai_opt.comparison._plot import _pyplot
+    from coreai_opt.comparison._plot import pyplot, save_figure
 
     if metric not in ("perplexity", "kl"):
         raise ValueError(f"plot metric {metric!r} is not perplexity or kl")
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5), dpi=120)
     rows = ([result.reference] if metric == "perplexity" else []) + result.candidates
     for row in rows:
@@ -30,14 +28,4 @@ def plot_evaluation(result: TextEvaluation, path: Path, *, metric: str = "perple
     axes.set_xlabel("bits per weight")
     axes.set_ylabel("perplexity" if metric == "perplexity" else "KL divergence from the reference (mean)")
     axes.set_title(f"{metric} on {Path(result.source).name} ({result.windows.scored} tokens)")
-    axes.grid(True, alpha=0.3)
-    figure.tight_layout()
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as stream:
-            figure.savefig(stream, format="png")
-
-    try:
-        write_atomically(Path(path), write)
-    finally:
-        plt.close(figure)
+    save_figure(figure, path)

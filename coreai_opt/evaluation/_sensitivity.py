@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coreai_opt._errors import ConfigError
 from coreai_opt.io import ModelFileError, load_pt2, require_existing
 
-from ._text import Progress, _Counter, _tokenizer_for
-from ._tokens import Windows, check_ids, file_token_ids, text_token_ids
+from ._text import Progress, _Counter
+from ._tokens import Windows, token_stream, window_batches
 
 if TYPE_CHECKING:
     import torch
@@ -92,18 +91,11 @@ def weight_sensitivity(
     """Each weight `config` would compress, measured alone (see the module); windows of the
     program's length that do not overlap. `estimate` (text only) adds the Fisher estimate."""
     from coreai_opt.compression import trial_encodings
-    from coreai_opt.models import model_info
 
     start = time.perf_counter()
     path = Path(program)
     require_existing(path)
-    if (text is None) == (tokens is None):
-        raise ConfigError("give a text file or a tokens file (one of them)", "text")
-    found = _tokenizer_for(path, text, tokenizer)
-    ids = text_token_ids(Path(text), found) if text is not None else file_token_ids(Path(tokens))  # type: ignore[arg-type]
-    ids = ids[:max_tokens] if max_tokens is not None else ids
-    info = model_info(path)
-    check_ids(ids, info.vocab_size if info else None, Path(text or tokens))  # type: ignore[arg-type]
+    ids, source, found = token_stream(path, text, tokens, tokenizer, max_tokens)
     ep = load_pt2(path, trust_pickle=trust_pickle)
     runner = _Resumable(ep, path)  # a language model, before any weight is encoded
     trials, skipped = _trials(ep, config, trial_encodings)
@@ -111,7 +103,7 @@ def weight_sensitivity(
     batches = -(-len(windows.starts) // runner.batch)
     counter = _Counter(progress, batches * (1 + len(trials)))
     rows, ppl = runner.measure(ids, windows, trials, counter)
-    result = SensitivityResult(path, config.to_dict(), str(text or tokens), windows, ppl, rows, skipped)
+    result = SensitivityResult(path, config.to_dict(), source, windows, ppl, rows, skipped)
     if estimate and text is not None:
         begun = time.perf_counter()
         _estimate(ep, rows, trials, text, found, max_tokens)
@@ -224,14 +216,9 @@ class _Resumable:
         keep = {c: [n for n in self.nodes[:c] if self.last_use[n] >= c] for c, _ in cuts.values()}
         sums = {name: [0.0, 0.0, 0] for name in trials}  # KL, NLL, top-1 agreements
         ref_nll = 0.0
-        starts = list(windows.starts)
         with torch.no_grad():
-            for first in range(0, len(starts), self.batch):
-                group = starts[first : first + self.batch]
-                rows = [ids[s : s + self.length] for s in group] + [
-                    ids[group[-1] : group[-1] + self.length]
-                ] * (self.batch - len(group))
-                batch = torch.from_numpy(np.stack(rows).astype(np.int64))
+            for first, group, stacked in window_batches(ids, windows, self.batch):
+                batch = torch.from_numpy(stacked)
                 env: dict[Node, Any] = {self.placeholders[0]: batch}
                 for extra in self.placeholders[1:]:
                     env[extra] = torch.ones(tuple(extra.meta["val"].shape), dtype=extra.meta["val"].dtype)

@@ -22,7 +22,7 @@ import numpy as np
 from coreai_opt._errors import ConfigError
 from coreai_opt.io import ModelFileError, asset_bytes, model_format, require_existing
 
-from ._tokens import Windows, check_ids, file_token_ids, text_token_ids
+from ._tokens import Windows, token_stream, window_batches
 
 if TYPE_CHECKING:
     import torch
@@ -121,22 +121,11 @@ def evaluate_text(
     file, over windows of the programs' token length every `stride` tokens (default: the window,
     so windows do not overlap); each candidate's KL divergence from the reference per scored token
     (mean and 99th percentile) and how often its most likely next token is the reference's."""
-    from coreai_opt.models import model_info
-
     reference, paths = Path(reference), [Path(c) for c in candidates]
     for path in (reference, *paths):
         require_existing(path)
         model_format(path)
-    if (text is None) == (tokens is None):
-        raise ConfigError("give a text file or a tokens file (one of them)", "text")
-    info = model_info(reference)
-    if text is not None:
-        ids, source = text_token_ids(Path(text), _tokenizer_for(reference, text, tokenizer)), str(text)
-    else:
-        ids, source = file_token_ids(Path(tokens)), str(tokens)  # type: ignore[arg-type]
-    if max_tokens is not None:
-        ids = ids[:max_tokens]
-    check_ids(ids, info.vocab_size if info else None, Path(source))
+    ids, source, _ = token_stream(reference, text, tokens, tokenizer, max_tokens)
     with contextlib.ExitStack() as stack:
         ref = _LanguageSide.open(reference, trust_pickle, stack)
         windows = Windows(len(ids), ref.length, stride or ref.length)
@@ -152,22 +141,6 @@ def evaluate_text(
                                      f"[{ref.batch}, {ref.length}]")  # fmt: skip
             result.candidates.append(_score_candidate(side, ids, windows, held, ref_score, counter))
     return result
-
-
-def _tokenizer_for(program: Path, text: object, given: Path | str | None) -> Path | None:
-    """The tokenizer a text is cut with: the one given, else the one `coreopt export` saved beside
-    the program; a one-line error naming the program when there is neither."""
-    from coreai_opt.models import model_tokenizer, tokenizer_path
-
-    if given is not None or text is None:
-        return Path(given) if given is not None else None
-    found = model_tokenizer(program)
-    if found is None:
-        raise ModelFileError(
-            program, f"has no tokenizer beside it ({tokenizer_path(program).name}, as coreopt export writes "
-            "it): give --tokenizer"
-        )  # fmt: skip
-    return found
 
 
 class _Counter:
@@ -210,13 +183,9 @@ class _LanguageSide:
         """(window index, its logits [length, vocab] float32), the batch filled window by window."""
         import torch
 
-        starts = list(windows.starts)
         dtype = next(s.dtype for s in self.side.inputs if s.name == self.ids_name)
-        for first in range(0, len(starts), self.batch):
-            group = starts[first : first + self.batch]
-            rows = [ids[s : s + self.length] for s in group]
-            rows += [rows[-1]] * (self.batch - len(rows))  # a last, partial batch: repeat, ignore
-            arrays = {self.ids_name: np.stack(rows).astype(dtype), **self.fixed}
+        for first, group, stacked in window_batches(ids, windows, self.batch):
+            arrays = {self.ids_name: stacked.astype(dtype), **self.fixed}
             begun = time.perf_counter()
             result = self.side.run(arrays)
             self.seconds += time.perf_counter() - begun  # the model's time, not the metrics'
@@ -253,7 +222,7 @@ def _score_reference(
                               "the reference: evaluate fewer tokens (--max-tokens)", "max_tokens")  # fmt: skip
         nll -= float(logp.gather(1, targets[:, None]).double().sum())
         held.append(logp)
-    score = _score(ref.path, nll / windows.scored, ref.seconds, windows)
+    score = _score(ref, nll / windows.scored, windows)
     return held, score
 
 
@@ -271,7 +240,7 @@ def _score_candidate(
         nll -= float(logq.gather(1, targets[:, None]).sum())
         kls.append((logp.exp() * (logp - logq)).sum(-1).float())
         agree += int((logp.argmax(-1) == logq.argmax(-1)).sum())
-    score = _score(side.path, nll / windows.scored, side.seconds, windows)
+    score = _score(side, nll / windows.scored, windows)
     kl = torch.cat(kls).double()
     finite = bool(torch.isfinite(kl).all())
     score.kl_mean = float(kl.mean()) if finite else math.inf
@@ -281,18 +250,26 @@ def _score_candidate(
     return score
 
 
-def _score(path: Path, mean_nll: float, seconds: float, windows: Windows) -> TextScore:
+def _score(side: _LanguageSide, mean_nll: float, windows: Windows) -> TextScore:
     perplexity = math.exp(mean_nll) if math.isfinite(mean_nll) and mean_nll < 700 else math.inf
     processed = len(windows.starts) * windows.length
     return TextScore(
-        path, asset_bytes(path), _bits_per_weight(path), perplexity, seconds, processed / seconds
+        side.path,
+        asset_bytes(side.path),
+        _bits_per_weight(side),
+        perplexity,
+        side.seconds,
+        processed / side.seconds,
     )
 
 
-def _bits_per_weight(path: Path) -> float | None:
-    from coreai_opt.inspection import inspect_model
+def _bits_per_weight(side: _LanguageSide) -> float | None:
+    """Of the program the side already loaded (a `.pt2`), or of the file (an `.aimodel`)."""
+    from coreai_opt.inspection import inspect_exported_program, inspect_model
 
+    program = getattr(side.side, "program", None)
     try:
-        return inspect_model(path).mean_bits_per_weight
+        report = inspect_model(side.path) if program is None else inspect_exported_program(program, side.path)
+        return report.mean_bits_per_weight
     except (ModelFileError, ZeroDivisionError):
         return None

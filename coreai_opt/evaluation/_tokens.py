@@ -3,6 +3,7 @@ a safetensors file - and the sliding windows of the program's length over it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,3 +86,52 @@ class Windows:
 def check_ids(ids: np.ndarray, vocab: int | None, where: Path) -> None:
     if ids.size and (ids.min() < 0 or (vocab is not None and ids.max() >= vocab)):
         raise ModelFileError(where, f"token ids outside the model's vocabulary [0, {vocab})")
+
+
+def window_batches(
+    ids: np.ndarray, windows: Windows, batch: int
+) -> Iterator[tuple[int, list[int], np.ndarray]]:
+    """(index of the first window, the starts in this batch, ids [batch, length]) for a program
+    that takes `batch` windows a run; a last, partial batch repeats its last window (ignored)."""
+    starts = list(windows.starts)
+    for first in range(0, len(starts), batch):
+        group = starts[first : first + batch]
+        rows = [ids[s : s + windows.length] for s in group]
+        rows += [rows[-1]] * (batch - len(rows))
+        yield first, group, np.stack(rows).astype(np.int64)
+
+
+def token_stream(
+    program: Path, text: Path | str | None, tokens: Path | str | None, tokenizer: Path | str | None,
+    max_tokens: int | None,
+) -> tuple[np.ndarray, str, Path | None]:  # fmt: skip
+    """(the ids to score, where they came from, the tokenizer used): a text cut with `tokenizer`
+    (default: the sidecar beside `program`) or a tokens file, at most `max_tokens`, checked
+    against the program's vocabulary where `coreopt export` recorded it."""
+    from coreai_opt.models import model_info
+
+    if (text is None) == (tokens is None):
+        raise ConfigError("give a text file or a tokens file (one of them)", "text")
+    found = _tokenizer_for(program, text, tokenizer)
+    source = Path(text if text is not None else tokens)  # type: ignore[arg-type]
+    ids = text_token_ids(source, found) if text is not None else file_token_ids(source)
+    ids = ids[:max_tokens] if max_tokens is not None else ids
+    info = model_info(program)
+    check_ids(ids, info.vocab_size if info else None, source)
+    return ids, str(source), found
+
+
+def _tokenizer_for(program: Path, text: object, given: Path | str | None) -> Path | None:
+    """The tokenizer a text is cut with: the one given, else the one `coreopt export` saved beside
+    the program; a one-line error naming the program when there is neither."""
+    from coreai_opt.models import model_tokenizer, tokenizer_path
+
+    if given is not None or text is None:
+        return Path(given) if given is not None else None
+    found = model_tokenizer(program)
+    if found is None:
+        raise ModelFileError(
+            program, f"has no tokenizer beside it ({tokenizer_path(program).name}, as coreopt export writes "
+            "it): give --tokenizer"
+        )  # fmt: skip
+    return found
