@@ -488,6 +488,9 @@ def test_square_e8m0_tiles_in_specialized_shapes_are_bit_exact(name: str, shape:
 
 
 SQUARE_32 = "e8m0_t32d-2_t32d-1"
+# every finite bf16 value through the CPU interpreter costs ~20 s a type: one of each element kind
+# (IEEE float, integer, fnuz) there; all of them on a GPU
+EXHAUSTIVE_ON_THE_INTERPRETER = {("mxfp4s",), ("mxint4",), ("e1m2fnuz", SQUARE_32)}
 NIBBLE_WORDS = (
     ("mxfp4s",), ("mxfp4s16",), ("mxint4s",), ("mxfp4e2",), ("mxint4",), ("e2m1", SQUARE_32), ("e2m1", "e8m0_t32"),
     ("e1m2fnuz", SQUARE_32),
@@ -516,7 +519,7 @@ def test_4_bit_codes_of_e8m0_tiles_read_as_words_are_bit_exact(
     for values in [x, x.reshape(2, 18, 70), *scaled]:
         for scalemode in SCALES:
             _assert_engines_agree(values, dtype, roundmode="even", scalemode=scalemode)
-    if source == torch.bfloat16:
+    if source == torch.bfloat16 and (CUDA or spec in EXHAUSTIVE_ON_THE_INTERPRETER):
         _assert_engines_agree(in_rows(torch.sort(finite_bfloat16().float()).values.to(torch.bfloat16)), dtype)
     shifted = off_word_boundary(x)
     assert not _nibble_words(dtype.nspec, even, shifted, geometry(tuple(x.shape), dtype))
