@@ -257,13 +257,17 @@ def _db(value: float | None) -> str:
 def _weights_table(report: CompressionReport) -> None:
     """Every compressed weight: shape, encoding (LUT counts in it), stored bytes, bits per weight, SNR."""
     zeros = any(w.sparsity is not None for w in report.weights)
-    headers = ("name", "shape", "encoding", *(("zeros",) if zeros else ()), "stored", "bits/w", "SNR dB")
+    learned = any(w.learned is not None for w in report.weights)
+    headers = ("name", "shape", "encoding", *(("zeros",) if zeros else ()), "stored", "bits/w", "SNR dB",
+               *(("data SNR", "data-free") if learned else ()))  # fmt: skip
     columns = [(h, "left" if h in ("name", "shape", "encoding") else "right") for h in headers]
     rows = [
         [
             w.name, _shape(w.shape), w.encoding,
             *((f"{w.sparsity:.1%}" if w.sparsity is not None else "",) if zeros else ()),
             human_bytes(w.bytes_after), f"{w.bits_per_weight:.2f}", _db(w.snr_db),
+            *((_db(w.learned.snr_db), _db(w.learned.data_free_snr_db)) if w.learned else ("", "")
+              if learned else ()),
         ]
         for w in report.weights
     ]  # fmt: skip
@@ -309,8 +313,18 @@ def render_compression(result: CompressionFileResult) -> None:
             f"mean bits/weight {report.bits_per_weight:.2f}   file on disk "
             f"{human_bytes(result.file_bytes_before)} -> {human_bytes(result.file_bytes_after)}"
         )
+    if learned := [w.learned for w in report.weights if w.learned is not None]:
+        gain = sum(x.snr_db - x.data_free_snr_db for x in learned if _finite(x.snr_db, x.data_free_snr_db))
+        console.print(
+            f"[bold]Data[/bold]: {len(learned)} weights learned from calibration ({learned[0].weighting}-weighted "
+            f"error, 'data SNR'): {gain / len(learned):+.2f} dB on average against the data-free encoding"
+        )
     for warning in report.warnings:
         console.print(f"[yellow]warning: {shown(warning)}[/yellow]")
+
+
+def _finite(*values: float) -> bool:
+    return all(v not in (float("inf"), float("-inf")) for v in values)
 
 
 def render_activation_quantization(result: ActivationsFileResult) -> None:

@@ -73,11 +73,16 @@ def toy() -> Iterator[Algorithm]:
     unregister(TOY)
 
 
-def test_the_built_in_algorithms_are_the_three_data_free_passes() -> None:
+def test_the_built_in_algorithms_are_the_data_free_passes_and_those_that_learn() -> None:
     assert [(a.config, a.method, a.needs, a.sequential) for a in BUILT_IN] == [
         ("QuantizeConfig", "rtn", Needs.NOTHING, False),
         ("PalettizeConfig", "kmeans", Needs.NOTHING, False),
         ("SparsifyConfig", "magnitude", Needs.NOTHING, False),
+        ("QuantizeConfig", "gptq", Needs.INPUT_GRAM, True),
+        ("PalettizeConfig", "sensitive", Needs.GRADIENT_SQUARES, False),
+        ("PalettizeConfig", "importance", Needs.INPUT_MOMENTS, False),
+        ("PalettizeConfig", "gptq", Needs.INPUT_GRAM, True),
+        ("SparsifyConfig", "sparsegpt", Needs.INPUT_GRAM, True),
     ]
     assert algorithm_for(QuantizeConfig()).name == "QuantizeConfig.rtn"
     assert algorithm_for(PalettizeConfig()).method == "kmeans"
@@ -85,9 +90,9 @@ def test_the_built_in_algorithms_are_the_three_data_free_passes() -> None:
 
 
 def test_a_registered_algorithm_is_a_method_of_its_config(toy: Algorithm) -> None:
-    assert methods(QuantizeConfig) == ("rtn", "toy")
+    assert methods(QuantizeConfig) == ("rtn", "gptq", "toy")
     assert algorithm_for(QuantizeConfig(dtype=DType.INT8, method="toy")) is toy
-    with pytest.raises(ConfigError, match="no method 'nope'; choose one of rtn, toy"):
+    with pytest.raises(ConfigError, match="no method 'nope'; choose one of rtn, gptq, toy"):
         QuantizeConfig(method="nope")
 
 

@@ -80,6 +80,27 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
             ),
             int | None,
         ),
+        keyword(
+            "calibration_program",
+            typer.Option(
+                None,
+                "--calibration-program",
+                help=(
+                    "For an .aimodel: the .pt2 it was converted from; the calibration runs through it and its "
+                    "statistics reach the .aimodel's weights by name (3-bit LUTs with data: .aimodel only)."
+                ),
+            ),
+            Path | None,
+        ),
+        keyword(
+            "device",
+            typer.Option(
+                None,
+                "--device",
+                help="Where calibration runs and GPTQ / SparseGPT solve: cpu (default), cuda, cuda:1, ...",
+            ),
+            str | None,
+        ),
         keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
         keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
         keyword("allow_empty", allow_empty_option(), bool),
@@ -107,6 +128,7 @@ def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
 
     if config_type.__name__ == "SparsifyConfig":
         _sparsify_checks(values)
+    _learning_checks(config_type, values)
     fields = {p.name for p in config_parameters(config_type)}
     config = config_from_options(config_type, {k: v for k, v in values.items() if k in fields})
     as_json, quiet = values["as_json"], values["quiet"]
@@ -119,8 +141,23 @@ def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
             trust_pickle=values["trust_pickle"], executor=values["executor"].value,
             allow_empty=values["allow_empty"], calibration=values["calibration"],
             calibration_samples=values["calibration_samples"], calibration_tokens=values["calibration_tokens"],
+            calibration_program=values["calibration_program"], device=values["device"],
         )  # fmt: skip
     show(result, as_json, quiet)
+
+
+def _learning_checks(config_type: type, values: dict[str, Any]) -> None:
+    """--device and --calibration-program serve methods that learn from data, with --calibration."""
+    from coreai_opt.compression import algorithm_named
+
+    method = values["method"].value if hasattr(values["method"], "value") else values["method"]
+    for key, flag in (("device", "--device"), ("calibration_program", "--calibration-program")):
+        if values.get(key) is None:
+            continue
+        if algorithm_named(config_type, method).data_free:
+            raise typer.BadParameter(f"{flag} serves a --method that learns from data", param_hint=flag)
+        if values["calibration"] is None:
+            raise typer.BadParameter(f"{flag} comes with --calibration", param_hint=flag)
 
 
 def command_of(config_type: type, what: str, doc: str, output_help: str, extra: tuple[inspect.Parameter, ...] = (),

@@ -81,6 +81,9 @@ def _quantize(config_type: type, what: str, values: dict[str, Any]) -> None:
         )
     if values["overrides"]:
         raise typer.BadParameter("--override applies to weight-only quantization", param_hint="--override")
+    for key, flag in (("device", "--device"), ("calibration_program", "--calibration-program")):
+        if values.get(key) is not None:
+            raise typer.BadParameter(f"{flag} applies to weight-only quantization", param_hint=flag)
     if values["executor"].value != ExecutorKind.LOCAL.value:
         raise typer.BadParameter("--executor applies to weight-only quantization", param_hint="--executor")
     _w8a8(values)

@@ -140,17 +140,27 @@ class ProgramCalibration:
     """A `weights.Calibration` for one `torch.export` program and its samples (see the module)."""
 
     def __init__(
-        self, program: ExportedProgram, samples: Samples, *, cache: bool = True, seed: int = 0
+        self,
+        program: ExportedProgram,
+        samples: Samples,
+        *,
+        cache: bool = True,
+        seed: int = 0,
+        device: str | torch.device | None = None,
     ) -> None:
         import torch
 
         from coreai_opt._export import fold_decompression
 
         self.samples = samples
+        self.device = torch.device(device or "cpu")
         self.gm = program.module()
         fold_decompression(self.gm)
+        self.gm.to(self.device)
         with torch.no_grad():
-            self.inputs = [inputs for _, inputs in samples.inputs(program)]
+            self.inputs = [
+                tuple(t.to(self.device) for t in inputs) for _, inputs in samples.inputs(program)
+            ]
         if not self.inputs:
             raise ValueError(f"{samples.describe()} gave no calibration samples")
         self.cache = cache
@@ -182,9 +192,12 @@ class ProgramCalibration:
     def replace(self, name: str, value: torch.Tensor) -> None:
         import torch
 
+        if not self._holds(name):
+            return  # a constant of a converted program that this program does not name: nothing reads it here
         *path, leaf = name.split(".")
         owner = self.gm.get_submodule(".".join(path))
         dtype = getattr(owner, leaf).dtype
+        value = value.to(self.device)
         if leaf in owner._parameters:
             owner._parameters[leaf] = torch.nn.Parameter(value.to(dtype), requires_grad=False)
         else:
@@ -206,18 +219,28 @@ class ProgramCalibration:
                 recorder.run(*inputs)
         return {name: sums[name].mean() for name in names}
 
+    def _holds(self, name: str) -> bool:
+        """Whether the program has a parameter or buffer of that name (a converted program's
+        weights share the names; its other constants need not)."""
+        *path, leaf = name.split(".")
+        try:
+            owner = self.gm.get_submodule(".".join(path))
+        except AttributeError:
+            return False
+        return leaf in owner._parameters or leaf in owner._buffers
+
     def _gradient_squares(self, names: Sequence[str]) -> dict[str, Statistics]:
         import torch
 
-        parameters = {name: self._parameter(name) for name in names}
+        parameters = {name: self._parameter(name) for name in names if self._holds(name)}
         everything = list(self.gm.parameters())
         before = [p.requires_grad for p in everything]  # shared with the program: put back after
         for parameter in everything:
             parameter.requires_grad_(False)
         for parameter in parameters.values():
             parameter.requires_grad_(True)
-        totals = {name: torch.zeros(p.shape, dtype=torch.float64) for name, p in parameters.items()}
-        generator = torch.Generator().manual_seed(self.seed)
+        totals = {name: torch.zeros(p.shape, dtype=torch.float64, device=self.device) for name, p in parameters.items()}
+        generator = torch.Generator().manual_seed(self.seed)  # on the CPU: the same draws on any device
         rows = 0
         try:
             for inputs in self.inputs:
@@ -231,7 +254,8 @@ class ProgramCalibration:
             for parameter, flag in zip(everything, before, strict=True):
                 parameter.requires_grad_(flag)
         samples = len(self.inputs)
-        return {name: Statistics(rows, gradient_squares=total / samples) for name, total in totals.items()}
+        found = {name: Statistics(rows, gradient_squares=total / samples) for name, total in totals.items()}
+        return {name: found.get(name, Statistics(0)) for name in names}
 
     def _parameter(self, name: str) -> torch.Tensor:
         import torch
@@ -276,12 +300,13 @@ class ProgramCalibration:
         try:
             tensors = load_file(str(path))
             rows = json.loads((cache_folder() / f"{key}.json").read_text())
+            here = {key: value.to(self.device) for key, value in tensors.items()}
             return {
                 name: Statistics(
                     int(rows[name]),
-                    tensors.get(f"{name}/moments"),
-                    tensors.get(f"{name}/gram"),
-                    tensors.get(f"{name}/gradient_squares"),
+                    here.get(f"{name}/moments"),
+                    here.get(f"{name}/gram"),
+                    here.get(f"{name}/gradient_squares"),
                 )
                 for name in names
             }
@@ -298,7 +323,7 @@ class ProgramCalibration:
             for field in ("moments", "gram", "gradient_squares"):
                 value = getattr(statistics, field)
                 if value is not None:
-                    tensors[f"{name}/{field}"] = value.contiguous()
+                    tensors[f"{name}/{field}"] = value.contiguous().cpu()
         folder = cache_folder()
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -412,6 +437,8 @@ class _NodeMajor:
                             sums.add(activation, reader, self.needs)
                     yield reader.name, sums.mean()
                     fixed.clear()  # the caller replaced the weight: views of it are stale
+                    if not self.pending:
+                        return  # every weight has its statistics: the rest of the program is not needed
                 values[node] = self._evaluate(node, values, fixed, state)
                 for used in node.all_input_nodes:
                     if last_use.get(used) == index and used in values:

@@ -64,6 +64,16 @@ BUILT_IN = (
     Algorithm("QuantizeConfig", "rtn", f"{_HERE}._quantize:quantize", summary="round to nearest, tcast's scale rules"),
     Algorithm("PalettizeConfig", "kmeans", f"{_HERE}._palettize:palettize", summary="exact k-means of the values"),
     Algorithm("SparsifyConfig", "magnitude", f"{_HERE}._sparsify:sparsify", summary="keep the largest magnitudes"),
+    Algorithm("QuantizeConfig", "gptq", f"{_HERE}._gptq:quantize_gptq", Needs.INPUT_GRAM, sequential=True,
+              summary="GPTQ: each column's rounding error pushed onto the next through H^-1"),
+    Algorithm("PalettizeConfig", "sensitive", f"{_HERE}._sensitive:palettize_sensitive", Needs.GRADIENT_SQUARES,
+              summary="exact k-means weighted by the Fisher information of each element"),
+    Algorithm("PalettizeConfig", "importance", f"{_HERE}._sensitive:palettize_importance", Needs.INPUT_MOMENTS,
+              summary="exact k-means weighted by each input channel's mean square"),
+    Algorithm("PalettizeConfig", "gptq", f"{_HERE}._gptq:palettize_gptq", Needs.INPUT_GRAM, sequential=True,
+              summary="GPTQ onto the tables of importance-weighted k-means"),
+    Algorithm("SparsifyConfig", "sparsegpt", f"{_HERE}._sparsegpt:sparsify_sparsegpt", Needs.INPUT_GRAM,
+              sequential=True, summary="SparseGPT: prune by the OBS score, repair through H^-1"),
 )  # fmt: skip
 _REGISTRY: dict[tuple[str, str], Algorithm] = {(a.config, a.method): a for a in BUILT_IN}
 

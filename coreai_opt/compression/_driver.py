@@ -63,9 +63,9 @@ def compress_container(
     free = [(site, cfg) for site, cfg, a in plan if a.data_free]
     done = 0
 
-    def finish(site: WeightSite, outcome: Encoding | Skipped) -> None:
+    def finish(site: WeightSite, outcome: Encoding | Skipped, learns: bool = False) -> None:
         nonlocal done
-        _record(container, report, site, outcome, calibration if learned else None)
+        _record(container, report, site, outcome, calibration if learned else None, learns)
         trim_heap()  # the weight's temporaries are freed: their pages go back, so the peak stays one weight's
         done += 1
         if progress is not None:
@@ -77,7 +77,7 @@ def compress_container(
     if learned:
         assert calibration is not None
         for site, cfg, statistics in _statistics_in_order(learned, calibration):
-            finish(site, encode_weight(container.read(site), site, cfg, statistics))
+            finish(site, encode_weight(container.read(site), site, cfg, statistics), learns=True)
     container.finish()
     return report
 
@@ -108,9 +108,11 @@ def _record(
     site: WeightSite,
     outcome: Encoding | Skipped,
     calibration: Calibration | None,
+    learns: bool = False,
 ) -> None:
     """Write one weight's outcome into the container and the report (and, where data is being
-    learned from, swap its decoded value into the calibration program)."""
+    learned from, swap its decoded value into the calibration program). A weight whose method
+    `learns` from data but was encoded without it is named in the report."""
     if isinstance(outcome, Skipped):
         report.skipped.append(outcome)
         return
@@ -121,9 +123,11 @@ def _record(
     report.weights.append(
         WeightResult(
             site.name, site.shape, written.encoding, written.bytes_before, written.bytes_after,
-            tcast.snr_db(outcome.signal, outcome.noise), outcome.luts, outcome.sparsity,
+            tcast.snr_db(outcome.signal, outcome.noise), outcome.luts, outcome.sparsity, outcome.learned,
         )
     )  # fmt: skip
+    if learns and outcome.learned is None:
+        report.data_free.append(site.name)
     if calibration is not None:
         calibration.replace(site.name, decode(outcome))
 

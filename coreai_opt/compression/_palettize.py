@@ -166,8 +166,40 @@ def _sorted_clusters(
     return centroids
 
 
-def _vector_clusters(vectors: torch.Tensor, config: PalettizeConfig) -> tuple[np.ndarray, torch.Tensor]:
-    """vectors [G, m, V] -> centroids [G, P, V] and indices [G, m]: seeded k-means++ then Lloyd."""
+def _weighted_clusters(
+    rows: torch.Tensor, weights: torch.Tensor, exact: bool, config: PalettizeConfig
+) -> tuple[np.ndarray, torch.Tensor]:
+    """rows [G, m] (float32) clustered with a weight per element [G, m] (float64, positive) ->
+    centroids [G, P] and indices [G, m]: the same exact 1-D programme, each histogram bin weighted
+    by the sum of its elements' weights and placed at their weighted mean."""
+    from ._kmeans_kernels import assign
+
+    groups, size = rows.shape
+    index = torch.empty((groups, size), dtype=torch.uint8)
+    centroids = []
+    for a, b in spans(groups, size):
+        values, order = torch.sort(rows[a:b].float(), dim=1, stable=True)
+        weight = torch.gather(weights[a:b].double(), 1, order).numpy().reshape(-1)
+        keys = _keys(values, config, exact).numpy()
+        fresh = np.ones(keys.shape, bool)
+        fresh[:, 1:] = keys[:, 1:] != keys[:, :-1]  # a new bin starts each row and each new key
+        bin_of = np.cumsum(fresh.reshape(-1)) - 1
+        total = np.bincount(bin_of, weights=weight)
+        x = np.bincount(bin_of, weights=weight * values.double().numpy().reshape(-1)) / total
+        offsets = np.concatenate([[0], np.cumsum(fresh.sum(axis=1))]).astype(np.int64)
+        found, bounds = _finish(x, total, keys.reshape(-1)[fresh.reshape(-1)], offsets, config)
+        keyed = _keys(rows[a:b].float(), config, exact).contiguous().numpy()
+        in_threads(lambda c, d, k=keyed, u=bounds, i=index[a:b].numpy(): assign(k, u, i, c, d),
+                   b - a, config.num_kmeans_workers)  # fmt: skip
+        centroids.append(found)
+    return np.concatenate(centroids), index
+
+
+def _vector_clusters(
+    vectors: torch.Tensor, config: PalettizeConfig, weights: torch.Tensor | None = None
+) -> tuple[np.ndarray, torch.Tensor]:
+    """vectors [G, m, V] -> centroids [G, P, V] and indices [G, m]: seeded k-means++ then Lloyd;
+    with `weights` [G, m, V] each coordinate's squared error counts by its weight."""
     entries = 2**config.n_bits
     generator = torch.Generator().manual_seed(0)
     groups, m, dim = vectors.shape
@@ -175,6 +207,7 @@ def _vector_clusters(vectors: torch.Tensor, config: PalettizeConfig) -> tuple[np
     index = torch.zeros(groups, m, dtype=torch.int64)
     for g in range(groups):
         points = vectors[g].double()
+        pull = torch.ones_like(points) if weights is None else weights[g].double()
         chosen = [int(torch.randint(m, (1,), generator=generator))]
         nearest = ((points - points[chosen[0]]) ** 2).sum(1)
         for _ in range(1, min(entries, m)):
@@ -186,18 +219,29 @@ def _vector_clusters(vectors: torch.Tensor, config: PalettizeConfig) -> tuple[np
             nearest = torch.minimum(nearest, ((points - points[pick]) ** 2).sum(1))
         centers = points[chosen].clone()
         for _ in range(50):
-            labels = torch.cdist(points, centers).argmin(1)
-            sums = torch.zeros_like(centers).index_add_(0, labels, points)
-            counts = torch.bincount(labels, minlength=len(centers)).double()
-            moved = torch.where(counts[:, None] > 0, sums / counts.clamp(min=1)[:, None], centers)
+            labels = _nearest(points, pull, centers, weights is not None)
+            sums = torch.zeros_like(centers).index_add_(0, labels, points * pull)
+            counts = torch.zeros_like(centers).index_add_(0, labels, pull)
+            moved = torch.where(counts > 0, sums / counts.clamp(min=1e-300), centers)
             if torch.equal(moved, centers):
                 break
             centers = moved
-        labels = torch.cdist(points, centers).argmin(1)
+        labels = _nearest(points, pull, centers, weights is not None)
         centroids[g, : len(centers)] = centers.numpy()
         centroids[g, len(centers) :] = centers[-1].numpy()
         index[g] = labels
     return centroids, index
+
+
+def _nearest(points: torch.Tensor, pull: torch.Tensor, centers: torch.Tensor, weighted: bool) -> torch.Tensor:
+    """Each point's centre: Euclidean, or under its coordinates' weights (in pieces of points)."""
+    if not weighted:
+        return torch.cdist(points, centers).argmin(1)
+    step = max(1, (1 << 22) // max(1, centers.numel()))
+    return torch.cat([
+        ((points[a:a + step, None, :] - centers[None]) ** 2 * pull[a:a + step, None, :]).sum(-1).argmin(1)
+        for a in range(0, len(points), step)
+    ])  # fmt: skip
 
 
 _LUT_SCALE = "float32"  # one scale per LUT, in float32
@@ -228,6 +272,14 @@ def palettize(
 ) -> Encoding | str:
     """One weight's indices, LUTs and scales by exact k-means of its values (or why its layout
     cannot take the config); it learns from no data."""
+    return weighted_palettize(w, site, config, None)
+
+
+def weighted_palettize(
+    w: torch.Tensor, site: WeightSite, config: PalettizeConfig, importance: torch.Tensor | None
+) -> Encoding | str:
+    """`palettize` with each element's squared error weighted by `importance` (the weight's
+    shape, positive; None: every element alike): what the data-aware methods cluster."""
     axis, shape, dim = site.output_axis, site.shape, config.cluster_dim
     channels = shape[axis]
     groups = _lut_groups(channels, config)
@@ -248,14 +300,24 @@ def palettize(
         amax = matrix.abs().amax(dim=1).double().numpy()  # float32 values
         channel_scale = np.where(amax > 0, amax, 1.0)
         matrix = matrix / torch.from_numpy(channel_scale).float()[:, None]
+    pull = None
+    if importance is not None:  # an error of a normalized value costs its channel scale squared
+        pull = importance.movedim(axis, 0).reshape(channels, -1).double()
+        pull = pull * torch.from_numpy(channel_scale**2)[:, None]
     if dim == 1:
         native = rows.reshape(groups, -1) if exact else None
-        centroids, index = _scalar_clusters(matrix.reshape(groups, -1), native, config)
+        if pull is None:
+            centroids, index = _scalar_clusters(matrix.reshape(groups, -1), native, config)
+        else:
+            centroids, index = _weighted_clusters(matrix.reshape(groups, -1), pull.reshape(groups, -1),
+                                                  exact, config)  # fmt: skip
         centroids = centroids[:, :, None]  # [G, P, 1]
         index = index.reshape(channels, cols)
     else:
         vectors = matrix.float().reshape(channels // dim, dim, cols).transpose(1, 2)  # [C/V, cols, V]
-        centroids, index = _vector_clusters(vectors.reshape(groups, -1, dim), config)
+        if pull is not None:
+            pull = pull.reshape(channels // dim, dim, cols).transpose(1, 2).reshape(groups, -1, dim)
+        centroids, index = _vector_clusters(vectors.reshape(groups, -1, dim), config, pull)
         index = index.reshape(channels // dim, cols)
     entries_per_lut = 2**config.n_bits
     if config.lut_dtype is None:

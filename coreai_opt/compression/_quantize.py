@@ -63,6 +63,15 @@ def _tcast_type(dtype: DType, qscheme: QScheme, scale: str, tile: str) -> tcast.
 
 
 @dataclass(frozen=True)
+class Grid:
+    """The scales (and zero points) of a cast as tcast holds them per tile (`scale_grid`,
+    `zero_grid`): what a cast onto the same grid is given."""
+
+    scales: torch.Tensor
+    zero_points: torch.Tensor | None
+
+
+@dataclass(frozen=True)
 class Codes:
     """A tensor cast to `scale * (data - offset)`, with the data in the dtype's storage codes."""
 
@@ -73,16 +82,27 @@ class Codes:
 
 
 def cast_codes(
-    x: torch.Tensor, dtype: DType, qscheme: QScheme, scale: str, tile: str, scalemode: tcast.ScaleMode
+    x: torch.Tensor,
+    dtype: DType,
+    qscheme: QScheme,
+    scale: str,
+    tile: str,
+    scalemode: tcast.ScaleMode,
+    given: Grid | None = None,
 ) -> Codes:
-    """One actual tcast cast of `x` to `dtype` codes under per-`tile` scales in format `scale`.
+    """One actual tcast cast of `x` to `dtype` codes under per-`tile` scales in format `scale`
+    (chosen by `scalemode`, or the `given` grid of an earlier cast: GPTQ rounds onto it).
 
     tcast's codes are two's complement for symmetric integers and unsigned for asymmetric ones;
     a storage type of the other signedness holds them with the top bit flipped (+-2**(bits-1)),
     and unsigned storage of symmetric codes takes that 2**(bits-1) as its offset.
     """
     datatype = _tcast_type(dtype, qscheme, scale, tile)
-    cast = tcast.cast(x, datatype, castmode="actual", scalemode=scalemode, computemode="auto")
+    if given is None:
+        cast = tcast.cast(x, datatype, castmode="actual", scalemode=scalemode, computemode="auto")
+    else:
+        cast = tcast.cast(x, datatype, castmode="actual", computemode="auto", scales=given.scales,
+                          zero_points=given.zero_points)  # fmt: skip
     codes = cast.unpacked_codes()
     grid = cast.scale_grid()
     assert grid is not None
@@ -152,13 +172,53 @@ def quantize(
 ) -> Encoding | str:
     """One weight's codes, scales and offsets, rounded to nearest (or why its layout cannot take
     the config); it learns from no data."""
+    return quantize_onto(w, site, config, None)
+
+
+def grid_of(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> Grid | str:
+    """The scales (and zero points) round-to-nearest chooses for `w`, per tile of `_view(w)`."""
+    shape = scale_shape(site, config)
+    if isinstance(shape, str):
+        return shape
+    scale, scalemode = _scale_format(site, config)
+    datatype = _tcast_type(config.dtype, config.qscheme, scale, _tile(site, config))
+    cast = tcast.cast(_view(w, site, config), datatype, castmode="actual", scalemode=scalemode,
+                      computemode="auto")  # fmt: skip
+    return Grid(cast.scale_grid(), cast.zero_grid())
+
+
+def element_grid(grid: Grid, w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> Grid:
+    """Each element's scale (and zero point) in the weight's own layout: the tile grid spread
+    over the tiles' elements."""
+    view_shape = _view(w, site, config).shape
+
+    def spread(t: torch.Tensor) -> torch.Tensor:
+        for axis, (have, want) in enumerate(zip(t.shape, view_shape, strict=True)):
+            if have != want:
+                t = t.repeat_interleave(want // have, dim=axis)
+        return _unview(t, w, site, config)
+
+    zero = None if grid.zero_points is None else spread(grid.zero_points)
+    return Grid(spread(grid.scales), zero)
+
+
+def column_datatype(site: WeightSite, config: QuantizeConfig) -> tcast.DataType:
+    """The tcast type that rounds one column [rows, 1] onto per-row given scales."""
+    scale, _ = _scale_format(site, config)
+    return _tcast_type(config.dtype, config.qscheme, scale, "_t0d1")
+
+
+def quantize_onto(
+    w: torch.Tensor, site: WeightSite, config: QuantizeConfig, given: Grid | None
+) -> Encoding | str:
+    """`quantize`, with the scales (and zero points) of `given` where a caller fixed them."""
     shape = scale_shape(site, config)
     if isinstance(shape, str):
         return shape
     dtype = config.dtype
     scale, scalemode = _scale_format(site, config)
     view = _view(w, site, config)
-    codes = cast_codes(view, dtype, config.qscheme, scale, _tile(site, config), scalemode)
+    codes = cast_codes(view, dtype, config.qscheme, scale, _tile(site, config), scalemode, given)
     data = stored_codes(_unview(codes.data, w, site, config), dtype.element)
     if scale == "e8m0":
         scales = Stored(codes.scale.reshape(shape).cpu().numpy(), tcast_element("e8m0"))

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from coreai_opt.weights import SkipKind, Skipped
+from coreai_opt.weights import Learned, SkipKind, Skipped
 
 Progress = Callable[[int, int, str], None]  # (weights done, weights in all, the one just done)
 
@@ -25,6 +25,7 @@ class WeightResult:
     snr_db: float
     luts: int | None = None  # palettized weights: how many look-up tables
     sparsity: float | None = None  # sparsified weights: the fraction stored as zeros
+    learned: Learned | None = None  # methods that learn from data: the weighted error, before and after
 
     @property
     def bits_per_weight(self) -> float:
@@ -38,6 +39,9 @@ class CompressionReport:
     skipped: list[Skipped] = field(default_factory=list)
     unmatched_overrides: list[str] = field(default_factory=list)  # patterns no weight name matched
     already_compressed: int = 0  # weights the program held compressed before: left as they were
+    data_free: list[str] = field(
+        default_factory=list
+    )  # a method learning from data had no statistics for these
 
     @property
     def bytes_before(self) -> int:
@@ -100,6 +104,12 @@ class CompressionReport:
         found = []
         if self.already_compressed:
             found.append(f"{self.already_compressed} weights were already compressed: left as they were")
+        if self.data_free:
+            example = ", ".join(self.data_free[:3]) + (", ..." if len(self.data_free) > 3 else "")
+            found.append(
+                f"{len(self.data_free)} weights had no calibration statistics their method could use "
+                f"(an embedding lookup, a grouped convolution): encoded data-free ({example})"
+            )
         return found + self.problems
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +124,11 @@ class CompressionReport:
             entry["bits_per_weight"] = w.bits_per_weight
             entry["snr_db"] = None if math.isinf(w.snr_db) else w.snr_db
             entry["exact"] = w.snr_db == math.inf  # no error at all: the SNR is infinite
+            if w.learned is not None:  # inf (no error at all) is not JSON
+                entry["learned"] = {
+                    k: (None if isinstance(v, float) and math.isinf(v) else v)
+                    for k, v in asdict(w.learned).items()
+                }
             weights.append(entry)
         return {
             "weights": weights,
@@ -127,5 +142,6 @@ class CompressionReport:
             "total_ratio": self.total_ratio,
             "bits_per_weight": self.bits_per_weight,
             "already_compressed": self.already_compressed,
+            "data_free": list(self.data_free),
             "warnings": self.warnings,
         }

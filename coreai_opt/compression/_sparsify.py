@@ -48,7 +48,7 @@ def _top(scores: torch.Tensor, keep: int) -> torch.Tensor:
     return mask
 
 
-def _kept_units(units: int, sparsity: float, unit_size: int, uint8: bool) -> int:
+def kept_units(units: int, sparsity: float, unit_size: int, uint8: bool) -> int:
     """How many units (weights or blocks) to keep; for UINT8 a multiple of 32 values when possible."""
     keep = max(1, units - round(units * sparsity))
     if uint8:
@@ -74,7 +74,7 @@ def sparsity_mask(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> 
     magnitude = w.float().abs()
     sparsity = float(config.target_sparsity or 0.0)
     if config.block_size is None:
-        keep = _kept_units(magnitude.numel(), sparsity, 1, uint8)
+        keep = kept_units(magnitude.numel(), sparsity, 1, uint8)
         return _top(magnitude, keep).reshape(w.shape)
     size = config.block_size
     moved = magnitude.movedim(site.output_axis, 0)
@@ -83,7 +83,7 @@ def sparsity_mask(w: torch.Tensor, site: WeightSite, config: SparsifyConfig) -> 
         return f"{channels} output channels are not a multiple of block_size {size}"
     blocks = moved.reshape(channels // size, size, -1)
     norms = blocks.double().square().sum(dim=1)  # [C / size, rest]: L2 norm squared of each block
-    keep = _kept_units(norms.numel(), sparsity, size, uint8)
+    keep = kept_units(norms.numel(), sparsity, size, uint8)
     kept = _top(norms, keep).reshape(norms.shape)
     mask = kept[:, None, :].expand(-1, size, -1).reshape(moved.shape)
     return mask.movedim(0, site.output_axis)
@@ -155,6 +155,14 @@ def sparsify(
     mask = sparsity_mask(w, site, config)
     if isinstance(mask, str):
         return mask
+    return sparse_encoding(w, mask, site, config)
+
+
+def sparse_encoding(
+    w: torch.Tensor, mask: torch.Tensor, site: WeightSite, config: SparsifyConfig
+) -> Encoding | str:
+    """The kept values of `w` under `mask` (bool, the weight's shape), compressed as the config's
+    joint form says, with the mask (or why the kept values cannot take that form)."""
     decode = None
     if config.palettize_nbits is not None:
         kept = _palettized(w, mask, site, config)

@@ -189,14 +189,37 @@ def _calibration(step: Compress, program: Any, run: _Run) -> Any:
     }
     if all(algorithm_named(type(config), method).data_free for method in methods) or step.calibration is None:
         return None  # data-free; or the driver names the missing --calibration
-    if type(program).__name__ != "ExportedProgram":
-        raise ValueError("methods that learn from data run on a .pt2 program: compress before converting")
     from coreai_opt.calibration import Samples, calibrate
     from coreai_opt.models import model_tokenizer
 
+    source = run.source
+    if type(program).__name__ != "ExportedProgram":
+        if step.calibration_program is None:
+            raise ValueError(
+                f"{run.source}: methods that learn from data run the calibration through a .pt2: give the "
+                ".pt2 it was converted from (--calibration-program), or compress before converting"
+            )
+        source = Path(step.calibration_program)
+        program = load_pt2(source, trust_pickle=run.trust_pickle)
+    tokenizer = model_tokenizer(run.source) or model_tokenizer(source)
     samples = Samples.of(step.calibration, count=step.calibration_samples, tokens=step.calibration_tokens,
-                         tokenizer=model_tokenizer(run.source))  # fmt: skip
-    return calibrate(program, samples)
+                         tokenizer=tokenizer)  # fmt: skip
+    return calibrate(program, samples, device=_device(step.device))
+
+
+def _device(name: str | None) -> str | None:
+    """A torch device this machine has (one line otherwise)."""
+    if name is None or name == "cpu":
+        return None
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: this machine has no CUDA device torch can use")
+    return name
 
 
 def _quantize_activations(step: QuantizeActivations, program: Any, run: _Run, index: int) -> StepOutcome:

@@ -21,16 +21,23 @@ def compress_file(
     calibration: str | Path | None = None,
     calibration_samples: int | None = None,
     calibration_tokens: int | None = None,
+    calibration_program: str | Path | None = None,
+    device: str | None = None,
     **options: Any,
 ) -> CompressionFileResult:
     """Compress a model's weights as `config` says into a new file of the input's format (an
-    `.aimodel` through Core AI's decompression ops, a `.pt2` through coreai-torch's). `options`:
+    `.aimodel` through Core AI's decompression ops, a `.pt2` through coreai-torch's). Methods that
+    learn from data run `calibration` through the `.pt2` itself, or for an `.aimodel` through
+    `calibration_program` (the `.pt2` it was converted from: weights match by name), on `device`
+    (a torch device; default the CPU). `options`:
     force, progress, trust_pickle, executor, allow_empty (see `apply_recipe`)."""
     step = Compress(
         config=config,
         calibration=None if calibration is None else str(calibration),
         calibration_samples=calibration_samples,
         calibration_tokens=calibration_tokens,
+        calibration_program=None if calibration_program is None else str(calibration_program),
+        device=device,
     )
     return one_step(step, source, output, **options)  # type: ignore[return-value]
 

@@ -23,6 +23,8 @@ class Compress:
     calibration: str | None = None  # samples: a safetensors file or folder, a text file, or "random"
     calibration_samples: int | None = None
     calibration_tokens: int | None = None
+    calibration_program: str | None = None  # an .aimodel's .pt2 source: statistics found by weight name
+    device: str | None = None  # where calibration runs and GPTQ / SparseGPT solve (None: the CPU)
 
     KIND = "compress"
 
@@ -31,7 +33,7 @@ class Compress:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"config": self.config.to_dict()}
-        for name in ("calibration", "calibration_samples", "calibration_tokens"):
+        for name in ("calibration", "calibration_samples", "calibration_tokens", "calibration_program", "device"):
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
         return data

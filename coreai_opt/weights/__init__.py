@@ -11,7 +11,7 @@ from . import _describe as describe
 from ._container import CONTAINERS, Container, Written, container_of, register_container
 from ._decode import decode, torch_values
 from ._describe import Described
-from ._forms import Encoding, Form, Palettized, Quantized, ShiftScale, Sparse, Stored
+from ._forms import Encoding, Form, Learned, Palettized, Quantized, ShiftScale, Sparse, Stored
 from ._sites import Candidate, Consumer, SkipKind, Skipped, Use, WeightSite, stored_nbytes
 from ._statistics import Calibration, Needs, Statistics
 
@@ -24,6 +24,7 @@ __all__ = [
     "Described",
     "Encoding",
     "Form",
+    "Learned",
     "Needs",
     "Palettized",
     "Quantized",

@@ -91,6 +91,19 @@ Form = Quantized | Palettized | Sparse
 
 
 @dataclass(frozen=True)
+class Learned:
+    """What calibration data did for one weight: its error weighted as the data says it matters
+    (`weighting`: "output" - the consumer's output on the calibration data, through its input Gram
+    matrix; "fisher" - squared gradients of the loss; "input-moments" - each input channel's mean
+    square), as an SNR in dB, for this encoding and for the data-free one of the same config."""
+
+    method: str
+    weighting: str
+    snr_db: float
+    data_free_snr_db: float
+
+
+@dataclass(frozen=True)
 class Encoding:
     """One weight's compressed form; once measured (`compression` decodes it with `decode` and
     compares), what it costs in accuracy as summed squares."""
@@ -101,6 +114,7 @@ class Encoding:
     sparsity: float | None = None
     signal: float | None = None  # the weight's energy
     noise: float | None = None  # the energy of the decoded weight's error
+    learned: Learned | None = None  # set by the methods that learn from data
 
     @property
     def nbytes(self) -> int:

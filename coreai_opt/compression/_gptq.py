@@ -1,0 +1,216 @@
+"""GPTQ (Frantar et al., 2022) onto any grid: the weight is rounded one input column at a time,
+and each column's rounding error is pushed onto the columns not yet rounded through the inverse
+of the consumer's input Gram matrix H = E[x x^T] - so what stays close is the layer's output on
+the calibration data, not the weight itself.
+
+The grid is the format's: for `quantize`, the codes under the scales (and zero points) round to
+nearest would choose, fixed from the weight before any column moves (so a block keeps its
+scale whatever order columns go in; tcast rounds each column onto them, the same cast as the
+final one); for `palettize`, the look-up tables of importance-weighted k-means (diag H), each
+element snapped to the nearest entry of its channel's table. Columns go in order of decreasing
+H_ii (act order), updated lazily in blocks of `_BLOCK`, in float64 on the weight's device; H is
+damped by 1% of its mean diagonal and inputs that never fire are zeroed. A weight the data gives
+no Gram matrix for (an embedding lookup, a grouped convolution) takes the data-free encoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+import tcast
+from coreai_opt.weights import (
+    Encoding,
+    Learned,
+    Palettized,
+    Quantized,
+    Statistics,
+    Stored,
+    WeightSite,
+    decode,
+)
+
+from ._config import PalettizeConfig, QuantizeConfig
+from ._layerwise import MatrixView, gram_of, inverse_cholesky, output_snr_db
+from ._options import QScheme
+from ._palettize import palettize, weighted_palettize
+from ._quantize import column_datatype, element_grid, grid_of, quantize_onto
+from ._sensitive import input_importance
+
+_BLOCK = 128
+
+Rounding = Callable[[torch.Tensor, int], torch.Tensor]  # (column [rows] float32, its index) -> grid values
+
+
+def solve(matrix: torch.Tensor, gram: torch.Tensor, round_column: Rounding) -> torch.Tensor:
+    """GPTQ's pass over `matrix` [rows, columns] (see the module): the value each column held
+    when it was rounded (float32), in the matrix's column order; `round_column` of those values
+    is the result. `gram` is H in the same column order."""
+    w = matrix.double().clone()
+    order = torch.sort(torch.diagonal(gram), descending=True, stable=True).indices
+    w = w[:, order]
+    upper = inverse_cholesky(gram[order][:, order], w)
+    rows, columns = w.shape
+    held = torch.empty((rows, columns), dtype=torch.float32, device=w.device)
+    for a in range(0, columns, _BLOCK):
+        b = min(a + _BLOCK, columns)
+        part = w[:, a:b].clone()
+        errors = torch.empty_like(part)
+        for i in range(b - a):
+            column = part[:, i].float()
+            held[:, a + i] = column
+            error = (column.double() - round_column(column, int(order[a + i])).double()) / upper[a + i, a + i]
+            part[:, i:] -= error[:, None] * upper[a + i, a + i : b][None, :]
+            errors[:, i] = error
+        w[:, b:] -= errors @ upper[a:b, b:]
+    result = torch.empty_like(held)
+    result[:, order] = held
+    return result
+
+
+def _learned(method: str, encoding: Encoding, free: Encoding, view: MatrixView, matrix: torch.Tensor,
+             gram: torch.Tensor) -> Encoding:  # fmt: skip
+    """`encoding` with what the data did: the consumer's output SNR, beside the data-free one's."""
+    snr = output_snr_db(matrix, view.matrix(decode(encoding, device=gram.device).double()), gram)
+    before = output_snr_db(matrix, view.matrix(decode(free, device=gram.device).double()), gram)
+    return replace(encoding, learned=Learned(method, "output", snr, before))
+
+
+def quantize_gptq(
+    w: torch.Tensor, site: WeightSite, config: QuantizeConfig, statistics: Statistics | None = None
+) -> Encoding | str:
+    """Codes chosen by GPTQ under round-to-nearest's scales (see the module)."""
+    grid = grid_of(w, site, config)
+    if isinstance(grid, str):
+        return grid
+    free = quantize_onto(w, site, config, grid)
+    view = MatrixView.of(site)
+    gram = gram_of(statistics, view)
+    if gram is None or isinstance(free, str):
+        return free
+    device = gram.device  # the solve runs where the calibration left its statistics
+    round_column = integer_rounding(free, view, config, device) if config.dtype.is_int else None
+    if round_column is None:
+        spread = element_grid(grid, w, site, config)
+        scales = view.matrix(spread.scales).to(device)
+        zeros = None if spread.zero_points is None else view.matrix(spread.zero_points).to(device)
+        datatype = column_datatype(site, config)
+
+        def round_column(column: torch.Tensor, j: int) -> torch.Tensor:
+            zero = None if zeros is None else zeros[:, j : j + 1].contiguous()
+            return tcast.cast(column[:, None], datatype, castmode="virtual", computemode="auto",
+                              scales=scales[:, j : j + 1].contiguous(), zero_points=zero)[:, 0]  # fmt: skip
+
+    matrix = view.matrix(w.to(device).double())
+    held = view.weight(solve(matrix, gram, round_column)).to(w.device)
+    encoding = quantize_onto(held, site, config, grid)
+    if isinstance(encoding, str):
+        return encoding
+    return _learned(config.method, encoding, free, view, matrix, gram)
+
+
+def _spread(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """A per-tile tensor (the weight's rank) repeated over each tile's elements."""
+    for axis, (have, want) in enumerate(zip(t.shape, shape, strict=True)):
+        if have != want:
+            t = t.repeat_interleave(want // have, dim=axis)
+    return t
+
+
+def integer_rounding(
+    encoding: Encoding, view: MatrixView, config: QuantizeConfig, device: torch.device
+) -> Rounding:
+    """Integer codes' rounding of a column onto the scales and zero points `encoding` stores, in
+    float64: code = clamp(round(v / scale) + zero point) (ties to even, as tcast rounds the exact
+    quotient: a float32 value over a 16- or 32-bit scale is never within float64's error of a
+    tie it is not), value = (code - zero point) x scale. Symmetric codes stay within
+    +-(2**(bits-1) - 1) of the zero point, asymmetric ones span the storage type. Thousands of
+    columns make tcast's per-call cost count; the final codes are still tcast's (tested equal)."""
+    from coreai_opt.weights._decode import torch_values
+
+    form = encoding.form
+    assert isinstance(form, Quantized) and form.decode is not None
+    scale = view.matrix(_spread(torch_values(form.decode.scale).double(), view.shape)).to(device)
+    offset = form.decode.offset
+    zero = (
+        torch.zeros_like(scale)
+        if offset is None
+        else view.matrix(_spread(torch_values(offset).double(), view.shape)).to(device)
+    )
+    bits, signed = config.dtype.bits, config.dtype.signed
+    if config.qscheme is QScheme.SYMMETRIC:
+        half = 2 ** (bits - 1) - 1
+        low, high = zero - half, zero + half
+    else:
+        low = torch.full_like(scale, -(2 ** (bits - 1)) if signed else 0)
+        high = low + 2**bits - 1
+
+    def round_column(column: torch.Tensor, j: int) -> torch.Tensor:
+        s, z = scale[:, j], zero[:, j]
+        return (
+            torch.minimum(torch.maximum(torch.round(column.double() / s) + z, low[:, j]), high[:, j]) - z
+        ) * s
+
+    return round_column
+
+
+def _lut_rows(encoding: Encoding, site: WeightSite) -> torch.Tensor:
+    """Each output channel's look-up table as the device decodes it: [channels, entries]."""
+    form = encoding.form
+    assert isinstance(form, Palettized)
+    axis, rank = form.axis, len(site.shape)
+    other = 1 if axis == 0 else 0
+    entries = form.lut.values.shape[-2]
+    shape = [1] * rank
+    shape[axis], shape[other] = site.shape[axis], entries
+    probe = torch.arange(entries, dtype=torch.uint8).reshape(
+        [entries if a == other else 1 for a in range(rank)]
+    )
+    indices = Stored(probe.expand(shape).contiguous().numpy(), form.indices.element)
+    dense = decode(replace(encoding, form=replace(form, indices=indices)))
+    return (
+        dense.movedim(axis, 0).movedim(other if other > axis else other + 1, -1).reshape(shape[axis], entries)
+    )
+
+
+def _nearest(values: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """The index of the entry of each row's table nearest each value [rows, n] (ties: the lower
+    index), a piece of rows at a time."""
+    rows, n = values.shape
+    step = max(1, (1 << 22) // max(1, n * tables.shape[1]))
+    return torch.cat([
+        (values[a : a + step].double()[..., None] - tables[a : a + step].double()[:, None, :]).abs().argmin(-1)
+        for a in range(0, rows, step)
+    ])  # fmt: skip
+
+
+def palettize_gptq(
+    w: torch.Tensor, site: WeightSite, config: PalettizeConfig, statistics: Statistics | None = None
+) -> Encoding | str:
+    """Indices chosen by GPTQ onto the tables of importance-weighted k-means (see the module)."""
+    free = palettize(w, site, config)
+    view = MatrixView.of(site)
+    gram = gram_of(statistics, view)
+    if gram is None or isinstance(free, str) or len(site.shape) < 2:
+        return free
+    if config.cluster_dim != 1:
+        return "gptq rounds onto scalar look-up tables (cluster_dim 1)"
+    tables_of = weighted_palettize(w, site, config, input_importance(statistics, site))
+    if isinstance(tables_of, str):
+        return tables_of
+    device = gram.device
+    tables = _lut_rows(tables_of, site).to(device)  # [channels, entries]
+
+    def round_column(column: torch.Tensor, j: int) -> torch.Tensor:
+        return torch.gather(tables, 1, _nearest(column[:, None], tables))[:, 0]
+
+    matrix = view.matrix(w.to(device).double())
+    held = solve(matrix, gram, round_column)  # [channels, columns]
+    index = _nearest(held, tables).to(torch.uint8)
+    form = tables_of.form
+    assert isinstance(form, Palettized)
+    indices = Stored(view.weight(index).contiguous().cpu().numpy(), form.indices.element)
+    encoding = replace(tables_of, form=replace(form, indices=indices))
+    return _learned(config.method, encoding, free, view, matrix, gram)

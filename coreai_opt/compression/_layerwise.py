@@ -1,0 +1,116 @@
+"""What the methods that learn from data share: a weight as the matrix its consumer multiplies,
+the inverse of its input Gram matrix as GPTQ and SparseGPT use it, and the error measures the
+report shows (an error weighted as the data says it matters, beside the data-free one's).
+
+The matrix view puts output channels in rows and every other axis in columns, the input
+(reduction) axis innermost: a linear weight is itself, a convolution's [O, I, kh, kw] becomes
+[O, kh * kw * I], so a run along the input axis (a block of scales, an n:m group) is a run of
+adjacent columns. The calibration's Gram matrix, taken over the consumer's input as the weight
+reshaped to [O, -1] reads it (`calibration._patches`: I, kh, kw), is permuted to match.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from coreai_opt.weights import Statistics, WeightSite
+
+DAMPING = 0.01  # of the mean diagonal, added to the Gram matrix before it is inverted
+
+
+@dataclass(frozen=True)
+class MatrixView:
+    """A weight's layout as a [rows, columns] matrix (see the module)."""
+
+    shape: tuple[int, ...]  # the weight's
+    output_axis: int
+    input_axis: int
+
+    @classmethod
+    def of(cls, site: WeightSite) -> MatrixView:
+        return cls(tuple(site.shape), site.output_axis, site.input_axis)
+
+    def _moved(self, t: torch.Tensor) -> torch.Tensor:
+        moved = t.movedim(self.output_axis, 0)
+        inner = self.input_axis if self.input_axis > self.output_axis else self.input_axis + 1
+        return moved.movedim(inner, -1)
+
+    def matrix(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` (the weight's shape) as [output channels, columns]."""
+        return self._moved(t).reshape(self.shape[self.output_axis], -1)
+
+    def weight(self, matrix: torch.Tensor) -> torch.Tensor:
+        """The inverse of `matrix`: back to the weight's layout."""
+        moved_shape = self._moved(torch.empty(self.shape, device="meta")).shape
+        inner = self.input_axis if self.input_axis > self.output_axis else self.input_axis + 1
+        return matrix.reshape(moved_shape).movedim(-1, inner).movedim(0, self.output_axis)
+
+    def columns_in_gram_order(self) -> torch.Tensor:
+        """For each column of the view, its index among the Gram matrix's inputs (the weight
+        reshaped to [O, -1] with the output axis moved first)."""
+        count = math.prod(self.shape) // self.shape[self.output_axis]
+        order = torch.arange(count).reshape(
+            torch.empty(self.shape, device="meta").movedim(self.output_axis, 0).shape[1:]
+        )
+        inner = self.input_axis - 1 if self.input_axis > self.output_axis else self.input_axis
+        return order.movedim(inner, -1).reshape(-1)
+
+
+def gram_of(statistics: Statistics | None, view: MatrixView) -> torch.Tensor | None:
+    """The input Gram matrix in the view's column order (float64), or None where the calibration
+    has none that fits (an embedding lookup, a grouped convolution, a weight nothing reads)."""
+    if statistics is None or statistics.gram is None or statistics.rows == 0:
+        return None
+    columns = math.prod(view.shape) // view.shape[view.output_axis]
+    if tuple(statistics.gram.shape) != (columns, columns):
+        return None
+    order = view.columns_in_gram_order()
+    return statistics.gram.double()[order][:, order]
+
+
+def inverse_cholesky(gram: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """The upper Cholesky factor U of H^-1 (H = the Gram matrix, damped), as GPTQ and SparseGPT
+    read it: U[i, i] and U[i, i:] give column i's error scale and how it spreads to the columns
+    after it. Inputs that never fire (H_ii = 0) get H_ii = 1 and their column of `matrix` is
+    zeroed in place (nothing reads it). The damping grows tenfold until H is positive definite."""
+    h = gram.clone()
+    dead = torch.diagonal(h) == 0
+    h[dead, dead] = 1.0
+    matrix[:, dead] = 0.0
+    mean = float(torch.diagonal(h).mean())
+    eye = torch.eye(len(h), dtype=h.dtype, device=h.device)
+    for attempt in range(6):
+        factor, info = torch.linalg.cholesky_ex(h + (DAMPING * 10**attempt) * mean * eye)
+        if int(info) == 0:
+            inverse = torch.cholesky_inverse(factor)
+            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+            if int(info) == 0:
+                return upper
+    raise ValueError("the input Gram matrix stays singular after damping")
+
+
+def output_snr_db(matrix: torch.Tensor, approximation: torch.Tensor, gram: torch.Tensor) -> float:
+    """The consumer's output SNR on the calibration data: tr(W H W^T) / tr(dW H dW^T) in dB."""
+    error = approximation - matrix
+    signal = float(((matrix @ gram) * matrix).sum())
+    noise = float(((error @ gram) * error).sum())
+    return _db(signal, noise)
+
+
+def weighted_snr_db(w: torch.Tensor, approximation: torch.Tensor, importance: torch.Tensor) -> float:
+    """sum f w^2 / sum f (w' - w)^2 in dB, f the importance of each element."""
+    f = importance.double()
+    signal = float((f * w.double() ** 2).sum())
+    noise = float((f * (approximation.double() - w.double()) ** 2).sum())
+    return _db(signal, noise)
+
+
+def _db(signal: float, noise: float) -> float:
+    if noise <= 0:
+        return math.inf
+    if signal <= 0:
+        return -math.inf
+    return 10 * math.log10(signal / noise)

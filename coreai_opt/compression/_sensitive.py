@@ -1,0 +1,93 @@
+"""Palettization weighted by what the data says matters (SqueezeLLM; coremltools' SKM).
+
+The same exact k-means as data-free palettization, but each element's squared error counts by
+its importance: `sensitive` weighs it by the Fisher information of the loss, E[(dL/dw)^2] per
+element (a second-order estimate of how much the loss grows with the error), `importance` by
+the mean square of the input channel it multiplies, E[x_i^2] (the diagonal of the consumer's
+output error). Elements the data never reached still get a floor of `_FLOOR` times the mean
+importance, so they are assigned sensibly and every bin has positive weight. A weight the data
+gives nothing for (an embedding lookup under `importance`) is clustered as data-free k-means.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from coreai_opt.weights import Encoding, Learned, Statistics, WeightSite, decode
+
+from ._config import PalettizeConfig
+from ._layerwise import weighted_snr_db
+from ._palettize import weighted_palettize
+
+_FLOOR = 1e-3
+
+
+def _floored(importance: torch.Tensor) -> torch.Tensor | None:
+    importance = importance.double().cpu().clamp(min=0)  # k-means runs on the host
+    mean = float(importance.mean()) if importance.numel() else 0.0
+    if not math.isfinite(mean) or mean <= 0:
+        return None
+    return importance + _FLOOR * mean
+
+
+def fisher_importance(statistics: Statistics | None, site: WeightSite) -> torch.Tensor | None:
+    """The Fisher information per element (the weight's shape), floored; None without data."""
+    if statistics is None or statistics.gradient_squares is None:
+        return None
+    if tuple(statistics.gradient_squares.shape) != tuple(site.shape):
+        return None
+    return _floored(statistics.gradient_squares)
+
+
+def input_importance(statistics: Statistics | None, site: WeightSite) -> torch.Tensor | None:
+    """Each element's input channel's mean square, broadcast to the weight's shape, floored;
+    None where the data gives none that fits (no activation, a grouped convolution)."""
+    if statistics is None or statistics.rows == 0:
+        return None
+    moments = statistics.moments
+    if moments is None and statistics.gram is not None:
+        moments = torch.diagonal(statistics.gram)
+    if moments is None or moments.numel() != site.shape[site.input_axis]:
+        return None
+    shape = [1] * len(site.shape)
+    shape[site.input_axis] = moments.numel()
+    return _floored(moments.reshape(shape).expand(site.shape))
+
+
+def _learned_palettize(
+    w: torch.Tensor,
+    site: WeightSite,
+    config: PalettizeConfig,
+    importance: torch.Tensor | None,
+    weighting: str,
+) -> Encoding | str:
+    free = weighted_palettize(w, site, config, None)
+    if importance is None or isinstance(free, str):
+        return free
+    learned = weighted_palettize(w, site, config, importance)
+    if isinstance(learned, str):
+        return learned
+    dense = w.double()
+    record = Learned(
+        config.method,
+        weighting,
+        weighted_snr_db(dense, decode(learned).double(), importance),
+        weighted_snr_db(dense, decode(free).double(), importance),
+    )
+    return Encoding(learned.form, learned.element, learned.luts, learned.sparsity, learned=record)
+
+
+def palettize_sensitive(
+    w: torch.Tensor, site: WeightSite, config: PalettizeConfig, statistics: Statistics | None = None
+) -> Encoding | str:
+    """Exact k-means weighted by each element's Fisher information (see the module)."""
+    return _learned_palettize(w, site, config, fisher_importance(statistics, site), "fisher")
+
+
+def palettize_importance(
+    w: torch.Tensor, site: WeightSite, config: PalettizeConfig, statistics: Statistics | None = None
+) -> Encoding | str:
+    """Exact k-means weighted by each element's input channel's mean square (see the module)."""
+    return _learned_palettize(w, site, config, input_importance(statistics, site), "input-moments")

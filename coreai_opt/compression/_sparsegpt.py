@@ -1,0 +1,103 @@
+"""SparseGPT (Frantar & Alistarh, 2023): pruning that repairs what it removes. Columns are pruned
+one at a time in the matrix view (`_layerwise`), and each pruned weight's loss is pushed onto
+the columns not yet visited through the inverse of the consumer's input Gram matrix, as GPTQ
+does with rounding errors - so the layer's output on the calibration data stays close.
+
+Which weights go is chosen as SparseGPT chooses, by the optimal-brain-surgeon score w^2 / U_ii^2
+(U the upper Cholesky factor of H^-1): unstructured, within each block of `_BLOCK` columns,
+the block's share of the zeros the config asks for (the whole weight's count is exact); n:m,
+in each run of m columns along the input axis, the n best of every row kept; block pruning
+keeps magnitude pruning's mask of whole channel blocks and repairs the weights kept. The kept
+values are then compressed as magnitude pruning compresses them (int8, FP8, uint8 or a LUT).
+A weight the data gives no Gram matrix for is pruned by magnitude.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from coreai_opt.weights import Encoding, Learned, Statistics, WeightSite, decode
+
+from ._config import SparsifyConfig
+from ._layerwise import MatrixView, gram_of, inverse_cholesky, output_snr_db
+from ._options import DType
+from ._sparsify import kept_units, sparse_encoding, sparsify, sparsity_mask
+
+_BLOCK = 128
+
+
+def _lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """A mask (scores' shape) of the `count` lowest scores (ties: the lower index goes first)."""
+    order = torch.sort(scores.reshape(-1), stable=True).indices
+    mask = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
+    mask[order[:count]] = True
+    return mask.reshape(scores.shape)
+
+
+def prune(matrix: torch.Tensor, gram: torch.Tensor, config: SparsifyConfig,
+          fixed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """SparseGPT over `matrix` [rows, columns] (float64, in the view's column order): the repaired
+    weight (pruned entries zero) and the pruned mask. `fixed` gives the pruned mask instead of
+    choosing it."""
+    w = matrix.double().clone()
+    upper = inverse_cholesky(gram, w)
+    rows, columns = w.shape
+    pruned = torch.zeros((rows, columns), dtype=torch.bool, device=w.device)
+    diagonal = torch.diagonal(upper)
+    width = _BLOCK
+    zeros_left = 0
+    if config.n_m_ratio is not None:
+        width = max(config.n_m_ratio[1], _BLOCK - _BLOCK % config.n_m_ratio[1])
+    elif fixed is None:
+        uint8 = config.quantize_dtype is DType.UINT8
+        zeros_left = w.numel() - kept_units(w.numel(), float(config.target_sparsity or 0), 1, uint8)
+    for a in range(0, columns, width):
+        b = min(a + width, columns)
+        part = w[:, a:b].clone()
+        errors = torch.zeros_like(part)
+        if fixed is not None:
+            pruned[:, a:b] = fixed[:, a:b]
+        elif config.n_m_ratio is None:  # this block's share of the zeros still to place
+            share = round(zeros_left * (b - a) / (columns - a))
+            pruned[:, a:b] = _lowest(part**2 / diagonal[a:b] ** 2, share)
+            zeros_left -= share
+        for i in range(b - a):
+            if config.n_m_ratio is not None and i % config.n_m_ratio[1] == 0:
+                n, m = config.n_m_ratio
+                run = part[:, i : i + m] ** 2 / diagonal[a + i : a + i + m] ** 2
+                worst = torch.sort(run, dim=1, descending=True, stable=True).indices[:, n:]
+                pruned[:, a + i : a + i + m].scatter_(1, worst, True)
+            column = part[:, i]
+            error = torch.where(pruned[:, a + i], column, torch.zeros_like(column)) / upper[a + i, a + i]
+            part[:, i:] -= error[:, None] * upper[a + i, a + i : b][None, :]
+            errors[:, i] = error
+        w[:, a:b] = torch.where(pruned[:, a:b], torch.zeros_like(part), part)
+        w[:, b:] -= errors @ upper[a:b, b:]
+    return w, pruned
+
+
+def sparsify_sparsegpt(
+    w: torch.Tensor, site: WeightSite, config: SparsifyConfig, statistics: Statistics | None = None
+) -> Encoding | str:
+    """The mask and kept values SparseGPT chooses and repairs (see the module)."""
+    free = sparsify(w, site, config)
+    view = MatrixView.of(site)
+    gram = gram_of(statistics, view)
+    if gram is None or isinstance(free, str):
+        return free
+    matrix = view.matrix(w.to(gram.device).double())  # the sweep runs where the statistics are
+    fixed = None
+    if config.block_size is not None:
+        mask = sparsity_mask(w, site, config)
+        assert not isinstance(mask, str)
+        fixed = ~view.matrix(mask).to(gram.device)
+    repaired, pruned = prune(matrix, gram, config, fixed)
+    kept = view.weight(~pruned).cpu()
+    encoding = sparse_encoding(view.weight(repaired).to(w.dtype).cpu(), kept, site, config)
+    if isinstance(encoding, str):
+        return encoding
+    snr = output_snr_db(matrix, view.matrix(decode(encoding, device=gram.device).double()), gram)
+    before = output_snr_db(matrix, view.matrix(decode(free, device=gram.device).double()), gram)
+    return replace(encoding, learned=Learned(config.method, "output", snr, before))

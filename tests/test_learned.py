@@ -1,0 +1,350 @@
+"""Compression that learns from data: GPTQ onto every grid, SparseGPT, k-means weighted by Fisher
+information or input moments - each checked against an independent reference implementation or
+a brute-force optimum, and by the layer output error it leaves on the calibration data."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tcast
+from coreai_opt._elements import element
+from coreai_opt.compression import PalettizeConfig, QuantizeConfig, SparsifyConfig, algorithm_for
+from coreai_opt.compression._gptq import solve
+from coreai_opt.compression._layerwise import DAMPING, MatrixView, gram_of
+from coreai_opt.compression._palettize import _weighted_clusters
+from coreai_opt.compression._sparsegpt import prune
+from coreai_opt.weights import Statistics, WeightSite, decode
+
+ROWS, COLUMNS, SAMPLES = 48, 64, 2048
+
+
+@pytest.fixture(scope="module")
+def layer() -> dict[str, torch.Tensor]:
+    """A linear weight and correlated inputs with a few loud channels and one that never fires."""
+    generator = torch.Generator().manual_seed(7)
+    w = torch.randn(ROWS, COLUMNS, generator=generator)
+    mix = torch.randn(COLUMNS, COLUMNS, generator=generator) / math.sqrt(COLUMNS)
+    x = torch.randn(SAMPLES, COLUMNS, generator=generator) @ mix + 0.1 * torch.randn(
+        SAMPLES, COLUMNS, generator=generator
+    )
+    x[:, :4] *= 8
+    x[:, 9] = 0.0
+    gram = x.double().T @ x.double() / SAMPLES
+    return {"w": w, "x": x, "gram": gram}
+
+
+def _site(shape: tuple[int, ...] = (ROWS, COLUMNS), output_axis: int = 0, input_axis: int = 1) -> WeightSite:
+    return WeightSite(None, "w", shape, element("f32"), output_axis, input_axis)
+
+
+def _statistics(layer: dict[str, torch.Tensor]) -> Statistics:
+    return Statistics(SAMPLES, moments=torch.diagonal(layer["gram"]).clone(), gram=layer["gram"])
+
+
+def _output_error(layer: dict[str, torch.Tensor], approximation: torch.Tensor) -> float:
+    x, w = layer["x"].double(), layer["w"].double()
+    return float(((x @ (approximation.double() - w).T) ** 2).sum() / ((x @ w.T) ** 2).sum())
+
+
+def _damped(gram: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = gram.clone()
+    dead = torch.diagonal(h) == 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    return h + DAMPING * float(torch.diagonal(h).mean()) * torch.eye(len(h), dtype=h.dtype)
+
+
+def test_gptq_is_the_optimal_brain_quantizer_recurrence(layer: dict[str, torch.Tensor]) -> None:
+    """The lazy, Cholesky form equals the textbook one: round a column, spread its error with the
+    inverse Hessian's row, then eliminate that column from the inverse (act order, same damping)."""
+
+    def to_quarter(column: torch.Tensor, _: int) -> torch.Tensor:
+        return torch.round(column * 4).clamp(-6, 6) / 4
+
+    held = solve(layer["w"].double(), layer["gram"], to_quarter)
+    w = layer["w"].double().clone()
+    h = _damped(layer["gram"], w)
+    order = torch.sort(torch.diagonal(layer["gram"]), descending=True, stable=True).indices
+    w, inverse = w[:, order], torch.linalg.inv(h[order][:, order])
+    expected = torch.empty_like(w)
+    for i in range(COLUMNS):
+        column = w[:, i].float()
+        expected[:, i] = column.double()
+        error = (column.double() - to_quarter(column, 0).double()) / inverse[i, i]
+        w[:, i + 1 :] -= error[:, None] * inverse[i, i + 1 :][None, :]
+        inverse = inverse - inverse[:, i : i + 1] @ inverse[i : i + 1, :] / inverse[i, i]
+    reference = torch.empty_like(expected)
+    reference[:, order] = expected
+    assert torch.equal(to_quarter(held, 0), to_quarter(reference.float(), 0))
+    torch.testing.assert_close(held.double(), reference, rtol=0, atol=1e-5)
+    assert torch.all(held[:, 9] == 0)  # the input that never fires: its column is zeroed
+
+
+GRIDS = {
+    "int4 per channel": QuantizeConfig(dtype="int4"),
+    "int2 block 32": QuantizeConfig(dtype="int2", granularity="block", block_size=32),
+    "uint4 asym block 32": QuantizeConfig(dtype="uint4", qscheme="asym", granularity="block", block_size=32),
+    "mxfp4": QuantizeConfig(dtype="mxfp4"),
+    "fp8 e4m3": QuantizeConfig(dtype="fp8e4m3"),
+    "lut3 per channel": PalettizeConfig(n_bits=3, granularity="channel"),
+    "lut4 grouped, int8 LUT, channel scales": PalettizeConfig(
+        n_bits=4, granularity="grouped", group_size=16, lut_dtype="int8", enable_per_channel_scale=True
+    ),
+}
+
+
+@pytest.mark.parametrize("name", GRIDS)
+def test_gptq_keeps_the_grid_and_lowers_the_layer_output_error(
+    layer: dict[str, torch.Tensor], name: str
+) -> None:
+    import dataclasses
+
+    config = dataclasses.replace(GRIDS[name], method="gptq")
+    free_config = dataclasses.replace(GRIDS[name], method=algorithm_for(GRIDS[name]).method)
+    site = _site()
+    learned = algorithm_for(config).encode()(layer["w"], site, config, _statistics(layer))
+    free = algorithm_for(free_config).encode()(layer["w"], site, free_config, None)
+    assert learned.learned is not None and learned.learned.method == "gptq"
+    after, before = _output_error(layer, decode(learned)), _output_error(layer, decode(free))
+    assert after < 0.7 * before, (after, before)
+    # the report's SNRs are the output errors measured here on the inputs themselves
+    assert learned.learned.snr_db == pytest.approx(-10 * math.log10(after), abs=1e-6)
+    assert learned.learned.data_free_snr_db == pytest.approx(-10 * math.log10(before), abs=1e-6)
+    if isinstance(config, QuantizeConfig):  # the same scales as round to nearest: only codes moved
+        assert np.array_equal(learned.form.decode.scale.values, free.form.decode.scale.values)
+    else:  # the tables of importance-weighted k-means, snapped onto
+        importance = algorithm_for(dataclasses.replace(config, method="importance")).encode()(
+            layer["w"], site, dataclasses.replace(config, method="importance"), _statistics(layer)
+        )
+        assert np.array_equal(learned.form.lut.values, importance.form.lut.values)
+
+
+def test_gptq_views_a_convolution_with_its_input_channels_innermost() -> None:
+    """A conv weight [O, I, kh, kw] is the matrix [O, kh*kw*I]; the calibration's Gram matrix
+    (over I, kh, kw as unfold orders it) is permuted to match, and the view inverts exactly."""
+    w = torch.randn(6, 4, 3, 2)
+    view = MatrixView.of(_site((6, 4, 3, 2)))
+    matrix = view.matrix(w)
+    assert matrix.shape == (6, 24)
+    assert torch.equal(matrix[:, :4], w[:, :, 0, 0])
+    assert torch.equal(view.weight(matrix), w)
+    x = torch.randn(100, 24, dtype=torch.float64)  # rows as unfold gives them: I, kh, kw
+    gram = gram_of(Statistics(100, gram=x.T @ x / 100), view)
+    permuted = x[:, view.columns_in_gram_order()]
+    torch.testing.assert_close(gram, permuted.T @ permuted / 100)
+    transposed = MatrixView.of(_site((5, 7), output_axis=1, input_axis=0))  # [in, out] as addmm reads it
+    t = torch.randn(5, 7)
+    assert torch.equal(transposed.matrix(t), t.T) and torch.equal(transposed.weight(t.T), t)
+
+
+def test_sparsegpt_with_a_fixed_mask_is_the_brain_surgeon_update(layer: dict[str, torch.Tensor]) -> None:
+    generator = torch.Generator().manual_seed(3)
+    pruned_mask = torch.rand(ROWS, COLUMNS, generator=generator) < 0.5
+    repaired, pruned = prune(layer["w"].double(), layer["gram"], SparsifyConfig(), pruned_mask)
+    assert torch.equal(pruned, pruned_mask)
+    w = layer["w"].double().clone()
+    inverse = torch.linalg.inv(_damped(layer["gram"], w))
+    for i in range(COLUMNS):
+        error = torch.where(pruned_mask[:, i], w[:, i], torch.zeros(ROWS, dtype=w.dtype)) / inverse[i, i]
+        w[:, i:] -= error[:, None] * inverse[i, i:][None, :]
+        inverse = inverse - inverse[:, i : i + 1] @ inverse[i : i + 1, :] / inverse[i, i]
+    w[pruned_mask] = 0
+    torch.testing.assert_close(repaired, w, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SparsifyConfig(target_sparsity=0.6),
+        SparsifyConfig(n_m_ratio=(2, 4)),
+        SparsifyConfig(quantize_dtype="int8"),
+        SparsifyConfig(quantize_dtype="uint8"),
+        SparsifyConfig(palettize_nbits=4),
+        SparsifyConfig(target_sparsity=0.5, block_size=4),
+    ],
+    ids=lambda c: c.tag,
+)
+def test_sparsegpt_keeps_the_pattern_and_beats_magnitude_pruning(
+    layer: dict[str, torch.Tensor], config: SparsifyConfig
+) -> None:
+    import dataclasses
+
+    site = _site()
+    learned_config = dataclasses.replace(config, method="sparsegpt")
+    learned = algorithm_for(learned_config).encode()(layer["w"], site, learned_config, _statistics(layer))
+    free = algorithm_for(config).encode()(layer["w"], site, config, None)
+    assert learned.form.mask.sum() == free.form.mask.sum()  # the same number kept
+    if config.n_m_ratio is not None:
+        assert np.all(learned.form.mask.reshape(ROWS, -1, 4).sum(-1) == 2)
+    if config.block_size is not None:
+        assert np.array_equal(learned.form.mask, free.form.mask)  # whole channel blocks: magnitude's choice
+    dense = decode(learned)
+    assert torch.all(dense[torch.from_numpy(~learned.form.mask)] == 0)
+    after, before = _output_error(layer, dense), _output_error(layer, decode(free))
+    assert after < (0.85 if config.block_size else 0.6) * before, (after, before)  # blocks: repair only
+    assert learned.learned.snr_db == pytest.approx(-10 * math.log10(after), abs=1e-6)
+
+
+def test_weighted_kmeans_is_the_optimum_over_every_partition() -> None:
+    """Exact weighted k-means: no partition of the sorted values into k runs costs less (1-D optimal
+    clusters are runs), checked by enumerating them all."""
+    generator = torch.Generator().manual_seed(5)
+    values = torch.randn(1, 11, generator=generator)
+    weights = torch.rand(1, 11, generator=generator, dtype=torch.float64) * 10 + 0.01
+    centroids, index = _weighted_clusters(values, weights, False, PalettizeConfig(n_bits=2))
+    chosen = torch.from_numpy(centroids[0])[index[0].long()]
+    keyed = values[0].double()
+    cost = float((weights[0] * (chosen - keyed) ** 2).sum())
+    order = torch.argsort(keyed)
+    x, f = keyed[order], weights[0][order]
+
+    def run_cost(a: int, b: int) -> float:
+        mean = float((f[a:b] * x[a:b]).sum() / f[a:b].sum())
+        return float((f[a:b] * (x[a:b] - mean) ** 2).sum())
+
+    best = min(
+        run_cost(0, i) + run_cost(i, j) + run_cost(j, k) + run_cost(k, 11)
+        for i, j, k in itertools.combinations(range(1, 11), 3)
+    )
+    assert cost == pytest.approx(best, rel=1e-9)
+
+
+def test_sensitive_palettization_spends_its_entries_where_the_fisher_information_is() -> None:
+    generator = torch.Generator().manual_seed(1)
+    w = torch.randn(32, 64, generator=generator)
+    fisher = torch.full((32, 64), 1e-4, dtype=torch.float64)
+    fisher[:, :3] = 100.0  # three input columns dominate the loss
+    config = PalettizeConfig(n_bits=3, granularity="channel", method="sensitive")
+    site = _site((32, 64))
+    learned = algorithm_for(config).encode()(w, site, config, Statistics(8, gradient_squares=fisher))
+    free = algorithm_for(PalettizeConfig(n_bits=3, granularity="channel")).encode()(
+        w, site, PalettizeConfig(n_bits=3, granularity="channel"), None
+    )
+    important = (decode(learned) - w)[:, :3].abs().max()
+    assert important < 1e-3 < 1e-2 < (decode(free) - w)[:, :3].abs().max()  # 3 of 8 entries: near exact
+    record = learned.learned
+    assert record.weighting == "fisher" and record.snr_db > record.data_free_snr_db + 10
+
+
+def test_a_weight_without_statistics_takes_the_data_free_encoding(layer: dict[str, torch.Tensor]) -> None:
+    site = _site()
+    for config in (QuantizeConfig(dtype="int4", method="gptq"), SparsifyConfig(method="sparsegpt"),
+                   PalettizeConfig(method="importance"), PalettizeConfig(method="sensitive")):  # fmt: skip
+        encoding = algorithm_for(config).encode()(layer["w"], site, config, Statistics(0))
+        assert encoding.learned is None
+        import dataclasses
+
+        free_config = dataclasses.replace(config, method={"QuantizeConfig": "rtn", "PalettizeConfig": "kmeans"}.get(
+            type(config).__name__, "magnitude"))  # fmt: skip
+        free = algorithm_for(free_config).encode()(layer["w"], site, free_config, None)
+        assert torch.equal(decode(encoding), decode(free))
+
+
+# ----- end to end: a tiny LLaMA calibrated on text ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("transformers")
+    from coreai_opt.models import export_file
+    from tests._hf import TEXT, hf_folder
+
+    root = tmp_path_factory.mktemp("learned")
+    program = export_file(hf_folder("llama", root), root / "ref.pt2", seq_len=16).output
+    text = root / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    return {"ref": program, "text": text, "root": root}
+
+
+def test_gptq_from_the_cli_learns_layer_by_layer_and_says_what_the_data_did(
+    llama, coreopt, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache"))
+    out = llama["root"] / "gptq.pt2"
+    result = coreopt("quantize", str(llama["ref"]), "--dtype", "int2", "--granularity", "block", "--block-size", "16",
+                     "--method", "gptq", "--calibration", str(llama["text"]), "--calibration-tokens", "128",
+                     "--threshold", "0", "-o", str(out), "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)["report"]
+    learned = [w for w in report["weights"] if w["learned"]]
+    assert len(learned) == 15  # 2 layers x 7 projections and lm_head (untied here)
+    assert "lm_head.weight" in {w["name"] for w in learned}
+    assert all(w["learned"]["snr_db"] > w["learned"]["data_free_snr_db"] for w in learned)
+    assert report["data_free"] == ["model.embed_tokens.weight"]  # a lookup: no inputs to learn from
+    from coreai_opt import load
+
+    program = load(out)
+    ids = torch.arange(16)[None] % 90
+    assert torch.isfinite(program.module()(ids)[0]).all()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        QuantizeConfig(dtype="int4"),
+        QuantizeConfig(dtype="uint4"),
+        QuantizeConfig(dtype="uint4", qscheme="asym", granularity="block", block_size=16),
+        QuantizeConfig(dtype="int4", qscheme="asym"),
+        QuantizeConfig(dtype="int2", granularity="block", block_size=32),
+        QuantizeConfig(dtype="int8", granularity="tensor"),
+    ],
+    ids=lambda c: f"{c.dtype.value}-{c.qscheme.value}-{c.granularity.value}",
+)
+def test_gptqs_integer_rounding_is_tcasts_given_scale_cast(config: QuantizeConfig) -> None:
+    """The fast rounding GPTQ uses for integer codes gives tcast's values on every column, ties,
+    clamps and zero points included (values from -3x to 3x the range, and exact half steps)."""
+    from coreai_opt.compression._gptq import integer_rounding
+    from coreai_opt.compression._quantize import column_datatype, element_grid, grid_of, quantize_onto
+
+    generator = torch.Generator().manual_seed(11)
+    site = _site((16, 64))
+    w = torch.randn(16, 64, generator=generator)
+    grid = grid_of(w, site, config)
+    free = quantize_onto(w, site, config, grid)
+    rounding = integer_rounding(free, MatrixView.of(site), config, torch.device("cpu"))
+    spread = element_grid(grid, w, site, config)
+    probe = torch.randn(16, 64, generator=generator) * 3 * w.abs().amax()
+    steps = torch.from_numpy(np.asarray(free.form.decode.scale.values, np.float64)).float()
+    first = steps.reshape(steps.shape[0], -1)[:, :1]  # each row's first tile's step (one for a tensor)
+    probe[:, :8] = (torch.arange(-4, 4)[None].float() + 0.5) * first  # half steps
+    datatype = column_datatype(site, config)
+    for j in range(64):
+        zero = None if spread.zero_points is None else spread.zero_points[:, j : j + 1].contiguous()
+        expected = tcast.cast(probe[:, j : j + 1].contiguous(), datatype, castmode="virtual",
+                              scales=spread.scales[:, j : j + 1].contiguous(), zero_points=zero)[:, 0]  # fmt: skip
+        assert torch.equal(rounding(probe[:, j], j).float(), expected), j
+
+
+def test_an_aimodel_learns_from_the_pt2_it_was_converted_from(coreopt, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Statistics gathered on the .pt2 reach the converted .aimodel's weights by name: the same
+    GPTQ encodings (their data-weighted errors equal) on both containers."""
+    from tests.conftest import SAMPLES
+
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    common = ["--nbits", "4", "--granularity", "channel", "--method", "gptq", "--calibration", "random",
+              "--calibration-samples", "4", "--json"]  # fmt: skip
+    on_pt2 = coreopt("palettize", SAMPLES / "mlp.pt2", *common, "-o", tmp_path / "m.pt2")
+    on_aimodel = coreopt("palettize", SAMPLES / "mlp.aimodel", *common, "--calibration-program",
+                         SAMPLES / "mlp.pt2", "-o", tmp_path / "m.aimodel")  # fmt: skip
+    assert on_pt2.exit_code == on_aimodel.exit_code == 0, on_aimodel.stderr
+    learned = [
+        {w["name"]: w["learned"] for w in json.loads(r.stdout)["report"]["weights"]}
+        for r in (on_pt2, on_aimodel)
+    ]
+    assert learned[0] == learned[1] and all(v is not None for v in learned[0].values())
+    refused = coreopt("palettize", SAMPLES / "mlp.aimodel", *common[:-1], "-o", tmp_path / "n.aimodel")
+    assert refused.exit_code == 1 and "--calibration-program" in refused.stderr
+    assert not (tmp_path / "n.aimodel").exists()
+    no_gpu = coreopt(
+        "palettize", SAMPLES / "mlp.pt2", *common[:-1], "--device", "cuda:7", "-o", tmp_path / "g.pt2"
+    )
+    if not torch.cuda.is_available():
+        assert no_gpu.exit_code == 1 and "no CUDA device" in no_gpu.stderr
+    assert coreopt("palettize", SAMPLES / "mlp.pt2", "--device", "cpu").exit_code == 2  # a data-free method
