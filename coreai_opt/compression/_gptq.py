@@ -23,7 +23,6 @@ import torch
 import tcast
 from coreai_opt.weights import (
     Encoding,
-    Learned,
     Palettized,
     Quantized,
     Statistics,
@@ -33,7 +32,7 @@ from coreai_opt.weights import (
 )
 
 from ._config import PalettizeConfig, QuantizeConfig
-from ._layerwise import MatrixView, gram_of, inverse_cholesky, output_snr_db
+from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
 from ._options import QScheme
 from ._palettize import palettize, weighted_palettize
 from ._quantize import column_datatype, element_grid, grid_of, quantize_onto
@@ -70,14 +69,6 @@ def solve(matrix: torch.Tensor, gram: torch.Tensor, round_column: Rounding) -> t
     return result
 
 
-def _learned(method: str, encoding: Encoding, free: Encoding, view: MatrixView, matrix: torch.Tensor,
-             gram: torch.Tensor) -> Encoding:  # fmt: skip
-    """`encoding` with what the data did: the consumer's output SNR, beside the data-free one's."""
-    snr = output_snr_db(matrix, view.matrix(decode(encoding, device=gram.device).double()), gram)
-    before = output_snr_db(matrix, view.matrix(decode(free, device=gram.device).double()), gram)
-    return replace(encoding, learned=Learned(method, "output", snr, before))
-
-
 def quantize_gptq(
     w: torch.Tensor, site: WeightSite, config: QuantizeConfig, statistics: Statistics | None = None
 ) -> Encoding | str:
@@ -108,7 +99,7 @@ def quantize_gptq(
     encoding = quantize_onto(held, site, config, grid)
     if isinstance(encoding, str):
         return encoding
-    return _learned(config.method, encoding, free, view, matrix, gram)
+    return with_output_error(config.method, encoding, free, view, matrix, gram)
 
 
 def _spread(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -213,4 +204,4 @@ def palettize_gptq(
     assert isinstance(form, Palettized)
     indices = Stored(view.weight(index).contiguous().cpu().numpy(), form.indices.element)
     encoding = replace(tables_of, form=replace(form, indices=indices))
-    return _learned(config.method, encoding, free, view, matrix, gram)
+    return with_output_error(config.method, encoding, free, view, matrix, gram)

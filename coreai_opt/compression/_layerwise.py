@@ -12,11 +12,11 @@ reshaped to [O, -1] reads it (`calibration._patches`: I, kh, kw), is permuted to
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from coreai_opt.weights import Statistics, WeightSite
+from coreai_opt.weights import Encoding, Learned, Statistics, WeightSite, decode
 
 DAMPING = 0.01  # of the mean diagonal, added to the Gram matrix before it is inverted
 
@@ -98,6 +98,21 @@ def output_snr_db(matrix: torch.Tensor, approximation: torch.Tensor, gram: torch
     signal = float(((matrix @ gram) * matrix).sum())
     noise = float(((error @ gram) * error).sum())
     return _db(signal, noise)
+
+
+def with_output_error(
+    method: str,
+    encoding: Encoding,
+    free: Encoding,
+    view: MatrixView,
+    matrix: torch.Tensor,
+    gram: torch.Tensor,
+) -> Encoding:
+    """`encoding` with what the data did: the consumer's output SNR on the calibration data,
+    beside that of `free` (the data-free encoding of the same config)."""
+    snr = output_snr_db(matrix, view.matrix(decode(encoding, device=gram.device).double()), gram)
+    before = output_snr_db(matrix, view.matrix(decode(free, device=gram.device).double()), gram)
+    return replace(encoding, learned=Learned(method, "output", snr, before))
 
 
 def weighted_snr_db(w: torch.Tensor, approximation: torch.Tensor, importance: torch.Tensor) -> float:

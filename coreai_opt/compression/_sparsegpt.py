@@ -14,14 +14,12 @@ A weight the data gives no Gram matrix for is pruned by magnitude.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from coreai_opt.weights import Encoding, Learned, Statistics, WeightSite, decode
+from coreai_opt.weights import Encoding, Statistics, WeightSite
 
 from ._config import SparsifyConfig
-from ._layerwise import MatrixView, gram_of, inverse_cholesky, output_snr_db
+from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
 from ._options import DType
 from ._sparsify import kept_units, sparse_encoding, sparsify, sparsity_mask
 
@@ -98,6 +96,4 @@ def sparsify_sparsegpt(
     encoding = sparse_encoding(view.weight(repaired).to(w.dtype).cpu(), kept, site, config)
     if isinstance(encoding, str):
         return encoding
-    snr = output_snr_db(matrix, view.matrix(decode(encoding, device=gram.device).double()), gram)
-    before = output_snr_db(matrix, view.matrix(decode(free, device=gram.device).double()), gram)
-    return replace(encoding, learned=Learned(config.method, "output", snr, before))
+    return with_output_error(config.method, encoding, free, view, matrix, gram)
