@@ -194,6 +194,8 @@ Example: coreopt quantize model.aimodel --dtype fp8e4m3 --scale-dtype e8m0 --ove
 Example: coreopt quantize model.pt2 --activations int8 --calibration samples.safetensors --observer mse
 
 Example: coreopt quantize sample_models/cnn.pt2 --activations int8 --calibration random -o build/cnn.w8a8.pt2
+
+Example: coreopt quantize model.pt2 --dtype int4 --method gptq --calibration text.txt --calibration-tokens 16384
 """
 _PALETTIZE_DOC = """Palettize weights with exact optimal k-means look-up tables and report every weight.
 
@@ -206,6 +208,10 @@ Example: coreopt palettize model.aimodel --nbits 4 --granularity grouped --group
 Example: coreopt palettize model.aimodel --nbits 2 --cluster-dim 2 --override 'head*:n_bits=8' --json
 
 Example: RAY_ADDRESS=auto coreopt palettize big.aimodel --nbits 4 --executor ray   (on a Ray cluster)
+
+Example: coreopt palettize model.pt2 --nbits 4 --granularity grouped --group-size 16 --method gptq --calibration text.txt
+
+Example: coreopt palettize model.aimodel --nbits 3 --method sensitive --calibration text.txt --calibration-program model.pt2
 """
 _SPARSIFY_DOC = """Prune weights to a bitmask-sparse form (optionally quantized or palettized) and report every weight.
 
@@ -216,6 +222,8 @@ Example: coreopt sparsify model.pt2 --nm 2:4 --quantize int8 -o model.2of4.pt2
 Example: coreopt sparsify model.aimodel --nm 2:4 --quantize int8
 
 Example: coreopt sparsify model.aimodel --sparsity 0.75 --block-size 4 --palettize 4 --json
+
+Example: coreopt sparsify model.pt2 --sparsity 0.5 --method sparsegpt --calibration samples/ --device cuda
 """
 
 
