@@ -58,7 +58,7 @@ def _configs() -> dict[str, object]:
         "gptq int4 channel": QuantizeConfig(dtype="int4", method="gptq"),
         "gptq uint4 block32": QuantizeConfig(
             dtype="uint4", qscheme="asym", granularity="block", block_size=32, method="gptq"
-        ),  # fmt: skip
+        ),
         "gptq mxfp4": QuantizeConfig(dtype="mxfp4", method="gptq"),
         "sparsegpt 50%": SparsifyConfig(target_sparsity=0.5, method="sparsegpt"),
         "sparsegpt 2:4": SparsifyConfig(n_m_ratio=(2, 4), method="sparsegpt"),

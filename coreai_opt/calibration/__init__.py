@@ -22,7 +22,12 @@ __all__ = ["RANDOM", "Samples", "Source", "calibrate", "text_tokens"]
 
 
 def calibrate(
-    program: ExportedProgram, samples: Samples, *, cache: bool = True, seed: int = 0, device: str | None = None
+    program: ExportedProgram,
+    samples: Samples,
+    *,
+    cache: bool = True,
+    seed: int = 0,
+    device: str | None = None,
 ) -> ProgramCalibration:
     """A calibration of `program` on `samples` (the samples are read, and checked, now), run on
     `device` (default: the CPU); its statistics stay there, and the methods that learn from them

@@ -158,9 +158,7 @@ class ProgramCalibration:
         fold_decompression(self.gm)
         self.gm.to(self.device)
         with torch.no_grad():
-            self.inputs = [
-                tuple(t.to(self.device) for t in inputs) for _, inputs in samples.inputs(program)
-            ]
+            self.inputs = [tuple(t.to(self.device) for t in inputs) for _, inputs in samples.inputs(program)]
         if not self.inputs:
             raise ValueError(f"{samples.describe()} gave no calibration samples")
         self.cache = cache
@@ -239,7 +237,10 @@ class ProgramCalibration:
             parameter.requires_grad_(False)
         for parameter in parameters.values():
             parameter.requires_grad_(True)
-        totals = {name: torch.zeros(p.shape, dtype=torch.float64, device=self.device) for name, p in parameters.items()}
+        totals = {
+            name: torch.zeros(p.shape, dtype=torch.float64, device=self.device)
+            for name, p in parameters.items()
+        }
         generator = torch.Generator().manual_seed(self.seed)  # on the CPU: the same draws on any device
         rows = 0
         try:

@@ -33,7 +33,13 @@ class Compress:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"config": self.config.to_dict()}
-        for name in ("calibration", "calibration_samples", "calibration_tokens", "calibration_program", "device"):
+        for name in (
+            "calibration",
+            "calibration_samples",
+            "calibration_tokens",
+            "calibration_program",
+            "device",
+        ):
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
         return data
