@@ -35,7 +35,7 @@ from ._config import PalettizeConfig, QuantizeConfig
 from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
 from ._options import QScheme
 from ._palettize import palettize, weighted_palettize
-from ._quantize import column_datatype, element_grid, grid_of, quantize_onto
+from ._quantize import column_datatype, element_grid, grid_of, quantize_onto, spread_tiles
 from ._sensitive import input_importance
 
 _BLOCK = 128
@@ -102,14 +102,6 @@ def quantize_gptq(
     return with_output_error(config.method, encoding, free, view, matrix, gram)
 
 
-def _spread(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """A per-tile tensor (the weight's rank) repeated over each tile's elements."""
-    for axis, (have, want) in enumerate(zip(t.shape, shape, strict=True)):
-        if have != want:
-            t = t.repeat_interleave(want // have, dim=axis)
-    return t
-
-
 def integer_rounding(
     encoding: Encoding, view: MatrixView, config: QuantizeConfig, device: torch.device
 ) -> Rounding:
@@ -123,12 +115,12 @@ def integer_rounding(
 
     form = encoding.form
     assert isinstance(form, Quantized) and form.decode is not None
-    scale = view.matrix(_spread(torch_values(form.decode.scale).double(), view.shape)).to(device)
+    scale = view.matrix(spread_tiles(torch_values(form.decode.scale).double(), view.shape)).to(device)
     offset = form.decode.offset
     zero = (
         torch.zeros_like(scale)
         if offset is None
-        else view.matrix(_spread(torch_values(offset).double(), view.shape)).to(device)
+        else view.matrix(spread_tiles(torch_values(offset).double(), view.shape)).to(device)
     )
     bits, signed = config.dtype.bits, config.dtype.signed
     if config.qscheme is QScheme.SYMMETRIC:

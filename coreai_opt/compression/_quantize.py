@@ -190,16 +190,21 @@ def grid_of(w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> Grid |
 def element_grid(grid: Grid, w: torch.Tensor, site: WeightSite, config: QuantizeConfig) -> Grid:
     """Each element's scale (and zero point) in the weight's own layout: the tile grid spread
     over the tiles' elements."""
-    view_shape = _view(w, site, config).shape
+    view_shape = tuple(_view(w, site, config).shape)
 
     def spread(t: torch.Tensor) -> torch.Tensor:
-        for axis, (have, want) in enumerate(zip(t.shape, view_shape, strict=True)):
-            if have != want:
-                t = t.repeat_interleave(want // have, dim=axis)
-        return _unview(t, w, site, config)
+        return _unview(spread_tiles(t, view_shape), w, site, config)
 
     zero = None if grid.zero_points is None else spread(grid.zero_points)
     return Grid(spread(grid.scales), zero)
+
+
+def spread_tiles(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """A per-tile tensor (of `shape`'s rank) repeated over each tile's elements, to `shape`."""
+    for axis, (have, want) in enumerate(zip(t.shape, shape, strict=True)):
+        if have != want:
+            t = t.repeat_interleave(want // have, dim=axis)
+    return t
 
 
 def column_datatype(site: WeightSite, config: QuantizeConfig) -> tcast.DataType:
