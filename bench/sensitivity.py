@@ -26,8 +26,7 @@ warnings.filterwarnings("ignore")
 def main() -> None:
     from smollm2 import corpus, gguf_path
 
-    from cli.commands.sensitivity import parse_config
-    from coreai_opt.compression import Override
+    from coreai_opt.compression import Override, config_from_text
     from coreai_opt.evaluation import evaluate_text, weight_sensitivity
     from coreai_opt.models import export_file
     from coreai_opt.recipes import compress_file
@@ -45,7 +44,7 @@ def main() -> None:
     program = args.out / f"smollm2.b{args.batch}.pt2"
     if not program.exists():
         export_file(gguf_path(), program, seq_len=128, batch=args.batch)
-    config = parse_config(args.config)
+    config = config_from_text(args.config)
     done = {"n": 0, "t": time.perf_counter()}
 
     def progress(n: int, total: int, label: str) -> None:

@@ -11,7 +11,18 @@ import typer
 from coreai_opt import __version__
 
 from ._common import run, version_option
-from .commands import apply, cast, compare, compress, convert, evaluate, export, inspect, sensitivity
+from .commands import (
+    apply,
+    cast,
+    compare,
+    compress,
+    convert,
+    evaluate,
+    export,
+    inspect,
+    optimize,
+    sensitivity,
+)
 
 app = typer.Typer(
     name="coreopt",
@@ -28,7 +39,7 @@ def _root(version: bool = version_option("coreopt", __version__)) -> None:
     """Shrink PyTorch models for Apple's Core AI stack."""
 
 
-for _command in (inspect, export, convert, cast, compress, compare, evaluate, sensitivity, apply):
+for _command in (inspect, export, convert, cast, compress, compare, evaluate, sensitivity, optimize, apply):
     _command.register(app)
 
 

@@ -3,12 +3,13 @@
 `load(path)` opens a `.pt2` or `.aimodel`. Subpackages: `io` (model files), `models` (Hugging
 Face folders and GGUF files to `.pt2`), `evaluation` (perplexity, KL, top-1 on text),
 `inspection` (what a model holds), `conversion` (torch.export -> Core AI), `casting`,
-`compression`, `quantization` (weights and activations).
+`compression`, `quantization` (weights and activations), `optimization` (`optimize`: mixed
+precision under a budget).
 Nothing heavy is imported here.
 """
 
 __version__ = "0.1.0"
-__all__ = ["ExportBackend", "__version__", "load"]
+__all__ = ["ExportBackend", "__version__", "load", "optimize"]
 
 
 def load(path: str | object, *, trust_pickle: bool = False) -> object:
@@ -31,4 +32,8 @@ def __getattr__(name: str) -> object:
         from coreai_opt.quantization import ExportBackend
 
         return ExportBackend
+    if name == "optimize":  # coreai_opt.optimize(program, budget, calibration, evaluation)
+        from coreai_opt.optimization import optimize
+
+        return optimize
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

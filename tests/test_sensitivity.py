@@ -58,14 +58,14 @@ def test_each_weights_measure_is_the_evaluation_of_it_alone(exported) -> None:
 
 
 def test_sensitivity_cli_json_and_config_forms(exported, coreopt, tmp_path: Path) -> None:
-    from cli.commands.sensitivity import parse_config
+    from coreai_opt.compression import config_from_text
 
     spec = tmp_path / "int4.yaml"
     spec.write_text(
         "kind: quantize\ndtype: int4\ngranularity: block\nblock_size: 8\nweight_num_threshold: 0\n"
     )
-    inline = parse_config("quantize:dtype=int4,granularity=block,block_size=8,weight_num_threshold=0")
-    assert parse_config(str(spec)) == inline
+    inline = config_from_text("quantize:dtype=int4,granularity=block,block_size=8,weight_num_threshold=0")
+    assert config_from_text(str(spec)) == inline
     result = coreopt("sensitivity", exported["ref"], "--text", exported["text"], "--config", spec, "--json",
                      "--no-estimate", "--max-tokens", 64)  # fmt: skip
     assert result.exit_code == 0, result.stderr

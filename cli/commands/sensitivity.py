@@ -49,12 +49,13 @@ def sensitivity(
 
     Example: coreopt sensitivity smol.pt2 --text corpus.txt --config int4.yaml --json > sensitivity.json
     """
+    from coreai_opt.compression import config_from_text
     from coreai_opt.evaluation import weight_sensitivity
 
     if (text is None) == (tokens is None):
         raise typer.BadParameter("give --text or --tokens (one of them)", param_hint="--text")
     with option_errors({}, "--config"):
-        parsed = parse_config(config)
+        parsed = config_from_text(config)
     with (
         user_errors(as_json, {"max_tokens": "--max-tokens"}),
         weight_progress(not (quiet or as_json), "measuring") as bar,
@@ -71,34 +72,6 @@ def sensitivity(
         print_line(_line(result))
     else:
         _render(result, top)
-
-
-def parse_config(text: str) -> Any:
-    """A config from a file, or from `KIND:key=value,...` (values read as YAML scalars)."""
-    import yaml
-
-    from coreai_opt.compression import config_from_dict
-
-    path = Path(text)
-    if path.suffix in (".json", ".yaml", ".yml"):
-        if not path.is_file():
-            raise ValueError(f"{path}: no such config file")
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and "compress" in data:  # a recipe step's form
-            data = data["compress"]
-        if isinstance(data, dict) and isinstance(data.get("config"), dict):
-            data = data["config"]
-    else:
-        kind, _, rest = text.partition(":")
-        data = {"kind": kind.strip()}
-        for pair in filter(None, (p.strip() for p in rest.split(","))):
-            key, sep, value = pair.partition("=")
-            if not sep:
-                raise ValueError(f"{pair!r} is not key=value")
-            data[key.strip()] = yaml.safe_load(value)
-    if isinstance(data, dict):
-        data.setdefault("version", 1)
-    return config_from_dict(data)
 
 
 def _line(result: Any) -> str:

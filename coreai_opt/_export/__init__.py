@@ -9,10 +9,11 @@ path writes. Everything here imports torch: load it on first use.
 from __future__ import annotations
 
 from ._ops import COREAI_OPS, coreai_decompositions, fold_decompression, is_decompression, register_coreai_ops
-from ._weights import ExportWeights
+from ._weights import LUT_INDEX_BITS, ExportWeights
 
 __all__ = [
     "COREAI_OPS",
+    "LUT_INDEX_BITS",
     "ExportWeights",
     "coreai_decompositions",
     "fold_decompression",

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from torch.fx import Node
 
 # LUT indices it converts (its packing knows no 3-bit integers)
-_INDEX_BITS = (1, 2, 4, 6, 8)
+LUT_INDEX_BITS = (1, 2, 4, 6, 8)  # what coreai-torch's lut_to_dense converts
 
 
 def _op_text(node: Node) -> str:
@@ -285,7 +285,7 @@ class ExportWeights:
 
 
 def _refusal(form: Any, site: WeightSite) -> str | None:
-    if isinstance(form, Palettized) and form.indices.element.bits not in _INDEX_BITS:
+    if isinstance(form, Palettized) and form.indices.element.bits not in LUT_INDEX_BITS:
         return (
             f"{form.indices.element.name} indices: coreai-torch converts 1-, 2-, 4-, 6- or 8-bit LUT indices"
         )

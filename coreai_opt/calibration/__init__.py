@@ -9,6 +9,7 @@ container shares and cached on disk by program and samples (`COREOPT_CACHE`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._samples import RANDOM, Samples, Source, text_tokens
@@ -18,7 +19,15 @@ if TYPE_CHECKING:
 
     from ._capture import ProgramCalibration
 
-__all__ = ["RANDOM", "Samples", "Source", "calibrate", "text_tokens"]
+__all__ = ["RANDOM", "Samples", "Source", "cache_folder", "calibrate", "text_tokens"]
+
+
+def cache_folder() -> Path:
+    """Where statistics (and what is learned from them) are kept between runs: `COREOPT_CACHE`,
+    else ~/.cache/coreopt/calibration."""
+    from ._capture import cache_folder as folder
+
+    return folder()
 
 
 def calibrate(

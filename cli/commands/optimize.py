@@ -1,0 +1,302 @@
+"""`coreopt optimize`: a setting per weight - the smallest model within an accuracy bound, or the
+most accurate within a size."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .._common import (
+    force_option,
+    human_bytes,
+    json_option,
+    option_errors,
+    print_json,
+    quiet_option,
+    shown,
+    user_errors,
+)
+from .._progress import weight_progress
+
+
+def register(app: typer.Typer) -> None:
+    app.command("optimize")(optimize)
+
+
+_MODEL = typer.Argument(..., help="The .pt2 to optimize (e.g. from coreopt export); never modified.")
+_CALIBRATION = typer.Option(
+    ...,
+    "--calibration",
+    help="Data the estimates and the methods learn from: a text file (language models), a safetensors "
+    "file or folder of inputs, or 'random'.",
+)
+_EVAL = typer.Option(
+    None,
+    "--eval",
+    help="Data the plan is confirmed on (never the calibration data): a text file or token ids "
+    "(language models), else a safetensors file or folder of inputs.",
+)
+_TARGET_BITS = typer.Option(
+    None, "--target-bits", help="Budget: mean bits per weight (LUTs, scales, masks counted as stored)."
+)
+_MAX_SIZE = typer.Option(None, "--max-size", help="Budget: the file's size in MB (10^6 bytes).")
+_MAX_PPL = typer.Option(
+    None, "--max-ppl-increase", help="Bound: perplexity at most this many percent above the model's."
+)
+_MAX_KL = typer.Option(None, "--max-kl", help="Bound: mean KL per token at most this.")
+_MIN_COSINE = typer.Option(
+    None, "--min-cosine", help="Bound (not language models): the worst output cosine over --eval's samples."
+)
+_CANDIDATES = typer.Option(
+    "default",
+    "--candidates",
+    help="What a weight may take, comma separated: default (keep,int8,int4-b32,lut8,lut6,lut4,lut3,lut2), "
+    "int4, uint4-b32, sparse50, sparse24, or NAME=KIND:key=value,... of your own.",
+)
+_OUTPUT = typer.Option(
+    None, "-o", "--output", help="The model written (default: MODEL.optimized.pt2 / .aimodel)."
+)
+_TO = typer.Option("pt2", "--to", help="pt2, or aimodel (converted after compressing).")
+_RECIPE = typer.Option(
+    None,
+    "--recipe",
+    help="Also write the recipe (.yaml or .json) that coreopt apply reproduces the model with.",
+)
+_CALIBRATION_TOKENS = typer.Option(
+    None, "--calibration-tokens", min=1, help="Use at most this many calibration tokens."
+)
+_CALIBRATION_SAMPLES = typer.Option(
+    None, "--calibration-samples", min=1, help="Use at most this many calibration samples."
+)
+_EVAL_TOKENS = typer.Option(None, "--eval-tokens", min=2, help="Score at most this many tokens.")
+_EVAL_SAMPLES = typer.Option(8, "--eval-samples", min=1, help="Samples drawn when --eval is 'random'.")
+_THRESHOLD = typer.Option(1024, "--threshold", min=0, help="Leave weights with this many elements or fewer.")
+_ROUNDS = typer.Option(3, "--rounds", min=1, help="Confirmation rounds at most (accuracy bounds).")
+_UNIFORM = typer.Option(
+    1, "--uniform", min=0, help="Uniform settings nearest in size also made and evaluated, for comparison."
+)
+_DEVICE = typer.Option(None, "--device", help="Where calibration and the solves run (cpu, cuda).")
+_DRY_RUN = typer.Option(
+    False, "--dry-run", help="Stop at the plan (size budgets): nothing written or evaluated."
+)
+_CSV = typer.Option(False, "--csv", help="Print the curve, the rounds and the uniform settings as CSV.")
+_PLOT = typer.Option(None, "--plot", help="Also write a PNG of damage against bits per weight.")
+_FLAGS = {
+    "target_bits": "--target-bits", "max_size_mb": "--max-size", "max_ppl_increase": "--max-ppl-increase",
+    "max_kl": "--max-kl", "min_cosine": "--min-cosine", "candidates": "--candidates", "evaluation": "--eval",
+    "dry_run": "--dry-run",
+}  # fmt: skip
+
+
+def optimize(
+    model: Path = _MODEL,
+    calibration: str = _CALIBRATION,
+    evaluation: Path | None = _EVAL,
+    target_bits: float | None = _TARGET_BITS,
+    max_size: float | None = _MAX_SIZE,
+    max_ppl_increase: float | None = _MAX_PPL,
+    max_kl: float | None = _MAX_KL,
+    min_cosine: float | None = _MIN_COSINE,
+    candidates: str = _CANDIDATES,
+    output: Path | None = _OUTPUT,
+    to: str = _TO,
+    recipe: Path | None = _RECIPE,
+    calibration_tokens: int | None = _CALIBRATION_TOKENS,
+    calibration_samples: int | None = _CALIBRATION_SAMPLES,
+    eval_tokens: int | None = _EVAL_TOKENS,
+    eval_samples: int = _EVAL_SAMPLES,
+    threshold: int = _THRESHOLD,
+    rounds: int = _ROUNDS,
+    uniform: int = _UNIFORM,
+    device: str | None = _DEVICE,
+    dry_run: bool = _DRY_RUN,
+    as_csv: bool = _CSV,
+    plot: Path | None = _PLOT,
+    force: bool = force_option(),
+    quiet: bool = quiet_option(),
+    as_json: bool = json_option(),
+) -> None:
+    """Pick each weight's compression - kept, int8, int4 blocks, 8- to 2-bit look-up tables (data-aware
+    methods), optionally sparsity - for one budget: a size (--target-bits, --max-size) or an accuracy
+    bound with the size minimised (--max-ppl-increase, --max-kl, --min-cosine). Each candidate is tried on every weight in memory and its damage estimated from the calibration
+    data (second-order, Fisher; cached, so a new budget re-solves in seconds); an exact knapsack over
+    the stored bytes picks the plan; the plan is made as a recipe, applied and evaluated on --eval,
+    and for an accuracy bound solved again with the measured damage until it holds (each round
+    reported). Exit 1 when the bound is not met. 3-bit LUTs are left out: the .pt2 route cannot carry them.
+
+    Example: coreopt optimize smol.pt2 --calibration calib.txt --eval held.txt --target-bits 4 -o smol.mixed.pt2
+
+    Example: coreopt optimize smol.pt2 --calibration calib.txt --eval held.txt --max-ppl-increase 10 --recipe r.yaml
+
+    Example: coreopt optimize cnn.pt2 --calibration train.safetensors --eval val.safetensors --min-cosine 0.99 --to aimodel
+
+    Example: coreopt optimize smol.pt2 --calibration calib.txt --target-bits 3 --dry-run --json
+    """
+    from coreai_opt.optimization import optimize as run
+    from coreai_opt.optimization import plot_optimization
+
+    if as_csv and as_json:
+        raise typer.BadParameter("give --csv or --json, not both", param_hint="--csv")
+    if to not in ("pt2", "aimodel"):
+        raise typer.BadParameter(f"--to takes pt2 or aimodel, not {to!r}", param_hint="--to")
+    budgets = {"--target-bits": target_bits, "--max-size": max_size, "--max-ppl-increase": max_ppl_increase,
+               "--max-kl": max_kl, "--min-cosine": min_cosine}  # fmt: skip
+    goal, choices = _parse(budgets, candidates, evaluation is None and not dry_run, plot)
+    talk = not (quiet or as_json or as_csv)
+    with user_errors(as_json, _FLAGS), weight_progress(talk, "optimizing") as bar:
+        found = run(
+            model, goal, calibration, evaluation, output=output, choices=choices, calibration_tokens=calibration_tokens,
+            calibration_samples=calibration_samples, eval_tokens=eval_tokens, eval_samples=eval_samples,
+            threshold=threshold, to_aimodel=to == "aimodel", rounds=rounds, uniform=uniform, device=device,
+            force=force, dry_run=dry_run, progress=bar, say=_say if talk else None,
+        )  # fmt: skip
+        if recipe is not None:
+            found.recipe.save(recipe)
+        if plot is not None:
+            plot_optimization(found.report, plot)
+    _show(found, as_json, as_csv, quiet, recipe)
+    report = found.report
+    if report.met is False:
+        sys.stderr.write(f"error: {model}: {report.goal.describe()} not met in {len(report.rounds)} rounds; "
+                         f"the closest plan was written to {report.output}\n")  # fmt: skip
+        raise typer.Exit(1)
+
+
+def _parse(
+    budgets: dict[str, float | None], candidates: str, no_eval: bool, plot: Path | None
+) -> tuple[Any, Any]:
+    """The goal and the candidates, or a usage error naming the flag."""
+    from coreai_opt.optimization import Goal, parse_choices
+
+    given = [flag for flag, value in budgets.items() if value is not None]
+    if len(given) != 1:
+        raise typer.BadParameter("give exactly one budget: " + ", ".join(budgets), param_hint="--target-bits")
+    with option_errors(_FLAGS, given[0]):
+        rise = budgets["--max-ppl-increase"]
+        goal = Goal(
+            target_bits=budgets["--target-bits"], max_size_mb=budgets["--max-size"],
+            max_ppl_increase=None if rise is None else rise / 100, max_kl=budgets["--max-kl"],
+            min_cosine=budgets["--min-cosine"],
+        )  # fmt: skip
+        choices = parse_choices(candidates)
+        if no_eval:
+            raise ValueError("give --eval data to confirm the plan on (or --dry-run for a size budget)")
+        if plot is not None:
+            from coreai_opt.comparison import check_plot_path
+
+            check_plot_path(plot)
+    return goal, choices
+
+
+def _show(found: Any, as_json: bool, as_csv: bool, quiet: bool, recipe: Path | None) -> None:
+    report = found.report
+    if as_json:
+        print_json(report.to_dict() | {"recipe": found.recipe.to_dict()})
+    elif as_csv:
+        sys.stdout.write(report.to_csv())
+    elif quiet:
+        from .._render import print_line
+
+        print_line(_line(report))
+    else:
+        _render(report, recipe)
+
+
+def _say(line: str) -> None:
+    from .._common import err_console
+
+    if err_console.is_terminal:
+        err_console.print(f"[dim]{shown(line)}[/dim]")
+    else:
+        sys.stderr.write(line + "\n")
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else ("inf" if not math.isfinite(value) else format(value, spec))
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else ("inf" if not math.isfinite(value) else f"{100 * value:+.2f}%")
+
+
+def _line(report: Any) -> str:
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(report.counts().items(), key=lambda kv: -kv[1]))
+    final = report.final
+    measured = ""
+    if final is not None:
+        measured = (f"; ppl {_num(final.perplexity, '.3f')} ({_pct(final.perplexity_increase)}), KL {_num(final.kl_mean, '.4f')}"
+                    if final.kl_mean is not None else f"; cosine {_num(final.cosine, '.5f')}")  # fmt: skip
+    verdict = {True: "met", False: "NOT met", None: "dry run"}[report.met]
+    where = f" -> {report.output}" if report.output else ""
+    return (f"optimize {report.program.name}{where}: {report.goal.describe()} {verdict}; {report.bits:.3f} bits per "
+            f"weight ({counts}){measured}; {report.seconds:.1f} s")  # fmt: skip
+
+
+def _render(report: Any, recipe: Path | None) -> None:
+    from .._render import console, fitted_table, middle_ellipsis
+
+    counts = report.counts()
+    rows = []
+    by_choice: dict[str, list[dict[str, Any]]] = {}
+    for w in report.weights:
+        by_choice.setdefault(w["choice"], []).append(w)
+    for choice in report.choices:
+        members = by_choice.get(choice, [])
+        if not members:
+            continue
+        elements = sum(w["elements"] for w in members)
+        nbytes = sum(w["bytes"] for w in members)
+        rows.append([choice, str(counts[choice]), f"{elements:,}", human_bytes(nbytes), _num(8 * nbytes / max(elements, 1), ".2f"),
+                     _num(sum(w["predicted_damage"] for w in members), ".4g")])  # fmt: skip
+    columns = [("choice", "left"), ("weights", "right"), ("elements", "right"), ("stored", "right"),
+               ("bits/w", "right"), ("est. damage", "right")]  # fmt: skip
+    console.print(fitted_table(f"Plan: {report.bits:.3f} bits per weight over {report.elements:,} weights' elements",
+                               columns, rows))  # fmt: skip
+    detail = [[shown(middle_ellipsis(w["name"], 48)), w["choice"], human_bytes(w["bytes"]), _num(w["predicted_damage"], ".3g")]
+              for w in sorted(report.weights, key=lambda w: -w["predicted_damage"])[:12]]  # fmt: skip
+    console.print(fitted_table("Most damaged weights (--json: every weight)", [("weight", "left"), ("choice", "left"),
+                               ("stored", "right"), ("est. damage", "right")], detail))  # fmt: skip
+    if report.rounds or report.uniform:
+        lines = []
+        for r in report.rounds:
+            lines.append([f"round {r.index}", _num(r.bits, ".3f"), _num(r.predicted, ".4g"), *_measured(r.measured),
+                          {True: "ok", False: "over", None: "-"}[r.ok]])  # fmt: skip
+        for u in report.uniform:
+            lines.append(
+                [
+                    f"uniform {u.choice}",
+                    _num(u.bits, ".3f"),
+                    _num(u.predicted, ".4g"),
+                    *_measured(u.measured),
+                    "",
+                ]
+            )
+        language = any(r.measured is not None and r.measured.kl_mean is not None for r in report.rounds)
+        heads = ["perplexity", "Δ ppl", "KL"] if language else ["cosine", "mean cos", ""]
+        columns = (
+            [("", "left"), ("bits/w", "right"), ("est.", "right")]
+            + [(h, "right") for h in heads]
+            + [("", "left")]
+        )
+        console.print(fitted_table("Confirmation (measured on --eval) and uniform settings", columns, lines))
+    if report.reference is not None and report.reference.perplexity is not None:
+        console.print(f"reference perplexity {report.reference.perplexity:.3f}")
+    console.print(_line(report))
+    console.print(f"costs {report.cost_seconds:.1f} s ({len(report.cached)} choices from the cache), solve "
+                  f"{report.solve_seconds:.2f} s; the plan is optimal to within {human_bytes(report.slack_bytes)}")  # fmt: skip
+    if recipe is not None:
+        console.print(
+            f"recipe written to {shown(recipe)}: coreopt apply {shown(recipe)} {shown(report.program)} -o OUT"
+        )
+
+
+def _measured(m: Any) -> list[str]:
+    if m is None:
+        return ["-", "-", "-"]
+    if m.kl_mean is not None:
+        return [_num(m.perplexity, ".3f"), _pct(m.perplexity_increase), _num(m.kl_mean, ".3g")]
+    return [_num(m.cosine, ".5f"), _num(m.mean_cosine, ".5f"), ""]

@@ -1,0 +1,139 @@
+"""What `optimize` may pick for each weight: named choices, each a compression config (or none,
+to keep the weight as stored), with the method it uses when calibration data is given.
+
+    keep       the weight as the program stores it
+    int8       int8 per channel, round to nearest
+    int4-b32   int4 in blocks of 32 along the input axis (GPTQ with data)
+    lut8 ... lut2   look-up tables per group of 16 channels (6-8 bits: Fisher-weighted k-means,
+                    2-4 bits: GPTQ onto the weighted tables, with data; exact k-means without)
+    sparse50   half the values zeroed, the rest int8 (SparseGPT with data); optional
+
+`parse_choices("default,sparse50")`; a custom choice is `NAME=KIND:key=value,...` (a config as
+`coreopt sensitivity --config` takes it, its `method` used as given).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from coreai_opt._errors import ConfigError
+from coreai_opt.compression import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig, config_from_text
+
+__all__ = ["DEFAULT_CHOICES", "KEEP", "Choice", "builtin_choices", "parse_choices"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One setting a weight may take: `config` None keeps it; `learned_method` replaces the
+    config's method when calibration data is given (None: the config's own)."""
+
+    name: str
+    config: Config | None
+    learned_method: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in ",= "):
+            raise ConfigError(
+                f"a choice needs a name without commas, '=' or spaces, not {self.name!r}", "candidates"
+            )
+
+    def pt2_refusal(self) -> str | None:
+        """Why a `.pt2` cannot carry this choice (coreai-torch's LUT ops take 1, 2, 4, 6 or 8-bit
+        indices), or None."""
+        from coreai_opt._export import LUT_INDEX_BITS
+
+        config = self.config
+        bits = (
+            getattr(config, "n_bits", None)
+            if isinstance(config, PalettizeConfig)
+            else getattr(config, "palettize_nbits", None)
+        )
+        if bits is not None and bits not in LUT_INDEX_BITS:
+            return f"{self.name}: coreai-torch's ops carry no {bits}-bit LUT indices"
+        return None
+
+    def config_for(self, learns: bool, threshold: int) -> Config | None:
+        """The config this choice compresses with (the learned method with data)."""
+        if self.config is None:
+            return None
+        changes: dict[str, Any] = {"weight_num_threshold": threshold}
+        if learns and self.learned_method is not None:
+            changes["method"] = self.learned_method
+        return dataclasses.replace(self.config, **changes)
+
+
+KEEP = Choice("keep", None)
+
+
+def builtin_choices() -> dict[str, Choice]:
+    """Every named choice (the defaults and the optional ones)."""
+    found = [
+        KEEP,
+        Choice("int8", QuantizeConfig(dtype="int8", granularity="channel")),
+        Choice("int4", QuantizeConfig(dtype="int4", granularity="channel"), "gptq"),
+        Choice("int4-b32", QuantizeConfig(dtype="int4", granularity="block", block_size=32), "gptq"),
+        Choice("uint4-b32", QuantizeConfig(dtype="uint4", granularity="block", block_size=32), "gptq"),
+        *(
+            Choice(
+                f"lut{n}",
+                PalettizeConfig(n_bits=n, granularity="grouped", group_size=16),
+                "sensitive" if n > 4 else "gptq",
+            )
+            for n in (8, 6, 4, 3, 2)
+        ),
+        Choice("sparse50", SparsifyConfig(target_sparsity=0.5, quantize_dtype="int8"), "sparsegpt"),
+        Choice("sparse24", SparsifyConfig(n_m_ratio=(2, 4), quantize_dtype="int8"), "sparsegpt"),
+    ]
+    return {c.name: c for c in found}
+
+
+DEFAULT_CHOICES = ("keep", "int8", "int4-b32", "lut8", "lut6", "lut4", "lut3", "lut2")
+
+
+def parse_choices(text: str | None) -> tuple[Choice, ...]:
+    """`default`, names of built-in choices and `NAME=KIND:key=value,...` customs, comma
+    separated; `keep` is always among them."""
+    known = builtin_choices()
+    picked: dict[str, Choice] = {}
+    for part in _parts(text or "default"):
+        if part == "default":
+            picked.update((n, known[n]) for n in DEFAULT_CHOICES)
+        elif "=" in part.split(":", 1)[0]:
+            name, _, spec = part.partition("=")
+            try:
+                picked[name.strip()] = Choice(name.strip(), config_from_text(spec.strip()))
+            except ValueError as exc:
+                raise ConfigError(f"candidate {name.strip()!r}: {exc}", "candidates") from None
+        elif part in known:
+            picked[part] = known[part]
+        else:
+            raise ConfigError(
+                f"unknown candidate {part!r}; built in: {', '.join(known)} (or NAME=KIND:key=value,...)",
+                "candidates",
+            )
+    picked.setdefault("keep", KEEP)
+    if len(picked) < 2:
+        raise ConfigError("give at least one candidate besides keep", "candidates")
+    return tuple(picked.values())
+
+
+def _parts(text: str) -> list[str]:
+    """Choices split on ',' or ';': a custom `NAME=KIND:key=value` takes the `key=value` items
+    after it (those without ':') as its own options."""
+    parts: list[str] = []
+    custom = False
+    for token in (t.strip() for t in text.replace(";", ",").split(",")):
+        if not token:
+            continue
+        head = token.split(":", 1)[0]
+        if ":" in token and "=" in head:
+            parts.append(token)
+            custom = True
+        elif custom and "=" in token and ":" not in token:
+            parts[-1] += "," + token
+        else:
+            parts.append(token)
+            custom = False
+    return parts

@@ -1,0 +1,200 @@
+"""What each choice costs each weight: bytes as stored (codes, LUTs, scales, masks - the encoding's
+own count) and the damage it does, estimated as the second-order Taylor term of the loss,
+1/2 sum(F * dW^2) per token (per output value for models that are not language models), F the
+squared gradients of the loss on the calibration data (next-token cross entropy, or the output's
+squared error through a random-sign projection). For a language model this approximates the KL
+divergence the weight's error alone adds; summed over weights it predicts the model's.
+
+Each choice's column is cached on disk (the calibration cache's folder, `optimize/`) keyed by
+the program file's bytes, the calibration samples and the choice's config, so a new budget
+re-solves without touching the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._choices import Choice
+
+Progress = Callable[[int, int, str], None]
+_LAYOUT = 2  # of the cache files
+
+
+@dataclass
+class CostTable:
+    """Weights x choices: stored bytes and estimated damage (inf: the choice cannot take it)."""
+
+    names: list[str]
+    counts: list[int]  # elements per weight
+    choices: list[str]
+    nbytes: list[list[float]]  # [weight][choice]
+    damage: list[list[float]]
+    fixed_bytes: int = 0  # the program's other tensors, as stored
+    seconds: float = 0.0
+    cached: list[str] = field(default_factory=list)  # choices read from the cache
+
+    def column(self, choice: str) -> int:
+        return self.choices.index(choice)
+
+    def uniform(self, choice: str) -> tuple[int, float]:
+        """(bytes, damage) of one choice on every weight that takes it (the others kept)."""
+        k, keep = self.column(choice), self.column("keep")
+        total, hurt = 0.0, 0.0
+        for w in range(len(self.names)):
+            pick = k if math.isfinite(self.damage[w][k]) else keep
+            total += self.nbytes[w][pick]
+            hurt += self.damage[w][pick]
+        return int(total), hurt
+
+    @property
+    def elements(self) -> int:
+        return sum(self.counts)
+
+    def bits(self, nbytes: float) -> float:
+        """Mean bits per weight over the table's weights."""
+        return 8.0 * nbytes / max(self.elements, 1)
+
+
+def cost_table(
+    path: Path,
+    program: Any,
+    choices: tuple[Choice, ...],
+    samples: Any,
+    *,
+    threshold: int,
+    device: str | None = None,
+    progress: Progress | None = None,
+) -> CostTable:
+    """Bytes and estimated damage of every choice on every weight some choice compresses, each
+    choice with its learned method (`program`: a callable giving the loaded `ExportedProgram`,
+    called only when the cache misses)."""
+    from coreai_opt.calibration import cache_folder
+
+    start = time.perf_counter()
+    folder = cache_folder() / "optimize"
+    base = _file_digest(path) + samples.digest() + f"|{threshold}|{_LAYOUT}"
+    keys = {c.name: _key(base, c, threshold) for c in choices if c.config is not None}
+    found: dict[str, dict[str, Any]] = {}
+    for name, key in keys.items():
+        cached = _load(folder / f"{key}.json")
+        if cached is not None:
+            found[name] = cached
+    cached_names = list(found)
+    missing = [c for c in choices if c.config is not None and c.name not in found]
+    if missing:
+        measured, weights, state = _measure(program(), missing, samples, threshold, device, progress)
+        for choice in missing:
+            found[choice.name] = {"weights": weights, "state_bytes": state, "costs": measured[choice.name]}
+            _store(folder / f"{keys[choice.name]}.json", found[choice.name])
+    sizes: dict[str, list[int]] = {}
+    for entry in found.values():
+        sizes.update(entry["weights"])
+    state = next(iter(found.values()))["state_bytes"]
+    names = [n for n in sizes if any(n in found[c.name]["costs"] for c in choices if c.config is not None)]
+    fixed = state - sum(sizes[n][1] for n in names)  # what no choice takes stays as stored
+    table = CostTable(names, [sizes[n][0] for n in names], [c.name for c in choices], [], [], fixed)
+    for n in names:
+        row_bytes, row_damage = [], []
+        for c in choices:
+            if c.config is None:
+                row_bytes.append(float(sizes[n][1]))
+                row_damage.append(0.0)
+            else:
+                entry = found[c.name]["costs"].get(n)
+                row_bytes.append(float(entry[0]) if entry else math.inf)
+                row_damage.append(float(entry[1]) if entry else math.inf)
+        table.nbytes.append(row_bytes)
+        table.damage.append(row_damage)
+    table.seconds = time.perf_counter() - start
+    table.cached = cached_names
+    return table
+
+
+def _measure(
+    ep: Any,
+    choices: list[Choice],
+    samples: Any,
+    threshold: int,
+    device: str | None,
+    progress: Progress | None,
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[int]], int]:
+    """Each choice's (bytes, damage) per weight; every weight some choice may take, with its
+    (elements, stored bytes); the bytes of all the program's tensors."""
+    from coreai_opt.calibration import calibrate
+    from coreai_opt.compression import container_of, eligible_weights, trial_encodings
+    from coreai_opt.weights import Needs, Skipped, decode, stored_nbytes
+
+    eligible = {site.name for c in choices for site in eligible_weights(ep, c.config_for(True, threshold))}
+    candidates = container_of(ep).candidates()
+    sizes = {  # a tensor stored once for two names counts once
+        c.name: [math.prod(c.shape), stored_nbytes(c.shape, c.element)]
+        for c in candidates
+        if c.tied_to is None and c.name in eligible
+    }
+    state = sum(int(t.numel() * t.element_size()) for t in ep.state_dict.values())
+    calibration = calibrate(ep, samples, device=device)
+    fisher = calibration.statistics(list(sizes), Needs.GRADIENT_SQUARES)
+    per_sample = len(calibration.inputs)
+    weights = {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())}
+    total = len(choices) * len(sizes)
+    done = 0
+    found: dict[str, dict[str, list[float]]] = {}
+    for choice in choices:
+        config = choice.config_for(True, threshold)
+        costs: dict[str, list[float]] = {}
+        for site, outcome in trial_encodings(ep, config, calibration):
+            done += 1
+            if progress is not None:
+                progress(min(done, total), total, f"{choice.name} {site.name}")
+            if isinstance(outcome, Skipped):
+                continue
+            w = weights[site.name].detach().double()
+            delta = decode(outcome).double() - w
+            stats = fisher.get(site.name)
+            if stats is not None and stats.gradient_squares is not None and stats.rows:
+                rows = stats.rows / per_sample
+                damage = float(0.5 * (stats.gradient_squares.cpu() * delta.square()).sum() / rows)
+            else:  # no path from this weight to the loss: its relative error energy
+                damage = float(delta.square().sum() / max(float(w.square().sum()), 1e-30))
+            costs[site.name] = [outcome.nbytes, damage]
+            del delta
+        found[choice.name] = costs
+        done = (choices.index(choice) + 1) * len(sizes)  # the skipped ones counted too
+    return found, sizes, state
+
+
+def _file_digest(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _key(base: str, choice: Choice, threshold: int) -> str:
+    config = choice.config_for(True, threshold)
+    text = base + json.dumps(config.to_dict() if config is not None else None, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and {"weights", "state_bytes", "costs"} <= set(data)
+    return data if ok else None
+
+
+def _store(path: Path, data: dict[str, Any]) -> None:
+    from coreai_opt.io import write_atomically
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data)
+    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -1,0 +1,224 @@
+"""`coreopt optimize`: the knapsack against brute force, the cost table against the Taylor term
+recomputed by hand, plans that beat the uniform setting of their size on a tiny LLaMA, recipes that
+`coreopt apply` reproduces byte for byte, and a cosine bound that holds on unseen samples."""
+
+from __future__ import annotations
+
+import filecmp
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from coreai_opt._errors import ConfigError
+from coreai_opt.optimization import CostTable, Goal, front, parse_choices, solve
+
+# ----- the allocation ---------------------------------------------------------------------------
+
+
+def _random_table(seed: int, weights: int = 5, choices: int = 4) -> CostTable:
+    rng = np.random.default_rng(seed)
+    nbytes, damage = [], []
+    for _ in range(weights):
+        sizes = sorted(rng.integers(10, 200, choices - 1).tolist(), reverse=True)
+        hurts = sorted(rng.random(choices - 1).tolist())
+        row_b = [400.0, *map(float, sizes)]
+        row_d = [0.0, *hurts]
+        if rng.random() < 0.3:  # a choice this weight cannot take
+            row_b[2], row_d[2] = math.inf, math.inf
+        nbytes.append(row_b)
+        damage.append(row_d)
+    names = [f"w{i}" for i in range(weights)]
+    return CostTable(names, [100] * weights, ["keep", *(f"c{k}" for k in range(1, choices))], nbytes, damage)
+
+
+def _every_plan(table: CostTable) -> list[tuple[float, float, tuple[int, ...]]]:
+    rows = [[k for k in range(len(table.choices)) if math.isfinite(r[k])] for r in table.nbytes]
+    found = []
+    for picks in itertools.product(*rows):
+        b = sum(table.nbytes[w][k] for w, k in enumerate(picks))
+        d = sum(table.damage[w][k] for w, k in enumerate(picks))
+        found.append((b, d, picks))
+    return found
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_knapsack_is_exact_against_every_plan(seed: int) -> None:
+    table = _random_table(seed)
+    plans = _every_plan(table)
+    for budget in (300.0, 450.0, 700.0, 1100.0, 2000.0):
+        best = min((d for b, d, _ in plans if b <= budget), default=None)
+        plan = solve(table, budget, resolution=int(budget))  # one byte per unit: exact
+        if best is None:
+            assert plan is None
+            continue
+        assert plan is not None and plan.nbytes <= budget
+        assert plan.damage == pytest.approx(best, abs=1e-12)
+        coarse = solve(table, budget, resolution=50)  # bytes rounded up to units of budget / 50
+        slack = len(table.names) * budget / 50
+        tighter = min((d for b, d, _ in plans if b <= budget - slack), default=math.inf)
+        if coarse is None:  # then not even the plans of budget - slack bytes fit
+            assert tighter == math.inf
+            continue
+        assert coarse.nbytes <= budget and coarse.slack_bytes == pytest.approx(slack)
+        assert best - 1e-12 <= coarse.damage <= tighter + 1e-12
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_smallest_plan_within_a_damage_bound_is_the_smallest_of_every_plan(seed: int) -> None:
+    table = _random_table(seed)
+    plans = _every_plan(table)
+    knapsack = front(table, resolution=int(sum(max(b for b in r if math.isfinite(b)) for r in table.nbytes)))
+    for bound in (0.05, 0.3, 1.0, 2.5):
+        fits = [b for b, d, _ in plans if d <= bound + 1e-12]
+        plan = knapsack.smallest_within(bound)
+        assert plan is not None and plan.damage <= bound + 1e-12
+        assert plan.nbytes == min(fits)
+
+
+def test_choices_parse_names_defaults_and_configs_of_ones_own() -> None:
+    picked = parse_choices("int8,mine=quantize:dtype=int4,granularity=block,block_size=16,lut2")
+    assert [c.name for c in picked] == ["int8", "mine", "lut2", "keep"]
+    assert picked[1].config.block_size == 16 and picked[1].config.granularity.value == "block"
+    assert [c.name for c in parse_choices(None)][:3] == ["keep", "int8", "int4-b32"]
+    assert parse_choices("lut3")[0].pt2_refusal() is not None  # coreai-torch has no 3-bit indices
+    with pytest.raises(ConfigError, match="unknown candidate 'lut5'"):
+        parse_choices("lut5")
+    with pytest.raises(ConfigError, match="exactly one budget"):
+        Goal(target_bits=4, max_kl=0.1)
+
+
+# ----- a tiny LLaMA calibrated and evaluated on disjoint text --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("transformers")
+    from coreai_opt.models import export_file
+    from tests._hf import TEXT, hf_folder
+
+    root = tmp_path_factory.mktemp("optimize")
+    program = export_file(hf_folder("llama", root), root / "ref.pt2", seq_len=16).output
+    words = TEXT.split()
+    (root / "calib.txt").write_text(" ".join(words[: len(words) // 2]) * 2, encoding="utf-8")
+    (root / "held.txt").write_text(" ".join(reversed(words)), encoding="utf-8")
+    return {"ref": program, "calib": root / "calib.txt", "held": root / "held.txt", "root": root}
+
+
+def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from coreai_opt.calibration import Samples, calibrate
+    from coreai_opt.compression import compress_, trial_encodings
+    from coreai_opt.io import load_pt2
+    from coreai_opt.models import model_tokenizer
+    from coreai_opt.optimization import cost_table
+    from coreai_opt.weights import Needs, decode
+
+    monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache-costs"))
+    samples = Samples.of(llama["calib"], tokens=128, tokenizer=model_tokenizer(llama["ref"]))
+    choices = parse_choices("int4,lut2")
+    table = cost_table(llama["ref"], lambda: load_pt2(llama["ref"]), choices, samples, threshold=0)
+    assert table.cached == [] and table.choices == ["int4", "lut2", "keep"]
+    # by hand: 1/2 sum(F dW^2) per token with F the mean squared gradient of a window's loss
+    ep = load_pt2(llama["ref"])
+    calibration = calibrate(ep, samples, cache=False)
+    fisher = calibration.statistics(table.names, Needs.GRADIENT_SQUARES)
+    per_window = fisher[table.names[0]].rows / len(calibration.inputs)
+    config = choices[0].config_for(True, 0)
+    weights = dict(ep.module().named_parameters())
+    checked = 0
+    for site, encoding in trial_encodings(ep, config, calibration):
+        w = table.names.index(site.name)
+        delta = decode(encoding).double() - weights[site.name].detach().double()
+        expected = 0.5 * float((fisher[site.name].gradient_squares * delta.square()).sum()) / per_window
+        assert table.damage[w][0] == pytest.approx(expected, rel=1e-9)
+        assert table.nbytes[w][0] == encoding.nbytes
+        checked += 1
+    assert checked == len(table.names) > 10
+    # the bytes of a uniform setting are what compressing with it stores
+    report = compress_(load_pt2(llama["ref"]), choices[1].config_for(False, 0))
+    assert table.uniform("lut2")[0] == sum(r.bytes_after for r in report.weights) + sum(
+        table.nbytes[table.names.index(s.name)][2] for s in report.skipped if s.name in table.names
+    )
+    # a second run reads every choice from the cache and never opens the program
+    again = cost_table(llama["ref"], lambda: pytest.fail("loaded"), choices, samples, threshold=0)
+    assert sorted(again.cached) == ["int4", "lut2"] and again.damage == table.damage
+
+
+def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(llama, coreopt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache"))
+    out, recipe = llama["root"] / "mixed.pt2", llama["root"] / "mixed.recipe.yaml"
+    result = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--eval", llama["held"],
+                     "--target-bits", "4.5", "--threshold", "0", "--candidates", "int8,lut4,lut2",
+                     "-o", out, "--recipe", recipe, "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["met"] is True and doc["bits_per_weight"] <= 4.5
+    assert len({w["choice"] for w in doc["weights"]}) >= 2  # mixed
+    (uniform,) = doc["uniform"]
+    assert uniform["choice"] == "lut4" and uniform["bits_per_weight"] > doc["bits_per_weight"]
+    (final,) = doc["rounds"]
+    assert final["measured"]["kl_mean"] < uniform["measured"]["kl_mean"]
+    assert final["measured"]["perplexity"] < uniform["measured"]["perplexity"]
+    # every weight carries its chosen encoding in the file written
+    from coreai_opt.inspection import inspect_model
+
+    stored = {w.name: w for w in inspect_model(out).weights}
+    for row in doc["weights"]:
+        encoding = stored[row["name"]].encoding
+        expected = {"int8": "si8 + f32 scale per channel", "lut4": "ui4 LUT(16 x", "lut2": "ui2 LUT(4 x", "keep": "f32"}
+        assert encoding.startswith(expected[row["choice"]]), (row, encoding)
+    # the recipe re-applied gives the same bytes
+    again = llama["root"] / "again.pt2"
+    applied = coreopt("apply", recipe, llama["ref"], "-o", again, "--quiet")
+    assert applied.exit_code == 0, applied.stderr
+    assert filecmp.cmp(out, again, shallow=False)
+    # a new budget re-solves from the cached costs; a dry run writes nothing
+    dry = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--target-bits", "3",
+                  "--threshold", "0", "--candidates", "int8,lut4,lut2", "--dry-run", "--json")  # fmt: skip
+    assert dry.exit_code == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    assert sorted(plan["cached_choices"]) == ["int8", "lut2", "lut4"] and plan["bits_per_weight"] <= 3
+    assert plan["predicted_damage"] > doc["predicted_damage"]  # less room, more damage
+
+
+def test_optimize_refuses_what_it_cannot_do(llama, coreopt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    base = ("optimize", llama["ref"], "--calibration", llama["calib"])
+    none = coreopt(*base, "--eval", llama["held"])
+    assert none.exit_code == 2 and "exactly one budget" in none.stderr
+    two = coreopt(*base, "--eval", llama["held"], "--target-bits", "4", "--max-kl", "0.1")
+    assert two.exit_code == 2
+    no_eval = coreopt(*base, "--target-bits", "4")
+    assert no_eval.exit_code == 2 and "--eval" in no_eval.stderr
+    tiny = coreopt(*base, "--eval", llama["held"], "--target-bits", "0.5", "--candidates", "int8", "-o",
+                   tmp_path / "x.pt2")  # fmt: skip
+    assert tiny.exit_code == 2 and "no plan fits" in tiny.stderr and not (tmp_path / "x.pt2").exists()
+
+
+# ----- a CNN under a cosine bound ------------------------------------------------------------------
+
+
+def test_a_cosine_bound_holds_on_samples_the_search_never_saw(coreopt, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from safetensors.torch import save_file
+
+    from coreai_opt.comparison import compare_many
+    from tests.conftest import SAMPLES
+
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    generator = torch.Generator().manual_seed(1)
+    for name, count in (("calib", 8), ("val", 6), ("test", 6)):
+        save_file({"x": torch.randn(count, 1, 3, 32, 32, generator=generator)}, tmp_path / f"{name}.safetensors")
+    out = tmp_path / "cnn.mixed.pt2"
+    result = coreopt("optimize", SAMPLES / "cnn.pt2", "--calibration", tmp_path / "calib.safetensors",
+                     "--eval", tmp_path / "val.safetensors", "--min-cosine", "0.999", "--threshold", "0",
+                     "--candidates", "int8,int4,lut4,lut2", "--uniform", "0", "-o", out, "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["met"] is True and doc["bits_per_weight"] < 8.5
+    kept = [r for r in doc["rounds"] if r["ok"]]
+    assert kept and min(r["measured"]["cosine"] for r in kept) >= 0.999
+    (unseen,) = compare_many(SAMPLES / "cnn.pt2", [out], inputs=tmp_path / "test.safetensors")
+    assert unseen.worst_cosine is not None and unseen.worst_cosine >= 0.998
