@@ -148,7 +148,9 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
     assert sorted(again.cached) == ["int4", "lut2"] and again.damage == table.damage
 
 
-def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(llama, coreopt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
+    llama, coreopt, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache"))
     out, recipe = llama["root"] / "mixed.pt2", llama["root"] / "mixed.recipe.yaml"
     result = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--eval", llama["held"],
@@ -169,7 +171,12 @@ def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
     stored = {w.name: w for w in inspect_model(out).weights}
     for row in doc["weights"]:
         encoding = stored[row["name"]].encoding
-        expected = {"int8": "si8 + f32 scale per channel", "lut4": "ui4 LUT(16 x", "lut2": "ui2 LUT(4 x", "keep": "f32"}
+        expected = {
+            "int8": "si8 + f32 scale per channel",
+            "lut4": "ui4 LUT(16 x",
+            "lut2": "ui2 LUT(4 x",
+            "keep": "f32",
+        }
         assert encoding.startswith(expected[row["choice"]]), (row, encoding)
     # the recipe re-applied gives the same bytes
     again = llama["root"] / "again.pt2"
@@ -208,17 +215,32 @@ def test_a_cosine_bound_holds_on_samples_the_search_never_saw(coreopt, tmp_path:
     from tests.conftest import SAMPLES
 
     monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # the .aimodel's creation date, reproducible
     generator = torch.Generator().manual_seed(1)
     for name, count in (("calib", 8), ("val", 6), ("test", 6)):
-        save_file({"x": torch.randn(count, 1, 3, 32, 32, generator=generator)}, tmp_path / f"{name}.safetensors")
-    out = tmp_path / "cnn.mixed.pt2"
+        save_file(
+            {"x": torch.randn(count, 1, 3, 32, 32, generator=generator)}, tmp_path / f"{name}.safetensors"
+        )
+    out, recipe = tmp_path / "cnn.mixed.aimodel", tmp_path / "cnn.recipe.json"
     result = coreopt("optimize", SAMPLES / "cnn.pt2", "--calibration", tmp_path / "calib.safetensors",
                      "--eval", tmp_path / "val.safetensors", "--min-cosine", "0.999", "--threshold", "0",
-                     "--candidates", "int8,int4,lut4,lut2", "--uniform", "0", "-o", out, "--json")  # fmt: skip
+                     "--candidates", "int8,int4,lut4,lut2", "--uniform", "0", "--to", "aimodel", "-o", out,
+                     "--recipe", recipe, "--json")  # fmt: skip
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["met"] is True and doc["bits_per_weight"] < 8.5
     kept = [r for r in doc["rounds"] if r["ok"]]
     assert kept and min(r["measured"]["cosine"] for r in kept) >= 0.999
+    assert doc["converted"]["cosine"] >= 0.999  # the .aimodel itself, on the Core AI runtime
     (unseen,) = compare_many(SAMPLES / "cnn.pt2", [out], inputs=tmp_path / "test.safetensors")
     assert unseen.worst_cosine is not None and unseen.worst_cosine >= 0.998
+    again = tmp_path / "again.aimodel"
+    applied = coreopt("apply", recipe, SAMPLES / "cnn.pt2", "-o", again, "--quiet")
+    assert applied.exit_code == 0, applied.stderr
+    assert _files(again) == _files(out)
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    if path.is_file():
+        return {"": path.read_bytes()}
+    return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}

@@ -283,6 +283,10 @@ def _render(report: Any, recipe: Path | None) -> None:
             + [("", "left")]
         )
         console.print(fitted_table("Confirmation (measured on --eval) and uniform settings", columns, lines))
+    if report.converted is not None:
+        c, kept = report.converted, report.final
+        console.print(f"the .aimodel on the Core AI runtime: {' / '.join(_measured(c)[:3])}"
+                      + ("" if kept is None else f" (the .pt2: {' / '.join(_measured(kept)[:3])})"))  # fmt: skip
     if report.reference is not None and report.reference.perplexity is not None:
         console.print(f"reference perplexity {report.reference.perplexity:.3f}")
     console.print(_line(report))

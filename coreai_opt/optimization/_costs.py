@@ -24,7 +24,7 @@ from typing import Any
 from ._choices import Choice
 
 Progress = Callable[[int, int, str], None]
-_LAYOUT = 2  # of the cache files
+_LAYOUT = 1  # of the cache files
 
 
 @dataclass
@@ -96,7 +96,7 @@ def cost_table(
     sizes: dict[str, list[int]] = {}
     for entry in found.values():
         sizes.update(entry["weights"])
-    state = next(iter(found.values()))["state_bytes"]
+    state = _state_bytes(next(iter(found.values())))
     names = [n for n in sizes if any(n in found[c.name]["costs"] for c in choices if c.config is not None)]
     fixed = state - sum(sizes[n][1] for n in names)  # what no choice takes stays as stored
     table = CostTable(names, [sizes[n][0] for n in names], [c.name for c in choices], [], [], fixed)
@@ -188,8 +188,15 @@ def _load(path: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    ok = isinstance(data, dict) and {"weights", "state_bytes", "costs"} <= set(data)
-    return data if ok else None
+    ok = isinstance(data, dict) and {"weights", "costs"} <= set(data)
+    return data if ok and ({"state_bytes", "fixed_bytes"} & set(data)) else None
+
+
+def _state_bytes(entry: dict[str, Any]) -> int:
+    """All the program's tensor bytes (first files kept the part no weight took, `fixed_bytes`)."""
+    if "state_bytes" in entry:
+        return int(entry["state_bytes"])
+    return int(entry["fixed_bytes"]) + sum(size[1] for size in entry["weights"].values())
 
 
 def _store(path: Path, data: dict[str, Any]) -> None:

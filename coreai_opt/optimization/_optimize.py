@@ -170,6 +170,7 @@ class OptimizeReport:
     met: bool | None  # None: nothing measured (dry run)
     reference: Measured | None = None
     rounds: list[Round] = field(default_factory=list)
+    converted: Measured | None = None  # the .aimodel written, scored on the Core AI runtime
     uniform: list[Uniform] = field(default_factory=list)
     curve: list[tuple[float, float]] = field(
         default_factory=list
@@ -223,7 +224,8 @@ class OptimizeReport:
             "weights_elements": self.elements, "predicted_damage": self.predicted,
             "slack_bytes": int(self.slack_bytes),
             "reference": None if self.reference is None else self.reference.to_dict(),
-            "rounds": [r.to_dict() for r in self.rounds], "uniform": [u.to_dict() for u in self.uniform],
+            "rounds": [r.to_dict() for r in self.rounds],
+            "converted": None if self.converted is None else self.converted.to_dict(), "uniform": [u.to_dict() for u in self.uniform],
             "curve": [{"bits_per_weight": round(b, 4), "predicted_damage": d} for b, d in self.curve],
             "weights": self.weights, "cost_seconds": round(self.cost_seconds, 3), "cached_choices": self.cached,
             "solve_seconds": round(self.solve_seconds, 4), "seconds": round(self.seconds, 3),
@@ -356,6 +358,8 @@ def _confirm(
         if to_aimodel:
             note("converting to a Core AI program")
             accepted = _apply(Recipe(steps.convert()), accepted, work / "final.aimodel")
+            note("scoring the .aimodel on the Core AI runtime")
+            report.converted = judge(accepted)
         write_atomically(out, lambda tmp: shutil.move(str(accepted), str(tmp)))
         copy_sidecars(report.program, out)
         for u in _nearest_uniform(table, steps.choices, plan, uniform):
