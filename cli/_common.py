@@ -93,6 +93,8 @@ def option_errors(flags: Mapping[str, str], default: str | None = None) -> Itera
         yield
     except ValueError as exc:
         raise bad_parameter(exc, flags, default) from None
+    except ImportError as exc:  # an optional extra (matplotlib for --plot) not installed: one line, exit 1
+        fail(str(exc))
 
 
 def bad_parameter(

@@ -148,20 +148,24 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
     assert sorted(again.cached) == ["int4", "lut2"] and again.damage == table.damage
 
 
+# data-free tables keep this quick (the learned methods are tests/test_learned.py's)
+LUTS = "int8,l4=palettize:n_bits=4,granularity=grouped,group_size=16,l2=palettize:n_bits=2,granularity=grouped,group_size=16"
+
+
 def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
     llama, coreopt, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache"))
     out, recipe = llama["root"] / "mixed.pt2", llama["root"] / "mixed.recipe.yaml"
     result = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--eval", llama["held"],
-                     "--target-bits", "4.5", "--threshold", "0", "--candidates", "int8,lut4,lut2",
+                     "--target-bits", "4.5", "--threshold", "0", "--candidates", LUTS, "--calibration-tokens", "128",
                      "-o", out, "--recipe", recipe, "--json")  # fmt: skip
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["met"] is True and doc["bits_per_weight"] <= 4.5
     assert len({w["choice"] for w in doc["weights"]}) >= 2  # mixed
     (uniform,) = doc["uniform"]
-    assert uniform["choice"] == "lut4" and uniform["bits_per_weight"] > doc["bits_per_weight"]
+    assert uniform["choice"] == "l4" and uniform["bits_per_weight"] > doc["bits_per_weight"]
     (final,) = doc["rounds"]
     assert final["measured"]["kl_mean"] < uniform["measured"]["kl_mean"]
     assert final["measured"]["perplexity"] < uniform["measured"]["perplexity"]
@@ -173,8 +177,8 @@ def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
         encoding = stored[row["name"]].encoding
         expected = {
             "int8": "si8 + f32 scale per channel",
-            "lut4": "ui4 LUT(16 x",
-            "lut2": "ui2 LUT(4 x",
+            "l4": "ui4 LUT(16 x",
+            "l2": "ui2 LUT(4 x",
             "keep": "f32",
         }
         assert encoding.startswith(expected[row["choice"]]), (row, encoding)
@@ -185,22 +189,23 @@ def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
     assert filecmp.cmp(out, again, shallow=False)
     # a new budget re-solves from the cached costs; a dry run writes nothing
     dry = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--target-bits", "3",
-                  "--threshold", "0", "--candidates", "int8,lut4,lut2", "--dry-run", "--json")  # fmt: skip
+                  "--threshold", "0", "--candidates", LUTS, "--calibration-tokens", "128", "--dry-run", "--json")  # fmt: skip
     assert dry.exit_code == 0, dry.stderr
     plan = json.loads(dry.stdout)
-    assert sorted(plan["cached_choices"]) == ["int8", "lut2", "lut4"] and plan["bits_per_weight"] <= 3
+    assert sorted(plan["cached_choices"]) == ["int8", "l2", "l4"] and plan["bits_per_weight"] <= 3
     assert plan["predicted_damage"] > doc["predicted_damage"]  # less room, more damage
 
 
-def test_optimize_refuses_what_it_cannot_do(llama, coreopt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    base = ("optimize", llama["ref"], "--calibration", llama["calib"])
+def test_optimize_refuses_what_it_cannot_do(llama, coreopt, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache"))
+    base = ("optimize", llama["ref"], "--calibration", llama["calib"], "--threshold", "0")
     none = coreopt(*base, "--eval", llama["held"])
     assert none.exit_code == 2 and "exactly one budget" in none.stderr
     two = coreopt(*base, "--eval", llama["held"], "--target-bits", "4", "--max-kl", "0.1")
     assert two.exit_code == 2
     no_eval = coreopt(*base, "--target-bits", "4")
     assert no_eval.exit_code == 2 and "--eval" in no_eval.stderr
-    tiny = coreopt(*base, "--eval", llama["held"], "--target-bits", "0.5", "--candidates", "int8", "-o",
+    tiny = coreopt(*base, "--eval", llama["held"], "--target-bits", "0.5", "--candidates", "int8", "--calibration-tokens", "128", "-o",
                    tmp_path / "x.pt2")  # fmt: skip
     assert tiny.exit_code == 2 and "no plan fits" in tiny.stderr and not (tmp_path / "x.pt2").exists()
 

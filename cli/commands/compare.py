@@ -51,7 +51,7 @@ def compare(
     ),
     as_csv: bool = typer.Option(False, "--csv", help="Print one CSV row per candidate instead of tables."),
     plot: Path | None = typer.Option(
-        None, "--plot", help="Also write a size-vs-accuracy plot as PNG here (pip install 'coreopt[plot]')."
+        None, "--plot", help="Also write a size-vs-accuracy plot as PNG here (pip install 'coreopt\\[plot]')."
     ),
     trust_pickle: bool = trust_pickle_option(),
     quiet: bool = quiet_option(),

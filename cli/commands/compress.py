@@ -32,7 +32,7 @@ def _executor_option() -> Any:
         ExecutorKind.LOCAL.value,
         "--executor",
         help="Where the per-weight encoding runs: local (this process), or ray (Ray tasks on the cluster "
-        "ray.init() finds: RAY_ADDRESS, else a new local one; pip install 'coreopt[ray]'). The output file "
+        "ray.init() finds: RAY_ADDRESS, else a new local one; pip install 'coreopt\\[ray]'). The output file "
         "is the same either way.",
     )
 
