@@ -27,3 +27,20 @@ def test_plot_without_matplotlib_is_one_line(coreopt, tmp_path: Path, monkeypatc
             "error: --plot needs matplotlib: pip install 'coreopt[plot]'"
         ]
         assert not (tmp_path / "p.png").exists()
+
+
+def test_casts_of_activations_are_not_compressed_weights(tmp_path: Path) -> None:
+    """A 16-bit program's activation casts (layer norms) are no decompressions of stored weights:
+    nothing is "already compressed" until a weight is, then exactly those."""
+    from coreai_opt.compression import QuantizeConfig, compress_, container_of
+    from coreai_opt.io import load_aimodel
+    from coreai_opt.recipes import cast_file, convert_file
+
+    cast = cast_file(SAMPLES / "transformer.pt2", "fp16", tmp_path / "t16.pt2", check=False).output
+    program = load_aimodel(convert_file(cast, tmp_path / "t16.aimodel").output)
+    ir = str(program)
+    assert ir.count("coreai.cast") >= 2  # the activation casts are there
+    assert container_of(program).compressed() == 0
+    report = compress_(program, QuantizeConfig(dtype="int8"))
+    assert report.already_compressed == 0 and report.weights
+    assert container_of(program).compressed() == len(report.weights)

@@ -193,9 +193,17 @@ class CoreAIWeights:
     def compressed(self) -> int:
         from ._ir import DECOMPRESSION_OPS, walk_ops
 
+        def stored(op: Any) -> bool:  # a decompression of constants only (a cast of an activation is not)
+            if op.name == "coreai.constant":
+                return True
+            owners = [getattr(operand.owner, "name", None) and operand.owner for operand in op.operands]
+            return op.name in DECOMPRESSION_OPS and all(o and stored(o) for o in owners)
+
         def root(op: Any) -> bool:
             users = [use.owner.name for result in op.results for use in result.uses]
-            return op.name in DECOMPRESSION_OPS and any(u not in DECOMPRESSION_OPS for u in users)
+            return (
+                op.name in DECOMPRESSION_OPS and any(u not in DECOMPRESSION_OPS for u in users) and stored(op)
+            )
 
         return sum(root(op) for op in walk_ops(self.module))
 

@@ -140,7 +140,9 @@ def eligible_weights(program: Any, config: Config) -> list[WeightSite]:
     layouts applied; the encoding may still refuse one), nothing encoded."""
     from ._sites import select_sites
 
-    sites, _ = select_sites(container_of(program).candidates(), config.weight_num_threshold, config.for_weight)
+    sites, _ = select_sites(
+        container_of(program).candidates(), config.weight_num_threshold, config.for_weight
+    )
     return [site for site, _ in sites]
 
 
