@@ -104,8 +104,11 @@ class Measured:
     mean_cosine: float | None = None
     seconds: float = 0.0
 
-    def damage(self) -> float:
-        """The measured counterpart of the estimate: KL per token, or 1 - worst cosine."""
+    def damage(self, kind: str = "max_kl") -> float:
+        """The measured counterpart of the estimate for a bound of `kind`: the rise of the log
+        perplexity for a perplexity bound, else KL per token, or 1 - worst cosine."""
+        if kind == "max_ppl_increase" and self.perplexity_increase is not None:
+            return math.log1p(max(self.perplexity_increase, 0.0))
         if self.kl_mean is not None:
             return max(self.kl_mean, 0.0)
         return max(1.0 - (self.cosine if self.cosine is not None else 0.0), 0.0)
@@ -413,7 +416,7 @@ def _rounds(
         else:
             failed_bytes = max(failed_bytes, plan.nbytes)
         if plan.damage > 0:
-            scale = measured.damage() / plan.damage
+            scale = measured.damage(budget.kind) / plan.damage
         bound = _bound(budget, table, scale)
         following = knapsack.smallest_within(bound) if bound is not None else None
         if following is None or not failed_bytes < following.nbytes < passed_bytes:
