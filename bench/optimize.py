@@ -42,6 +42,12 @@ def main() -> None:
         help="uniform settings evaluated beside the first plan (the later ones share them)",
     )
     parser.add_argument("--out", type=Path, default=Path("build/optimize"))
+    parser.add_argument(
+        "--aimodel",
+        type=float,
+        default=None,
+        help="then convert the plan of this many bits to .aimodel and score both on the runtime / PyTorch",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("COREOPT_CACHE", str(args.out / "cache"))
@@ -90,6 +96,26 @@ def main() -> None:
             m = u.measured
             print(f"  uniform {u.choice}: {u.bits:.3f} bits/w, predicted KL {u.predicted:.4f}, measured KL "
                   f"{m.kl_mean:.4f}, perplexity {m.perplexity:.3f} ({100 * m.perplexity_increase:+.1f}%)")  # fmt: skip
+
+    if args.aimodel is not None:
+        aimodel_check(ref, args.out / f"smollm2.mixed{args.aimodel:g}.pt2", held, args.tokens)
+
+
+def aimodel_check(ref: Path, mixed: Path, held: Path, tokens: int) -> None:
+    """The plan's .pt2 converted to .aimodel: perplexity on the Core AI runtime against PyTorch's."""
+    from coreai_opt.evaluation import evaluate_text
+    from coreai_opt.recipes import convert_file
+
+    aimodel = mixed.with_suffix(".aimodel")
+    began = time.perf_counter()
+    convert_file(mixed, aimodel, force=True)
+    converted = time.perf_counter() - began
+    result = evaluate_text(ref, [mixed, aimodel], text=held, max_tokens=tokens)
+    pt2, ai = result.candidates
+    gap = ai.perplexity / pt2.perplexity - 1
+    print(f"{mixed.name}: .pt2 perplexity {pt2.perplexity:.4f}, .aimodel on the runtime {ai.perplexity:.4f} "
+          f"({100 * gap:+.3f}%), KL between them via the reference: {pt2.kl_mean:.5f} / {ai.kl_mean:.5f}; "
+          f"convert {converted:.0f} s, runtime {ai.seconds:.0f} s")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ def test_an_encoding_that_would_grow_a_weight_is_kept_and_totals_cover_every_ten
         ),
         (
             ["palettize", "{model}", "--override", "no.such.layer*:skip"],
-            "override 'no.such.layer*' matched no weight",
+            "override 'no.such.layer*' matched no weight (names are like '",
         ),
         (["sparsify", "{model}", "--threshold", "100000000"], "nothing was compressed (no eligible weight"),
         (["cast", "{pt2}", "--ignore-op", "aten.softmax", "--no-check"], "the program calls no aten.softmax"),

@@ -87,7 +87,11 @@ class CompressionReport:
     def problems(self) -> list[str]:
         """What suggests the config did not do what was meant: an override matching no weight, or
         nothing compressed (with the commonest reason eligible weights were left)."""
-        found = [f"override {pattern!r} matched no weight" for pattern in self.unmatched_overrides]
+        names = [w.name for w in self.weights] + [
+            s.name for s in self.skipped if s.kind is not SkipKind.NOT_A_WEIGHT
+        ]
+        like = f" (names are like {', '.join(repr(n) for n in names[:3])})" if names else ""
+        found = [f"override {pattern!r} matched no weight{like}" for pattern in self.unmatched_overrides]
         if not self.weights:
             left = [s for s in self.skipped if s.kind not in (SkipKind.SMALL, SkipKind.NOT_A_WEIGHT)]
             if left:
