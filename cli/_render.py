@@ -290,9 +290,18 @@ def _skipped_table(skipped: list[Skipped], threshold: object) -> None:
         )
 
 
+def _option(name: str, value: Any) -> str:
+    """An option as the command line spells it (n:m as 2:4, lists comma separated)."""
+    if isinstance(value, list):
+        return (":" if name == "n_m_ratio" else ", ").join(map(str, value))
+    return str(value)
+
+
 def render_compression(result: CompressionFileResult) -> None:
     report = result.report
-    options = shown("   ".join(f"{k}: {v}" for k, v in result.options.items() if v is not None))
+    options = shown(
+        "   ".join(f"{k}: {_option(k, v)}" for k, v in result.options.items() if v not in (None, []))
+    )
     console.print(
         Panel.fit(
             f"[bold]{shown(result.source)}[/bold] -> [bold]{shown(result.output)}[/bold]\n{options}\n"
@@ -496,7 +505,7 @@ def compression_line(result: CompressionFileResult) -> str:
     warnings = f", {len(report.warnings)} warnings" if report.warnings else ""
     return (
         f"{result.method} {result.source} -> {result.output}: {len(report.weights)} weights compressed, "
-        f"{len(report.skipped)} kept; float tensors {human_bytes(report.total_bytes_before)} -> "
+        f"{len(report.skipped)} skipped; float tensors {human_bytes(report.total_bytes_before)} -> "
         f"{human_bytes(report.total_bytes_after)}{ratio}; file {human_bytes(result.file_bytes_before)} -> "
         f"{human_bytes(result.file_bytes_after)}{warnings}; {result.seconds:.1f} s"
     )

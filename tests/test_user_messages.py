@@ -44,3 +44,15 @@ def test_casts_of_activations_are_not_compressed_weights(tmp_path: Path) -> None
     report = compress_(program, QuantizeConfig(dtype="int8"))
     assert report.already_compressed == 0 and report.weights
     assert container_of(program).compressed() == len(report.weights)
+
+
+def test_the_header_spells_options_as_the_command_line_does(coreopt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    result = coreopt("sparsify", SAMPLES / "mlp.aimodel", "--nm", "2:4", "-o", tmp_path / "out.aimodel")
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "n_m_ratio: 2:4" in text and "['2', '4']" not in text and "overrides: []" not in text
+    assert "3 weights compressed, 3 skipped" in text  # --quiet's line uses the table's word
+    quiet = coreopt(
+        "sparsify", SAMPLES / "mlp.aimodel", "--nm", "2:4", "-o", tmp_path / "q.aimodel", "--quiet"
+    )
+    assert "3 weights compressed, 3 skipped;" in quiet.stdout
