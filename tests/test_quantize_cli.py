@@ -151,7 +151,10 @@ def test_compare_rejects_bad_requests(candidate: str, args: tuple[str, ...], mes
 @pytest.mark.parametrize(
     ("tensors", "message"),
     [
-        ({"y": np.zeros((4, 64), np.float32)}, "has no tensor for input(s) x"),
+        (
+            {"y": np.zeros((4, 64), np.float32)},
+            "has no tensor for input(s) x (the model takes x; the file holds y)",
+        ),
         ({"x": np.zeros((2, 64), np.float32)}, "has shape [2, 64]; the model takes [4, 64]"),
     ],
 )

@@ -84,8 +84,12 @@ def _check_file(path: Path, specs: Sequence[InputSpec]) -> _SampleFile:
             missing = [s.name for s in specs if s.name not in names]
             if missing:
                 expected = ", ".join(s.name for s in specs)
+                held = (
+                    ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "") or "no tensor at all"
+                )
                 raise ModelFileError(
-                    path, f"has no tensor for input(s) {', '.join(missing)} (expected {expected})"
+                    path,
+                    f"has no tensor for input(s) {', '.join(missing)} (the model takes {expected}; the file holds {held})",
                 )
             header = {s.name: handle.get_slice(s.name) for s in specs}
             found = {
