@@ -78,7 +78,7 @@ def builtin_choices() -> dict[str, Choice]:
         *(
             Choice(
                 f"lut{n}",
-                PalettizeConfig(n_bits=n, granularity="grouped", group_size=16),
+                PalettizeConfig(n_bits=n, granularity="grouped", group_size=16, num_kmeans_workers=0),
                 "sensitive" if n > 4 else "gptq",
             )
             for n in (8, 6, 4, 3, 2)
