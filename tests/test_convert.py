@@ -11,7 +11,7 @@ import torch
 from _hostile import tree_digest
 from conftest import SAMPLES, copy_sample, run_aimodel
 
-from coreai_opt.io import load_pt2
+from coreai_opt.io import load_aimodel, load_pt2
 
 
 def _inputs(program, seed: int) -> tuple[torch.Tensor, ...]:  # type: ignore[no-untyped-def]
@@ -70,3 +70,19 @@ def test_sample_asset_equals_fresh_conversion() -> None:
     expected = program.module()(x).detach().numpy()
     got = run_aimodel(SAMPLES / "wide_range.aimodel", {"x": x.numpy()})
     np.testing.assert_allclose(next(iter(got.values())), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_every_converted_weight_carries_its_module_name_folded_batch_norms_too() -> None:
+    """The converter folds bn1/bn2 into conv1/conv2: those weights and biases keep the conv's name
+    (`.bn_folded` says what they hold); no two constants share a name."""
+    from coreai_opt.compression import container_of
+    from coreai_opt.conversion import convert_exported_program
+
+    program = convert_exported_program(load_pt2(SAMPLES / "cnn.pt2"))
+    names = [c.name for c in container_of(program).candidates() if c.shape]  # not the pad scalar
+    assert sorted(names) == [
+        "conv1.bias.bn_folded", "conv1.weight.bn_folded", "conv2.bias.bn_folded", "conv2.weight.bn_folded",
+        "head.bias", "head.weight",
+    ]  # fmt: skip
+    committed = [c.name for c in container_of(load_aimodel(SAMPLES / "cnn.aimodel")).candidates() if c.shape]
+    assert sorted(committed) == sorted(names)

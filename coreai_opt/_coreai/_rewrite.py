@@ -95,11 +95,10 @@ def name_constants(program: Any, name_of: Callable[[np.ndarray], str | None]) ->
     dtype and shape) that name in its location, so reports and overrides see the source's names;
     returns how many were named. The constant is rebuilt with the same value attribute
     (locations cannot be changed in place)."""
-    from coreai._compiler import ir
-    from coreai._compiler.dialects import coreai as dialect
 
     module = mlir_module(program)
-    named = 0
+    named: list[tuple[Any, str]] = []  # (the renamed constant's value, its name)
+    unnamed = []
     for op in constant_ops(module):
         mlir_type = op.result.type
         kind = ELEMENTS.get(str(getattr(mlir_type, "element_type", "")))
@@ -107,16 +106,50 @@ def name_constants(program: Any, name_of: Callable[[np.ndarray], str | None]) ->
             continue
         values = constant_array(op).view(kind.numpy_dtype()).reshape(tensor_shape(mlir_type))
         name = name_of(values)
-        with module.context:
-            location = named_location(op, name) if name is not None else None
-        if location is None:
+        if name is None:
+            unnamed.append(op)
             continue
-        with module.context, location, ir.InsertionPoint(op):
-            new = dialect.ConstantOp(value=op.attributes["value"]).result
-        op.result.replace_all_uses_with(new)
-        op.erase()
-        named += 1
-    return named
+        renamed = _renamed(module, op, name)
+        if renamed is not None:
+            named.append((renamed, name))
+    for op in unnamed:  # a folded batch norm's bias: added to the output of the convolution it follows
+        name = _folded_bias(op, named)
+        if name is not None and _renamed(module, op, name) is not None:
+            named.append((None, name))
+    return len(named)
+
+
+def _renamed(module: Any, op: Any, name: str) -> Any:
+    """`op` rebuilt with `name` in its location (locations cannot change in place); its new value,
+    or None where the location cannot carry the name."""
+    from coreai._compiler import ir
+    from coreai._compiler.dialects import coreai as dialect
+
+    with module.context:
+        location = named_location(op, name)
+    if location is None:
+        return None
+    with module.context, location, ir.InsertionPoint(op):
+        new = dialect.ConstantOp(value=op.attributes["value"]).result
+    op.result.replace_all_uses_with(new)
+    op.erase()
+    return new
+
+
+def _folded_bias(op: Any, named: list[tuple[Any, str]]) -> str | None:
+    """`<conv>.bias.bn_folded` for a constant added to the result of an op that reads a weight
+    named `<conv>.weight.bn_folded`, else None."""
+    for use in op.result.uses:
+        adder = use.owner
+        if not adder.name.endswith("add"):
+            continue
+        for operand in adder.operands:
+            producer = getattr(operand.owner, "operands", None)
+            for read in producer or ():
+                name = next((n for v, n in named if v is not None and v == read), None)
+                if name is not None and name.endswith(".weight.bn_folded"):
+                    return name.removesuffix(".weight.bn_folded") + ".bias.bn_folded"
+    return None
 
 
 def _transpose_perm(op: Any) -> tuple[int, ...] | None:

@@ -68,9 +68,29 @@ def _source_names(program: ExportedProgram) -> Callable[[np.ndarray], str | None
                     if source.ndim == 2:
                         transposed.setdefault(_digest(source.T), name)
             found = transposed.get(_digest(values))
+        if found is None and values.ndim >= 2:
+            found = _folded(values, tensors)
         return found
 
     return name_of
+
+
+def _folded(values: np.ndarray, tensors: list[tuple[str, np.ndarray]]) -> str | None:
+    """`<name>.bn_folded` when `values` is a source weight scaled per output channel (the converter
+    folds a batch norm into the convolution before it), else None."""
+    rows = values.reshape(values.shape[0], -1).astype(np.float64)
+    for name, source in tensors:
+        if source.shape != values.shape:
+            continue
+        base = source.reshape(source.shape[0], -1).astype(np.float64)
+        energy = (base * base).sum(1)
+        if not (energy > 0).all():
+            continue
+        scale = (rows * base).sum(1) / energy
+        residual = rows - scale[:, None] * base
+        if (residual * residual).sum() <= 1e-10 * (rows * rows).sum() and not np.allclose(scale, 1.0):
+            return f"{name}.bn_folded"
+    return None
 
 
 class ConverterFailure(RuntimeError):
