@@ -516,8 +516,12 @@ def test_4_bit_codes_of_e8m0_tiles_read_as_words_are_bit_exact(
     even = tcast.RoundMode.EVEN
     assert _nibble_words(dtype.nspec, even, x, geometry(tuple(x.shape), dtype))
     scaled = [x * 2.0**-120, x * 2.0**100] if source == torch.bfloat16 else [x * 2.0**-10]
+    # on the interpreter each source takes two of the four scale modes, the other source the other
+    # two (rotating with the type): every type still meets every mode
+    first = (NIBBLE_WORDS.index(spec) + 2 * (source == torch.float16)) % len(SCALES)
+    modes = SCALES if CUDA else (SCALES[first], SCALES[(first + 1) % len(SCALES)])
     for values in [x, x.reshape(2, 18, 70), *scaled]:
-        for scalemode in SCALES:
+        for scalemode in modes:
             _assert_engines_agree(values, dtype, roundmode="even", scalemode=scalemode)
     if source == torch.bfloat16 and (CUDA or spec in EXHAUSTIVE_ON_THE_INTERPRETER):
         _assert_engines_agree(in_rows(torch.sort(finite_bfloat16().float()).values.to(torch.bfloat16)), dtype)
