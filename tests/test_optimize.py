@@ -122,21 +122,30 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
     choices = parse_choices("int4,lut2")
     table = cost_table(llama["ref"], lambda: load_pt2(llama["ref"]), choices, samples, threshold=0)
     assert table.cached == [] and table.choices == ["int4", "lut2", "keep"]
-    # by hand: 1/2 sum(F dW^2) per token with F the mean squared gradient of a window's loss
+    # by hand, K-FAC: 1/2 sum_j S_j dW_j G dW_j^T per token, S_j = sum_i F_ij / (T tr G), F the mean
+    # squared gradient of a window's loss over T tokens; the diagonal 1/2 sum(F dW^2) / T without G
     ep = load_pt2(llama["ref"])
     calibration = calibrate(ep, samples, cache=False)
     fisher = calibration.statistics(table.names, Needs.GRADIENT_SQUARES)
+    grams = calibration.statistics(table.names, Needs.INPUT_GRAM)
     per_window = fisher[table.names[0]].rows / len(calibration.inputs)
     config = choices[0].config_for(True, 0)
     weights = dict(ep.module().named_parameters())
-    checked = 0
+    checked = kronecker = 0
     for site, encoding in trial_encodings(ep, config, calibration):
         w = table.names.index(site.name)
         delta = decode(encoding).double() - weights[site.name].detach().double()
-        expected = 0.5 * float((fisher[site.name].gradient_squares * delta.square()).sum()) / per_window
+        f, gram = fisher[site.name].gradient_squares, grams[site.name].gram
+        if gram is not None and gram.shape == (delta.shape[1], delta.shape[1]):  # a linear layer's input
+            s = f.sum(1) / (per_window * gram.diagonal().sum())
+            expected = 0.5 * float((s * ((delta @ gram) * delta).sum(1)).sum())
+            kronecker += 1
+        else:  # the embedding lookup
+            expected = 0.5 * float((f * delta.square()).sum()) / per_window
         assert table.damage[w][0] == pytest.approx(expected, rel=1e-9)
         assert table.nbytes[w][0] == encoding.nbytes
         checked += 1
+    assert kronecker == checked - 1
     assert checked == len(table.names) > 10
     # the bytes of a uniform setting are what compressing with it stores
     report = compress_(load_pt2(llama["ref"]), choices[1].config_for(False, 0))

@@ -78,6 +78,7 @@ __all__ = [
     "Executor",
     "ExecutorKind",
     "LocalExecutor",
+    "MatrixView",
     "Override",
     "PalettizeConfig",
     "Palettized",
@@ -106,6 +107,7 @@ __all__ = [
     "executor_of",
     "flag_names",
     "flags",
+    "gram_of",
     "methods",
     "parse_override",
     "register",
@@ -152,3 +154,13 @@ def trial_encodings(program: Any, config: Config, calibration: Calibration | Non
     from ._driver import trial_encodings as trials
 
     return trials(container_of(program), config, calibration)
+
+
+def __getattr__(name: str) -> Any:
+    """`MatrixView` and `gram_of` (a weight as the matrix its consumer multiplies, and its input
+    Gram matrix in that order) import torch: loaded when asked for."""
+    if name in ("MatrixView", "gram_of"):
+        from . import _layerwise
+
+        return getattr(_layerwise, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,11 @@
 """What each choice costs each weight: bytes as stored (codes, LUTs, scales, masks - the encoding's
-own count) and the damage it does, estimated as the second-order Taylor term of the loss,
-1/2 sum(F * dW^2) per token (per output value for models that are not language models), F the
-squared gradients of the loss on the calibration data (next-token cross entropy, or the output's
-squared error through a random-sign projection). For a language model this approximates the KL
-divergence the weight's error alone adds; summed over weights it predicts the model's.
+own count) and the damage it does, estimated as the second-order term of the loss in
+Kronecker-factored form (K-FAC): 1/2 sum_j S_j dW_j G dW_j^T per token, G the consumer's input Gram
+matrix and S_j the mean squared gradient at output channel j, read off the squared weight
+gradients on the calibration data (next-token cross entropy, or the output's squared error
+through a random-sign projection). Unlike the diagonal 1/2 sum(F dW^2) it sees where an error
+lies relative to the inputs - GPTQ's whole point - so GPTQ-made and data-free encodings are
+priced alike. For a language model it approximates the KL divergence the weight alone adds.
 
 Each choice's column is cached on disk (the calibration cache's folder, `optimize/`) keyed by
 the program file's bytes, the calibration samples and the choice's config, so a new budget
@@ -24,7 +26,7 @@ from typing import Any
 from ._choices import Choice
 
 Progress = Callable[[int, int, str], None]
-_LAYOUT = 1  # of the cache files
+_LAYOUT = 2  # of the cache files (2: the Kronecker-factored estimate)
 
 
 @dataclass
@@ -141,6 +143,7 @@ def _measure(
     state = sum(int(t.numel() * t.element_size()) for t in ep.state_dict.values())
     calibration = calibrate(ep, samples, device=device)
     fisher = calibration.statistics(list(sizes), Needs.GRADIENT_SQUARES)
+    grams = calibration.statistics(list(sizes), Needs.INPUT_GRAM)  # what GPTQ's trials read too
     per_sample = len(calibration.inputs)
     weights = {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())}
     total = len(choices) * len(sizes)
@@ -157,17 +160,35 @@ def _measure(
                 continue
             w = weights[site.name].detach().double()
             delta = decode(outcome).double() - w
-            stats = fisher.get(site.name)
-            if stats is not None and stats.gradient_squares is not None and stats.rows:
-                rows = stats.rows / per_sample
-                damage = float(0.5 * (stats.gradient_squares.cpu() * delta.square()).sum() / rows)
-            else:  # no path from this weight to the loss: its relative error energy
-                damage = float(delta.square().sum() / max(float(w.square().sum()), 1e-30))
+            damage = _damage(site, w, delta, fisher.get(site.name), grams.get(site.name), per_sample)
             costs[site.name] = [outcome.nbytes, damage]
             del delta
         found[choice.name] = costs
         done = (choices.index(choice) + 1) * len(sizes)  # the skipped ones counted too
     return found, sizes, state
+
+
+def _damage(site: Any, w: Any, delta: Any, fisher: Any, inputs: Any, per_sample: int) -> float:
+    """1/2 dW F dW per token, F the Fisher information in Kronecker form (K-FAC): per output
+    channel j, the mean squared gradient of the loss at the layer's output, S_j, times the
+    consumer's input Gram matrix G - so an error that GPTQ steered to where the inputs do not
+    reach costs what it costs, not its energy: 1/2 sum_j S_j dW_j G dW_j^T. S_j is read off the
+    squared weight gradients (F_ij ~ T S_j G_ii over T tokens a window). Without a Gram that fits
+    (an embedding lookup) the diagonal 1/2 sum F dW^2; without gradients, the relative error."""
+    from coreai_opt.compression import MatrixView, gram_of
+
+    if fisher is None or fisher.gradient_squares is None or not fisher.rows:
+        return float(delta.square().sum() / max(float(w.square().sum()), 1e-30))  # no path to the loss
+    tokens = fisher.rows / per_sample
+    squares = fisher.gradient_squares.cpu().double()
+    view = MatrixView.of(site)
+    gram = gram_of(inputs, view)
+    if gram is None:
+        return float(0.5 * (squares * delta.square()).sum() / tokens)
+    gram = gram.cpu()
+    d = view.matrix(delta)
+    per_channel = view.matrix(squares).sum(1) / (tokens * max(float(gram.diagonal().sum()), 1e-300))
+    return float(0.5 * (per_channel * ((d @ gram) * d).sum(1)).sum())
 
 
 def _file_digest(path: Path) -> str:
