@@ -270,7 +270,6 @@ def optimize(
     from coreai_opt.calibration import Samples
     from coreai_opt.io import load_pt2
     from coreai_opt.models import model_tokenizer
-    from coreai_opt.recipes import Recipe
 
     start = time.perf_counter()
     path = Path(program)
@@ -300,7 +299,7 @@ def optimize(
     if out is None:
         _settle(report, table, plan)
         report.seconds = time.perf_counter() - start
-        return Optimized(None, Recipe(steps.of(plan, to_aimodel=False)), report)
+        return Optimized(None, _recipe(steps, plan), report)
     assert evaluation is not None
     judge = _Judge(path, Path(evaluation) if str(evaluation) != "random" else None, eval_tokens, eval_samples,
                    progress)  # fmt: skip
@@ -337,7 +336,7 @@ def _first_plan(table: CostTable, budget: Goal, knapsack: Any) -> Plan:
     elif budget.kind == "max_size_mb":
         plan = solve(table, budget.value * 1e6 - table.fixed_bytes)
     else:
-        plan = knapsack.smallest_within(_bound(budget, table, None) or math.inf)
+        plan = knapsack.smallest_within(_bound(budget, None) or math.inf)
     if plan is None:
         least = sum(min(r) for r in table.nbytes)
         raise ConfigError(f"no plan fits {budget.describe()}: the smallest choices take {table.bits(least):.2f} bits "
@@ -367,7 +366,7 @@ def _confirm(
         copy_sidecars(report.program, out)
         for u in _nearest_uniform(table, steps.choices, plan, uniform):
             note(f"uniform {u.choice} for comparison")
-            made = _apply(Recipe(steps.of(_uniform_plan(table, u.choice), to_aimodel=False)), report.program,
+            made = _apply(_recipe(steps, _uniform_plan(table, u.choice)), report.program,
                           work / f"uniform-{u.choice}.pt2")  # fmt: skip
             u.measured = judge(made)
             report.uniform.append(u)
@@ -398,7 +397,7 @@ def _rounds(
         )
         made = _apply(_recipe(steps, plan), judge.reference_path, work / f"round{index}.pt2")
         measured = judge(made)
-        ok = _meets(budget, measured, table)
+        ok = _meets(budget, measured)
         report.rounds.append(Round(index, table.bits(plan.nbytes), plan.nbytes, plan.damage, measured, ok,
                                    time.perf_counter() - began))  # fmt: skip
         tried[plan.picks] = (made, ok)
@@ -417,7 +416,7 @@ def _rounds(
             failed_bytes = max(failed_bytes, plan.nbytes)
         if plan.damage > 0:
             scale = measured.damage(budget.kind) / plan.damage
-        bound = _bound(budget, table, scale)
+        bound = _bound(budget, scale)
         following = knapsack.smallest_within(bound) if bound is not None else None
         if following is None or not failed_bytes < following.nbytes < passed_bytes:
             following = _between(knapsack, failed_bytes, passed_bytes, table)
@@ -448,7 +447,7 @@ def _between(knapsack: Any, low: float, high: float, table: CostTable) -> Plan |
     return knapsack.best(int(middle // knapsack.unit))
 
 
-def _bound(budget: Goal, table: CostTable, scale: float | None) -> float | None:
+def _bound(budget: Goal, scale: float | None) -> float | None:
     """The estimated damage the accuracy bound allows, the estimate scaled by measured / predicted
     (None before any measurement of a cosine bound: its scale is the outputs' energy)."""
     s = scale if scale and math.isfinite(scale) and scale > 0 else None
@@ -461,7 +460,7 @@ def _bound(budget: Goal, table: CostTable, scale: float | None) -> float | None:
     return None
 
 
-def _meets(budget: Goal, measured: Measured, table: CostTable) -> bool:
+def _meets(budget: Goal, measured: Measured) -> bool:
     v = budget.value
     if budget.kind == "max_ppl_increase":
         return measured.perplexity_increase is not None and measured.perplexity_increase <= v
