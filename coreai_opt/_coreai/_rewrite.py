@@ -90,11 +90,16 @@ def canonical_symbol_names(program: Any) -> int:
     return renamed
 
 
-def name_constants(program: Any, name_of: Callable[[np.ndarray], str | None]) -> int:
+def name_constants(
+    program: Any,
+    name_of: Callable[[np.ndarray], str | None],
+    name_of_node: Callable[[str], str | None] = lambda _: None,
+) -> int:
     """Give every float constant that `name_of` recognises (its values as a numpy array of their own
     dtype and shape) that name in its location, so reports and overrides see the source's names;
-    returns how many were named. The constant is rebuilt with the same value attribute
-    (locations cannot be changed in place)."""
+    returns how many were named. A constant computed at conversion (a rotary table) keeps the FX
+    node name the converter gave it, under the module it came from (`name_of_node`). The constant
+    is rebuilt with the same value attribute (locations cannot be changed in place)."""
 
     module = mlir_module(program)
     named: list[tuple[Any, str]] = []  # (the renamed constant's value, its name)
@@ -113,7 +118,8 @@ def name_constants(program: Any, name_of: Callable[[np.ndarray], str | None]) ->
         if renamed is not None:
             named.append((renamed, name))
     for op in unnamed:  # a folded batch norm's bias: added to the output of the convolution it follows
-        name = _folded_bias(op, named)
+        node = location_name(op)
+        name = _folded_bias(op, named) or (name_of_node(node) if node else None)
         if name is not None and _renamed(module, op, name) is not None:
             named.append((None, name))
     return len(named)

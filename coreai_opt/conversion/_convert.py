@@ -75,6 +75,17 @@ def _source_names(program: ExportedProgram) -> Callable[[np.ndarray], str | None
     return name_of
 
 
+def _module_of_node(program: ExportedProgram) -> Callable[[str], str | None]:
+    """`<module path>.<node>` for an FX node of `program` called inside a submodule, else None."""
+    paths = {}
+    for node in program.graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        path = next(reversed(stack.values()), ("",))[0] if stack else ""
+        if path:
+            paths[node.name] = f"{path}.{node.name}"
+    return paths.get
+
+
 def _folded(values: np.ndarray, tensors: list[tuple[str, np.ndarray]]) -> str | None:
     """`<name>.bn_folded` when `values` is a source weight scaled per output channel (the converter
     folds a batch norm into the convolution before it), else None."""
@@ -88,8 +99,9 @@ def _folded(values: np.ndarray, tensors: list[tuple[str, np.ndarray]]) -> str | 
             continue
         scale = (rows * base).sum(1) / energy
         residual = rows - scale[:, None] * base
-        if (residual * residual).sum() <= 1e-10 * (rows * rows).sum() and not np.allclose(scale, 1.0):
-            return f"{name}.bn_folded"
+        if (residual * residual).sum() <= 1e-10 * (rows * rows).sum():
+            # a batch norm at its initial statistics scales by 1/sqrt(1 + eps): folded all the same
+            return name if (scale == 1.0).all() else f"{name}.bn_folded"
     return None
 
 
@@ -130,6 +142,6 @@ def convert_with_log(program: ExportedProgram) -> tuple[AIProgram, str]:
         raise ConverterFailure(f"{message} ({detail})" if detail else message) from failure
     from coreai_opt._coreai._rewrite import canonical_symbol_names, name_constants
 
-    name_constants(result, _source_names(program))
+    name_constants(result, _source_names(program), _module_of_node(program))
     canonical_symbol_names(result)  # coreai names composites at random: the same bytes every time
     return result, "\n".join([log.getvalue().strip(), *diagnostics]).strip()

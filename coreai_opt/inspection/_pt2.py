@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from coreai_opt._elements import core_ai_name
 from coreai_opt._export._describe import StateWalker
 from coreai_opt._export._ops import is_decompression
+from coreai_opt.io import flattened_outputs
 
 from ._report import ModelReport, TensorInfo, WeightInfo
 
@@ -84,7 +85,11 @@ def inspect_exported_program(program: ExportedProgram, path: Path | str = "") ->
             WeightInfo(walker.weight_name(node), stored.shape, stored.encoding, stored.nbytes, "compressed")
         )
         parameters += math.prod(stored.shape)
-    notes = (
+    notes = tuple(
+        f"output container {flat.describe()} is not one coreopt knows: read as a tuple of its "
+        "tensors in declared order"
+        for flat in flattened_outputs(program)
+    ) + (
         ("sub-byte codes are held one per byte in a .pt2; bytes are as converted (packed)",)
         if compressed
         else ()

@@ -27,12 +27,14 @@ from ._paths import (
     write_atomically,
 )
 from ._pt2 import load_pt2, save_pt2
+from ._treespec import FlattenedOutput, flattened_outputs
 
 __all__ = [
     "BadBytecodeError",
     "BadMetadataError",
     "ConversionError",
     "CorruptArchiveError",
+    "FlattenedOutput",
     "HashMismatchError",
     "IncompleteAssetError",
     "MissingPathError",
@@ -46,6 +48,7 @@ __all__ = [
     "asset_bytes",
     "atomic_output",
     "check_output",
+    "flattened_outputs",
     "load_aimodel",
     "load_pt2",
     "model_format",

@@ -21,21 +21,39 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
 
+class _Collected(logging.Handler):
+    """What torch logged while (de)serializing, kept for the error message instead of printed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        error = record.exc_info[1] if record.exc_info else None
+        self.lines.append(record.getMessage() + (f": {error}" if error is not None else ""))
+
+
 @contextlib.contextmanager
-def _quiet_torch_export() -> Iterator[None]:
-    """torch logs tracebacks and warns about its own storage layout while (de)serializing; the
-    caller reports errors itself, and the user can act on neither."""
+def _quiet_torch_export() -> Iterator[list[str]]:
+    """torch logs tracebacks and warns about its own storage layout while (de)serializing, and
+    its errors then say "check the warnings above": the lines are collected (yielded list) for
+    the caller's one-line error instead of printed."""
     loggers = [logging.getLogger(name) for name in ("torch.export", "torch._export")]
-    previous = [logger.level for logger in loggers]
+    previous = [(logger.level, logger.propagate, logger.handlers) for logger in loggers]
+    collected = _Collected()
     for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
+        logger.handlers = [collected]
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.")
-            yield
+            yield collected.lines
     finally:
-        for logger, level in zip(loggers, previous, strict=True):
+        for logger, (level, propagate, handlers) in zip(loggers, previous, strict=True):
+            logger.handlers = handlers
             logger.setLevel(level)
+            logger.propagate = propagate
 
 
 def _open_archive(path: Path) -> Pt2Archive:
@@ -65,13 +83,17 @@ def load_pt2(path: Path | str, *, trust_pickle: bool = False) -> ExportedProgram
     if trust_pickle:
         import torch
 
-        try:
-            archive.register_custom_ops()
-            with _quiet_torch_export():
+        archive.register_custom_ops()
+        with _quiet_torch_export() as logged:
+            try:
                 return torch.export.load(path)
-        except Exception as exc:  # torch raises RuntimeError, KeyError, ... on damaged archives
-            detail = " ".join(str(exc).split())[:300] or type(exc).__name__
-            raise CorruptArchiveError(path, f"cannot read torch.export archive ({detail})") from None
+            except Exception as exc:  # torch raises RuntimeError, KeyError, ... on damaged archives
+                failure = exc
+        told = "; ".join(logged) or str(failure)  # torch's error says "check the warnings above"
+        if "in pytree is not registered" in told:
+            told += "; without --trust-pickle coreopt reads such output containers as tuples"
+        detail = " ".join(told.split())[:400] or type(failure).__name__
+        raise CorruptArchiveError(path, f"cannot read torch.export archive ({detail})")
     archive.audit()
     with _quiet_torch_export():
         return archive.load_program()

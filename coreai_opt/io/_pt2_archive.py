@@ -13,6 +13,8 @@ evaluates the program's shape strings with sympy. `Pt2Archive` reads the same la
   `use_pickle` (torch writes them for tensor subclasses), custom/opaque objects, legacy state;
   compiled code is refused too;
 - the sample inputs are never loaded (no program needs them to run, cast or convert);
+- output containers of other libraries (a Hugging Face `ModelOutput`) are read as tuples
+  (`_treespec`): no library a file names is imported;
 - the program itself is checked as data (`_program_audit`: names that reach generated Python,
   an operator allowlist, declared sizes against a budget from what the file stores, shape
   expressions and guards) before torch's deserializer runs;
@@ -32,6 +34,7 @@ from ._errors import CorruptArchiveError, UnsafeArchiveError
 from ._expressions import guards_problem
 from ._pickles import UnreadablePickle, forbidden_globals, torch_save_globals
 from ._program_audit import dtype_problem, path_problem, program_problem
+from ._treespec import FLATTENED_META, flatten_unknown_outputs
 from ._zip import ZipEntry, audit_zip, read_entry
 
 if TYPE_CHECKING:
@@ -295,14 +298,18 @@ class Pt2Archive:
         state_dict = self.tensors(WEIGHTS_CONFIG, WEIGHTS_DIR)
         constants = self.tensors(CONSTANTS_CONFIG, CONSTANTS_DIR)
         document = self.read_json(MODEL_JSON)
+        flattened = flatten_unknown_outputs(document)
         self.register_custom_ops()
         try:
             serialized = _dict_to_dataclass(schema.ExportedProgram, document)
-            return ExportedProgramDeserializer(None).deserialize(serialized, state_dict, constants, None)
+            program = ExportedProgramDeserializer(None).deserialize(serialized, state_dict, constants, None)
         except Exception as exc:  # the deserializer raises any type on malformed programs
             raise CorruptArchiveError(
                 self.path, f"cannot read the torch.export program ({_line(exc)})"
             ) from None
+        if flattened:
+            program.graph_module.meta[FLATTENED_META] = flattened
+        return program
 
 
 def _tensor_layout(meta: dict[str, Any]) -> tuple[Any, tuple[int, ...], tuple[int, ...], int]:
