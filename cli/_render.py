@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -26,39 +27,83 @@ if TYPE_CHECKING:
     )
 
 
+_BREAKS = {"name": (".", "_-"), "text": (" ",)}  # where a cell of each kind may break, best first
+
+
+def _pieces(text: str, width: int, breaks: tuple[str, ...]) -> list[str]:
+    """`text` split after its first kind of separator, a piece still too long after the next."""
+    if len(text.rstrip()) <= width:
+        return [text]
+    if not breaks:
+        return [text[i : i + width] for i in range(0, len(text), width)]
+    parts = [part for part in re.split(f"(?<=[{re.escape(breaks[0])}])", text) if part]
+    return [piece for part in parts for piece in _pieces(part, width, breaks[1:])]
+
+
+def reflow(text: str, width: int, kind: str) -> str:
+    """`text` in lines of `width` at most: a name broken after its dots (`layers.0.` /
+    `self_attn.q_proj.weight`; after `_` only inside a part too long), free text after spaces, a
+    piece longer than the line broken hard - never cut, so a name stays whole; kind "cut" cuts at
+    the end instead."""
+    if len(text) <= width or width < 1:
+        return text
+    if kind == "cut":
+        return text[: width - 1] + "…"
+    lines: list[str] = []
+    line = ""
+    for piece in _pieces(text, width, _BREAKS[kind]):
+        if line and len(line) + len(piece.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = piece.lstrip()
+        else:
+            line += piece
+    lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
 def fitted_table(
     title: str,
     columns: list[tuple[str, str]],
     rows: list[list[str]],
     *,
-    squeeze: tuple[tuple[int, int, bool], ...] = ((0, 12, True),),
-    wrap: int | None = None,
+    squeeze: tuple[tuple[int, int, str], ...] = ((0, 14, "name"),),
 ) -> Table:
-    """A table as wide as the terminal at most (80 columns in CI logs) whose rows never wrap: the
-    columns in `squeeze` (index, narrowest width, cut in the middle or else at the end), in that
-    order, give up what the others need; the column `wrap` (a free-text reason, the last one) may
-    wrap instead. Cells are plain text (never markup; unprintable characters escaped); --json
-    carries them whole."""
+    """A table as wide as the terminal at most (80 columns in CI logs, 60 in a split pane) that
+    never cuts a name or a header: the columns in `squeeze` (index, narrowest width, how its cells
+    break: "name", "text", "cut", or "hide": left out, the caption says so; --json and --csv carry
+    every column), in that order, give up what the others need until the table fits, their cells
+    broken into lines (`reflow`). Cells are plain text (never markup; unprintable characters
+    escaped)."""
     rows = [[plain(cell) for cell in row] for row in rows]
     widths = [max([len(header), *(len(row[i]) for row in rows)]) for i, (header, _) in enumerate(columns)]
-    edges = 2 * len(columns)  # one space either side of every column, collapsed between them
-    for index, narrowest, middle in squeeze:
-        others = sum(w for i, w in enumerate(widths) if i not in (index, wrap))
-        room = console.width - edges - others - (24 if wrap is not None else 0)
-        if widths[index] > room:
-            widths[index] = max(narrowest, room, len(columns[index][0]))
+    shown_columns = list(range(len(columns)))
+
+    def excess() -> int:  # one space either side of every column, collapsed between them
+        return sum(widths[i] + 2 for i in shown_columns) - console.width
+
+    hidden = []
+    for index, narrowest, kind in squeeze:
+        if excess() <= 0:
+            break
+        if kind == "hide":
+            shown_columns.remove(index)
+            hidden.append(columns[index][0])
+            continue
+        target = max(narrowest, len(columns[index][0]), widths[index] - excess())
+        if target < widths[index]:
+            widths[index] = target
             for row in rows:
-                text = row[index]
-                if len(text) > widths[index]:
-                    cut = widths[index]
-                    row[index] = middle_ellipsis(text, cut) if middle else text[: cut - 1] + "…"
+                row[index] = reflow(row[index], target, kind)
+    caption = f"left out at this width: {', '.join(hidden)}" if hidden else None
     table = Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True
-    )
-    for i, (header, justify) in enumerate(columns):
-        table.add_column(header, justify=justify, no_wrap=i != wrap)  # type: ignore[arg-type]
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+        caption=caption, caption_justify="left",
+    )  # fmt: skip
+    for i in shown_columns:
+        header, justify = columns[i]
+        table.add_column(header, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
+        table.add_row(*(Text(row[i]) for i in shown_columns))
     return table
 
 
@@ -101,7 +146,15 @@ def render_model_report(report: ModelReport, *, max_ops: int = 25) -> None:
                ("bits/w", "right")]  # fmt: skip
     rows = [[w.name, w.kind, _shape(w.shape), w.encoding, f"{w.nbytes:,}", f"{w.bits_per_weight:.2f}"]
             for w in report.weights]  # fmt: skip
-    console.print(fitted_table("Weights", columns, rows, squeeze=((3, 20, False), (0, 16, True))))
+    squeeze = (
+        (3, 16, "text"),
+        (0, 28, "name"),
+        (1, 0, "hide"),
+        (3, 9, "text"),
+        (0, 14, "name"),
+        (2, 7, "text"),
+    )
+    console.print(fitted_table("Weights", columns, rows, squeeze=squeeze))
 
     console.print(
         f"[bold]Totals[/bold]: parameters {report.parameters:,}   weight elements {report.weight_elements:,}"
@@ -175,7 +228,7 @@ def _cast_state(report: Any) -> None:
         ("tensors (--json: each)", "left"),
     ]
     console.print(
-        fitted_table("State (parameters, buffers, constants)", columns, rows, squeeze=((3, 24, False),))
+        fitted_table("State (parameters, buffers, constants)", columns, rows, squeeze=((3, 24, "text"),))
     )
 
 
@@ -271,7 +324,11 @@ def _weights_table(report: CompressionReport) -> None:
         ]
         for w in report.weights
     ]  # fmt: skip
-    console.print(fitted_table("Weights", columns, rows, squeeze=((2, 20, False), (0, 16, True))))
+    hide = (
+        ((len(headers) - 1, 0, "hide"), (len(headers) - 2, 0, "hide")) if learned else ()
+    )  # data-free, data SNR
+    squeeze = ((2, 16, "text"), (0, 28, "name"), *hide, (2, 9, "text"), (0, 14, "name"), (1, 7, "text"))
+    console.print(fitted_table("Weights", columns, rows, squeeze=squeeze))
 
 
 def _skipped_table(skipped: list[Skipped], threshold: object) -> None:
@@ -282,7 +339,8 @@ def _skipped_table(skipped: list[Skipped], threshold: object) -> None:
     if listed:
         rows = [[s.name, _shape(s.shape), s.reason] for s in listed]
         columns = [("name", "left"), ("shape", "left"), ("reason", "left")]
-        console.print(fitted_table("Skipped", columns, rows, wrap=2))
+        squeeze = ((2, 24, "text"), (0, 28, "name"), (2, 16, "text"), (0, 14, "name"), (1, 7, "text"))
+        console.print(fitted_table("Skipped", columns, rows, squeeze=squeeze))
     small = len(skipped) - len(listed)
     if small:
         console.print(
@@ -419,15 +477,6 @@ def render_comparison(result: ComparisonResult) -> None:
     _render_nonfinite((o.name, o.metrics) for o in result.outputs)
 
 
-def middle_ellipsis(text: str, width: int) -> str:
-    """`text` cut in the middle to `width` characters (names differ at both ends: layer index and
-    parameter)."""
-    if len(text) <= width:
-        return text
-    keep = width - 1
-    return text[: (keep + 1) // 2] + "…" + text[len(text) - keep // 2 :]
-
-
 def render_sweep(result: SweepResult) -> None:
     first = result.comparisons[0]
     console.print(
@@ -450,7 +499,8 @@ def render_sweep(result: SweepResult) -> None:
             cells.append("yes" if row.ok else "no")
         rows.append(cells)
     title = "Candidates (over every output and sample; --csv, --json: every column)"
-    console.print(fitted_table(title, columns, rows))
+    squeeze = ((0, 14, "name"), (2, 0, "hide"), (4, 0, "hide"))  # ratio, cos mean
+    console.print(fitted_table(title, columns, rows, squeeze=squeeze))
 
 
 def distinct_tails(names: list[str]) -> list[str]:

@@ -200,10 +200,12 @@ def _render(result: Any, failures: list[str]) -> None:
     rows = []
     for name, row in zip(names, rows_in, strict=True):
         rows.append([
-            shown(name), human_bytes(row.size_bytes), _num(row.bits_per_weight, ".2f"), _num(row.perplexity, ".3f"),
+            name, human_bytes(row.size_bytes), _num(row.bits_per_weight, ".2f"), _num(row.perplexity, ".3f"),
             _pct(row.perplexity_increase), _num(row.kl_mean, ".5f"), _num(row.kl_p99, ".4f"), _num(row.top1, ".4f"),
             _num(row.tokens_per_second, ".0f"),
         ])  # fmt: skip
-    console.print(fitted_table("Programs (the reference first; --json, --csv: every column)", columns, rows))
+    title = "Programs (the reference first; --json, --csv: every column)"
+    hide = ((8, 0, "hide"), (6, 0, "hide"), (1, 0, "hide"))  # tok/s, KL p99, size
+    console.print(fitted_table(title, columns, rows, squeeze=((0, 14, "name"), *hide)))
     for line in failures:
         console.print(f"[red]over budget[/red] {shown(line)}")

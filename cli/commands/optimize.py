@@ -237,7 +237,7 @@ def _line(report: Any) -> str:
 
 
 def _render(report: Any, recipe: Path | None) -> None:
-    from .._render import console, fitted_table, middle_ellipsis
+    from .._render import console, fitted_table
 
     counts = report.counts()
     rows = []
@@ -256,7 +256,7 @@ def _render(report: Any, recipe: Path | None) -> None:
                ("bits/w", "right"), ("est. damage", "right")]  # fmt: skip
     console.print(fitted_table(f"Plan: {report.bits:.3f} bits per weight over {report.elements:,} weights' elements",
                                columns, rows))  # fmt: skip
-    detail = [[shown(middle_ellipsis(w["name"], 48)), w["choice"], human_bytes(w["bytes"]), _num(w["predicted_damage"], ".3g")]
+    detail = [[w["name"], w["choice"], human_bytes(w["bytes"]), _num(w["predicted_damage"], ".3g")]
               for w in sorted(report.weights, key=lambda w: -w["predicted_damage"])[:12]]  # fmt: skip
     console.print(fitted_table("Most damaged weights (--json: every weight)", [("weight", "left"), ("choice", "left"),
                                ("stored", "right"), ("est. damage", "right")], detail))  # fmt: skip

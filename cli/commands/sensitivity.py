@@ -83,7 +83,7 @@ def _line(result: Any) -> str:
 
 
 def _render(result: Any, top: int) -> None:
-    from .._render import console, fitted_table, middle_ellipsis
+    from .._render import console, fitted_table
 
     w = result.windows
     console.print(
@@ -98,14 +98,16 @@ def _render(result: Any, top: int) -> None:
     ]
     rank = {id(r): i + 1 for i, r in enumerate(result.weights)}
     rows = [
-        [str(rank[id(r)]), shown(middle_ellipsis(r.name, 44)), f"{r.kl_mean:.5f}", f"{100 * r.perplexity_increase:+.3f}%",
+        [str(rank[id(r)]), r.name, f"{r.kl_mean:.5f}", f"{100 * r.perplexity_increase:+.3f}%",
          f"{r.top1:.4f}", human_bytes(r.bytes_saved), "-" if r.estimate is None else f"{r.estimate:.3g}"]
         for r in rows_in
     ]  # fmt: skip
     title = "Weights, most sensitive first" + (
         "" if rows_in is result.weights else f" (top and bottom {top})"
     )
-    console.print(fitted_table(title, columns, rows))
+    console.print(
+        fitted_table(title, columns, rows, squeeze=((1, 14, "name"), (6, 0, "hide"), (4, 0, "hide")))
+    )
     if result.rank_correlation is not None and not math.isnan(result.rank_correlation):
         console.print(
             f"Spearman rank correlation, measured KL vs estimate: {result.rank_correlation:.3f} "
