@@ -377,7 +377,8 @@ def render_compression(result: CompressionFileResult) -> None:
             f"{human_bytes(report.total_bytes_after)} ({report.total_ratio:.2f}x), of which compressed "
             f"weights {human_bytes(report.bytes_before)} -> {human_bytes(report.bytes_after)} "
             f"({report.ratio:.2f}x) and kept {human_bytes(report.kept_bytes)}   "
-            f"mean bits/weight {report.bits_per_weight:.2f}   file on disk "
+            f"bits/weight {report.bits_per_weight:.2f} over the compressed weights, "
+            f"{report.model_bits_per_weight:.2f} over every float tensor (inspect's, compare's)   file on disk "
             f"{human_bytes(result.file_bytes_before)} -> {human_bytes(result.file_bytes_after)}"
         )
     if learned := [w.learned for w in report.weights if w.learned is not None]:

@@ -88,10 +88,29 @@ def test_llama_compresses_casts_and_converts_with_module_names(llama, coreopt, t
     assert coreopt("convert", path, "-o", aimodel).exit_code == 0
     names = _weight_names(inspect_model(aimodel))
     assert len(names) == len(set(names))
-    assert {"model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight", "lm_head.weight"} <= set(names)
+    assert {"model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight", "lm_head.weight"} <= set(
+        names
+    )
     assert not [n for n in names if _NODE_NAME.match(n)], names  # rotary tables under their attention module
     (runtime,) = run_aimodel(aimodel, {"input_ids": ids.numpy().astype(np.int32)}).values()
     np.testing.assert_allclose(runtime.reshape(logits.shape), logits.numpy(), rtol=1e-3, atol=1e-3)
+
+    # block 64 fits only down_proj (its input axis is 64; the others' 32, and q/k/v/o are small)
+    blocks = coreopt("quantize", aimodel, "--dtype", "int4", "--granularity", "block", "--block-size", "64",
+                     "-o", tmp_path / "b64.aimodel", "--json")  # fmt: skip
+    assert blocks.exit_code == 0, blocks.stderr
+    report = json.loads(blocks.stdout)["report"]
+    assert sorted(w["name"] for w in report["weights"]) == [
+        f"model.layers.{i}.mlp.down_proj.weight" for i in (0, 1)
+    ]
+    (warning,) = [w for w in report["warnings"] if "kept uncompressed" in w]
+    misfits = [s for s in report["skipped"] if s["kind"] == "layout"]
+    assert warning.startswith(f"{len(misfits)} weights kept uncompressed, ")
+    assert "not a multiple of block_size 64" in warning and misfits[0]["name"] in warning
+    # one bits/weight: the program's figure of the compression report is inspect's (and compare's)
+    program_bits = inspect_model(tmp_path / "b64.aimodel").mean_bits_per_weight
+    assert report["model_bits_per_weight"] == pytest.approx(program_bits, rel=1e-12)
+    assert report["bits_per_weight"] < 5.1 < program_bits
 
 
 def test_resnet_conv_weights_keep_their_names_with_batch_norm_folded(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
@@ -101,7 +120,9 @@ def test_resnet_conv_weights_keep_their_names_with_batch_norm_folded(tmp_path: P
     from coreai_opt.inspection import inspect_model
 
     torch.manual_seed(0)
-    config = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=5, layer_type="basic")
+    config = ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=5, layer_type="basic"
+    )
     model = ResNetForImageClassification(config).eval()  # batch norms at their initial statistics
     pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     path = tmp_path / "resnet.pt2"
@@ -116,7 +137,9 @@ def test_resnet_conv_weights_keep_their_names_with_batch_norm_folded(tmp_path: P
     names = _weight_names(inspect_model(aimodel))
     assert len(names) == len(set(names))
     convs = [n for n in names if n.endswith(".weight.bn_folded")]
-    assert len(convs) == sum(isinstance(m, torch.nn.Conv2d) for m in model.modules()) and all(n.startswith("resnet.") for n in convs), names
+    assert len(convs) == sum(isinstance(m, torch.nn.Conv2d) for m in model.modules()) and all(
+        n.startswith("resnet.") for n in convs
+    ), names
     assert "resnet.embedder.embedder.convolution.weight.bn_folded" in convs
     assert not [n for n in names if _NODE_NAME.match(n) or re.match(r"^w\d+$", n)], names
     (runtime,) = run_aimodel(aimodel, {"pixel_values": pixels.numpy()}).values()

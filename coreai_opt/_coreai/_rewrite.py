@@ -226,7 +226,8 @@ class CoreAIWeights:
             kind = ELEMENTS.get(str(mlir_type.element_type))
             if kind is None or not kind.is_float or kind.bits not in (16, 32):  # the float storage of weights
                 continue
-            found.append(Candidate(op, constant_name(op, index), tensor_shape(mlir_type), kind, _uses(op)))
+            name, shape = constant_name(op, index), tensor_shape(mlir_type)
+            found.append(Candidate(op, name, shape, kind, _uses(op), stored_bytes=constant_nbytes(op)))
         return found
 
     def compressed(self) -> int:

@@ -84,6 +84,14 @@ class CompressionReport:
         return self.bytes_after * 8 / self.elements if self.elements else None
 
     @property
+    def model_bits_per_weight(self) -> float | None:
+        """Stored bits per element over every float tensor but scalars, compressed or kept: the
+        program's bits per weight, the figure `inspect`, `compare` and `eval` report."""
+        kept = [s for s in self.skipped if math.prod(s.shape) > 1]
+        elements = self.elements + sum(math.prod(s.shape) for s in kept)
+        return (self.bytes_after + sum(s.nbytes for s in kept)) * 8 / elements if elements else None
+
+    @property
     def problems(self) -> list[str]:
         """What suggests the config did not do what was meant: an override matching no weight, or
         nothing compressed (with the commonest reason eligible weights were left)."""
@@ -114,7 +122,21 @@ class CompressionReport:
                 f"{len(self.data_free)} weights had no calibration statistics their method could use "
                 f"(an embedding lookup, a grouped convolution): encoded data-free ({example})"
             )
-        return found + self.problems
+        return found + self._layout_warning() + self.problems
+
+    def _layout_warning(self) -> list[str]:
+        """Weights the granularity does not fit (a block size not dividing the input axis) are
+        kept as they were: said loudly, with the bytes they keep, when others were compressed."""
+        misfits = [s for s in self.skipped if s.kind is SkipKind.LAYOUT]
+        if not misfits or not self.weights:
+            return []
+        names = ", ".join(s.name for s in misfits[:3]) + (", ..." if len(misfits) > 3 else "")
+        kept = sum(s.nbytes for s in misfits)
+        return [
+            f"{len(misfits)} weights kept uncompressed, {kept / 1024:,.1f} KiB as stored: their shape does not "
+            f"fit the granularity ({misfits[0].reason}: {names}); they count in the program's bits/weight, "
+            "not in the compressed weights'"
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         def plain(record: Any) -> dict[str, Any]:
@@ -145,6 +167,7 @@ class CompressionReport:
             "total_bytes_after": self.total_bytes_after,
             "total_ratio": self.total_ratio,
             "bits_per_weight": self.bits_per_weight,
+            "model_bits_per_weight": self.model_bits_per_weight,
             "already_compressed": self.already_compressed,
             "data_free": list(self.data_free),
             "warnings": self.warnings,

@@ -42,7 +42,9 @@ def select_sites(
     for candidate in candidates:
         count = math.prod(candidate.shape)
         # a tied tensor is stored once, under the name that holds it
-        nbytes = 0 if candidate.tied_to is not None else stored_nbytes(candidate.shape, candidate.element)
+        nbytes = 0 if candidate.tied_to is not None else candidate.stored_bytes
+        if nbytes is None:
+            nbytes = stored_nbytes(candidate.shape, candidate.element)
         if count <= threshold:
             reason = f"{count} elements <= threshold {threshold}"
             skipped.append(Skipped(candidate.name, candidate.shape, reason, SkipKind.SMALL, nbytes))

@@ -55,6 +55,7 @@ class Candidate:
     element: Element
     uses: tuple[Use, ...]
     tied_to: str | None = None  # another candidate holding the same tensor (stored once, with it)
+    stored_bytes: int | None = None  # what it takes as stored, where not dense (a splat: one element)
 
 
 @dataclass(frozen=True)
