@@ -1,13 +1,19 @@
 """numba kernels of the exact 1-D k-means (see _kmeans). Imported only when palettizing: numba
-compiles them on first call and caches the machine code on disk."""
+compiles them on first call and caches the machine code on disk, in ~/.cache/coreopt/numba (never
+beside the source: an installed package's folder may be read-only, and a checkout stays clean)
+unless NUMBA_CACHE_DIR says where."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import numba
 import numpy as np
 
+if not os.environ.get("NUMBA_CACHE_DIR"):
+    numba.config.CACHE_DIR = str(Path.home() / ".cache" / "coreopt" / "numba")  # read when a kernel is made
 jit = numba.njit(cache=True, nogil=True, error_model="numpy")  # numpy model: no zero-divisor checks
 
 
