@@ -1,0 +1,84 @@
+"""What W8A8 calibration costs on ResNet-18: CPU seconds of `coreopt quantize --activations` with 8
+calibration samples, for this checkout and for any other code trees given (an older commit's
+worktree: the before of a change).
+
+    python bench/w8a8_cost.py [--tree PATH ...] [--samples 8]
+
+The model is transformers' ResNet-18 layout (basic blocks, 64-128-256-512, seeded random weights,
+11.7M parameters) at 224x224, exported with coreai-torch's decompositions and returning its logits
+as a plain tensor (so an older tree that cannot read Hugging Face output containers reads it too).
+Each tree runs the same command in its own process; CPU seconds are the child's user + system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+warnings.filterwarnings("ignore")
+
+
+def build(path: Path) -> None:
+    import coreai_torch
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return self.model(pixel_values).logits
+
+    torch.manual_seed(0)
+    config = ResNetConfig(embedding_size=64, hidden_sizes=[64, 128, 256, 512], depths=[2, 2, 2, 2],
+                          layer_type="basic", num_labels=1000)  # fmt: skip
+    model = Logits(ResNetForImageClassification(config).eval())
+    with torch.no_grad():
+        program = torch.export.export(model, (torch.randn(1, 3, 224, 224),))
+    torch.export.save(program.run_decompositions(coreai_torch.get_decomp_table()), path)
+
+
+def cost(tree: Path, model: Path, samples: int, out: Path) -> tuple[float, float, int]:
+    """(CPU seconds, wall seconds, exit code) of one W8A8 quantization run from `tree`."""
+    args = [sys.executable, "-m", "cli.coreopt_app", "quantize", str(model), "--dtype", "int8",
+            "--activations", "int8", "--calibration", "random", "--calibration-samples", str(samples),
+            "-o", str(out), "--force", "-q"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONWARNINGS="ignore")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    began = time.perf_counter()
+    done = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode:
+        print(done.stderr[-2000:], file=sys.stderr)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, wall, done.returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", type=Path, nargs="*", default=[], help="other code trees to time")
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "w8a8_cost")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = args.out / "resnet18.pt2"
+    if not model.exists():
+        build(model)
+    print(f"{'tree':<40} {'CPU s':>8} {'wall s':>8}  exit")
+    for tree in [ROOT, *args.tree]:
+        cpu, wall, code = cost(tree.resolve(), model, args.samples, args.out / "resnet18.w8a8.pt2")
+        print(f"{str(tree):<40} {cpu:8.1f} {wall:8.1f}  {code}")
+
+
+if __name__ == "__main__":
+    main()
