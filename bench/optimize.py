@@ -74,7 +74,8 @@ def main() -> None:
         again = args.out / f"smollm2.mixed{bits:g}.again.pt2"
         apply_recipe(found.recipe, ref, again, force=True)
         identical = filecmp.cmp(target, again, shallow=False)
-        again.unlink()
+        for made in again.parent.glob(f"{again.stem}.*"):  # the program and its sidecars
+            made.unlink()
         row = report.to_dict() | {"wall_seconds": time.perf_counter() - began, "identical_on_apply": identical,
                                   "recipe": str(recipe_path)}  # fmt: skip
         results.append(row)
