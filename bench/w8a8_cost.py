@@ -2,7 +2,7 @@
 calibration samples, for this checkout and for any other code trees given (an older commit's
 worktree: the before of a change).
 
-    python bench/w8a8_cost.py [--tree PATH ...] [--samples 8]
+    python bench/w8a8_cost.py [--tree PATH ...] [--samples 8] [--observers minmax mse]
 
 The model is transformers' ResNet-18 layout (basic blocks, 64-128-256-512, seeded random weights,
 11.7M parameters) at 224x224, exported with coreai-torch's decompositions and returning its logits
@@ -47,11 +47,11 @@ def build(path: Path) -> None:
     torch.export.save(program.run_decompositions(coreai_torch.get_decomp_table()), path)
 
 
-def cost(tree: Path, model: Path, samples: int, out: Path) -> tuple[float, float, int]:
+def cost(tree: Path, model: Path, samples: int, observer: str, out: Path) -> tuple[float, float, int]:
     """(CPU seconds, wall seconds, exit code) of one W8A8 quantization run from `tree`."""
     args = [sys.executable, "-m", "cli.coreopt_app", "quantize", str(model), "--dtype", "int8",
             "--activations", "int8", "--calibration", "random", "--calibration-samples", str(samples),
-            "-o", str(out), "--force", "-q"]  # fmt: skip
+            "--observer", observer, "-o", str(out), "--force", "-q"]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(tree), PYTHONWARNINGS="ignore")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
@@ -65,19 +65,25 @@ def cost(tree: Path, model: Path, samples: int, out: Path) -> tuple[float, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tree", type=Path, nargs="*", default=[], help="other code trees to time")
     parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--observers", nargs="*", default=["minmax", "mse"])
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "w8a8_cost")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.out / "resnet18.pt2"
     if not model.exists():
         build(model)
-    print(f"{'tree':<40} {'CPU s':>8} {'wall s':>8}  exit")
-    for tree in [ROOT, *args.tree]:
-        cpu, wall, code = cost(tree.resolve(), model, args.samples, args.out / "resnet18.w8a8.pt2")
-        print(f"{str(tree):<40} {cpu:8.1f} {wall:8.1f}  {code}")
+    print(f"{'tree':<40} {'observer':<10} {'CPU s':>8} {'wall s':>8}  exit")
+    for observer in args.observers:
+        for tree in [ROOT, *args.tree]:
+            cpu, wall, code = cost(
+                tree.resolve(), model, args.samples, observer, args.out / "resnet18.w8a8.pt2"
+            )
+            print(f"{str(tree):<40} {observer:<10} {cpu:8.1f} {wall:8.1f}  {code}", flush=True)
 
 
 if __name__ == "__main__":
