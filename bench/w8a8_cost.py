@@ -83,7 +83,7 @@ def main() -> None:
             cpu, wall, code = cost(
                 tree.resolve(), model, args.samples, observer, args.out / "resnet18.w8a8.pt2"
             )
-            print(f"{str(tree):<40} {observer:<10} {cpu:8.1f} {wall:8.1f}  {code}", flush=True)
+            print(f"{tree!s:<40} {observer:<10} {cpu:8.1f} {wall:8.1f}  {code}", flush=True)
 
 
 if __name__ == "__main__":
