@@ -99,7 +99,7 @@ def _run(reference: Path, candidates: list[Path], options: dict[str, Any], plot:
     from coreai_opt.comparison import compare_files, compare_sweep, plot_sweep
 
     flags = {"min_cosine": "--min-cosine", "samples": "--samples"}
-    bar = not (as_json or as_csv or quiet)
+    bar = not (as_json or quiet)  # with --csv too: a bar or log lines go to stderr
     with user_errors(as_json, flags), weight_progress(bar, "comparing") as progress:
         # a sweep's rows inspect every model for its size: only when rows are asked for
         sweep = len(candidates) > 1 or as_csv or plot is not None
