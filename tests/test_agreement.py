@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,7 @@ def test_compare_fails_min_cosine_when_both_sides_are_nan(tmp_path: Path, coreop
         coreai_torch.get_decomp_table()
     )
     a = save_aimodel(convert_exported_program(program), tmp_path / "a.aimodel")
-    b = save_aimodel(convert_exported_program(program), tmp_path / "b.aimodel")
+    b = shutil.copytree(a, tmp_path / "b.aimodel")  # the same program, another file
     result = coreopt("compare", a, b, "--min-cosine", "0.5")
     assert result.exit_code == 1
     assert "NaN in both: 384/384" in result.stdout

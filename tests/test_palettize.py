@@ -58,8 +58,12 @@ PLANS = {
 }
 
 
-@pytest.mark.parametrize("sample", ["mlp", "cnn", "transformer"])
-@pytest.mark.parametrize("plan_id", sorted(PLANS))
+# vector LUTs' k-means is the slow one: on the MLP and the CNN, every other plan on all three
+CASES = [(plan, sample) for plan in sorted(PLANS) for sample in ("mlp", "cnn", "transformer")
+         if not (PLANS[plan].cluster_dim > 1 and sample == "transformer")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("plan_id", "sample"), CASES)
 def test_runtime_equals_numpy_decoding(plan_id: str, sample: str, tmp_path: Path) -> None:
     plan = PLANS[plan_id]
     program = load_aimodel(SAMPLES / f"{sample}.aimodel")
