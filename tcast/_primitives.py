@@ -107,7 +107,11 @@ def draw_noise(shape: torch.Size, like: torch.Tensor, generator: torch.Generator
 
 
 def _fast_path(v: torch.Tensor, nspec: NumberSpec) -> bool:
-    """Float32 values onto a float or fixed-point grid whose every step is a normal float32."""
+    """Float32 values onto a float or fixed-point grid whose every step is a normal float32, or
+    float64 values (a float-scaled cast's quotients) onto a fixed-point integer grid: one uniform
+    step, a power of two, so scaling by it is exact in either dtype."""
+    if v.dtype == torch.float64 and nspec.is_int and not nspec.is_uint:
+        return nspec.emax + nspec.mbits <= 900  # every product stays far inside float64's range
     return (
         v.dtype == torch.float32
         and not nspec.is_exponent
@@ -121,7 +125,7 @@ def _fast_path(v: torch.Tensor, nspec: NumberSpec) -> bool:
 def _quantize_fast(
     v: torch.Tensor, nspec: NumberSpec, mode: RoundMode, noise: torch.Tensor | None
 ) -> torch.Tensor:
-    """`quantize` for float32 in a handful of in-place passes.
+    """`quantize` for float32 (or float64 onto an integer grid) in a handful of in-place passes.
 
     The grid step of each element is a power of two read from its float32 exponent field
     (clamped to the format's subnormal range). Ties-to-even adds and subtracts 2**23 steps, which
@@ -202,6 +206,14 @@ def quantize(
         return _quantize_bits(v, nspec, mode, noise)
     if _fast_path(v, nspec):
         return _quantize_fast(v, nspec, mode, noise)
+    return _quantize_general(v, nspec, mode, noise)
+
+
+def _quantize_general(
+    v: torch.Tensor, nspec: NumberSpec, mode: RoundMode, noise: torch.Tensor | None
+) -> torch.Tensor:
+    """`quantize` for any format and dtype: each element's step from its frexp exponent (the
+    reference the faster paths are tested against)."""
     a = v.abs()
     _, ex = torch.frexp(a)
     exponent = torch.clamp(ex.to(torch.int32) - 1, min=nspec.emin)
