@@ -51,14 +51,14 @@ def _batch_file(name: str, seeds: range, path: Path) -> Path:
     return path
 
 
-def _calibrated(name: str, config: QuantizerConfig | None = None):  # type: ignore[no-untyped-def]
+def _calibrated(name: str, config: QuantizerConfig | None = None, samples: int = 32):  # type: ignore[no-untyped-def]
     from coreai_opt.quantization import Quantizer
 
     model = _model(name)
     quantizer = Quantizer(model, config or QuantizerConfig())
     prepared = quantizer.prepare(_inputs(name, 0))
     with quantizer.calibration_mode():
-        for seed in range(100, 132):  # 32 calibration samples
+        for seed in range(100, 100 + samples):
             prepared(*_inputs(name, seed))
     return model, quantizer, prepared
 
@@ -224,14 +224,15 @@ def test_observers_see_what_they_should() -> None:
         RangeObserver(ActivationConfig()).update(torch.tensor([1.0, math.nan]))
 
 
-@pytest.mark.parametrize(("name", "mse_ranges_kept"), [("cnn", 0), ("transformer", 2)])
-def test_mse_observer_is_never_worse_than_min_max(name: str, mse_ranges_kept: int) -> None:
-    """Mean output SNR over 16 held-out samples: MSE >= min-max. An activation keeps its MSE range
+@pytest.mark.parametrize(("name", "samples", "mse_ranges_kept"), [("cnn", 32, 0), ("transformer", 16, 2)])
+def test_mse_observer_is_never_worse_than_min_max(name: str, samples: int, mse_ranges_kept: int) -> None:
+    """Mean output SNR over 16 held-out samples: MSE >= min-max (calibrated on 32 samples, 16 for
+    the transformer, whose output check costs a pass per candidate range). An activation keeps its MSE range
     only where that brings the calibration batches' output closer to the float model's; on the CNN
     none does (the result is min-max's, bit for bit), on the transformer two do."""
     snrs, outputs, ranges = {}, {}, {}
     for kind in (Observer.MINMAX, Observer.MSE):
-        model, quantizer, _ = _calibrated(name, QuantizerConfig.w8a8(kind))
+        model, quantizer, _ = _calibrated(name, QuantizerConfig.w8a8(kind), samples)
         final = quantizer.finalize()
         values, outputs[kind] = [], []
         with torch.no_grad():
