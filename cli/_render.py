@@ -107,6 +107,23 @@ def fitted_table(
     return table
 
 
+def _weights_squeeze(
+    name: int,
+    shape: int,
+    detail: int,
+    *,
+    hide: tuple[int, ...] = (),
+    detail_widths: tuple[int, int] = (16, 9),
+) -> tuple[tuple[int, int, str], ...]:
+    """How a table of weights gives way (see `fitted_table`): its free-text detail (an encoding, a
+    reason) first, then the name down to 28, the `hide` columns, the detail and the name further,
+    the shape last."""
+    wide, narrow = detail_widths
+    hidden = tuple((index, 0, "hide") for index in hide)
+    return ((detail, wide, "text"), (name, 28, "name"), *hidden, (detail, narrow, "text"), (name, 14, "name"),
+            (shape, 7, "text"))  # fmt: skip
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
@@ -146,15 +163,7 @@ def render_model_report(report: ModelReport, *, max_ops: int = 25) -> None:
                ("bits/w", "right")]  # fmt: skip
     rows = [[w.name, w.kind, _shape(w.shape), w.encoding, f"{w.nbytes:,}", f"{w.bits_per_weight:.2f}"]
             for w in report.weights]  # fmt: skip
-    squeeze = (
-        (3, 16, "text"),
-        (0, 28, "name"),
-        (1, 0, "hide"),
-        (3, 9, "text"),
-        (0, 14, "name"),
-        (2, 7, "text"),
-    )
-    console.print(fitted_table("Weights", columns, rows, squeeze=squeeze))
+    console.print(fitted_table("Weights", columns, rows, squeeze=_weights_squeeze(0, 2, 3, hide=(1,))))
 
     console.print(
         f"[bold]Totals[/bold]: parameters {report.parameters:,}   weight elements {report.weight_elements:,}"
@@ -324,11 +333,8 @@ def _weights_table(report: CompressionReport) -> None:
         ]
         for w in report.weights
     ]  # fmt: skip
-    hide = (
-        ((len(headers) - 1, 0, "hide"), (len(headers) - 2, 0, "hide")) if learned else ()
-    )  # data-free, data SNR
-    squeeze = ((2, 16, "text"), (0, 28, "name"), *hide, (2, 9, "text"), (0, 14, "name"), (1, 7, "text"))
-    console.print(fitted_table("Weights", columns, rows, squeeze=squeeze))
+    hide = (len(headers) - 1, len(headers) - 2) if learned else ()  # data-free, data SNR
+    console.print(fitted_table("Weights", columns, rows, squeeze=_weights_squeeze(0, 1, 2, hide=hide)))
 
 
 def _skipped_table(skipped: list[Skipped], threshold: object) -> None:
@@ -339,7 +345,7 @@ def _skipped_table(skipped: list[Skipped], threshold: object) -> None:
     if listed:
         rows = [[s.name, _shape(s.shape), s.reason] for s in listed]
         columns = [("name", "left"), ("shape", "left"), ("reason", "left")]
-        squeeze = ((2, 24, "text"), (0, 28, "name"), (2, 16, "text"), (0, 14, "name"), (1, 7, "text"))
+        squeeze = _weights_squeeze(0, 1, 2, detail_widths=(24, 16))
         console.print(fitted_table("Skipped", columns, rows, squeeze=squeeze))
     small = len(skipped) - len(listed)
     if small:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coreai_opt._cache import user_cache
 from coreai_opt.weights import Consumer, Needs, Statistics
 
 from ._samples import Samples
@@ -338,7 +339,7 @@ class ProgramCalibration:
 def cache_folder() -> Path:
     """Where calibration statistics are kept between runs (`COREOPT_CACHE`, else ~/.cache/coreopt)."""
     base = os.environ.get(CACHE_ENV)
-    return Path(base) if base else Path.home() / ".cache" / "coreopt" / "calibration"
+    return Path(base) if base else user_cache("calibration")
 
 
 def _bytes_dtype() -> Any:

@@ -6,14 +6,15 @@ unless NUMBA_CACHE_DIR says where."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numba
 import numpy as np
 
+from coreai_opt._cache import user_cache
+
 if not os.environ.get("NUMBA_CACHE_DIR"):
-    numba.config.CACHE_DIR = str(Path.home() / ".cache" / "coreopt" / "numba")  # read when a kernel is made
+    numba.config.CACHE_DIR = str(user_cache("numba"))  # read when a kernel is made
 jit = numba.njit(cache=True, nogil=True, error_model="numpy")  # numpy model: no zero-divisor checks
 
 
