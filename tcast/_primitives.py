@@ -108,14 +108,16 @@ def draw_noise(shape: torch.Size, like: torch.Tensor, generator: torch.Generator
 
 def _fast_path(v: torch.Tensor, nspec: NumberSpec) -> bool:
     """Float32 values onto a float or fixed-point grid whose every step is a normal float32, or
-    float64 values (a float-scaled cast's quotients) onto a fixed-point integer grid: one uniform
-    step, a power of two, so scaling by it is exact in either dtype."""
-    if v.dtype == torch.float64 and nspec.is_int and not nspec.is_uint:
-        return nspec.emax + nspec.mbits <= 900  # every product stays far inside float64's range
+    float64 values (a float-scaled cast's quotients) onto such a grid in float64: each element's
+    step is a power of two, so scaling by it is exact in either dtype."""
+    if nspec.is_exponent or nspec.is_uint:
+        return False
+    if v.dtype == torch.float64:
+        if nspec.is_int:
+            return nspec.emax + nspec.mbits <= 900  # every product stays far inside float64's range
+        return nspec.mbits > 0 and nspec.emin - nspec.mbits >= -1022 and nspec.emax + 53 - nspec.mbits <= 900
     return (
         v.dtype == torch.float32
-        and not nspec.is_exponent
-        and not nspec.is_uint
         and (nspec.mbits > 0 or nspec.is_int)  # a float without mantissa breaks ties by its code
         and nspec.emin - nspec.mbits >= -126
         and nspec.emax + 24 - nspec.mbits <= 100  # the magic addend stays far below float32's range
@@ -125,12 +127,12 @@ def _fast_path(v: torch.Tensor, nspec: NumberSpec) -> bool:
 def _quantize_fast(
     v: torch.Tensor, nspec: NumberSpec, mode: RoundMode, noise: torch.Tensor | None
 ) -> torch.Tensor:
-    """`quantize` for float32 (or float64 onto an integer grid) in a handful of in-place passes.
+    """`quantize` for float32 or float64 values in a handful of in-place passes.
 
-    The grid step of each element is a power of two read from its float32 exponent field
-    (clamped to the format's subnormal range). Ties-to-even adds and subtracts 2**23 steps, which
-    float32 addition rounds exactly like the format; the other modes divide by the step, round and
-    multiply back. Powers of two make every product and quotient exact.
+    The grid step of each element is a power of two read from its exponent field (clamped to the
+    format's subnormal range). Ties-to-even adds and subtracts 2**23 steps (2**52 in float64),
+    which the addition rounds exactly like the format; the other modes divide by the step, round
+    and multiply back. Powers of two make every product and quotient exact.
     """
     a = v.abs()
     m = nspec.mbits
@@ -139,12 +141,14 @@ def _quantize_fast(
         a.mul_(2.0**m)
         _round_inplace(a, mode, noise).clamp_(max=nspec.max * 2.0**m).mul_(step)
     else:
-        exponent_field = (a.view(torch.int32) >> 23).clamp_(min=nspec.emin + 127, max=nspec.emax + 128)
+        wide = a.dtype == torch.float64
+        bits, bias, field = (torch.int64, 1023, 52) if wide else (torch.int32, 127, 23)
+        exponent_field = (a.view(bits) >> field).clamp_(min=nspec.emin + bias, max=nspec.emax + bias + 1)
         if mode is RoundMode.EVEN:
-            magic = exponent_field.add_(23 - m).bitwise_left_shift_(23).view(torch.float32)
+            magic = exponent_field.add_(field - m).bitwise_left_shift_(field).view(a.dtype)
             a.add_(magic).sub_(magic)
         else:
-            step = exponent_field.sub_(m).bitwise_left_shift_(23).view(torch.float32)
+            step = exponent_field.sub_(m).bitwise_left_shift_(field).view(a.dtype)
             _round_inplace(a.div_(step), mode, noise).mul_(step)
         a.clamp_(max=nspec.max)  # saturation; also takes Inf to max, NaN stays NaN
     a.copysign_(v)

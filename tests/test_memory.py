@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import mmap
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from coreai_opt._memory import release_file_pages, trim_heap
+from coreai_opt._memory import EveryBytes, release_file_pages, trim_heap
 
-
-def _kernel() -> tuple[int, ...]:
-    release = os.uname().release.split("-")[0].split(".")
-    return tuple(int(part) for part in release[:2] if part.isdigit())
-
-
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or _kernel() < (5, 4), reason="MADV_PAGEOUT: Linux 5.4 or later"
-)
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise through libc: Linux")
 SIZE = 32 << 20
 
 
@@ -43,3 +34,11 @@ def test_read_pages_of_a_mapped_file_are_released_and_read_again(tmp_path: Path)
         assert mapped[:SIZE] == pattern  # the data is read again from the file
     assert release_file_pages("no-such-file.bin") == 0
     trim_heap()  # harmless at any time
+
+
+def test_hand_backs_run_once_per_so_many_bytes() -> None:
+    runs: list[int] = []
+    every = EveryBytes(lambda: runs.append(1), every=100)
+    for nbytes in (40, 40, 40, 99, 1, 250):
+        every.passed(nbytes)
+    assert len(runs) == 3  # after 120, after 100 more, and after the 250

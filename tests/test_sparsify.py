@@ -146,6 +146,26 @@ def test_ties_are_deterministic_and_go_to_the_lower_index() -> None:
     assert mask.reshape(-1).nonzero().reshape(-1).tolist() == [0, 1, 2, 3]
 
 
+def test_selection_equals_the_first_of_a_stable_descending_sort() -> None:
+    """The linear-time selection keeps exactly what the first `keep` of a stable descending sort
+    keep: ties to the lower index, infinities and NaNs (sorted first) included."""
+    from coreai_opt.compression._sparsify import _top
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        n = int(torch.randint(1, 120, (1,), generator=g))
+        x = torch.randn(n, generator=g).abs() if trial % 2 else torch.randint(0, 5, (n,), generator=g).float()
+        if trial % 7 == 0:
+            x[torch.randint(0, n, (2,), generator=g)] = float("inf")
+        if trial % 11 == 0:
+            x[torch.randint(0, n, (1,), generator=g)] = float("nan")
+        order = torch.sort(x, descending=True, stable=True).indices
+        for keep in sorted({1, n // 2 or 1, max(1, n - 1), n}):
+            expected = torch.zeros(n, dtype=torch.bool)
+            expected[order[:keep]] = True
+            assert torch.equal(_top(x, keep), expected), (trial, keep)
+
+
 def test_fp16_weights_near_7_and_300_never_nan(tmp_path: Path) -> None:
     from test_palettize import _fp16_probe
 

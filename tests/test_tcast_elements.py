@@ -254,9 +254,16 @@ def test_float32_fast_path_equals_the_general_path(code: str, mode: tcast.RoundM
     fast = _primitives.quantize(x, spec, mode, noise)
     general = _primitives._quantize_general(x.double(), spec, mode, noise.double())
     assert same_bits(fast, general.float(), code)
-    if spec.is_int:  # a float-scaled cast's float64 quotients onto an integer grid: the same path
+    if spec.mbits > 0 or spec.is_int:  # a float-scaled cast's float64 quotients: the same path
         wide = x.double() * (1 + torch.rand(x.shape, generator=generator, dtype=torch.float64) * 2**-30)
         wide = torch.cat([wide, x.double()])
+        if spec.bits <= 8:  # every value of the format, the midpoints between them and their neighbours
+            table = tcast._codes.decode_table(code).double()
+            values = table[torch.isfinite(table)].unique()
+            middles = (values[:-1] + values[1:]) / 2
+            wide = torch.cat(
+                [wide, values, middles, middles.nextafter(values[1:]), middles.nextafter(values[:-1])]
+            )
         noise64 = torch.rand(wide.shape, generator=generator, dtype=torch.float64)
         assert _primitives._fast_path(wide, spec)
         fast64 = _primitives.quantize(wide, spec, mode, noise64)

@@ -8,6 +8,7 @@ place. Sub-byte codes are packed low bits first, as Core AI reads them.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from coreai_opt._elements import ELEMENTS, element
-from coreai_opt._memory import release_file_pages
+from coreai_opt._memory import EveryBytes, release_file_pages
 from coreai_opt.weights import (
     Candidate,
     Consumer,
@@ -216,6 +217,8 @@ class CoreAIWeights:
     def __init__(self, program: Any) -> None:
         self.module = mlir_module(program)
         self._count = 0
+        # weights are read from coreai-core's map of the bytecode: their pages need not stay
+        self._releases = EveryBytes(functools.partial(release_file_pages, BYTECODE_FILE))
 
     def candidates(self) -> list[Candidate]:
         found = []
@@ -268,8 +271,7 @@ class CoreAIWeights:
             new = self._build(site, encoding.form)
         op.result.replace_all_uses_with(new)
         op.erase()
-        # the weight was read from coreai-core's map of the bytecode: its pages need not stay
-        release_file_pages(BYTECODE_FILE)
+        self._releases.passed(before)
         return Written(weight_encoding(new), before, stored_nbytes(new))
 
     def finish(self) -> None:

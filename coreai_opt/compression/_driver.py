@@ -12,7 +12,7 @@ import torch
 
 import tcast
 from coreai_opt._errors import ConfigError
-from coreai_opt._memory import trim_heap
+from coreai_opt._memory import EveryBytes, trim_heap
 from coreai_opt.weights import (
     Calibration,
     Container,
@@ -62,11 +62,12 @@ def compress_container(
         raise ConfigError(f"{', '.join(names)} learn(s) from data: give calibration samples", "calibration")
     free = [(site, cfg) for site, cfg, a in plan if a.data_free]
     done = 0
+    trims = EveryBytes(trim_heap)
 
     def finish(site: WeightSite, outcome: Encoding | Skipped, learns: bool = False) -> None:
         nonlocal done
         _record(container, report, site, outcome, calibration if learned else None, learns)
-        trim_heap()  # the weight's temporaries are freed: their pages go back, so the peak stays one weight's
+        trims.passed(math.prod(site.shape) * 4)  # its temporaries went back to the heap: trimmed now and then
         done += 1
         if progress is not None:
             progress(done, len(sites), site.name)

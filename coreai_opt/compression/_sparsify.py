@@ -41,10 +41,21 @@ _UINT8_BLOCK = 32
 
 
 def _top(scores: torch.Tensor, keep: int) -> torch.Tensor:
-    """A flat mask of the `keep` largest scores (ties to the lower index)."""
-    order = torch.sort(scores.reshape(-1), descending=True, stable=True).indices
-    mask = torch.zeros(scores.numel(), dtype=torch.bool)
-    mask[order[:keep]] = True
+    """A flat mask of the `keep` largest scores (ties to the lower index): what the first `keep`
+    of a stable descending sort select, found in linear time - every score above the keep-th
+    largest, then as many equal to it as are left, in index order."""
+    flat = scores.reshape(-1)
+    if keep >= flat.numel():
+        return torch.ones(flat.numel(), dtype=torch.bool)
+    if torch.isnan(flat).any():  # the sort's order of NaNs (first), not selection's
+        order = torch.sort(flat, descending=True, stable=True).indices
+        mask = torch.zeros(flat.numel(), dtype=torch.bool)
+        mask[order[:keep]] = True
+        return mask
+    threshold = torch.kthvalue(flat, flat.numel() - keep + 1).values
+    mask = flat > threshold
+    ties = (flat == threshold).nonzero().reshape(-1)
+    mask[ties[: keep - int(mask.sum())]] = True
     return mask
 
 
