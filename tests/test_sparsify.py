@@ -166,6 +166,29 @@ def test_selection_equals_the_first_of_a_stable_descending_sort() -> None:
             assert torch.equal(_top(x, keep), expected), (trial, keep)
 
 
+def test_histogram_selection_equals_kthvalue() -> None:
+    """The k-th value found through a histogram of the top bits is torch.kthvalue's, for ties,
+    zeros, infinities, sorted input and the extreme ranks."""
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 70001, (1 << 20) + 12345):
+        _each_case_equals_kthvalue(n, g)
+
+
+def _each_case_equals_kthvalue(n: int, g: torch.Generator) -> None:
+    from coreai_opt.compression._sparsify import _kth_smallest
+
+    cases = [
+        torch.randn(n, generator=g).abs(),
+        torch.randint(0, 7, (n,), generator=g).float(),
+        torch.cat([torch.zeros(n // 2), torch.rand(n - n // 2, generator=g)]),
+        torch.randn(n, generator=g).abs().sort().values,
+        torch.cat([torch.full((n // 2,), math.inf), torch.rand(n - n // 2, generator=g)]),
+    ]
+    for x in cases + [case.double() for case in cases]:
+        for k in sorted({1, min(2, n), n // 3 or 1, n // 2 or 1, max(1, n - 5), n}):
+            assert torch.equal(_kth_smallest(x, k), torch.kthvalue(x, k).values)
+
+
 def test_fp16_weights_near_7_and_300_never_nan(tmp_path: Path) -> None:
     from test_palettize import _fp16_probe
 

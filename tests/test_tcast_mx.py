@@ -262,6 +262,25 @@ def test_sparse_keeps_n_of_every_m_with_signs(mn: tuple[int, int], groups: int) 
     assert torch.all(dropped_max <= kept_min)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32])
+@pytest.mark.parametrize("mn", [(4, 2), (4, 1), (8, 3), (16, 4), (17, 5), (3, 3)])
+def test_sparse_mask_is_the_stable_sort_rule(dtype: torch.dtype, mn: tuple[int, int]) -> None:
+    """Ranking by comparisons keeps what the first n of a stable descending sort keep: ties to the
+    lower index, NaN above Inf, a shorter last group."""
+    m, n = mn
+    g = torch.Generator().manual_seed(m * 7 + n)
+    x = torch.randint(-4, 5, (6, 5 * m + 2), generator=g).to(dtype)  # many ties, zeros of both signs
+    if dtype.is_floating_point:
+        x[0] = torch.randn(5 * m + 2, generator=g).to(dtype)
+        x[1, ::3], x[2, ::4], x[3, 1::5] = math.nan, -math.inf, math.inf
+    magnitude = torch.nn.functional.pad(x.abs(), (0, (-x.shape[1]) % m), value=-1.0).reshape(6, -1, m)
+    order = torch.sort(magnitude, dim=-1, descending=True, stable=True).indices
+    expected = torch.zeros_like(magnitude, dtype=torch.bool).scatter_(-1, order[..., :n], True)
+    expected = expected.reshape(6, -1)[:, : x.shape[1]]
+    assert torch.equal(tcast.sparse_mask(x, m, n), expected)
+    assert torch.equal(tcast.sparse_mask(x.T, m, n, dim=0), expected.T)
+
+
 def test_initialize_sets_defaults_per_thread() -> None:
     import threading
 
