@@ -159,3 +159,15 @@ def test_fewer_points_than_clusters_keeps_every_point() -> None:
     _, centroids, found = kmeans_1d(x, np.ones(3), np.array([0, 3]), 16)
     assert found[0] == 3
     np.testing.assert_array_equal(centroids[0, :3], x)
+
+
+def test_kernels_are_ready_before_the_first_weight() -> None:
+    """What the CLI waits for under its spinner leaves nothing for the first weight to compile."""
+    from coreai_opt.compression import load_kmeans_kernels
+    from coreai_opt.compression._kmeans_kernels import groups
+
+    load_kmeans_kernels()
+    assert len(groups.signatures) == 1  # compiled, or loaded from numba's cache
+    _, centroids, found = kmeans_1d(np.array([0.5, 1.5, 4.0]), np.ones(3), np.array([0, 3]), 2, workers=1)
+    assert len(groups.signatures) == 1  # a weight's call needs no other: nothing left to compile
+    assert found.tolist() == [2] and centroids.tolist() == [[1.0, 4.0]]

@@ -20,7 +20,7 @@ from .._common import (
     user_errors,
 )
 from .._config_options import config_from_options, config_parameters
-from .._progress import weight_progress
+from .._progress import spinner, weight_progress
 
 _MODEL_HELP = "The .aimodel or .pt2 to compress (never modified); the output has its format."
 
@@ -132,6 +132,8 @@ def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
     fields = {p.name for p in config_parameters(config_type)}
     config = config_from_options(config_type, {k: v for k, v in values.items() if k in fields})
     as_json, quiet = values["as_json"], values["quiet"]
+    if palettizes(config) and Path(values["model"]).exists():
+        kmeans_kernels(not (as_json or quiet))
     with (
         user_errors(as_json, {"calibration": "--calibration"}),
         weight_progress(not (as_json or quiet), what) as progress,
@@ -144,6 +146,18 @@ def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
             calibration_program=values["calibration_program"], device=values["device"],
         )  # fmt: skip
     show(result, as_json, quiet)
+
+
+def palettizes(config: Any) -> bool:
+    return config.KIND == "palettize" or getattr(config, "palettize_nbits", None) is not None
+
+
+def kmeans_kernels(enabled: bool) -> None:
+    """Palettization's kernels made ready under a spinner that says why the first run waits."""
+    from coreai_opt.compression import load_kmeans_kernels
+
+    with spinner(enabled, "loading the k-means kernels (numba compiles them on first use, about 15 s)"):
+        load_kmeans_kernels()
 
 
 def _learning_checks(config_type: type, values: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from .._common import (
     user_errors,
 )
 from .._progress import weight_progress
+from .compress import kmeans_kernels, palettizes
 
 
 def register(app: typer.Typer) -> None:
@@ -147,6 +148,8 @@ def optimize(
                "--max-kl": max_kl, "--min-cosine": min_cosine}  # fmt: skip
     goal, choices = _parse(budgets, candidates, evaluation is None and not dry_run, plot)
     talk = not (quiet or as_json or as_csv)
+    if any(c.config is not None and palettizes(c.config) for c in choices) and model.exists():
+        kmeans_kernels(talk)
     with user_errors(as_json, _FLAGS), weight_progress(talk, "optimizing") as bar:
         found = run(
             model, goal, calibration, evaluation, output=output, choices=choices, calibration_tokens=calibration_tokens,

@@ -108,6 +108,7 @@ __all__ = [
     "flag_names",
     "flags",
     "gram_of",
+    "load_kmeans_kernels",
     "methods",
     "parse_override",
     "register",
@@ -135,6 +136,15 @@ def compress_(
     if not isinstance(config, (QuantizeConfig, PalettizeConfig, SparsifyConfig)):
         raise TypeError(f"config must be a QuantizeConfig, PalettizeConfig or SparsifyConfig, not {config!r}")
     return compress_container(container_of(program), config, progress, executor, calibration)
+
+
+def load_kmeans_kernels() -> None:
+    """Make palettization's k-means kernels ready now: numba compiles them on first use (about
+    15 s) and loads them from its cache later (a second or two), so a command can say what it is
+    waiting for before its first weight."""
+    from ._kmeans import warm_kernels
+
+    warm_kernels()
 
 
 def eligible_weights(program: Any, config: Config) -> list[WeightSite]:

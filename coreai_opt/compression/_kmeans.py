@@ -66,6 +66,11 @@ def kmeans_1d(
     return uppers, centroids, found
 
 
+def warm_kernels() -> None:
+    """Compile (or load from the cache) the kernels by one call on two points."""
+    kmeans_1d(np.array([0.0, 1.0]), np.ones(2), np.array([0, 2]), 1, workers=1)
+
+
 def _chunks(count: int, workers: int) -> int:
     return max(1, min(count, (workers or os.cpu_count() or 1) * 8))
 
