@@ -154,6 +154,28 @@ def test_prepared_model_equals_finalized_model_bit_for_bit() -> None:
     assert all(w.encoding == "si8 + f32 scale per channel" for w in report.weights.weights)
 
 
+def test_a_programs_quantizer_prepares_its_module_and_finalizes_the_program() -> None:
+    """Quantizer.of_program: prepare takes the program's module (unlifted once), finalize_program
+    edits and returns the program itself; its module runs as prepared did, bit for bit."""
+    from coreai_opt.quantization import Quantizer
+
+    program = torch.export.export(_model("cnn"), _inputs("cnn", 0)).run_decompositions(
+        coreai_decompositions()
+    )
+    quantizer = Quantizer.of_program(program)
+    prepared = quantizer.prepare(_inputs("cnn", 0))
+    assert prepared is quantizer.model  # the module of_program made: no second unlift
+    with quantizer.calibration_mode():
+        for seed in range(100, 108):
+            prepared(*_inputs("cnn", seed))
+    assert quantizer.finalize_program() is program
+    final = program.module()
+    for seed in (7, 8):
+        with torch.no_grad():
+            assert torch.equal(prepared(*_inputs("cnn", seed)), final(*_inputs("cnn", seed)))
+    assert quantizer.report is not None and len(quantizer.report.weights.weights) > 0
+
+
 def test_one_quantizer_for_a_value_several_ops_read() -> None:
     """Separate q/k/v projections read the same codes; q @ k^T quantizes both operands."""
     from coreai_opt.quantization import Quantizer

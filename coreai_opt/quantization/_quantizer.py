@@ -135,13 +135,16 @@ class Quantizer:
         self._plan: Plan | None = None
         self._example: tuple[Any, ...] = ()
         self._activations: list[ActivationQuantizer] = []
+        self._unprepared: GraphModule | None = None
 
     @classmethod
     def of_program(cls, program: ExportedProgram, config: QuantizerConfig | None = None) -> Quantizer:
         """A quantizer for an exported program (coreai-torch's decompositions applied, as a `.pt2`
         holds it): `prepare` takes its module, `finalize` edits `program` itself in place."""
-        quantizer = cls(program.module(), config)
+        module = program.module()
+        quantizer = cls(module, config)
         quantizer.program = program
+        quantizer._unprepared = module  # prepare's module: unlifting a program again costs as much
         return quantizer
 
     @property
@@ -161,7 +164,7 @@ class Quantizer:
                 model = copy.deepcopy(self.model)
             self.program = torch.export.export(model, example_inputs)
         ep = self.program
-        gm = ep.module()
+        gm, self._unprepared = self._unprepared or ep.module(), None
         found = plan(gm, ep, self.config)
         if not found.activations and not found.weights:
             raise NothingToQuantize(
@@ -278,6 +281,11 @@ class Quantizer:
         weights encoded, in the exported program (`self.program`, edited in place: it saves and
         converts as it is) and its module, which runs in PyTorch. `self.report` says what was
         quantized."""
+        return self.finalize_program(backend).module()
+
+    def finalize_program(self, backend: ExportBackend | str = ExportBackend.CoreAI) -> ExportedProgram:
+        """`finalize` without unlifting the program into a module: for callers that save or
+        convert the program (`self.program`, returned) and never run it here."""
         from coreai_opt.compression import compress_
 
         if ExportBackend(backend) is not ExportBackend.CoreAI:
@@ -306,7 +314,7 @@ class Quantizer:
         ep.graph.lint()
         report.weights = compress_(ep, finalize_weights_config(self._plan.weights))  # recompiles, validates
         self.report = report
-        return ep.module()
+        return ep
 
 
 def _take_trained_weights(prepared: GraphModule, ep: ExportedProgram) -> None:

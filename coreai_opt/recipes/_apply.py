@@ -243,7 +243,7 @@ def _quantize_activations(step: QuantizeActivations, program: Any, run: _Run, in
             prepared(*inputs)
             if run.progress is not None:
                 run.progress(done, len(batches), name)
-    quantizer.finalize()
+    quantizer.finalize_program()
     assert quantizer.report is not None
     seconds = time.perf_counter() - start
     outcome = ActivationsFileResult(
