@@ -14,6 +14,7 @@ close. Run as `python -m coreai_opt._coreai._worker`; it never imports torch.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -21,11 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coreai_opt._memory import release_file_pages
+from coreai_opt._memory import RELEASE_EVERY, EveryBytes, release_file_pages
 
 from ._ir import BYTECODE_FILE
-
-_RELEASE_AFTER = 1 << 20  # bytes of a constant after which its pages are handed back
 
 
 class WorkerError(Exception):
@@ -83,10 +82,13 @@ def verify(path: Path) -> dict[str, Any]:
     program_weights(program)  # what inspect walks: every op, every weight's storage decoded
     graph_signatures(module)
     op_histogram(module)
+    releases = EveryBytes(
+        functools.partial(release_file_pages, BYTECODE_FILE)
+    )  # the peak stays a few weights
     for op in walk_ops(module):
         str(op.location)
-        if op.name == "coreai.constant" and constant_array(op).nbytes >= _RELEASE_AFTER:
-            release_file_pages(BYTECODE_FILE)  # each weight's pages once read: the peak stays one weight
+        if op.name == "coreai.constant":
+            releases.passed(constant_array(op).nbytes)
     sink = _Sink()
     module.operation.write_bytecode(sink)  # the printer, as a save will run it
     return {"sha256": digest}
@@ -103,7 +105,7 @@ class _Sink:
     def write(self, data: bytes) -> int:
         self.size += len(data)
         self._unreleased += len(data)
-        if self._unreleased >= _RELEASE_AFTER * 64:
+        if self._unreleased >= RELEASE_EVERY:
             release_file_pages(BYTECODE_FILE)
             self._unreleased = 0
         return len(data)
