@@ -50,7 +50,9 @@ def trim_heap() -> None:
 
 def release_file_pages(file_name: str) -> int:
     """Drop this process's read-only mappings of files named `file_name` from its resident set
-    (pages it has read and may read again from the file or the page cache); returns how many."""
+    (pages it has read and may read again from the file or the page cache); returns how many.
+    Writable mappings are left alone: MADV_DONTNEED discards a private mapping's modified pages,
+    and a read-only one (coreai-core maps the bytecode `r--p`) has none."""
     libc = _libc()
     if libc is None or not hasattr(libc, "madvise"):
         return 0

@@ -115,10 +115,15 @@ def _fast_path(v: torch.Tensor, nspec: NumberSpec) -> bool:
     if v.dtype == torch.float64:
         if nspec.is_int:
             return nspec.emax + nspec.mbits <= 900  # every product stays far inside float64's range
-        return nspec.mbits > 0 and nspec.emin - nspec.mbits >= -1022 and nspec.emax + 53 - nspec.mbits <= 900
+        return (  # below 52 mantissa bits: the magic addend's range keeps the format's last bit
+            0 < nspec.mbits < 52
+            and nspec.emin - nspec.mbits >= -1022
+            and nspec.emax + 53 - nspec.mbits <= 900
+        )
     return (
         v.dtype == torch.float32
         and (nspec.mbits > 0 or nspec.is_int)  # a float without mantissa breaks ties by its code
+        and (nspec.mbits < 23 or nspec.is_int)  # as float64's 52
         and nspec.emin - nspec.mbits >= -126
         and nspec.emax + 24 - nspec.mbits <= 100  # the magic addend stays far below float32's range
     )

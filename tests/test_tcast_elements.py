@@ -272,6 +272,25 @@ def test_float32_fast_path_equals_the_general_path(code: str, mode: tcast.RoundM
         assert bool(torch.all(both_nan | (fast64.view(torch.int64) == general64.view(torch.int64))))
 
 
+@pytest.mark.parametrize("code", ["e8m52", "e5m52", "e5m23", "e8m23"])
+def test_formats_as_wide_as_the_working_float_take_the_general_path(code: str) -> None:
+    """A mantissa as wide as float64's (float32's) leaves the magic addend no bit to round at:
+    such formats are rounded by the general path, and every mode gives its bits."""
+    from tcast import _primitives
+
+    spec = tcast.number(code)
+    x = torch.tensor(
+        [1 + 2**-52, 1.5 + 2**-52, 3 - 2**-51, -(1 + 2**-23), 2**-30 + 2**-80], dtype=torch.float64
+    )
+    assert not _primitives._fast_path(x.float(), spec)
+    assert _primitives._fast_path(x, spec) == (spec.mbits < 52)  # float64 has room for 23 bits
+    for mode in (tcast.RoundMode.EVEN, tcast.RoundMode.ZERO):
+        got = _primitives.quantize(x, spec, mode)
+        assert torch.equal(got, _primitives._quantize_general(x, spec, mode, None))
+    if spec.mbits == 52 and spec.emin <= -30:
+        assert torch.equal(_primitives.quantize(x, spec, tcast.RoundMode.EVEN), x)  # already on the grid
+
+
 EVERY_KIND = (
     "int8", "int4", "int2", "uint8", "uint4", "e5m2", "e4m3", "e4m3fn", "e5m10", "e8m7", "e5m10b9",
     "e4m3b8fnuz", "e5m2b16fnuz", "e3m2fnuz", "e2m1fnuz", "e2m1ocp", "e2m3ocp", "e3m2ocp", "e8m0",

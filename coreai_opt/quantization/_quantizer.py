@@ -140,7 +140,8 @@ class Quantizer:
     @classmethod
     def of_program(cls, program: ExportedProgram, config: QuantizerConfig | None = None) -> Quantizer:
         """A quantizer for an exported program (coreai-torch's decompositions applied, as a `.pt2`
-        holds it): `prepare` takes its module, `finalize` edits `program` itself in place."""
+        holds it): `prepare` takes its module (`self.model`, which becomes the prepared module;
+        `program.module()` gives a float one), `finalize` edits `program` itself in place."""
         module = program.module()
         quantizer = cls(module, config)
         quantizer.program = program
