@@ -122,8 +122,7 @@ def _fast_path(v: torch.Tensor, nspec: NumberSpec) -> bool:
         )
     return (
         v.dtype == torch.float32
-        and (nspec.mbits > 0 or nspec.is_int)  # a float without mantissa breaks ties by its code
-        and (nspec.mbits < 23 or nspec.is_int)  # as float64's 52
+        and (nspec.is_int or 0 < nspec.mbits < 23)  # no mantissa: ties go by code; 23 bits: as float64's 52
         and nspec.emin - nspec.mbits >= -126
         and nspec.emax + 24 - nspec.mbits <= 100  # the magic addend stays far below float32's range
     )

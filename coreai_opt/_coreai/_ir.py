@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-# Every MLIR bytecode file starts with these four bytes ("ML\xefR").
+from coreai_opt._memory import EveryBytes, release_file_pages
+
 BYTECODE_FILE = "main.mlirb"  # an .aimodel asset's program
+# Every MLIR bytecode file starts with these four bytes ("ML\xefR").
 BYTECODE_MAGIC = b"ML\xefR"
+
+
+def bytecode_page_releases() -> EveryBytes:
+    """Hands this process's read pages of coreai-core's map of the bytecode back once per
+    `RELEASE_EVERY` bytes passed to it (constants read, written or printed)."""
+    return EveryBytes(functools.partial(release_file_pages, BYTECODE_FILE))
+
 
 # Ops that turn stored (compressed) constants into a dense weight.
 DECOMPRESSION_OPS = frozenset(

@@ -8,7 +8,6 @@ place. Sub-byte codes are packed low bits first, as Core AI reads them.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from coreai_opt._elements import ELEMENTS, element
-from coreai_opt._memory import EveryBytes, release_file_pages
 from coreai_opt.weights import (
     Candidate,
     Consumer,
@@ -32,7 +30,7 @@ from coreai_opt.weights import (
 )
 
 from ._ir import (
-    BYTECODE_FILE,
+    bytecode_page_releases,
     constant_array,
     constant_bytes,
     constant_nbytes,
@@ -217,8 +215,7 @@ class CoreAIWeights:
     def __init__(self, program: Any) -> None:
         self.module = mlir_module(program)
         self._count = 0
-        # weights are read from coreai-core's map of the bytecode: their pages need not stay
-        self._releases = EveryBytes(functools.partial(release_file_pages, BYTECODE_FILE))
+        self._releases = bytecode_page_releases()  # weights are read from coreai-core's map
 
     def candidates(self) -> list[Candidate]:
         found = []

@@ -14,7 +14,6 @@ close. Run as `python -m coreai_opt._coreai._worker`; it never imports torch.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import os
@@ -22,9 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coreai_opt._memory import RELEASE_EVERY, EveryBytes, release_file_pages
-
-from ._ir import BYTECODE_FILE
+from ._ir import BYTECODE_FILE, bytecode_page_releases
 
 
 class WorkerError(Exception):
@@ -82,9 +79,7 @@ def verify(path: Path) -> dict[str, Any]:
     program_weights(program)  # what inspect walks: every op, every weight's storage decoded
     graph_signatures(module)
     op_histogram(module)
-    releases = EveryBytes(
-        functools.partial(release_file_pages, BYTECODE_FILE)
-    )  # the peak stays a few weights
+    releases = bytecode_page_releases()  # the peak stays a few weights
     for op in walk_ops(module):
         str(op.location)
         if op.name == "coreai.constant":
@@ -100,14 +95,11 @@ class _Sink:
 
     def __init__(self) -> None:
         self.size = 0
-        self._unreleased = 0
+        self._releases = bytecode_page_releases()
 
     def write(self, data: bytes) -> int:
         self.size += len(data)
-        self._unreleased += len(data)
-        if self._unreleased >= RELEASE_EVERY:
-            release_file_pages(BYTECODE_FILE)
-            self._unreleased = 0
+        self._releases.passed(len(data))
         return len(data)
 
 
