@@ -96,4 +96,6 @@ class WeightQuantizer(nn.Module):
             decoded = dequantized(w.detach(), self.site, self.config)
             assert not isinstance(decoded, str)  # the layout was checked when the model was prepared
             self._kept = (key, decoded)
+        if not (w.requires_grad and torch.is_grad_enabled()):
+            return self._kept[1]  # calibrating: no straight-through term to build (a weight-sized add)
         return self._kept[1] + (w - w.detach())
