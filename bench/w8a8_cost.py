@@ -140,5 +140,6 @@ def main() -> None:
             code = max(m[3] for m in measured)
             print(f"{tree!s:<40} {observer:<10} {cpu:8.1f} {flow:8.2f} {wall:8.1f}  {code}", flush=True)
 
+
 if __name__ == "__main__":
     main()
