@@ -62,6 +62,51 @@ def test_an_executor_that_finishes_out_of_order_writes_the_same_file(
     _same_file(SAMPLES / f"transformer{suffix}", tmp_path, CONFIGS["palettize"], OutOfOrderExecutor())
 
 
+@pytest.mark.parametrize("method", list(CONFIGS))
+def test_weights_on_threads_write_the_file_one_thread_writes(
+    method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local executor's threads (two weights at a time, one torch thread each) give the bytes
+    of one weight at a time on torch's own threads; torch's thread count is back afterwards."""
+    import torch
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    threads = torch.get_num_threads()
+    for suffix in (".aimodel", ".pt2"):
+        folder = tmp_path / suffix.lstrip(".")
+        folder.mkdir()
+        one = compress_file(SAMPLES / f"transformer{suffix}", folder / f"one{suffix}", CONFIGS[method],
+                            executor=LocalExecutor(workers=1))  # fmt: skip
+        many = compress_file(SAMPLES / f"transformer{suffix}", folder / f"many{suffix}", CONFIGS[method],
+                             executor=LocalExecutor(workers=3))  # fmt: skip
+        assert _files(one.output) == _files(many.output)
+        assert many.report.to_dict() == one.report.to_dict() and one.report.weights
+    assert torch.get_num_threads() == threads
+
+
+def test_threads_stop_and_torch_threads_come_back_when_a_weight_fails() -> None:
+    import torch
+
+    threads = torch.get_num_threads()
+    seen: list[int] = []
+
+    def encode(k: int) -> int:
+        seen.append(torch.get_num_threads())  # each worker's share
+        if k == 3:
+            raise RuntimeError("weight 3 is bad")
+        return k * k
+
+    results = LocalExecutor(workers=2).map(encode, ((k,) for k in range(50)))
+    assert [next(results) for _ in range(3)] == [0, 1, 4]
+    with pytest.raises(RuntimeError, match="weight 3 is bad"):
+        list(results)
+    assert len(seen) < 50  # jobs are drawn as workers free up: the rest never started
+    assert set(seen) == {max(1, threads // 2)}
+    assert torch.get_num_threads() == threads
+    with pytest.raises(ValueError, match="workers"):
+        LocalExecutor(workers=-1)
+
+
 def test_executors_by_name_and_bad_values() -> None:
     assert isinstance(executor_of(None), LocalExecutor)
     assert isinstance(executor_of("local"), LocalExecutor)

@@ -21,6 +21,7 @@ from coreai_opt.io import (
     BadBytecodeError,
     BadMetadataError,
     CorruptArchiveError,
+    HashMismatchError,
     UnsafeArchiveError,
     load_pt2,
     verify_aimodel,
@@ -184,6 +185,26 @@ def test_bad_metadata_is_a_typed_error(metadata: object, problem: str, tmp_path:
     with pytest.raises(BadMetadataError) as caught:
         verify_aimodel(asset)
     assert str(caught.value) == f"{asset}: {problem}"
+
+
+def test_an_asset_written_after_its_check_is_checked_again(tmp_path: Path) -> None:
+    """The check is remembered by the bytecode file's identity (inode, size, times): bytes written
+    into the same file later - hash recomputed - are read by a worker again, and a bytecode whose
+    SHA-256 is not main.hash's is refused before anything parses it."""
+    import hashlib
+
+    asset = copy_sample("mlp", "aimodel", tmp_path)
+    verify_aimodel(asset)
+    verify_aimodel(asset)  # remembered
+    bytecode = asset / "main.mlirb"
+    damaged = b"NOTMLIR!" + bytecode.read_bytes()[8:]
+    with open(bytecode, "r+b") as rewrite:  # the same file, the same size
+        rewrite.write(damaged)
+    with pytest.raises(HashMismatchError, match="main.hash does not match the SHA-256 of main.mlirb"):
+        verify_aimodel(asset)
+    (asset / "main.hash").write_bytes(hashlib.sha256(damaged).digest())
+    with pytest.raises(BadBytecodeError, match="not MLIR bytecode"):
+        verify_aimodel(asset)
 
 
 # Bit flips (hash recomputed) that coreai-core aborts on while reading the program (a seed found by

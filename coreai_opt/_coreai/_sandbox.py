@@ -95,9 +95,10 @@ class AssetWorker:
         how = _signal_name(code) if code is not None and code < 0 else f"exit code {code}"
         return f"the Core AI library crashed while {self._stage} it ({how})"
 
-    def verify(self) -> str:
-        """Parse, verify, convert, walk and print the program; returns the SHA-256 of the bytecode."""
-        return str(self._ask({"op": "verify"}, "reading")["sha256"])
+    def verify(self, sha256: str) -> None:
+        """Hash the bytecode (a "hash" failure unless its SHA-256 is `sha256`, hex), then parse,
+        verify, convert, walk and print the program."""
+        self._ask({"op": "verify", "sha256": sha256}, "reading")
 
     def signature(self) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
         reply = self._ask({"op": "signature"}, "lowering")

@@ -38,8 +38,9 @@ def _first_line(exc: BaseException) -> str:
     return detail.removeprefix("error: ")
 
 
-def verify(path: Path) -> dict[str, Any]:
-    """Every native step an asset meets in coreopt, on this process's life."""
+def verify(path: Path, sha256: str) -> None:
+    """Every native step an asset meets in coreopt, on this process's life - after the bytecode's
+    SHA-256 is found to be `sha256` (main.hash's), so a stale or forged hash stops it unparsed."""
     from coreai._compiler import ir
 
     from ._ir import BYTECODE_MAGIC, constant_array, mlir_module, new_context, walk_ops
@@ -48,6 +49,8 @@ def verify(path: Path) -> dict[str, Any]:
         magic = bytecode.read(len(BYTECODE_MAGIC))
         bytecode.seek(0)
         digest = hashlib.file_digest(bytecode, "sha256").hexdigest()  # in chunks: gigabytes
+    if digest != sha256:
+        raise WorkerError("hash", f"{BYTECODE_FILE}: its SHA-256 is not the one main.hash records")
     if magic != BYTECODE_MAGIC:
         raise WorkerError("bytecode", f"{BYTECODE_FILE}: not MLIR bytecode (bad magic number)")
     try:
@@ -86,7 +89,6 @@ def verify(path: Path) -> dict[str, Any]:
             releases.passed(constant_array(op).nbytes)
     sink = _Sink()
     module.operation.write_bytecode(sink)  # the printer, as a save will run it
-    return {"sha256": digest}
 
 
 class _Sink:
@@ -128,7 +130,8 @@ async def _serve(path: Path, requests: Any, reply: Any) -> None:
                 if op == "close":
                     break
                 if op == "verify":
-                    reply({"ok": True, **verify(path)})
+                    verify(path, str(request.get("sha256", "")))
+                    reply({"ok": True})
                 elif op in ("signature", "run"):
                     if function is None:
                         from coreai.authoring import AIModelAsset

@@ -73,8 +73,12 @@ def compress_container(
             progress(done, len(sites), site.name)
 
     jobs = ((container.read(site), replace(site, handle=None), cfg) for site, cfg in free)
-    for (site, _), outcome in zip(free, run.map(encode_weight, jobs), strict=True):
-        finish(site, outcome)
+    outcomes = run.map(encode_weight, jobs)
+    try:
+        for (site, _), outcome in zip(free, outcomes, strict=True):
+            finish(site, outcome)
+    finally:  # a failure here stops an executor's workers now, not when the generator is collected
+        getattr(outcomes, "close", lambda: None)()
     if learned:
         assert calibration is not None
         for site, cfg, statistics in _statistics_in_order(learned, calibration):

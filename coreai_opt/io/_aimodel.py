@@ -31,14 +31,23 @@ HASH_FILE = "main.hash"
 METADATA_FILE = "metadata.json"
 MAX_METADATA_BYTES = 1 << 20
 CRASHED = f"{BYTECODE_FILE} is corrupt (the Core AI library crashed reading it)"
-# Assets a worker read without harm, by the SHA-256 of their bytecode and metadata: the verdict
-# depends on those bytes alone, so this process never pays for the same asset twice.
-_verified: set[tuple[str, str]] = set()
+HASH_MISMATCH = f"{HASH_FILE} does not match the SHA-256 of {BYTECODE_FILE}"
+# Assets a worker read without harm, by the identity of their bytecode file (device, inode, size,
+# modification and change times: any write to it changes its ctime, which no caller can set back)
+# the hash main.hash records and the SHA-256 of their metadata: this process never pays twice for
+# the same asset.
+_verified: set[tuple[tuple[int, ...], str, str]] = set()
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    stat = path.stat()
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def _check_files(path: Path) -> tuple[dict[str, Any], str, str]:
-    """Layout, metadata and hash, checked in Python: (metadata, SHA-256 hex of the bytecode and of
-    the metadata file)."""
+    """Layout and metadata, checked in Python: (metadata, the bytecode's SHA-256 hex as main.hash
+    records it, SHA-256 hex of the metadata file). The bytecode itself is hashed by the worker that
+    reads it (one pass over a file of gigabytes, not two)."""
     require_existing(path)
     model_format(path, (ModelFormat.AIMODEL,))
     if not path.is_dir():
@@ -57,11 +66,11 @@ def _check_files(path: Path) -> tuple[dict[str, Any], str, str]:
         raise BadMetadataError(path, f"{METADATA_FILE} is not a JSON object")
     if not isinstance(metadata.get("assetVersion"), str):
         raise BadMetadataError(path, f"{METADATA_FILE} has no assetVersion string")
-    with open(path / BYTECODE_FILE, "rb") as bytecode:
-        digest = hashlib.file_digest(bytecode, "sha256")  # in chunks: the file may be gigabytes
-    if (path / HASH_FILE).read_bytes() != digest.digest():
-        raise HashMismatchError(path, f"{HASH_FILE} does not match the SHA-256 of {BYTECODE_FILE}")
-    return metadata, digest.hexdigest(), hashlib.sha256(metadata_bytes).hexdigest()
+    with open(path / HASH_FILE, "rb") as hash_file:
+        recorded = hash_file.read(hashlib.sha256().digest_size + 1)
+    if len(recorded) != hashlib.sha256().digest_size:
+        raise HashMismatchError(path, HASH_MISMATCH)
+    return metadata, recorded.hex(), hashlib.sha256(metadata_bytes).hexdigest()
 
 
 @contextlib.contextmanager
@@ -74,6 +83,8 @@ def worker_errors(path: Path) -> Iterator[None]:
     except WorkerFailure as failure:
         if failure.kind == "crash" and failure.stage == "reading":
             raise BadBytecodeError(path, CRASHED) from None
+        if failure.kind == "hash":
+            raise HashMismatchError(path, HASH_MISMATCH) from None
         if failure.kind == "metadata":
             raise BadMetadataError(path, f"{METADATA_FILE}: {failure}") from None
         if failure.kind == "bytecode":
@@ -84,22 +95,26 @@ def worker_errors(path: Path) -> Iterator[None]:
 def verify_aimodel(path: Path | str, worker: AssetWorker | None = None) -> dict[str, Any]:
     """Check an asset completely before coreai-core touches it in this process; return its metadata.
 
-    Layout, metadata and hash are checked here; every native step (parse, verify, conversion,
-    reading every constant, printing) runs first in a worker process (`worker`, or a fresh one),
-    because coreai-core crashes the process on some damaged bytecode instead of raising.
+    Layout and metadata are checked here; the bytecode's hash against main.hash and every native
+    step (parse, verify, conversion, reading every constant, printing) run first in a worker
+    process (`worker`, or a fresh one), because coreai-core crashes the process on some damaged
+    bytecode instead of raising. The bytecode file must be the same file, unwritten, before and
+    after the worker read it.
     """
     from coreai_opt._coreai._sandbox import AssetWorker
 
     path = Path(path)
-    metadata, digest, metadata_digest = _check_files(path)
-    if (digest, metadata_digest) in _verified:
+    metadata, recorded, metadata_digest = _check_files(path)
+    identity = _identity(path / BYTECODE_FILE)
+    if (identity, recorded, metadata_digest) in _verified:
         return metadata
     with worker_errors(path), contextlib.ExitStack() as stack:
         if worker is None:
             worker = stack.enter_context(AssetWorker(path))
-        if worker.verify() != digest:
-            raise ModelFileError(path, f"{BYTECODE_FILE} changed while it was being read")
-    _verified.add((digest, metadata_digest))
+        worker.verify(recorded)
+    if _identity(path / BYTECODE_FILE) != identity:
+        raise ModelFileError(path, f"{BYTECODE_FILE} changed while it was being read")
+    _verified.add((identity, recorded, metadata_digest))
     return metadata
 
 
