@@ -112,7 +112,6 @@ def bad_parameter(
 def run(app: typer.Typer) -> None:
     """Run a CLI as its console script: usage errors exit 2 as click prints them, and with --json
     also print a JSON error object on stdout, as every other failure does."""
-    idle_threads_sleep()
     try:
         code = app(standalone_mode=False)
     except typer.TyperException as exc:  # click's usage errors (typer carries its own click)
@@ -125,15 +124,6 @@ def run(app: typer.Typer) -> None:
         sys.stderr.write("Aborted!\n")
         sys.exit(EXIT_USER_ERROR)
     sys.exit(code if isinstance(code, int) else EXIT_OK)
-
-
-def idle_threads_sleep() -> None:
-    """Let torch's OpenMP threads sleep between parallel regions instead of spinning (unless the
-    user set `OMP_WAIT_POLICY`): read when torch loads, so before any command imports it. Spinning
-    bought no wall time on our workloads and burned up to a third of a compression's CPU seconds
-    on a 2-core machine - seconds a loaded box (CI, a laptop) gives to nothing (docs/benchmarks.md)."""
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def choices(name: str, members: tuple[enum.Enum, ...]) -> type[enum.StrEnum]:

@@ -200,7 +200,7 @@ def test_an_asset_written_after_its_check_is_checked_again(tmp_path: Path) -> No
     damaged = b"NOTMLIR!" + bytecode.read_bytes()[8:]
     with open(bytecode, "r+b") as rewrite:  # the same file, the same size
         rewrite.write(damaged)
-    with pytest.raises(HashMismatchError, match="main.hash does not match the SHA-256 of main.mlirb"):
+    with pytest.raises(HashMismatchError, match=r"main\.hash does not match the SHA-256 of main\.mlirb"):
         verify_aimodel(asset)
     (asset / "main.hash").write_bytes(hashlib.sha256(damaged).digest())
     with pytest.raises(BadBytecodeError, match="not MLIR bytecode"):
