@@ -83,6 +83,8 @@ def _round(scaled: torch.Tensor, mode: RoundMode, noise: torch.Tensor | None) ->
 
 def _signed_round(values: torch.Tensor, mode: RoundMode, noise: torch.Tensor | None) -> torch.Tensor:
     """`_round` of values of either sign, symmetric about zero (ties to even stay ties to even)."""
+    if mode is RoundMode.EVEN:
+        return torch.round(values)  # already symmetric (round(-x) is -round(x), -0 included)
     return torch.copysign(_round(values.abs(), mode, noise), values)
 
 
@@ -420,6 +422,24 @@ def _uint_piece(
         # as torch.quantize_per_tensor: round x / scale, then add the integer zero point
         codes = _signed_round(piece / scale, mode, noise) + zero
     return torch.clamp(torch.nan_to_num(codes), 0.0, top)
+
+
+def direct_int_codes(nspec: NumberSpec, mode: RoundMode, dtype: torch.dtype) -> bool:
+    """Whether an actual cast of `dtype` values takes `int_codes` (signed integers of at most 8
+    bits, ties to even) instead of values on the grid and then `encode`."""
+    return nspec.is_int and nspec.bits <= 8 and mode is RoundMode.EVEN and dtype in (torch.float32, torch.float64)
+
+
+def int_codes(scaled: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
+    """`encode(quantize(scaled))` of a signed integer format in four passes, `scaled` (values over
+    their scales, a temporary) consumed: the steps are `scaled * 2**mbits` (exact), rounded half to
+    even - symmetric about zero, so no sign is split off - and clamped to +-max; NaN takes the most
+    negative code, Inf saturates as in `quantize`."""
+    top = nspec.max * 2.0**nspec.mbits
+    steps = scaled.mul_(2.0**nspec.mbits).round_().clamp_(-top, top)
+    steps = steps.nan_to_num_(nan=-float(1 << (nspec.bits - 1)))
+    codes = steps.to(torch.int8).view(torch.uint8)
+    return codes if nspec.bits == 8 else codes.bitwise_and_((1 << nspec.bits) - 1)
 
 
 def element_piece(

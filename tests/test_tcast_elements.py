@@ -311,3 +311,74 @@ def test_every_code_decodes_to_a_value_that_encodes_back_to_it(code: str, work: 
     nan = torch.isnan(values)
     assert torch.equal(encoded[~nan], every[~nan])
     assert bool((encoded[nan] == tcast._codes.nan_code(spec)).all())
+
+
+INT_CODES = ("int2", "int3", "int4", "int5", "int6", "int7", "int8")
+
+
+@pytest.mark.parametrize("code", INT_CODES)
+@pytest.mark.parametrize("work", [torch.float32, torch.float64])
+def test_integer_codes_straight_from_scaled_values_equal_encoding_the_rounded_values(
+    code: str, work: torch.dtype
+) -> None:
+    """`int_codes` (an actual cast's shortcut: round, clamp, code) gives the codes `encode` gives
+    the general path's values: every grid value, the midpoints and their neighbours, random values
+    across the range and far beyond it, NaN, +-Inf, signed zeros."""
+    from tcast import _primitives
+    from tcast._codes import encode
+
+    spec = tcast.number(code)
+    generator = torch.Generator().manual_seed(5)
+    table = tcast._codes.decode_table(code)
+    values = table[torch.isfinite(table)].unique()
+    middles = (values[:-1] + values[1:]) / 2
+    random = torch.randn(20000, generator=generator, dtype=torch.float64) * spec.max
+    corners = torch.tensor(
+        [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-300, -1e-300, 1e30, -1e30, 2 * spec.max]
+    )
+    x = torch.cat(
+        [
+            values,
+            middles,
+            middles.nextafter(values[1:]),
+            middles.nextafter(values[:-1]),
+            random,
+            random * 9,
+            corners,
+        ]
+    ).to(work)
+    assert _primitives.direct_int_codes(spec, tcast.RoundMode.EVEN, work)
+    direct = _primitives.int_codes(x.clone(), spec)
+    reference = encode(_primitives._quantize_general(x.double(), spec, tcast.RoundMode.EVEN, None), spec)
+    assert torch.equal(direct, reference)
+    assert not _primitives.direct_int_codes(spec, tcast.RoundMode.NEAREST, work)
+
+
+@pytest.mark.parametrize("name", ["int8_e8m23b121_t0d1", "int4_e8m23b125_t0d1", "int4_e5m10b13_t32d1",
+                                  "int8_e8m23b121_t32d1", "int3_e8m23b126_t0d1"])  # fmt: skip
+@pytest.mark.parametrize("source", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_an_actual_integer_cast_writes_the_codes_and_scales_of_the_value_path(
+    name: str, source: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scaled integer casts (per channel and per block, rows with NaN and Inf) store the same codes
+    and scales with the shortcut as through values and `encode`, and never touch their input."""
+    from tcast import _torchcast
+
+    generator = torch.Generator().manual_seed(3)
+    x = (torch.randn(24, 256, generator=generator, dtype=torch.float64) * torch.rand(24, 1, generator=generator,
+         dtype=torch.float64) * 3).to(source)  # fmt: skip
+    x[3, 7], x[5, 100], x[6, 0], x[7, 40] = math.nan, math.inf, -math.inf, -0.0
+    kept = x.clone()
+    element, _, scale = name.partition("_")
+    datatype = tcast.datatype(element, scale)
+    direct = tcast.cast(x, datatype, castmode="actual")
+    monkeypatch.setattr(_torchcast, "direct_int_codes", lambda *_: False)
+    through_values = tcast.cast(x, datatype, castmode="actual")
+    assert torch.equal(direct.unpacked_codes(), through_values.unpacked_codes())
+    assert _same_bits(direct.scale_grid(), through_values.scale_grid())
+    assert _same_bits(x, kept)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    storage = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.dtype.itemsize]
+    return a.dtype == b.dtype and torch.equal(a.view(storage), b.view(storage))

@@ -19,7 +19,7 @@ from coreai_opt.weights import describe as words
 
 from ._ir import (
     DECOMPRESSION_OPS,
-    constant_bytes,
+    constant_array,
     constant_nbytes,
     element_name,
     location_name,
@@ -33,7 +33,10 @@ _FLOAT_ELEMENTS = re.compile(r"^(f\d+|bf16|f\d+E\d+M\d+\w*)$")
 
 
 def _constant_is_zero(op: Any) -> bool:
-    return not any(constant_bytes(op))
+    """Every stored byte zero (a -0.0 offset is not: it is written as one)."""
+    import numpy as np
+
+    return not np.ascontiguousarray(constant_array(op)).view(np.uint8).any()
 
 
 class ConstantWalker:
