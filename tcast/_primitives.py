@@ -427,7 +427,12 @@ def _uint_piece(
 def direct_int_codes(nspec: NumberSpec, mode: RoundMode, dtype: torch.dtype) -> bool:
     """Whether an actual cast of `dtype` values takes `int_codes` (signed integers of at most 8
     bits, ties to even) instead of values on the grid and then `encode`."""
-    return nspec.is_int and nspec.bits <= 8 and mode is RoundMode.EVEN and dtype in (torch.float32, torch.float64)
+    return (
+        nspec.is_int
+        and nspec.bits <= 8
+        and mode is RoundMode.EVEN
+        and dtype in (torch.float32, torch.float64)
+    )
 
 
 def int_codes(scaled: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
