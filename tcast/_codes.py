@@ -113,19 +113,24 @@ def _host_table(code: str, host: str) -> torch.Tensor:
     return _general_codes(safe, nspec).to(code_dtype(nspec))
 
 
+def int_step_codes(steps: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
+    """Codes of a signed integer format from whole steps within +-max (`steps`, a temporary, is
+    overwritten): two's complement, NaN as the otherwise unused most negative code (Inf, never on
+    a grid, as 0)."""
+    bits = nspec.bits
+    steps = steps.nan_to_num_(nan=-float(1 << (bits - 1)), posinf=0.0, neginf=0.0)
+    if bits <= 8:
+        codes = steps.to(torch.int8).view(torch.uint8)
+        return codes if bits == 8 else codes.bitwise_and_((1 << bits) - 1)
+    return steps.to(torch.int32) & ((1 << bits) - 1)
+
+
 def encode(q: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
     """Codes (`code_dtype`: uint8 up to 8 bits, else int32) of values already on the format's grid."""
     if nspec.is_uint:
         return q.to(code_dtype(nspec))
-    bits = nspec.bits
-    if nspec.is_int:
-        # two's complement of the multiple of the step (exact: a power of two); NaN -> the
-        # otherwise unused most negative code
-        steps = torch.nan_to_num(q * 2.0**nspec.mbits, nan=-float(1 << (bits - 1)), posinf=0.0, neginf=0.0)
-        if bits <= 8:
-            codes = steps.to(torch.int8).view(torch.uint8)
-            return codes if bits == 8 else codes.bitwise_and_((1 << bits) - 1)
-        return steps.to(torch.int32) & ((1 << bits) - 1)
+    if nspec.is_int:  # the multiple of the step (exact: a power of two)
+        return int_step_codes(q * 2.0**nspec.mbits, nspec)
     exact = nspec.torch_dtype
     if nspec.is_float and exact is not None and exact.itemsize <= 2:
         return _native_codes(q, nspec, exact)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._codes import decode, encode, ldexp_exact
+from ._codes import decode, encode, int_step_codes, ldexp_exact
 from ._modes import RoundMode, ScaleMode
 from ._number import InfNaN, NumberSpec
 from ._scales import exponent_codes, exponent_scales, exponents_from_codes, pow2
@@ -441,10 +441,7 @@ def int_codes(scaled: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
     even - symmetric about zero, so no sign is split off - and clamped to +-max; NaN takes the most
     negative code, Inf saturates as in `quantize`."""
     top = nspec.max * 2.0**nspec.mbits
-    steps = scaled.mul_(2.0**nspec.mbits).round_().clamp_(-top, top)
-    steps = steps.nan_to_num_(nan=-float(1 << (nspec.bits - 1)))
-    codes = steps.to(torch.int8).view(torch.uint8)
-    return codes if nspec.bits == 8 else codes.bitwise_and_((1 << nspec.bits) - 1)
+    return int_step_codes(scaled.mul_(2.0**nspec.mbits).round_().clamp_(-top, top), nspec)
 
 
 def element_piece(

@@ -32,6 +32,7 @@ METADATA_FILE = "metadata.json"
 MAX_METADATA_BYTES = 1 << 20
 CRASHED = f"{BYTECODE_FILE} is corrupt (the Core AI library crashed reading it)"
 HASH_MISMATCH = f"{HASH_FILE} does not match the SHA-256 of {BYTECODE_FILE}"
+_SHA256_BYTES = 32
 # Assets a worker read without harm, by the identity of their bytecode file (device, inode, size,
 # modification and change times: any write to it changes its ctime, which no caller can set back)
 # the hash main.hash records and the SHA-256 of their metadata: this process never pays twice for
@@ -67,8 +68,8 @@ def _check_files(path: Path) -> tuple[dict[str, Any], str, str]:
     if not isinstance(metadata.get("assetVersion"), str):
         raise BadMetadataError(path, f"{METADATA_FILE} has no assetVersion string")
     with open(path / HASH_FILE, "rb") as hash_file:
-        recorded = hash_file.read(hashlib.sha256().digest_size + 1)
-    if len(recorded) != hashlib.sha256().digest_size:
+        recorded = hash_file.read(_SHA256_BYTES + 1)
+    if len(recorded) != _SHA256_BYTES:
         raise HashMismatchError(path, HASH_MISMATCH)
     return metadata, recorded.hex(), hashlib.sha256(metadata_bytes).hexdigest()
 
