@@ -17,18 +17,38 @@ def snr_db(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
 
 
+_ROW = 1024  # values per row norm
+
+
+def _sum_of_squares(values: torch.Tensor) -> float:
+    """Sum of squares of float32 or float64 values in one pass: the norms of rows of `_ROW`
+    values (torch's norm reduction: 3-4x faster than squaring and summing, and as exact), their
+    squares summed in float64."""
+    import torch
+
+    flat = values.reshape(-1)
+    whole = flat.numel() - flat.numel() % _ROW
+    total = 0.0
+    if whole:
+        norms = torch.linalg.vector_norm(flat[:whole].view(-1, _ROW), dim=1).double()
+        total = float(norms.mul_(norms).sum())
+    if whole < flat.numel():
+        tail = flat[whole:].double()
+        total += float(tail.mul_(tail).sum())
+    return total
+
+
 def squares(x: torch.Tensor) -> float:
-    """Sum of squares in float32 (float64 for float64 input) by torch's cascade sum (relative
-    error ~1e-7). A total that overflowed, or is so small that squares below float32's range may
-    matter, is summed again over the values scaled by the power of two that brings the largest
-    near 1."""
+    """Sum of squares in float32 (float64 for float64 input), in rows whose norms are summed in
+    float64 (relative error ~1e-7). A total that overflowed, or is so small that squares below
+    float32's range may matter, is summed again over the values scaled by the power of two that
+    brings the largest near 1."""
     import torch
 
     if x.numel() == 0:
         return 0.0
     wide = torch.float64 if x.dtype == torch.float64 else torch.float32
-    values = x.to(wide)
-    total = float((values * values).sum())  # faster than torch.square on CPU
+    total = _sum_of_squares(x.to(wide))
     if math.isfinite(total) and total >= 2.0**-60:  # any square lost below 2**-126 is < 2**-35 of it
         return total
     lo, hi = torch.aminmax(x)
@@ -40,7 +60,7 @@ def squares(x: torch.Tensor) -> float:
     exponent = math.frexp(peak)[1]
     wide = torch.float64 if x.dtype == torch.float64 or abs(exponent) > 100 else torch.float32
     scaled = x.to(wide) * math.ldexp(1.0, -exponent)
-    return float(scaled.mul_(scaled).sum()) * math.ldexp(1.0, 2 * exponent)
+    return _sum_of_squares(scaled) * math.ldexp(1.0, 2 * exponent)
 
 
 def energies(reference: torch.Tensor, approximation: torch.Tensor) -> tuple[float, float]:

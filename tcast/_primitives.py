@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._codes import decode, encode, int_step_codes, ldexp_exact
+from ._codes import decode, encode, float8_codes, int_step_codes, ldexp_exact
 from ._modes import RoundMode, ScaleMode
 from ._number import InfNaN, NumberSpec
 from ._scales import exponent_codes, exponent_scales, exponents_from_codes, pow2
@@ -424,15 +424,31 @@ def _uint_piece(
     return torch.clamp(torch.nan_to_num(codes), 0.0, top)
 
 
-def direct_int_codes(nspec: NumberSpec, mode: RoundMode, dtype: torch.dtype) -> bool:
-    """Whether an actual cast of `dtype` values takes `int_codes` (signed integers of at most 8
-    bits, ties to even) instead of values on the grid and then `encode`."""
+def direct_codes(nspec: NumberSpec, mode: RoundMode, dtype: torch.dtype) -> bool:
+    """Whether an actual cast of `dtype` values takes `scaled_codes` (ties to even: signed integers
+    of at most 8 bits from float32 or float64, torch's 8-bit float formats without Inf from
+    float32) instead of values on the grid and then `encode`."""
+    if mode is not RoundMode.EVEN:
+        return False
+    if nspec.is_int:
+        return nspec.bits <= 8 and dtype in (torch.float32, torch.float64)
+    # torch rounds float32 to its float8 formats half to even, subnormals included; from float64
+    # it would round twice (through float32), and Inf would not stay Inf after the clamp
     return (
-        nspec.is_int
-        and nspec.bits <= 8
-        and mode is RoundMode.EVEN
-        and dtype in (torch.float32, torch.float64)
+        nspec.is_float
+        and nspec.bits == 8
+        and nspec.torch_dtype is not None
+        and not nspec.has_inf
+        and dtype == torch.float32
     )
+
+
+def scaled_codes(scaled: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:
+    """`encode(quantize(scaled))` for a format `direct_codes` accepts, `scaled` (values over their
+    scales, a temporary) consumed."""
+    if nspec.is_int:
+        return int_codes(scaled, nspec)
+    return float8_codes(scaled, nspec)
 
 
 def int_codes(scaled: torch.Tensor, nspec: NumberSpec) -> torch.Tensor:

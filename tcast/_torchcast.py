@@ -24,12 +24,12 @@ from ._primitives import (
     Scaling,
     combine_piece,
     compute_dtype,
-    direct_int_codes,
+    direct_codes,
     draw_noise,
     element_piece,
     given_scaling,
     in_scale_units,
-    int_codes,
+    scaled_codes,
     scaling_of,
     stored_scales,
     stored_scaling,
@@ -87,12 +87,12 @@ def _run(
         noise = draw_noise(blocks.shape, torch.empty(0, dtype=work, device=x.device), generator)
     out = torch.empty(blocks.shape, dtype=virtual_dtype or code_dtype(nspec), device=x.device)
     signal = error = 0.0
-    direct = virtual_dtype is None and not measure and direct_int_codes(nspec, roundmode, work)
+    direct = virtual_dtype is None and not measure and direct_codes(nspec, roundmode, work)
     for rows, cols in _pieces(*blocks.shape):
         piece = blocks[rows, cols].to(work)  # widened a piece at a time
-        if direct:  # integer codes straight from the scaled values
+        if direct:  # codes straight from the scaled values
             scaled = in_scale_units(piece, scaling, rows)
-            out[rows, cols] = int_codes(scaled if scaled is not piece else piece.clone(), nspec)
+            out[rows, cols] = scaled_codes(scaled if scaled is not piece else piece.clone(), nspec)
             continue
         values = element_piece(
             piece, dtype, scaling, rows, roundmode, None if noise is None else noise[rows, cols]

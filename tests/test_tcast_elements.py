@@ -313,29 +313,64 @@ def test_every_code_decodes_to_a_value_that_encodes_back_to_it(code: str, work: 
     assert bool((encoded[nan] == tcast._codes.nan_code(spec)).all())
 
 
-INT_CODES = ("int2", "int3", "int4", "int5", "int6", "int7", "int8")
+@pytest.mark.parametrize("code", ["e4m3fn", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_float8_codes_decode_as_torch_converts_them(code: str, dtype: torch.dtype) -> None:
+    """`decode` of FP8 codes on the CPU (through float16's bits, not torch's slow conversion) gives
+    torch's values bit for bit: every code, NaN codes present or not, signed zeros, subnormals."""
+    from tcast._codes import decode
+
+    spec = tcast.number(code)
+    every = torch.arange(256, dtype=torch.uint8)
+    finite = every[torch.isfinite(every.view(spec.torch_dtype).float())]
+    for codes in (every, finite, every.repeat(3).flip(0), torch.zeros(0, dtype=torch.uint8)):
+        expected = codes.view(spec.torch_dtype).to(dtype)
+        decoded = decode(codes, spec, dtype)
+        nan = expected.isnan()
+        assert torch.equal(decoded.isnan(), nan)
+        assert _same_bits(decoded[~nan], expected[~nan])
 
 
-@pytest.mark.parametrize("code", INT_CODES)
-@pytest.mark.parametrize("work", [torch.float32, torch.float64])
-def test_integer_codes_straight_from_scaled_values_equal_encoding_the_rounded_values(
+DIRECT_CODES = [(f"int{bits}", work) for bits in range(2, 9) for work in (torch.float32, torch.float64)] + [
+    ("e4m3fn", torch.float32)
+]
+
+
+@pytest.mark.parametrize(("code", "work"), DIRECT_CODES)
+def test_codes_straight_from_scaled_values_equal_encoding_the_rounded_values(
     code: str, work: torch.dtype
 ) -> None:
-    """`int_codes` (an actual cast's shortcut: round, clamp, code) gives the codes `encode` gives
-    the general path's values: every grid value, the midpoints and their neighbours, random values
-    across the range and far beyond it, NaN, +-Inf, signed zeros."""
+    """`scaled_codes` (an actual cast's shortcut: round, clamp, code in a few passes; FP8 by torch's
+    own conversion) gives the codes `encode` gives the general path's values: every grid value, the
+    midpoints and their neighbours, the subnormals' and the overflow's edges, random values across
+    the range and far beyond it, NaN, +-Inf, signed zeros. (For e4m3fn all 2**32 float32 patterns
+    were compared once, off the suite: no difference.)"""
     from tcast import _primitives
     from tcast._codes import encode
 
     spec = tcast.number(code)
     generator = torch.Generator().manual_seed(5)
     table = tcast._codes.decode_table(code)
-    values = table[torch.isfinite(table)].unique()
-    middles = (values[:-1] + values[1:]) / 2
-    random = torch.randn(20000, generator=generator, dtype=torch.float64) * spec.max
+    values = table[torch.isfinite(table)].unique().to(work)
+    middles = (values[:-1] + values[1:]) / 2  # exact: one bit more than the format's
+    random = (torch.randn(20000, generator=generator, dtype=torch.float64) * spec.max).to(work)
+    top = spec.max
     corners = torch.tensor(
-        [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-300, -1e-300, 1e30, -1e30, 2 * spec.max]
-    )
+        [
+            0.0,
+            -0.0,
+            math.inf,
+            -math.inf,
+            math.nan,
+            1e-300,
+            -1e-300,
+            1e30,
+            -1e30,
+            2 * top,
+            1.03 * top,
+            -1.03 * top,
+        ]
+    ).to(work)
     x = torch.cat(
         [
             values,
@@ -346,22 +381,34 @@ def test_integer_codes_straight_from_scaled_values_equal_encoding_the_rounded_va
             random * 9,
             corners,
         ]
-    ).to(work)
-    assert _primitives.direct_int_codes(spec, tcast.RoundMode.EVEN, work)
-    direct = _primitives.int_codes(x.clone(), spec)
+    )
+    assert _primitives.direct_codes(spec, tcast.RoundMode.EVEN, work)
+    direct = _primitives.scaled_codes(x.clone(), spec)
     reference = encode(_primitives._quantize_general(x.double(), spec, tcast.RoundMode.EVEN, None), spec)
     assert torch.equal(direct, reference)
-    assert not _primitives.direct_int_codes(spec, tcast.RoundMode.NEAREST, work)
+    assert not _primitives.direct_codes(spec, tcast.RoundMode.NEAREST, work)
+
+
+def test_the_float8_shortcut_is_taken_only_where_torch_rounds_as_tcast() -> None:
+    """torch's float8 conversion rounds float64 through float32 (twice) and has no saturation
+    that keeps Inf: those casts go through values."""
+    from tcast import _primitives
+
+    even = tcast.RoundMode.EVEN
+    assert not _primitives.direct_codes(tcast.number("e4m3fn"), even, torch.float64)
+    assert not _primitives.direct_codes(tcast.number("e5m2"), even, torch.float32)
 
 
 @pytest.mark.parametrize("name", ["int8_e8m23b121_t0d1", "int4_e8m23b125_t0d1", "int4_e5m10b13_t32d1",
-                                  "int8_e8m23b121_t32d1", "int3_e8m23b126_t0d1"])  # fmt: skip
+                                  "int8_e8m23b121_t32d1", "int3_e8m23b126_t0d1", "e4m3fn_e5m10_t0d1",
+                                  "e4m3fn_float32_t32d1"])  # fmt: skip
 @pytest.mark.parametrize("source", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
-def test_an_actual_integer_cast_writes_the_codes_and_scales_of_the_value_path(
+def test_an_actual_cast_writes_the_codes_and_scales_of_the_value_path(
     name: str, source: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Scaled integer casts (per channel and per block, rows with NaN and Inf) store the same codes
-    and scales with the shortcut as through values and `encode`, and never touch their input."""
+    """Scaled integer and FP8 casts (per channel and per block, rows with NaN and Inf) store the
+    same codes and scales with the shortcut as through values and `encode`, and never touch their
+    input."""
     from tcast import _torchcast
 
     generator = torch.Generator().manual_seed(3)
@@ -372,7 +419,7 @@ def test_an_actual_integer_cast_writes_the_codes_and_scales_of_the_value_path(
     element, _, scale = name.partition("_")
     datatype = tcast.datatype(element, scale)
     direct = tcast.cast(x, datatype, castmode="actual")
-    monkeypatch.setattr(_torchcast, "direct_int_codes", lambda *_: False)
+    monkeypatch.setattr(_torchcast, "direct_codes", lambda *_: False)
     through_values = tcast.cast(x, datatype, castmode="actual")
     assert torch.equal(direct.unpacked_codes(), through_values.unpacked_codes())
     assert _same_bits(direct.scale_grid(), through_values.scale_grid())

@@ -22,6 +22,7 @@ from coreai_opt.weights import (
     Statistics,
     WeightSite,
     decode,
+    row_slice,
 )
 
 from ._algorithms import Algorithm, algorithm_for
@@ -155,13 +156,25 @@ def encode_weight(
     return measured(w, outcome)
 
 
+_DECODED_PIECE = 1 << 18  # elements: a piece decoded and compared while it is in the cache
+
+
 def measured(w: torch.Tensor, encoding: Encoding) -> Encoding:
     """`encoding` with its cost in accuracy: the weight's energy and its error's, the error being
-    what `weights.decode` gives (the values the device computes) less the weight, summed in pieces."""
-    dense = decode(encoding, device=w.device)
+    what `weights.decode` gives (the values the device computes) less the weight, summed in pieces.
+    Quantized weights decode a cache-sized piece of rows at a time (the same arithmetic on the
+    same stored values: the same bits), others whole."""
     rows = w.reshape(w.shape[0] if w.dim() > 1 else 1, -1)
-    dense_rows = dense.reshape(rows.shape)
-    signal, noise = energies_in_pieces(rows, lambda a, b: dense_rows[a:b])
+    if row_slice(encoding.form, 0, 1) is not None:
+
+        def decoded(a: int, b: int) -> torch.Tensor:
+            piece = row_slice(encoding.form, a, b)
+            return decode(piece, encoding.element.torch_dtype(), w.device).reshape(b - a, -1)
+
+        signal, noise = energies_in_pieces(rows, decoded, _DECODED_PIECE)
+    else:
+        dense_rows = decode(encoding, device=w.device).reshape(rows.shape)
+        signal, noise = energies_in_pieces(rows, lambda a, b: dense_rows[a:b])
     return replace(encoding, signal=signal, noise=noise)
 
 

@@ -16,22 +16,23 @@ if TYPE_CHECKING:
 PIECE = 1 << 22  # elements
 
 
-def spans(count: int, width: int) -> list[tuple[int, int]]:
-    """Consecutive spans of the `count` rows of a [count, width] array, each about `PIECE`
+def spans(count: int, width: int, piece: int = PIECE) -> list[tuple[int, int]]:
+    """Consecutive spans of the `count` rows of a [count, width] array, each about `piece`
     elements (at least one row)."""
-    step = max(1, PIECE // max(width, 1))
+    step = max(1, piece // max(width, 1))
     return [(a, min(count, a + step)) for a in range(0, count, step)]
 
 
 def energies_in_pieces(
-    reference: torch.Tensor, approximation: Callable[[int, int], torch.Tensor]
+    reference: torch.Tensor, approximation: Callable[[int, int], torch.Tensor], piece: int = PIECE
 ) -> tuple[float, float]:
     """`tcast.energies(reference, approximation)` of a [rows, cols] reference, summed over row
-    pieces: `approximation(a, b)` gives rows a:b only, so the full approximation never exists."""
+    pieces of about `piece` elements: `approximation(a, b)` gives rows a:b only, so the full
+    approximation never exists."""
     import tcast
 
     signal = noise = 0.0
-    for a, b in spans(*reference.shape):
+    for a, b in spans(*reference.shape, piece):
         piece_signal, piece_noise = tcast.energies(reference[a:b], approximation(a, b))
         signal, noise = signal + piece_signal, noise + piece_noise
     return signal, noise

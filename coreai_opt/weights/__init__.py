@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import _describe as describe
 from ._container import CONTAINERS, Container, Written, container_of, register_container
-from ._decode import decode, torch_values
+from ._decode import decode, row_slice, torch_values
 from ._describe import Described
 from ._forms import Encoding, Form, Learned, Palettized, Quantized, ShiftScale, Sparse, Stored
 from ._sites import Candidate, Consumer, SkipKind, Skipped, Use, WeightSite, stored_nbytes
@@ -41,6 +41,7 @@ __all__ = [
     "decode",
     "describe",
     "register_container",
+    "row_slice",
     "stored_nbytes",
     "torch_values",
 ]

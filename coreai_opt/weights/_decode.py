@@ -103,13 +103,25 @@ def shift_scale(
     if fp4 or data.is_floating_point():
         if fp4:
             data = unpack_fp4(data)
-        blocks = _blocks(data.to(torch.float32), tuple(scale.shape))
+        blocks = _blocks(_float32(data), tuple(scale.shape))
         out = (blocks * _per_block(scale.to(torch.float32))).reshape(data.shape)
         return out.to(output_dtype if output_dtype is not None else scale.dtype)
     blocks = _blocks(data.to(scale.dtype), tuple(scale.shape))
     if zero_point is not None:
         blocks = blocks - _per_block(zero_point)
     return (blocks * _per_block(scale)).reshape(data.shape)
+
+
+def _float32(data: torch.Tensor) -> torch.Tensor:
+    """Float data as float32 (FP8 through tcast's decode: torch converts it ~10x slower)."""
+    import torch
+
+    import tcast
+
+    codes = {torch.float8_e4m3fn: "e4m3fn", torch.float8_e5m2: "e5m2"}.get(data.dtype)
+    if codes is None:
+        return data.to(torch.float32)
+    return tcast.decode(data.view(torch.uint8), tcast.number(codes), torch.float32)
 
 
 def is_packed_fp4(data: Any, scale: Any) -> bool:
@@ -208,6 +220,29 @@ def _float_element(tensor: torch.Tensor) -> Any:
     from coreai_opt._elements import of_torch
 
     return of_torch(tensor.dtype)
+
+
+def _rows(stored: Stored, rows: int, start: int, stop: int) -> Stored | None:
+    """Rows start:stop of an array over the weight's first axis: itself where it is shared by all
+    rows (a first axis of 1), its own rows where it has one per row; None otherwise."""
+    count = stored.values.shape[0] if stored.values.ndim else 1
+    if count == 1:
+        return stored
+    return Stored(stored.values[start:stop], stored.element) if count == rows else None
+
+
+def row_slice(form: Form, start: int, stop: int) -> Quantized | None:
+    """Rows start:stop of a quantized weight (of rank 2 or more) as a form of their own, which
+    decodes to exactly those rows of the weight; None where a stored array does not split there
+    (scales over blocks of rows, other forms)."""
+    if not isinstance(form, Quantized) or form.data.values.ndim < 2:
+        return None
+    rows = form.data.values.shape[0]
+    scale = _rows(form.decode.scale, rows, start, stop)
+    offset = None if form.decode.offset is None else _rows(form.decode.offset, rows, start, stop)
+    if scale is None or (form.decode.offset is not None and offset is None):
+        return None
+    return Quantized(Stored(form.data.values[start:stop], form.data.element), ShiftScale(scale, offset))
 
 
 def decode(encoding: Encoding | Form, dtype: Any = None, device: Any = None) -> torch.Tensor:
