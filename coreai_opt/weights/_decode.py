@@ -113,15 +113,16 @@ def shift_scale(
 
 
 def _float32(data: torch.Tensor) -> torch.Tensor:
-    """Float data as float32 (FP8 through tcast's decode: torch converts it ~10x slower)."""
+    """Float data as float32 (8-bit floats through tcast's decode: torch converts FP8 ~10x slower)."""
     import torch
 
     import tcast
+    from coreai_opt._elements import of_torch
 
-    codes = {torch.float8_e4m3fn: "e4m3fn", torch.float8_e5m2: "e5m2"}.get(data.dtype)
-    if codes is None:
+    element = of_torch(data.dtype)
+    if element.bits != 8:
         return data.to(torch.float32)
-    return tcast.decode(data.view(torch.uint8), tcast.number(codes), torch.float32)
+    return tcast.decode(data.view(torch.uint8), tcast.number(element.tcast), torch.float32)
 
 
 def is_packed_fp4(data: Any, scale: Any) -> bool:
