@@ -57,6 +57,23 @@ def test_decode_equals_coreai_torchs_ops_bit_for_bit(model: str, name: str) -> N
         got = decode(encoding)
         assert got.dtype == expected[weight].dtype and got.shape == expected[weight].shape, weight
         assert torch.equal(got, expected[weight]), weight
+        _rows_decode_alike(weight, encoding, got)
+
+
+def _rows_decode_alike(weight: str, encoding: Encoding, whole: torch.Tensor) -> None:
+    """`row_slice` (how a weight's error is measured a cache-sized piece at a time) gives forms
+    whose decode is exactly the same rows of the whole decode, for every quantized encoding (per
+    tensor, channel and block; offsets; FP8, MXFP4); other forms are not split."""
+    rows = whole.shape[0]
+    spans = [(0, 1), (1, max(2, rows // 3)), (rows // 3, rows), (0, rows)]
+    pieces = [row_slice(encoding.form, a, b) for a, b in spans]
+    if not isinstance(encoding.form, Quantized) or whole.dim() < 2:
+        assert pieces == [None] * len(spans), weight
+        return
+    for (a, b), piece in zip(spans, pieces, strict=True):
+        assert piece is not None, weight
+        got = decode(piece, encoding.element.torch_dtype())
+        assert got.dtype == whole.dtype and torch.equal(got, whole[a:b]), (weight, a, b)
 
 
 def test_decode_takes_a_device_and_keeps_the_dtype() -> None:
@@ -69,25 +86,3 @@ def test_decode_takes_a_device_and_keeps_the_dtype() -> None:
     with pytest.raises(ValueError, match="E8M0"):  # a bare E8M0-scaled form does not know its dtype
         decode(encoding.form)
     assert torch.equal(decode(encoding.form, torch.float32), decode(encoding))
-
-
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_rows_of_a_quantized_weight_decode_to_those_rows_of_the_weight(name: str) -> None:
-    """`row_slice` (how a weight's error is measured a cache-sized piece at a time) gives forms
-    whose decode is exactly the same rows of the whole decode, for every quantized encoding the
-    passes make (per tensor, channel and block; offsets; FP8, MXFP4); other forms are not split."""
-    program = load_pt2(SAMPLES / "transformer.pt2")
-    container = _Capturing(program)
-    compress_container(container, CONFIGS[name])
-    for weight, encoding in container.encodings.items():
-        whole = decode(encoding)
-        rows = whole.shape[0]
-        spans = [(0, 1), (1, max(2, rows // 3)), (rows // 3, rows), (0, rows)]
-        pieces = [row_slice(encoding.form, a, b) for a, b in spans]
-        if not isinstance(encoding.form, Quantized) or whole.dim() < 2:
-            assert pieces == [None] * len(spans), weight
-            continue
-        for (a, b), piece in zip(spans, pieces, strict=True):
-            assert piece is not None, weight
-            got = decode(piece, encoding.element.torch_dtype())
-            assert got.dtype == whole.dtype and torch.equal(got, whole[a:b]), (weight, a, b)

@@ -139,8 +139,9 @@ def test_executor_ray_without_the_extra_fails_before_any_work(
 def test_ray_cluster_of_four_workers_writes_the_local_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Three sample models (linear, conv, attention), every pass, each model and each pass on both
-    containers: byte-identical to the local path (one test, so one cluster on the machine)."""
+    """Two sample models (a conv net; attention with linear layers), every pass, each model and each
+    pass on both containers: byte-identical to the local path (one test, so one cluster on the
+    machine)."""
     ray = pytest.importorskip("ray", reason="the Ray extra is not installed (pip install 'coreopt[ray]')")
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
@@ -148,13 +149,13 @@ def test_ray_cluster_of_four_workers_writes_the_local_files(
         assert ray.cluster_resources()["CPU"] == 4
         executor = RayExecutor(in_flight=3)  # fewer than the weights: the window refills
         compared = 0
-        for name in ("mlp", "cnn", "transformer"):  # a linear, a conv and an attention model
+        for name in ("cnn", "transformer"):  # a conv and an attention model (linear layers too)
             for method, config in CONFIGS.items():  # containers alternate: each model and pass meets both
                 suffix = (".aimodel", ".pt2")[compared % 2]
                 folder = tmp_path / f"{name}{suffix}.{method}"
                 folder.mkdir()
                 _same_file(SAMPLES / f"{name}{suffix}", folder, config, executor)
                 compared += 1
-        assert compared == 3 * len(CONFIGS)
+        assert compared == 2 * len(CONFIGS)
     finally:
         ray.shutdown()

@@ -68,7 +68,7 @@ def test_the_seeds_compressed_model_flow_word_for_word(name: str, tmp_path: Path
     """The casting seed's "Casting a compressed model" example, with a sample model and inputs."""
     model = _model(name)
     example_input = _inputs(name, 0)
-    calibration = [_inputs(name, seed) for seed in range(100, 132)]
+    calibration = [_inputs(name, seed) for seed in range(100, 116)]
 
     # --- the seed's example (the model and inputs above are ours) ---
     from coreai_opt import ExportBackend
@@ -118,12 +118,12 @@ def test_the_seeds_compressed_model_flow_word_for_word(name: str, tmp_path: Path
     assert targets.count("coreai.quantize.default") == len(quantizer.report.activations) > 0
     assert targets.count("coreai.dequantize.default") == len(quantizer.report.activations)
 
-    held_out = _batch_file(name, range(1000, 1032), tmp_path / "held_out.safetensors")
+    held_out = _batch_file(name, range(1000, 1016), tmp_path / "held_out.safetensors")
     reference = SAMPLES / f"{name}.pt2"  # the same seeded model in fp32
     in_torch = compare_files(reference, tmp_path / "final.pt2", inputs=held_out)
     on_runtime = compare_files(reference, tmp_path / "model.aimodel", inputs=held_out)
     runtime_vs_torch = compare_files(tmp_path / "cast.pt2", tmp_path / "model.aimodel", inputs=held_out)
-    assert len(in_torch.samples) == 32
+    assert len(in_torch.samples) == 16
     assert in_torch.worst_cosine >= 0.99, in_torch.worst_cosine  # type: ignore[operator]
     assert on_runtime.worst_cosine >= 0.99, on_runtime.worst_cosine  # type: ignore[operator]
     assert runtime_vs_torch.worst_cosine >= 0.999, runtime_vs_torch.worst_cosine  # type: ignore[operator]
