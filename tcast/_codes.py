@@ -53,6 +53,14 @@ def _pow2(exponent: torch.Tensor) -> torch.Tensor:
     return ((exponent + 127) << 23).view(torch.float32)
 
 
+def _fill_from(target: torch.Tensor, keys: torch.Tensor, first: int, fill: float) -> torch.Tensor:
+    """`target` with `fill` where `keys` reach `first` (NaN codes and values); on the CPU only
+    where a max finds any (a comparison pass costs ~10x a max there, and NaN is rare)."""
+    if keys.numel() and (keys.device.type != "cpu" or int(keys.max()) >= first):
+        target.masked_fill_(keys >= first, fill)
+    return target
+
+
 def _native_codes(q: torch.Tensor, nspec: NumberSpec, exact: torch.dtype) -> torch.Tensor:
     """Codes by torch's own conversion (exact on the grid; one pass), with every NaN pattern made
     the format's one NaN code (torch keeps the sign of NaN, and picks its own payload)."""
@@ -61,9 +69,7 @@ def _native_codes(q: torch.Tensor, nspec: NumberSpec, exact: torch.dtype) -> tor
     if nspec.infnan is not InfNaN.FNUZ:  # fnuz has one NaN code, torch's
         magnitude = (1 << (bits - 1)) - 1
         first_nan = magnitude if nspec.infnan is InfNaN.FN else (((1 << nspec.ebits) - 1) << nspec.mbits) + 1
-        magnitudes = codes & magnitude
-        if magnitudes.numel() and (codes.device.type != "cpu" or int(magnitudes.max()) >= first_nan):
-            codes.masked_fill_(magnitudes >= first_nan, nan_code(nspec))  # on the CPU only where needed
+        _fill_from(codes, codes & magnitude, first_nan, nan_code(nspec))
     return codes if bits == 8 else codes.to(torch.int32) & 0xFFFF
 
 
@@ -206,10 +212,7 @@ def _float8_values(codes: torch.Tensor, exact: torch.dtype, dtype: torch.dtype) 
     bits = codes.view(torch.int8).to(torch.int16)  # the sign spread over the top byte
     half = bits.bitwise_left_shift_(7).bitwise_and_(~0x4000).view(torch.float16)
     values = half.to(dtype).mul_(256.0)
-    magnitude = codes.view(torch.int8).bitwise_and(0x7F)
-    if magnitude.numel() and int(magnitude.max()) == 0x7F:  # a max is cheap; a compare is not
-        values.masked_fill_(magnitude == 0x7F, math.nan)
-    return values
+    return _fill_from(values, codes.view(torch.int8).bitwise_and(0x7F), 0x7F, math.nan)
 
 
 def decode(
