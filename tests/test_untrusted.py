@@ -26,6 +26,7 @@ from coreai_opt.io import (
     load_pt2,
     verify_aimodel,
 )
+from coreai_opt.io import _aimodel as aimodel_io
 
 
 def test_every_live_vector_runs_its_payload_under_torch_export_load(tmp_path: Path) -> None:
@@ -204,6 +205,77 @@ def test_an_asset_written_after_its_check_is_checked_again(tmp_path: Path) -> No
         verify_aimodel(asset)
     (asset / "main.hash").write_bytes(hashlib.sha256(damaged).digest())
     with pytest.raises(BadBytecodeError, match="not MLIR bytecode"):
+        verify_aimodel(asset)
+
+
+class _NoWorker:
+    """Stands in for the asset worker where a test says none may start."""
+
+    def __init__(self, path: Path) -> None:
+        raise AssertionError(f"a worker was started for {path}")
+
+
+def _forget_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a new process: nothing remembered in memory (the on-disk record stays)."""
+    monkeypatch.setattr(aimodel_io, "_verified", set())
+
+
+def test_a_passed_check_spares_later_processes_until_the_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One process checks the asset in a worker; a later one finds it in the record and starts no
+    worker; once the bytecode is written again (the same bytes) a worker reads it once more."""
+    record = tmp_path / "record"
+    monkeypatch.setenv("COREOPT_CHECKED_ASSETS", str(record))
+    asset = copy_sample("mlp", "aimodel", tmp_path)
+    script = "import sys; from coreai_opt.io import verify_aimodel; verify_aimodel(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", script, str(asset)], check=True, timeout=120)
+    assert len(list(record.iterdir())) == 1
+    _forget_this_process(monkeypatch)
+    monkeypatch.setattr("coreai_opt._coreai._sandbox.AssetWorker", _NoWorker)
+    assert verify_aimodel(asset)["assetVersion"]
+    bytecode = asset / "main.mlirb"
+    bytecode.write_bytes(bytecode.read_bytes())
+    _forget_this_process(monkeypatch)
+    with pytest.raises(AssertionError, match="a worker was started"):
+        verify_aimodel(asset)
+
+
+def test_an_asset_coreopt_wrote_is_read_without_a_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A saved asset is recorded: the next command on it starts no worker; its metadata edited by
+    hand (another SHA-256) makes it a stranger again."""
+    from coreai_opt.io import load_aimodel, save_aimodel
+
+    monkeypatch.setenv("COREOPT_CHECKED_ASSETS", str(tmp_path / "record"))
+    saved = save_aimodel(load_aimodel(SAMPLES / "mlp.aimodel"), tmp_path / "saved.aimodel")
+    _forget_this_process(monkeypatch)
+    monkeypatch.setattr("coreai_opt._coreai._sandbox.AssetWorker", _NoWorker)
+    assert verify_aimodel(saved)["assetVersion"]
+    metadata = json.loads((saved / "metadata.json").read_text())
+    (saved / "metadata.json").write_text(json.dumps({**metadata, "producer": "someone"}))
+    with pytest.raises(AssertionError, match="a worker was started"):
+        verify_aimodel(saved)
+
+
+@pytest.mark.parametrize("record", ["off", "shared"])
+def test_a_record_that_is_off_or_not_ours_alone_is_never_used(
+    record: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`off` keeps no record; a folder others may write to is neither read nor written (an entry
+    planted there would switch the check off)."""
+    folder = tmp_path / "record"
+    if record == "shared":
+        folder.mkdir()
+        folder.chmod(0o777)
+    monkeypatch.setenv("COREOPT_CHECKED_ASSETS", "off" if record == "off" else str(folder))
+    asset = copy_sample("mlp", "aimodel", tmp_path)
+    verify_aimodel(asset)
+    assert not folder.exists() or not list(folder.iterdir())
+    _forget_this_process(monkeypatch)
+    monkeypatch.setattr("coreai_opt._coreai._sandbox.AssetWorker", _NoWorker)
+    with pytest.raises(AssertionError, match="a worker was started"):
         verify_aimodel(asset)
 
 

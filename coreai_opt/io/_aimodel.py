@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from coreai_opt._coreai._ir import BYTECODE_FILE
 
+from ._checked import file_identity, remember, was_checked
 from ._errors import (
     BadBytecodeError,
     BadMetadataError,
@@ -33,16 +34,13 @@ MAX_METADATA_BYTES = 1 << 20
 CRASHED = f"{BYTECODE_FILE} is corrupt (the Core AI library crashed reading it)"
 HASH_MISMATCH = f"{HASH_FILE} does not match the SHA-256 of {BYTECODE_FILE}"
 _SHA256_BYTES = 32
-# Assets a worker read without harm, by the identity of their bytecode file (device, inode, size,
-# modification and change times: any write to it changes its ctime, which no caller can set back)
-# the hash main.hash records and the SHA-256 of their metadata: this process never pays twice for
-# the same asset.
-_verified: set[tuple[tuple[int, ...], str, str]] = set()
+# Assets read without harm (or written by us), by `_checked.asset_key`: this process never pays
+# twice for the same asset, and the record in `_checked` spares later processes too.
+_verified: set[tuple[object, ...]] = set()
 
 
-def _identity(path: Path) -> tuple[int, ...]:
-    stat = path.stat()
-    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+def _asset_key(path: Path, recorded: str, metadata_digest: str) -> tuple[object, ...]:
+    return (file_identity(path / BYTECODE_FILE), recorded, metadata_digest)
 
 
 def _check_files(path: Path) -> tuple[dict[str, Any], str, str]:
@@ -100,22 +98,25 @@ def verify_aimodel(path: Path | str, worker: AssetWorker | None = None) -> dict[
     step (parse, verify, conversion, reading every constant, printing) run first in a worker
     process (`worker`, or a fresh one), because coreai-core crashes the process on some damaged
     bytecode instead of raising. The bytecode file must be the same file, unwritten, before and
-    after the worker read it.
+    after the worker read it. An unchanged asset that passed before, in this process or an earlier
+    one, or that coreopt wrote, is not read again (`_checked`).
     """
     from coreai_opt._coreai._sandbox import AssetWorker
 
     path = Path(path)
     metadata, recorded, metadata_digest = _check_files(path)
-    identity = _identity(path / BYTECODE_FILE)
-    if (identity, recorded, metadata_digest) in _verified:
+    key = _asset_key(path, recorded, metadata_digest)
+    if key in _verified or was_checked(key):
+        _verified.add(key)
         return metadata
     with worker_errors(path), contextlib.ExitStack() as stack:
         if worker is None:
             worker = stack.enter_context(AssetWorker(path))
         worker.verify(recorded)
-    if _identity(path / BYTECODE_FILE) != identity:
+    if _asset_key(path, recorded, metadata_digest) != key:
         raise ModelFileError(path, f"{BYTECODE_FILE} changed while it was being read")
-    _verified.add((identity, recorded, metadata_digest))
+    _verified.add(key)
+    remember(key)
     return metadata
 
 
@@ -147,6 +148,10 @@ def save_aimodel(
         _settle_metadata(tmp / METADATA_FILE)
 
     write_atomically(path, write)
+    _, recorded, metadata_digest = _check_files(path)
+    key = _asset_key(path, recorded, metadata_digest)  # what we wrote needs no worker to read it
+    _verified.add(key)
+    remember(key)
     return path
 
 
