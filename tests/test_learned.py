@@ -16,6 +16,7 @@ import torch
 import tcast
 from coreai_opt._elements import element
 from coreai_opt.compression import PalettizeConfig, QuantizeConfig, SparsifyConfig, algorithm_for
+from coreai_opt.compression._clipping import _SHRINKS, weighted_grid
 from coreai_opt.compression._gptq import solve
 from coreai_opt.compression._layerwise import DAMPING, MatrixView, gram_of
 from coreai_opt.compression._palettize import _weighted_clusters
@@ -117,13 +118,84 @@ def test_gptq_keeps_the_grid_and_lowers_the_layer_output_error(
     # the report's SNRs are the output errors measured here on the inputs themselves
     assert learned.learned.snr_db == pytest.approx(-10 * math.log10(after), abs=1e-6)
     assert learned.learned.data_free_snr_db == pytest.approx(-10 * math.log10(before), abs=1e-6)
-    if isinstance(config, QuantizeConfig):  # the same scales as round to nearest: only codes moved
+    if isinstance(config, QuantizeConfig) and config.dtype.is_int and config.qscheme.value == "sym":
+        # round to nearest's scales, each shrunk by one of _clipping's factors (or kept)
+        chosen = learned.form.decode.scale.values.astype(np.float64)
+        rtn = free.form.decode.scale.values
+        options = np.stack([(rtn.astype(np.float64) * shrink).astype(rtn.dtype) for shrink in _SHRINKS])
+        assert np.all((options == chosen[None]).any(axis=0)) and np.all(chosen <= rtn)
+        assert np.any(chosen < rtn)
+    elif isinstance(config, QuantizeConfig):  # the same scales as round to nearest: only codes moved
         assert np.array_equal(learned.form.decode.scale.values, free.form.decode.scale.values)
     else:  # the tables of importance-weighted k-means, snapped onto
         importance = algorithm_for(dataclasses.replace(config, method="importance")).encode()(
             layer["w"], site, dataclasses.replace(config, method="importance"), _statistics(layer)
         )
         assert np.array_equal(learned.form.lut.values, importance.form.lut.values)
+
+
+@pytest.mark.parametrize("name", ["int4 per channel", "int2 block 32"])
+def test_clipping_picks_each_tiles_least_weighted_error(layer: dict[str, torch.Tensor], name: str) -> None:
+    """Brute force over the shrink factors, tile by tile, in plain loops: the chosen step is the
+    first (largest) with the least importance-weighted squared error of round to nearest."""
+    from coreai_opt.compression._quantize import grid_of, quantize_onto
+    from coreai_opt.compression._sensitive import input_importance
+
+    config, site, w = GRIDS[name], _site(), layer["w"]
+    importance = input_importance(_statistics(layer), site)
+    grid = grid_of(w, site, config)
+    free = quantize_onto(w, site, config, grid)
+    chosen = quantize_onto(w, site, config, weighted_grid(w, site, config, grid, free, importance))
+    step = free.form.decode.scale.values.astype(np.float64)
+    picked = chosen.form.decode.scale.values.astype(np.float64)
+    largest = 2 ** (config.dtype.bits - 1) - 1
+    width = COLUMNS // step.shape[1]
+    x, weight = w.double().numpy(), importance.numpy()
+    for row, tile in itertools.product(range(ROWS), range(step.shape[1])):
+        cut = slice(tile * width, (tile + 1) * width)
+        errors = []
+        for shrink in _SHRINKS:
+            s = float(np.float32(step[row, tile] * shrink))
+            rounded = np.clip(np.round(x[row, cut] / s), -largest, largest) * s
+            errors.append(float((weight[row, cut] * (x[row, cut] - rounded) ** 2).sum()))
+        best = int(np.argmin(errors))  # the first of equal minima: the larger scale
+        assert picked[row, tile] == float(np.float32(step[row, tile] * _SHRINKS[best])), (row, tile)
+    # and the codes are round to nearest under the chosen steps
+    steps = np.repeat(picked, width, axis=1)
+    expected = np.clip(np.round(x / steps), -largest, largest) * steps
+    assert np.array_equal(decode(chosen).numpy(), expected.astype(np.float32))  # as decode rounds
+
+
+@pytest.mark.parametrize("name", ["int4 per channel", "int2 block 32"])
+def test_gptq_onto_clipped_scales_beats_gptq_onto_the_maxima(
+    layer: dict[str, torch.Tensor], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    from coreai_opt.compression import _gptq
+
+    config = dataclasses.replace(GRIDS[name], method="gptq")
+    encode = algorithm_for(config).encode()
+    clipped = _output_error(layer, decode(encode(layer["w"], _site(), config, _statistics(layer))))
+    monkeypatch.setattr(_gptq, "weighted_grid", lambda w, site, config, grid, free, importance: grid)
+    maxima = _output_error(layer, decode(encode(layer["w"], _site(), config, _statistics(layer))))
+    assert clipped < 0.9 * maxima, (clipped, maxima)
+
+
+def test_gptq_without_data_keeps_the_scales_of_least_squared_error(layer: dict[str, torch.Tensor]) -> None:
+    """A weight no data reaches (an embedding lookup) is rounded to nearest, under the clipped
+    scales of plain squared error: 2-bit codes under the maxima leave most of it at zero."""
+    import dataclasses
+
+    config, w = GRIDS["int2 block 32"], layer["w"]
+    learned = algorithm_for(dataclasses.replace(config, method="gptq")).encode()(
+        w, _site(), dataclasses.replace(config, method="gptq"), None
+    )
+    free = algorithm_for(config).encode()(w, _site(), config, None)
+    error = {name: float(((decode(e).double() - w.double()) ** 2).sum()) for name, e in
+             (("clipped", learned), ("maxima", free))}  # fmt: skip
+    assert learned.learned is None
+    assert error["clipped"] < 0.8 * error["maxima"], error
 
 
 def test_gptq_views_a_convolution_with_its_input_channels_innermost() -> None:
@@ -234,8 +306,9 @@ def test_sensitive_palettization_spends_its_entries_where_the_fisher_information
 
 
 def test_a_weight_without_statistics_takes_the_data_free_encoding(layer: dict[str, torch.Tensor]) -> None:
+    """(Symmetric integers' GPTQ also clips its scales then: see the test of least squared error.)"""
     site = _site()
-    for config in (QuantizeConfig(dtype="int4", method="gptq"), SparsifyConfig(method="sparsegpt"),
+    for config in (QuantizeConfig(dtype="uint4", qscheme="asym", method="gptq"), SparsifyConfig(method="sparsegpt"),
                    PalettizeConfig(method="importance"), PalettizeConfig(method="sensitive")):  # fmt: skip
         encoding = algorithm_for(config).encode()(layer["w"], site, config, Statistics(0))
         assert encoding.learned is None

@@ -4,13 +4,15 @@ of the consumer's input Gram matrix H = E[x x^T] - so what stays close is the la
 the calibration data, not the weight itself.
 
 The grid is the format's: for `quantize`, the codes under the scales (and zero points) round to
-nearest would choose, fixed from the weight before any column moves (so a block keeps its
-scale whatever order columns go in; tcast rounds each column onto them, the same cast as the
-final one); for `palettize`, the look-up tables of importance-weighted k-means (diag H), each
+nearest would choose - symmetric integers' scales shrunk tile by tile where that lowers the
+importance-weighted error (`_clipping`) - fixed from the weight before any column moves (so a
+block keeps its scale whatever order columns go in; tcast rounds each column onto them, the same
+cast as the final one); for `palettize`, the look-up tables of importance-weighted k-means (diag H), each
 element snapped to the nearest entry of its channel's table. Columns go in order of decreasing
 H_ii (act order), updated lazily in blocks of `_BLOCK`, in float64 on the weight's device; H is
 damped by 1% of its mean diagonal and inputs that never fire are zeroed. A weight the data gives
-no Gram matrix for (an embedding lookup, a grouped convolution) takes the data-free encoding.
+no Gram matrix for (an embedding lookup, a grouped convolution) takes the data-free encoding -
+for symmetric integers with the scales that least change the weight itself (`_clipping`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from coreai_opt.weights import (
     decode,
 )
 
+from ._clipping import weighted_grid
 from ._config import PalettizeConfig, QuantizeConfig
 from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
 from ._options import QScheme
@@ -72,17 +75,27 @@ def solve(matrix: torch.Tensor, gram: torch.Tensor, round_column: Rounding) -> t
 def quantize_gptq(
     w: torch.Tensor, site: WeightSite, config: QuantizeConfig, statistics: Statistics | None = None
 ) -> Encoding | str:
-    """Codes chosen by GPTQ under round-to-nearest's scales (see the module)."""
+    """Codes chosen by GPTQ under round-to-nearest's scales, clipped for symmetric integers (see
+    the module)."""
     grid = grid_of(w, site, config)
     if isinstance(grid, str):
         return grid
     free = quantize_onto(w, site, config, grid)
+    if isinstance(free, str):
+        return free
     view = MatrixView.of(site)
     gram = gram_of(statistics, view)
-    if gram is None or isinstance(free, str):
+    importance = input_importance(statistics, site)
+    if importance is None:  # no data reaches it (an embedding lookup): the plain squared error
+        importance = torch.ones((1,) * len(site.shape), dtype=torch.float64).expand(site.shape)
+    grid = weighted_grid(w, site, config, grid, free, importance)
+    onto = quantize_onto(w, site, config, grid)
+    if isinstance(onto, str):
         return free
+    if gram is None:
+        return onto
     device = gram.device  # the solve runs where the calibration left its statistics
-    round_column = integer_rounding(free, view, config, device) if config.dtype.is_int else None
+    round_column = integer_rounding(onto, view, config, device) if config.dtype.is_int else None
     if round_column is None:
         spread = element_grid(grid, w, site, config)
         scales = view.matrix(spread.scales).to(device)
