@@ -64,6 +64,57 @@ def test_layer_by_layer_each_weight_sees_the_ones_before_it_compressed(tmp_path:
     assert order == MLP_WEIGHTS
 
 
+class _TiedTwice(torch.nn.Module):
+    """An embedding and an output head with equal weights held as two tensors (as GGUF exports of
+    tied models have them): a converted program keeps one constant, named after the embedding."""
+
+    def __init__(self, shared: bool) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(5)
+        self.embed = torch.nn.Embedding(50, 16)
+        self.embed.weight.data = torch.randn(50, 16, generator=generator)
+        self.mix = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 50, bias=False)
+        if shared:  # one Parameter: the unlifted module keeps one name, both ops read it
+            self.head.weight = self.embed.weight
+        else:
+            self.head.weight.data = self.embed.weight.data.clone()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mix(self.embed(ids))))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("sequential", [False, True])
+def test_an_embedding_twin_of_the_head_takes_the_heads_statistics(
+    tmp_path: Path, sequential: bool, shared: bool
+) -> None:
+    """The embedding's own reader (a lookup) has no activation; its equal twin, the head, has:
+    both names get the head's input statistics, in one pass and layer by layer, whether the two
+    are one Parameter (the program reads it under one name) or equal copies. A weight with no
+    equal twin keeps none."""
+    model = _TiedTwice(shared).eval()
+    program = torch.export.export(model, (torch.zeros(1, 8, dtype=torch.long),))
+    ids = torch.randint(0, 50, (3, 1, 8), generator=torch.Generator().manual_seed(2))
+    save_file({"ids": ids}, str(tmp_path / "ids.safetensors"))
+    calibration = calibrate(program, Samples.of(tmp_path / "ids.safetensors"), cache=False)
+    names = ["embed.weight", "head.weight"]
+    if sequential:
+        found = dict(calibration.sequential(names, Needs.INPUT_GRAM))
+    else:
+        found = calibration.statistics(names, Needs.INPUT_GRAM)
+    with torch.no_grad():
+        rows = torch.tanh(model.mix(model.embed(ids.reshape(-1, 8)))).reshape(-1, 16).double()
+    for name in names:
+        torch.testing.assert_close(found[name].gram, rows.T @ rows / 24, rtol=1e-5, atol=1e-6)
+    if shared:
+        return
+    model.head.weight.data[0, 0] += 1.0  # no longer equal: the lookup has no statistics to give
+    program = torch.export.export(model, (torch.zeros(1, 8, dtype=torch.long),))
+    calibration = calibrate(program, Samples.of(tmp_path / "ids.safetensors"), cache=False)
+    assert calibration.statistics(["embed.weight"], Needs.INPUT_GRAM)["embed.weight"].gram is None
+
+
 def test_gradient_squares_of_a_language_model_follow_next_token_cross_entropy() -> None:
     import _architectures as arch
 

@@ -15,10 +15,11 @@ compressed form, and the rest of the program run on from there.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
 CACHE_ENV = "COREOPT_CACHE"
+# Raised when what statistics a name gets changes (2: an embedding's twin head, `_twins`).
+_STATISTICS_VERSION = "3"
 
 
 @dataclass(frozen=True)
@@ -123,9 +126,13 @@ class _Sums:
         )
 
 
-def _first_readers(found: list[Reader], names: Sequence[str], needs: Needs) -> dict[str, Reader]:
+def _first_readers(
+    gm: GraphModule, names: Sequence[str], needs: Needs, state: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, Reader]:
     """Each named weight's reader to take statistics at: its first, or for moments and Gram its
-    first that has an activation (a tied embedding is also the output head's weight)."""
+    first that has an activation (a tied embedding is also the output head's weight) - or, where
+    none has one, its twin's (`_twins`)."""
+    found = readers(gm)
     chosen: dict[str, Reader] = {}
     wanted = set(names)
     for reader in found:
@@ -134,7 +141,51 @@ def _first_readers(found: list[Reader], names: Sequence[str], needs: Needs) -> d
         better = reader.activation is not None and chosen.get(reader.name, reader).activation is None
         if reader.name not in chosen or (needs is not Needs.GRADIENT_SQUARES and better):
             chosen[reader.name] = reader
+    if needs is Needs.GRADIENT_SQUARES:
+        return chosen
+    lacking = [name for name in names if chosen.get(name) is None or chosen[name].activation is None]
+    for name, twin in _twins(gm, found, lacking, state or {}).items():
+        reader = next(r for r in found if r.name == twin and r.activation is not None)
+        chosen[name] = dataclasses.replace(reader, name=name)
     return chosen
+
+
+def _twins(
+    gm: GraphModule, found: list[Reader], lacking: Sequence[str], state: Mapping[str, torch.Tensor]
+) -> dict[str, str]:
+    """For each weight in `lacking` (no reader gives it an activation), another weight of this
+    program with the same shape, dtype and values that a reader with an activation multiplies:
+    an embedding tied to the output head but exported as two tensors (embed_tokens, lm_head) is
+    one constant once converted, and that constant's statistics are the head's. Values come from
+    the exported program's state (`state`: the unlifted module keeps one of two tied tensors)."""
+    import torch
+
+    multiplied = list(dict.fromkeys(r.name for r in found if r.activation is not None))
+    twins: dict[str, str] = {}
+    for name in lacking:
+        value = _state_tensor(gm, name, state)
+        if value is None:
+            continue
+        for other in multiplied:
+            candidate = _state_tensor(gm, other, state)
+            if (candidate is not None and candidate.shape == value.shape and candidate.dtype == value.dtype
+                    and torch.equal(candidate, value)):  # fmt: skip
+                twins[name] = other
+                break
+    return twins
+
+
+def _state_tensor(gm: GraphModule, name: str, state: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    """The parameter or buffer of that name as exported, or as the module holds it, or None."""
+    if name in state:
+        return state[name].detach()
+    *path, leaf = name.split(".")
+    try:
+        owner = gm.get_submodule(".".join(path))
+    except AttributeError:
+        return None
+    value = owner._parameters.get(leaf, owner._buffers.get(leaf))
+    return None if value is None else value.detach()
 
 
 class ProgramCalibration:
@@ -154,6 +205,7 @@ class ProgramCalibration:
         from coreai_opt._export import fold_decompression
 
         self.samples = samples
+        self.state = dict(program.state_dict)  # as exported (tied tensors under both names)
         self.device = torch.device(device or "cpu")
         self.gm = program.module()
         fold_decompression(self.gm)
@@ -209,8 +261,10 @@ class ProgramCalibration:
     def _activations(self, names: Sequence[str], needs: Needs) -> dict[str, Statistics]:
         import torch
 
-        chosen = _first_readers(readers(self.gm), names, needs)
-        by_node = {reader.node: reader for reader in chosen.values()}
+        chosen = _first_readers(self.gm, names, needs, self.state)
+        by_node: dict[Node, list[Reader]] = {}
+        for reader in chosen.values():
+            by_node.setdefault(reader.node, []).append(reader)
         sums = {name: _Sums() for name in names}
         recorder = _Recording(self.gm, by_node, sums, needs)
         with torch.no_grad():
@@ -290,7 +344,8 @@ class ProgramCalibration:
         return self._fingerprint
 
     def _key(self, names: Sequence[str], needs: Needs) -> str:
-        parts = [self.fingerprint(), self.samples.digest(), needs.value, str(self.seed), *sorted(names)]
+        parts = [_STATISTICS_VERSION, self.fingerprint(), self.samples.digest(), needs.value, str(self.seed),
+                 *sorted(names)]  # fmt: skip
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
     def _load(self, key: str, names: Sequence[str]) -> dict[str, Statistics] | None:
@@ -375,7 +430,7 @@ class _Recording:
     """Runs the module on one sample, adding each chosen reader's activation to its sums."""
 
     def __init__(
-        self, gm: GraphModule, by_node: dict[Node, Reader], sums: dict[str, _Sums], needs: Needs
+        self, gm: GraphModule, by_node: dict[Node, list[Reader]], sums: dict[str, _Sums], needs: Needs
     ) -> None:
         from torch.fx import Interpreter
 
@@ -383,10 +438,10 @@ class _Recording:
 
         class Interp(Interpreter):
             def run_node(self, n: Node) -> Any:
-                reader = outer.by_node.get(n)
-                if reader is not None and reader.activation is not None:
-                    args, _ = self.fetch_args_kwargs_from_env(n)
-                    outer.sums[reader.name].add(args[reader.activation], reader, outer.needs)
+                for reader in outer.by_node.get(n, ()):
+                    if reader.activation is not None:
+                        args, _ = self.fetch_args_kwargs_from_env(n)
+                        outer.sums[reader.name].add(args[reader.activation], reader, outer.needs)
                 return super().run_node(n)
 
         self.interpreter = Interp(gm)
@@ -404,8 +459,10 @@ class _NodeMajor:
         self.calibration = calibration
         self.gm = calibration.gm
         self.needs = needs
-        self.chosen = _first_readers(readers(self.gm), names, needs)
-        self.pending = {reader.node: reader for reader in self.chosen.values()}
+        self.chosen = _first_readers(self.gm, names, needs, calibration.state)
+        self.pending: dict[Node, list[Reader]] = {}
+        for reader in self.chosen.values():
+            self.pending.setdefault(reader.node, []).append(reader)
         missing = [name for name in names if name not in self.chosen]
         self.unread = missing  # weights no op reads: their statistics are empty
 
@@ -431,16 +488,15 @@ class _NodeMajor:
                     continue
                 if node in state:
                     continue  # computed on demand from the weights as they are now
-                reader = self.pending.pop(node, None)
-                if reader is not None:
+                for reader in self.pending.pop(node, ()):
                     sums = _Sums()
                     if reader.activation is not None:
                         for activation in self._operand(node.args[reader.activation], values, fixed, state):
                             sums.add(activation, reader, self.needs)
                     yield reader.name, sums.mean()
                     fixed.clear()  # the caller replaced the weight: views of it are stale
-                    if not self.pending:
-                        return  # every weight has its statistics: the rest of the program is not needed
+                if not self.pending:
+                    return  # every weight has its statistics: the rest of the program is not needed
                 values[node] = self._evaluate(node, values, fixed, state)
                 for used in node.all_input_nodes:
                     if last_use.get(used) == index and used in values:
