@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
 CACHE_ENV = "COREOPT_CACHE"
-# Raised when what statistics a name gets changes (2: an embedding's twin head, `_twins`).
+# Raised when what statistics a name gets changes (3: an embedding's twin head, `_twins`).
 _STATISTICS_VERSION = "3"
 
 

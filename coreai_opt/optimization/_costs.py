@@ -26,7 +26,8 @@ from typing import Any
 from ._choices import Choice
 
 Progress = Callable[[int, int, str], None]
-_LAYOUT = 2  # of the cache files (2: the Kronecker-factored estimate)
+# The cache files' layout (2: the Kronecker-factored estimate; 3: GPTQ onto clipped scales, twin heads).
+_LAYOUT = 3
 
 
 @dataclass
