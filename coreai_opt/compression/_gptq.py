@@ -88,8 +88,9 @@ def quantize_gptq(
     importance = input_importance(statistics, site)
     if importance is None:  # no data reaches it (an embedding lookup): the plain squared error
         importance = torch.ones((1,) * len(site.shape), dtype=torch.float64).expand(site.shape)
-    grid = weighted_grid(w, site, config, grid, free, importance)
-    onto = quantize_onto(w, site, config, grid)
+    clipped = weighted_grid(w, site, config, grid, free, importance)
+    onto = free if clipped is grid else quantize_onto(w, site, config, clipped)  # other formats: as is
+    grid = clipped
     if isinstance(onto, str):
         return free
     if gram is None:

@@ -34,7 +34,7 @@ MAX_METADATA_BYTES = 1 << 20
 CRASHED = f"{BYTECODE_FILE} is corrupt (the Core AI library crashed reading it)"
 HASH_MISMATCH = f"{HASH_FILE} does not match the SHA-256 of {BYTECODE_FILE}"
 _SHA256_BYTES = 32
-# Assets read without harm (or written by us), by `_checked.asset_key`: this process never pays
+# Assets read without harm (or written by us), by `_asset_key`: this process never pays
 # twice for the same asset, and the record in `_checked` spares later processes too.
 _verified: set[tuple[object, ...]] = set()
 
