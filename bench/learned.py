@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def configs() -> dict[str, object]:
     from coreai_opt.compression import PalettizeConfig, QuantizeConfig, SparsifyConfig
 
-    def lut(bits: int, method: str, group: int | None, scaled: bool = False) -> PalettizeConfig:
+    def lut(bits: int, method: str, group: int | None, scaled: bool = False, tune: int = 0) -> PalettizeConfig:
         granularity = "grouped" if group else "channel"
         return PalettizeConfig(n_bits=bits, granularity=granularity, group_size=group or 32, method=method,
                                num_kmeans_workers=0, weight_num_threshold=0,
-                               enable_per_channel_scale=scaled)  # fmt: skip
+                               enable_per_channel_scale=scaled, tune_epochs=tune)  # fmt: skip
 
     rows: dict[str, object] = {}
     for method in ("kmeans", "sensitive", "importance", "gptq"):
@@ -46,6 +46,8 @@ def configs() -> dict[str, object]:
     for method in ("kmeans", "sensitive", "gptq"):
         rows[f"lut3-g16-{method}"] = lut(3, method, 16)
         rows[f"lut3-g16s-{method}"] = lut(3, method, 16, scaled=True)  # with per-channel scales
+    for bits in (3, 4):  # GPTQ's tables tuned end to end over two passes of the calibration data
+        rows[f"lut{bits}-g16-gptq-tuned"] = lut(bits, "gptq", 16, tune=2)
     for method in ("rtn", "gptq"):
         rows[f"int4-ch-{method}"] = QuantizeConfig(dtype="int4", method=method, weight_num_threshold=0)
         rows[f"int2-b32-{method}"] = QuantizeConfig(dtype="int2", granularity="block", block_size=32, method=method,

@@ -218,6 +218,7 @@ class ProgramCalibration:
         self.seed = seed
         self.replaced: dict[str, torch.Tensor] = {}
         self._fingerprint: str | None = None
+        self._tuned_targets: tuple[tuple[str, ...], dict[str, list[str]]] | None = None
 
     # ----- the Calibration protocol ------------------------------------------------------------
 
@@ -255,6 +256,49 @@ class ProgramCalibration:
             setattr(owner, leaf, value.to(dtype))
         self.replaced[name] = value
         self._fingerprint = None
+
+    @property
+    def sample_count(self) -> int:
+        return len(self.inputs)
+
+    def divergence(self, weights: Mapping[str, torch.Tensor], sample: int) -> torch.Tensor:
+        import torch
+
+        inputs = self.inputs[sample]
+        originals = {name: self.state[name].to(self.device) for name in self.replaced if name in self.state}
+        with torch.no_grad():
+            reference = self._call(originals, inputs)
+        placed: dict[str, torch.Tensor] = {}
+        for name, targets in self._targets(tuple(weights)).items():
+            for target in targets:
+                placed[target] = weights[name].to(self.device, self._parameter_dtype(target))
+        return _divergence(self._call(placed, inputs), reference, inputs)
+
+    def _call(self, tensors: Mapping[str, torch.Tensor], inputs: tuple[Any, ...]) -> Any:
+        from torch.func import functional_call
+
+        return functional_call(self.gm, dict(tensors), inputs)
+
+    def _parameter_dtype(self, name: str) -> torch.dtype:
+        *path, leaf = name.split(".")
+        return getattr(self.gm.get_submodule(".".join(path)), leaf).dtype
+
+    def _targets(self, names: tuple[str, ...]) -> dict[str, list[str]]:
+        """Where this program computes with each named weight: under its own name where it holds
+        one, and through an equal twin that is multiplied where the name is only looked up (a
+        converted program's one constant for a tied embedding and head, `_twins`) - unless that
+        twin is named itself."""
+        if self._tuned_targets is None or self._tuned_targets[0] != names:
+            found = readers(self.gm)
+            multiplied = {r.name for r in found if r.activation is not None}
+            lacking = [name for name in names if name not in multiplied]
+            twins = _twins(self.gm, found, lacking, self.state)
+            targets = {name: [name] if self._holds(name) else [] for name in names}
+            for name, twin in twins.items():
+                if twin not in targets:
+                    targets[name].append(twin)
+            self._tuned_targets = (names, targets)
+        return self._tuned_targets[1]
 
     # ----- one pass per sample -----------------------------------------------------------------
 
@@ -408,14 +452,10 @@ def _loss(output: Any, inputs: tuple[Any, ...], generator: Any) -> tuple[torch.T
     error as one random-sign projection of it."""
     import torch
 
-    leaves = [
-        t
-        for t in torch.utils._pytree.tree_leaves(output)
-        if isinstance(t, torch.Tensor) and t.is_floating_point()
-    ]
-    ids = next((t for t in inputs if not t.is_floating_point() and t.dim() == 2), None)
+    leaves = _float_leaves(output)
+    ids = _language_ids(leaves, inputs)
     first = leaves[0]
-    if ids is not None and first.dim() == 3 and first.shape[:2] == ids.shape and first.shape[1] > 1:
+    if ids is not None:
         logits = first[:, :-1].reshape(-1, first.shape[-1]).float()
         targets = ids[:, 1:].reshape(-1)
         return torch.nn.functional.cross_entropy(logits, targets, reduction="sum"), targets.numel()
@@ -424,6 +464,42 @@ def _loss(output: Any, inputs: tuple[Any, ...], generator: Any) -> tuple[torch.T
         for leaf in leaves
     )
     return loss, sum(leaf.numel() for leaf in leaves)  # type: ignore[return-value]
+
+
+def _float_leaves(output: Any) -> list[torch.Tensor]:
+    import torch
+
+    return [
+        t
+        for t in torch.utils._pytree.tree_leaves(output)
+        if isinstance(t, torch.Tensor) and t.is_floating_point()
+    ]
+
+
+def _language_ids(leaves: list[torch.Tensor], inputs: tuple[Any, ...]) -> torch.Tensor | None:
+    """The [batch, tokens] ids of a language model's sample (its first output is logits
+    [batch, tokens, vocabulary]), or None for any other model."""
+    ids = next((t for t in inputs if not t.is_floating_point() and t.dim() == 2), None)
+    first = leaves[0]
+    if ids is not None and first.dim() == 3 and first.shape[:2] == ids.shape and first.shape[1] > 1:
+        return ids
+    return None
+
+
+def _divergence(output: Any, reference: Any, inputs: tuple[Any, ...]) -> torch.Tensor:
+    """A language model's mean next-token KL divergence from the reference's distribution, or
+    for any other model each float output's squared error relative to its reference's energy."""
+    import torch
+
+    leaves, held = _float_leaves(output), _float_leaves(reference)
+    if _language_ids(held, inputs) is not None:
+        logp = torch.log_softmax(held[0].float(), dim=-1)
+        logq = torch.log_softmax(leaves[0].float(), dim=-1)
+        return (logp.exp() * (logp - logq)).sum(-1).mean()
+    return sum(
+        ((leaf.float() - ref.float()) ** 2).mean() / (ref.float() ** 2).mean().clamp_min(1e-30)
+        for leaf, ref in zip(leaves, held, strict=True)
+    )  # type: ignore[return-value]
 
 
 class _Recording:

@@ -405,6 +405,10 @@ class PalettizeConfig(_Config):
     weight_num_threshold: int = option(1024, "--threshold", _THRESHOLD_HELP)
     overrides: tuple[Override, ...] = option((), "--override", _OVERRIDE_HELP)
     method: str = option("kmeans", "--method", _METHOD_HELP.format(default="kmeans"))
+    tune_epochs: int = option(
+        0, "--tune-epochs",
+        "Passes over the calibration data that tune the LUT entries end to end (0: none).",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lut_dtype", _enum(DType, self.lut_dtype, "lut_dtype"))
@@ -441,6 +445,26 @@ class PalettizeConfig(_Config):
             raise ConfigError("num_kmeans_workers must be 0 (one per CPU) or more", "num_kmeans_workers")
         if self.rounding_precision < 0:
             raise ConfigError("rounding_precision must be 0 or more", "rounding_precision")
+        self._check_tuning()
+
+    def _check_tuning(self) -> None:
+        from ._algorithms import algorithm_for
+
+        if (
+            not isinstance(self.tune_epochs, int)
+            or isinstance(self.tune_epochs, bool)
+            or self.tune_epochs < 0
+        ):
+            raise ConfigError("tune_epochs must be 0 or more", "tune_epochs")
+        if self.tune_epochs and algorithm_for(self).data_free:
+            raise ConfigError(
+                "tune_epochs tunes tables on calibration data: use a method that learns from data "
+                "(sensitive, importance, gptq)", "tune_epochs", "method",
+            )  # fmt: skip
+        if self.tune_epochs and self.lut_dtype is not None:
+            raise ConfigError(
+                "tune_epochs tunes float LUT entries: leave lut_dtype unset", "tune_epochs", "lut_dtype"
+            )
 
     @property
     def tag(self) -> str:

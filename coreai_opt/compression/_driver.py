@@ -82,10 +82,52 @@ def compress_container(
         getattr(outcomes, "close", lambda: None)()
     if learned:
         assert calibration is not None
+        held: list[tuple[WeightSite, Encoding]] = []  # tables to tune end to end once all are chosen
         for site, cfg, statistics in _statistics_in_order(learned, calibration):
-            finish(site, encode_weight(container.read(site), site, cfg, statistics), learns=True)
+            outcome = encode_weight(container.read(site), site, cfg, statistics)
+            if _tunes(cfg, outcome) and container.refusal(site, outcome) is None:
+                assert isinstance(outcome, Encoding)
+                held.append((site, outcome))
+                calibration.replace(site.name, decode(outcome))
+                continue
+            finish(site, outcome, learns=True)
+        if held:
+            epochs = max(getattr(cfg, "tune_epochs", 0) for _, cfg, _ in learned)
+            report.tuning, tuned = _tuned(held, calibration, epochs, progress, done, len(sites))
+            for (site, _), outcome in zip(held, tuned, strict=True):
+                finish(site, measured(container.read(site), outcome), learns=True)
     container.finish()
     return report
+
+
+def _tunes(config: Config, outcome: Encoding | Skipped) -> bool:
+    from ._tuning import tunable
+
+    return bool(getattr(config, "tune_epochs", 0)) and isinstance(outcome, Encoding) and tunable(outcome)
+
+
+def _tuned(
+    held: list[tuple[WeightSite, Encoding]],
+    calibration: Calibration,
+    epochs: int,
+    progress: Progress | None,
+    done: int,
+    total: int,
+) -> tuple[list[float], list[Encoding]]:
+    """The held encodings with their tables tuned end to end (`_tuning`), and the mean divergence
+    of each pass; the progress line names the step."""
+    from ._tuning import tune_tables
+
+    def step(steps: int, of: int, divergence: float) -> None:
+        if progress is not None:
+            progress(
+                done,
+                total,
+                f"tuning {len(held)} weights' tables: step {steps}/{of}, divergence {divergence:.4g}",
+            )
+
+    tuned, means = tune_tables(held, calibration, epochs, step)
+    return means, tuned
 
 
 def _statistics_in_order(

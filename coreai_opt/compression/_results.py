@@ -42,6 +42,8 @@ class CompressionReport:
     data_free: list[str] = field(
         default_factory=list
     )  # a method learning from data had no statistics for these
+    # the mean divergence from the given program over each pass of end-to-end table tuning
+    tuning: list[float] = field(default_factory=list)
 
     @property
     def bytes_before(self) -> int:
@@ -170,5 +172,6 @@ class CompressionReport:
             "model_bits_per_weight": self.model_bits_per_weight,
             "already_compressed": self.already_compressed,
             "data_free": list(self.data_free),
+            "tuning": list(self.tuning),
             "warnings": self.warnings,
         }

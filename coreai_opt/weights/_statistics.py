@@ -9,7 +9,7 @@ them in graph order with every weight compressed so far already swapped in (`rep
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -51,4 +51,15 @@ class Calibration(Protocol):
 
     def replace(self, name: str, value: torch.Tensor) -> None:
         """Use `value` for the weight `name` from now on (its compressed form, decoded)."""
+        ...
+
+    @property
+    def sample_count(self) -> int:
+        """How many calibration samples `divergence` takes."""
+        ...
+
+    def divergence(self, weights: Mapping[str, torch.Tensor], sample: int) -> torch.Tensor:
+        """How far the program's output on calibration sample `sample`, with `weights` (by name,
+        differentiable) in place of the named weights and every `replace` made so far, is from
+        the program's as it was given: a scalar that gradients flow back from to `weights`."""
         ...

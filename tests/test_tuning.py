@@ -1,0 +1,108 @@
+"""End-to-end tuning of look-up tables (`PalettizeConfig.tune_epochs`): the indices GPTQ chose
+stay, the entries move (on their stored dtype's grid), and the compressed program's divergence
+from the program as given - measured here, independently, on the calibration samples - falls."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from coreai_opt._errors import ConfigError
+from coreai_opt.calibration import Samples, calibrate
+from coreai_opt.compression import PalettizeConfig, compress_
+from coreai_opt.io import load_pt2
+from tests.conftest import SAMPLES
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("transformers")
+    from coreai_opt.models import export_file
+    from tests._hf import TEXT, hf_folder
+
+    root = tmp_path_factory.mktemp("tuning")
+    program = export_file(hf_folder("llama", root), root / "ref.pt2", seq_len=16).output
+    text = root / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    return {"ref": program, "text": text}
+
+
+def _compressed(reference: Path, samples: Samples, config: PalettizeConfig):  # type: ignore[no-untyped-def]
+    program = load_pt2(reference)
+    report = compress_(program, config, calibration=calibrate(load_pt2(reference), samples, cache=False))
+    return program, report
+
+
+def _state(program, suffix: str) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    return {k: v for k, v in program.state_dict.items() if k.endswith(suffix)}
+
+
+def _divergence(reference, candidate, samples: Samples, language: bool) -> float:  # type: ignore[no-untyped-def]
+    """Mean next-token KL divergence (language) or relative squared error of the first output."""
+    total, count = 0.0, 0
+    ref_module, cand_module = reference.module(), candidate.module()
+    with torch.no_grad():
+        for _, inputs in samples.inputs(reference):
+            p, q = ref_module(*inputs)[0].double(), cand_module(*inputs)[0].double()
+            if language:
+                logp, logq = torch.log_softmax(p, -1), torch.log_softmax(q, -1)
+                total += float((logp.exp() * (logp - logq)).sum(-1).mean())
+            else:
+                total += float(((q - p) ** 2).mean() / (p**2).mean())
+            count += 1
+    return total / count
+
+
+def test_tuned_tables_keep_the_indices_and_bring_the_language_model_back(llama) -> None:  # type: ignore[no-untyped-def]
+    from coreai_opt.models import model_tokenizer
+
+    samples = Samples.of(llama["text"], tokens=256, tokenizer=model_tokenizer(llama["ref"]))
+    config = PalettizeConfig(
+        n_bits=2, granularity="grouped", group_size=4, method="gptq", weight_num_threshold=0
+    )
+    plain, _ = _compressed(llama["ref"], samples, config)
+    tuned, report = _compressed(llama["ref"], samples, dataclasses.replace(config, tune_epochs=3))
+    assert len(report.tuning) == 3 and report.tuning[-1] < report.tuning[0]
+    assert report.to_dict()["tuning"] == report.tuning
+    indices, luts = _state(plain, ".indices"), _state(plain, ".lut")
+    assert len(indices) == len(report.weights) == 16  # the embedding (a lookup) is tuned too
+    for name, value in _state(tuned, ".indices").items():
+        assert torch.equal(value, indices[name]), name
+    moved = [name for name, value in _state(tuned, ".lut").items() if not torch.equal(value, luts[name])]
+    assert len(moved) == len(luts)
+    reference = load_pt2(llama["ref"])
+    before = _divergence(reference, plain, samples, language=True)
+    after = _divergence(reference, tuned, samples, language=True)
+    assert after < 0.98 * before, (before, after)  # a random model's divergence is small: 0.00096 -> 0.00093
+    again, _ = _compressed(llama["ref"], samples, dataclasses.replace(config, tune_epochs=3))
+    for name, value in _state(again, ".lut").items():  # deterministic
+        assert torch.equal(value, _state(tuned, ".lut")[name]), name
+
+
+def test_tuning_brings_another_models_output_back_under_per_channel_scales() -> None:
+    samples = Samples.of("random", count=8)
+    config = PalettizeConfig(n_bits=2, granularity="grouped", group_size=8, method="gptq", weight_num_threshold=0,
+                             enable_per_channel_scale=True)  # fmt: skip
+    plain, _ = _compressed(SAMPLES / "mlp.pt2", samples, config)
+    tuned, report = _compressed(SAMPLES / "mlp.pt2", samples, dataclasses.replace(config, tune_epochs=4))
+    assert report.tuning and report.tuning[-1] < report.tuning[0]
+    scales = _state(plain, ".scale")
+    assert scales and all(torch.equal(v, scales[k]) for k, v in _state(tuned, ".scale").items())
+    reference = load_pt2(SAMPLES / "mlp.pt2")
+    before = _divergence(reference, plain, samples, language=False)
+    after = _divergence(reference, tuned, samples, language=False)
+    assert after < 0.9 * before, (before, after)  # 0.0231 -> 0.0196
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [({"tune_epochs": -1}, "tune_epochs"), ({"tune_epochs": 2, "method": "kmeans"}, "tune_epochs"),
+     ({"tune_epochs": 2, "method": "gptq", "lut_dtype": "int8"}, "tune_epochs")],
+)  # fmt: skip
+def test_tuning_needs_data_and_float_entries(changes: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        PalettizeConfig(**changes)  # type: ignore[arg-type]
+    assert field in caught.value.fields
