@@ -104,3 +104,13 @@ def llama_gguf(path: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def exported_llama(root: Path) -> dict[str, Path]:
+    """The tiny LLaMA exported at 16 tokens (`ref`) and a text to calibrate it on (`text`)."""
+    from coreai_opt.models import export_file
+
+    program = export_file(hf_folder("llama", root), root / "ref.pt2", seq_len=16).output
+    text = root / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    return {"ref": program, "text": text, "root": root}

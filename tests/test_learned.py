@@ -326,14 +326,9 @@ def test_a_weight_without_statistics_takes_the_data_free_encoding(layer: dict[st
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("transformers")
-    from coreai_opt.models import export_file
-    from tests._hf import TEXT, hf_folder
+    from tests._hf import exported_llama
 
-    root = tmp_path_factory.mktemp("learned")
-    program = export_file(hf_folder("llama", root), root / "ref.pt2", seq_len=16).output
-    text = root / "text.txt"
-    text.write_text(TEXT, encoding="utf-8")
-    return {"ref": program, "text": text, "root": root}
+    return exported_llama(tmp_path_factory.mktemp("learned"))
 
 
 def test_gptq_from_the_cli_learns_layer_by_layer_and_says_what_the_data_did(

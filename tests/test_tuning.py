@@ -20,14 +20,9 @@ from tests.conftest import SAMPLES
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("transformers")
-    from coreai_opt.models import export_file
-    from tests._hf import TEXT, hf_folder
+    from tests._hf import exported_llama
 
-    root = tmp_path_factory.mktemp("tuning")
-    program = export_file(hf_folder("llama", root), root / "ref.pt2", seq_len=16).output
-    text = root / "text.txt"
-    text.write_text(TEXT, encoding="utf-8")
-    return {"ref": program, "text": text}
+    return exported_llama(tmp_path_factory.mktemp("tuning"))
 
 
 def _compressed(reference: Path, samples: Samples, config: PalettizeConfig):  # type: ignore[no-untyped-def]
@@ -106,3 +101,18 @@ def test_tuning_needs_data_and_float_entries(changes: dict[str, object], field: 
     with pytest.raises(ConfigError) as caught:
         PalettizeConfig(**changes)  # type: ignore[arg-type]
     assert field in caught.value.fields
+
+
+def test_the_cli_tunes_and_names_the_flag_it_refuses(coreopt, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "m.pt2"
+    result = coreopt("palettize", SAMPLES / "mlp.pt2", "--nbits", "2", "--method", "gptq", "--tune-epochs", "2",
+                     "--calibration", "random", "--calibration-samples", "8", "--json", "-o", out)  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    tuning = json.loads(result.stdout)["report"]["tuning"]
+    assert len(tuning) == 2 and tuning[1] < tuning[0]
+    refused = coreopt("palettize", SAMPLES / "mlp.pt2", "--tune-epochs", "2", "-o", tmp_path / "n.pt2")
+    assert refused.exit_code == 2 and "--tune-epochs" in refused.stderr
+    assert not (tmp_path / "n.pt2").exists()
