@@ -32,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def configs() -> dict[str, object]:
     from coreai_opt.compression import PalettizeConfig, QuantizeConfig, SparsifyConfig
 
-    def lut(bits: int, method: str, group: int | None, scaled: bool = False, tune: int = 0) -> PalettizeConfig:
+    def lut(
+        bits: int, method: str, group: int | None, scaled: bool = False, tune: int = 0
+    ) -> PalettizeConfig:
         granularity = "grouped" if group else "channel"
         return PalettizeConfig(n_bits=bits, granularity=granularity, group_size=group or 32, method=method,
                                num_kmeans_workers=0, weight_num_threshold=0,

@@ -393,6 +393,13 @@ def render_compression(result: CompressionFileResult) -> None:
             f"[bold]Data[/bold]: {len(learned)} weights learned from calibration ({learned[0].weighting}-weighted "
             f"error, 'data SNR'): {gain / len(learned):+.2f} dB on average against the data-free encoding"
         )
+    if report.tuning:
+        passes = " -> ".join(f"{d:.4g}" for d in report.tuning)
+        console.print(
+            f"[bold]Tuning[/bold]: look-up tables tuned end to end over {len(report.tuning)} pass{'es' * (len(report.tuning) > 1)}; mean "
+            f"divergence from the original on the calibration data, pass by pass: {passes} (the data SNR is "
+            "the layer-wise one, before tuning)"
+        )
     for warning in report.warnings:
         console.print(f"[yellow]warning: {shown(warning)}[/yellow]")
 

@@ -113,6 +113,9 @@ def test_the_cli_tunes_and_names_the_flag_it_refuses(coreopt, tmp_path: Path, mo
     assert result.exit_code == 0, result.stderr
     tuning = json.loads(result.stdout)["report"]["tuning"]
     assert len(tuning) == 2 and tuning[1] < tuning[0]
+    shown = coreopt("palettize", SAMPLES / "mlp.pt2", "--nbits", "2", "--method", "gptq", "--tune-epochs", "1",
+                    "--calibration", "random", "--calibration-samples", "8", "-o", tmp_path / "t.pt2")  # fmt: skip
+    assert shown.exit_code == 0 and "tuned end to end over 1 pass;" in " ".join(shown.stdout.split())
     refused = coreopt("palettize", SAMPLES / "mlp.pt2", "--tune-epochs", "2", "-o", tmp_path / "n.pt2")
     assert refused.exit_code == 2 and "--tune-epochs" in refused.stderr
     assert not (tmp_path / "n.pt2").exists()
