@@ -93,7 +93,7 @@ def compress_container(
             finish(site, outcome, learns=True)
         if held:
             epochs = max(getattr(cfg, "tune_epochs", 0) for _, cfg, _ in learned)
-            report.tuning, tuned = _tuned(held, calibration, epochs, progress, done, len(sites))
+            tuned, report.tuning = _tuned(held, calibration, epochs, progress, done, len(sites))
             for (site, _), outcome in zip(held, tuned, strict=True):
                 finish(site, measured(container.read(site), outcome), learns=True)
     container.finish()
@@ -113,7 +113,7 @@ def _tuned(
     progress: Progress | None,
     done: int,
     total: int,
-) -> tuple[list[float], list[Encoding]]:
+) -> tuple[list[Encoding], list[float]]:
     """The held encodings with their tables tuned end to end (`_tuning`), and the mean divergence
     of each pass; the progress line names the step."""
     from ._tuning import tune_tables
@@ -126,8 +126,7 @@ def _tuned(
                 f"tuning {len(held)} weights' tables: step {steps}/{of}, divergence {divergence:.4g}",
             )
 
-    tuned, means = tune_tables(held, calibration, epochs, step)
-    return means, tuned
+    return tune_tables(held, calibration, epochs, step)
 
 
 def _statistics_in_order(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 
 import tcast
-from coreai_opt.weights import Calibration, Encoding, Palettized, Stored, WeightSite
+from coreai_opt.weights import Calibration, Encoding, Palettized, WeightSite
 from coreai_opt.weights._decode import lut_to_dense, shift_scale, torch_values
 
 from ._quantize import stored_float
@@ -81,8 +81,9 @@ class _Table:
         assert isinstance(form, Palettized)
         element = form.lut.element
         rounded = tcast.cast(self.entries().detach(), element.tcast)
-        lut = stored_float(rounded.reshape(form.lut.shape), element)
-        return replace(self.encoding, form=replace(form, lut=Stored(lut.values, element)))
+        return replace(
+            self.encoding, form=replace(form, lut=stored_float(rounded.reshape(form.lut.shape), element))
+        )
 
 
 def tune_tables(
