@@ -10,7 +10,9 @@ one layer changes what every later layer sees, which only an end-to-end objectiv
 (AQLM and PV-tuning fine-tune their codebooks the same way). The indices stay as chosen; the
 entries end on their stored dtype's grid (tcast), so the encoding's layout and size are
 unchanged. Adam's steps are in units of each table's root mean square entry, so one step size
-fits tables of any scale; samples are visited in a seeded order: the result is deterministic.
+fits tables of any scale, and shrink linearly to zero over the run: a constant step overfits the
+calibration text at 4 bits (held-out KL rose while perplexity fell; docs/benchmarks.md). Samples
+are visited in a seeded order: the result is deterministic.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from coreai_opt.weights._decode import lut_to_dense, shift_scale, torch_values
 
 from ._quantize import stored_float
 
-_STEP = 5e-3  # Adam's step size, in units of each table's root mean square entry
+_STEP = 5e-3  # Adam's first step size, in units of each table's root mean square entry
 _ACCUMULATE = 4  # calibration samples per step
 _SEED = 0
 
@@ -100,6 +102,7 @@ def tune_tables(
     generator = torch.Generator().manual_seed(_SEED)
     count = calibration.sample_count
     steps = epochs * math.ceil(count / _ACCUMULATE)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / steps)
     done, means = 0, []
     for _ in range(epochs):
         order = torch.randperm(count, generator=generator).tolist()
@@ -113,6 +116,7 @@ def tune_tables(
                 return [encoding for _, encoding in held], []  # no held weight reaches the program's output
             loss.backward()  # type: ignore[union-attr]
             optimizer.step()
+            schedule.step()
             total += float(loss.detach()) * len(batch)  # type: ignore[union-attr]
             done += 1
             if progress is not None:
