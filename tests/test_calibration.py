@@ -199,3 +199,35 @@ def test_text_is_cut_into_token_windows_with_the_models_tokenizer(tmp_path: Path
     assert torch.equal(windows[0][1][1], torch.ones(1, 16, dtype=windows[0][1][1].dtype))
     limited = list(Samples.of(tmp_path / "prose.txt", tokenizer=tmp_path, tokens=40).inputs(program))
     assert len(limited) == 2
+
+
+class _Masked(torch.nn.Module):
+    """A causal mask built inside the graph, as a decoder's attention does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.full((x.shape[1], x.shape[1]), float("-inf")).triu(1)
+        return (self.proj(x) @ x.transpose(1, 2) + mask).softmax(-1)
+
+
+def test_tensor_factories_follow_the_calibration_device() -> None:
+    """torch.export records the CPU as the mask's device; a graph moved to another device must
+    build it there too (the meta device stands in for a GPU: mixing it with the CPU fails)."""
+    from coreai_opt.calibration._capture import _place_factories
+
+    program = torch.export.export(_Masked(), (torch.randn(1, 4, 8),))
+    unplaced = program.module().to("meta")
+    with pytest.raises(RuntimeError):
+        unplaced(torch.randn(1, 4, 8, device="meta"))
+    placed = program.module()
+    _place_factories(placed, torch.device("meta"))
+    placed.to("meta")
+    out = placed(torch.randn(1, 4, 8, device="meta"))
+    assert out.device.type == "meta" and out.shape == (1, 4, 4)
+    back = program.module()
+    _place_factories(back, torch.device("cpu"))  # where it was traced: nothing changes
+    x = torch.randn(1, 4, 8)
+    assert torch.equal(back(x), program.module()(x))

@@ -209,6 +209,7 @@ class ProgramCalibration:
         self.device = torch.device(device or "cpu")
         self.gm = program.module()
         fold_decompression(self.gm)
+        _place_factories(self.gm, self.device)
         self.gm.to(self.device)
         with torch.no_grad():
             self.inputs = [tuple(t.to(self.device) for t in inputs) for _, inputs in samples.inputs(program)]
@@ -642,3 +643,19 @@ def _state_only(graph: Any) -> set[Node]:
         ):
             state.add(node)
     return state
+
+
+def _place_factories(gm: GraphModule, device: torch.device) -> None:
+    """Point the graph's tensor factories (a causal mask's `full`, `arange`, `_to_copy`) at
+    `device`: torch.export records the device they were traced on, and a graph moved to a GPU
+    would still build those tensors on the CPU."""
+    import torch
+
+    changed = False
+    for node in gm.graph.nodes:
+        placed = node.kwargs.get("device") if node.op == "call_function" else None
+        if placed is not None and torch.device(placed) != device:
+            node.kwargs = {**node.kwargs, "device": device}
+            changed = True
+    if changed:
+        gm.recompile()
