@@ -119,10 +119,11 @@ def _decoder(size: str, dtype: torch.dtype = torch.float16) -> Decoder:
     return model.eval()
 
 
-def program(size: str, fp32: bool = False) -> Path:
+def program(size: str, fp32: bool = False, sequence: int = SEQUENCE) -> Path:
     """Build (once) `build/bench/decoder_<size>.pt2` (fp32: `decoder_<size>_fp32.pt2`, the same
-    weights in float32, for `coreopt cast`)."""
-    path = CACHE / f"decoder_{size}{'_fp32' if fp32 else ''}.pt2"
+    weights in float32, for `coreopt cast`; another `sequence` length: `decoder_<size>_s<n>.pt2`)."""
+    tail = ("_fp32" if fp32 else "") + ("" if sequence == SEQUENCE else f"_s{sequence}")
+    path = CACHE / f"decoder_{size}{tail}.pt2"
     if path.is_file():
         return path
     import coreai_torch
@@ -131,7 +132,7 @@ def program(size: str, fp32: bool = False) -> Path:
 
     model = _decoder(size, torch.float32 if fp32 else torch.float16)
     with torch.no_grad():
-        exported = torch.export.export(model, (torch.zeros(1, SEQUENCE, dtype=torch.long),))
+        exported = torch.export.export(model, (torch.zeros(1, sequence, dtype=torch.long),))
         exported = exported.run_decompositions(coreai_torch.get_decomp_table())
     CACHE.mkdir(parents=True, exist_ok=True)
     del model
