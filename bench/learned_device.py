@@ -12,6 +12,12 @@ device=...)` with the statistics cache off (every method pays for its own forwar
 peak GPU memory. With `--compare-cpu SIZE`, the methods also run on a SIZE decoder on the CPU and
 on the device (8 samples), and every stored tensor of the two results is compared element for
 element. Rows are written to `--out` (JSON) as they finish, so a run cut off resumes there.
+
+A GPU machine without coreai-core (its image has torch, numba, safetensors, typer, rich) takes a
+site folder on PYTHONPATH: coreai-core's and coreai-torch's wheels for its Python, plus strenum
+and yuvio, unpacked, with coreai/runtime/ (native libraries, ~150 MB, never called on a `.pt2`)
+replaced by a module that defines the names coreai.authoring imports (AIModel,
+AIModelAssetMetadata, AIModelAssetSummary, SpecializationOptions, _AIModelAsset, _use_os_coreai).
 """
 
 from __future__ import annotations
