@@ -383,7 +383,7 @@ MATRIX = (
     Architecture("resnet", ResNet, _pixels(64)),
     Architecture("mobilenet", MobileNet, _pixels(64)),
     Architecture("whisper", Whisper, _whisper_inputs),
-    Architecture("lstm-gru-tagger", Tagger, _ids(200, 20)),
+    Architecture("lstm-gru-tagger", Tagger, _ids(200, 8)),  # 8 steps: the recurrence unrolls
 )
 
 
