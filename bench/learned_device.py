@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 import tempfile
 import time
@@ -155,8 +154,6 @@ def main() -> None:
             print(f"{key:36s} stored codes equal {row['codes_equal']:.6f} (over one step apart "
                   f"{row.get('codes_over_one_step', float('nan')):.6f}, widest {row.get('widest_step', 0):.0f}), "
                   f"all tensors {row['all_equal']:.6f}", flush=True)  # fmt: skip
-    if os.environ.get("OUT"):
-        (Path(os.environ["OUT"]) / "learned_device.json").write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

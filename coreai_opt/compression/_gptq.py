@@ -130,22 +130,26 @@ def integer_rounding(
     form = encoding.form
     assert isinstance(form, Quantized) and form.decode is not None
     scale = view.matrix(spread_tiles(torch_values(form.decode.scale).double(), view.shape)).to(device)
+    bits, signed = config.dtype.bits, config.dtype.signed
+    # clamp(round(v / s) + z, first, last) - z is computed as clamp(round(v / s), first - z, last - z):
+    # every term is an integer held exactly in float64, so the two agree, with fewer kernels per
+    # column (the solve is bound by kernel launches)
+    if config.qscheme is QScheme.SYMMETRIC:  # +-half around any zero point: the bounds are constants
+        half = 2 ** (bits - 1) - 1
+
+        def round_symmetric(column: torch.Tensor, j: int) -> torch.Tensor:
+            s = scale[:, j]
+            return torch.clamp(torch.round(column.double() / s), -half, half) * s
+
+        return round_symmetric
     offset = form.decode.offset
     zero = (
         torch.zeros_like(scale)
         if offset is None
         else view.matrix(spread_tiles(torch_values(offset).double(), view.shape)).to(device)
     )
-    bits, signed = config.dtype.bits, config.dtype.signed
-    if config.qscheme is QScheme.SYMMETRIC:
-        half = 2 ** (bits - 1) - 1
-        low, high = torch.full_like(scale, -half), torch.full_like(scale, half)
-    else:
-        first = -(2 ** (bits - 1)) if signed else 0
-        low, high = first - zero, first + 2**bits - 1 - zero
-    # clamp(round(v / s) + z, first, last) - z as clamp(round(v / s), first - z, last - z): every
-    # term is an integer held exactly in float64, so the two agree, with three kernels fewer
-    # per column (the solve is bound by kernel launches)
+    first = -(2 ** (bits - 1)) if signed else 0
+    low, high = first - zero, first + 2**bits - 1 - zero
 
     def round_column(column: torch.Tensor, j: int) -> torch.Tensor:
         s = scale[:, j]
