@@ -416,3 +416,94 @@ def test_an_aimodel_learns_from_the_pt2_it_was_converted_from(coreopt, tmp_path:
     if not torch.cuda.is_available():
         assert no_gpu.exit_code == 1 and "no CUDA device" in no_gpu.stderr
     assert coreopt("palettize", SAMPLES / "mlp.pt2", "--device", "cpu").exit_code == 2  # a data-free method
+
+
+def _column_grid(
+    config: QuantizeConfig | PalettizeConfig,
+    w: torch.Tensor,
+    site: WeightSite,
+    layer: dict[str, torch.Tensor],
+):  # type: ignore[no-untyped-def]
+    """The grid GPTQ rounds `w`'s columns onto under `config`, as the algorithm builds it."""
+    from coreai_opt.compression import _gptq
+    from coreai_opt.compression._palettize import weighted_palettize
+    from coreai_opt.compression._quantize import element_grid, grid_of, quantize_onto
+    from coreai_opt.compression._sensitive import input_importance
+
+    view, cpu = MatrixView.of(site), torch.device("cpu")
+    if isinstance(config, PalettizeConfig):
+        importance = input_importance(_statistics(layer), site)
+        tables = _gptq._lut_rows(weighted_palettize(w, site, config, importance), site)
+        return _gptq.ColumnGrid("lut", table=tables.double())
+    grid = grid_of(w, site, config)
+    if config.dtype.is_int:
+        return _gptq.integer_rounding(quantize_onto(w, site, config, grid), view, config, cpu)
+    return _gptq._float_rounding(element_grid(grid, w, site, config), view, site, config, cpu)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "int4 per channel",
+        "uint4 asym block 32",
+        "mxfp4",
+        "fp8 e4m3",
+        "lut4 grouped, int8 LUT, channel scales",
+    ],
+)
+def test_the_fused_block_kernel_holds_and_rounds_as_the_torch_loop(
+    layer: dict[str, torch.Tensor], name: str
+) -> None:
+    """GPTQ's one-kernel block (Triton's interpreter here; bench/learned_device.py on a GPU) gives
+    the torch loop's float32 held values and float64 scaled errors, so the same rounded values,
+    on every kind of grid: integers with constant and per-element bounds, float elements under
+    power-of-two and float scales, look-up tables. The columns hold exact half steps, values
+    beyond the grid (saturation) and zeros; the rows a partial tile, the block a partial one."""
+    from coreai_opt.compression._gptq import _solve_columns, inverse_cholesky
+    from coreai_opt.compression._gptq_kernel import solve_block
+
+    config, width = GRIDS[name], 32
+    rows = ROWS if isinstance(config, PalettizeConfig) else 20  # groups of 16 rows; else a partial tile
+    site = _site((rows, COLUMNS))
+    w = layer["w"][:rows].clone()
+    grid = _column_grid(config, w, site, layer)
+    probe = w.double().clone()
+    steps = (grid.scale if grid.scale is not None else torch.ones(rows, COLUMNS)).double()
+    probe[:, 0:8] = (torch.arange(-4, 4).double() + 0.5) * steps[:, 0:8]  # exact half steps
+    probe[:, 8:12] *= 40  # far beyond every grid
+    probe[:3, 12:16] = 0.0
+    if grid.table is not None:  # halfway between a row's two first entries
+        probe[:, 0] = (grid.table[:, 0] + grid.table[:, 1]) / 2
+    gram = layer["gram"][:COLUMNS, :COLUMNS]
+    order = torch.arange(COLUMNS)
+    upper = inverse_cholesky(gram, probe.clone()).contiguous()
+    held = {kind: torch.zeros(rows, COLUMNS) for kind in ("loop", "kernel")}
+    for a, b in ((0, 32), (32, 56), (56, 64)):  # a full block, then two partial ones
+        loop = _solve_columns(probe, a, b, upper, order.tolist(), grid, held["loop"])
+        errors = torch.empty(rows, width, dtype=torch.float64)
+        fused = solve_block(probe, a, b, upper, order, grid.contiguous(), held["kernel"], errors)
+        assert torch.equal(fused, loop), (a, (fused - loop).abs().max())
+        assert fused.abs().amax() > 0
+    assert torch.equal(held["kernel"], held["loop"])
+
+
+def test_gptq_with_the_fused_kernel_stores_the_same_codes(
+    layer: dict[str, torch.Tensor], monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """End to end through the algorithm (more than one block of columns): the fused solve's
+    codes and scales are the torch loop's, byte for byte."""
+    import dataclasses
+
+    from coreai_opt.compression import _gptq
+
+    monkeypatch.setattr(_gptq, "_BLOCK", 16)
+    config = dataclasses.replace(GRIDS["uint4 asym block 32"], method="gptq")
+    site, encode = _site(), algorithm_for(config).encode()
+    encodings = []
+    for fused in (False, True):
+        monkeypatch.setattr(_gptq, "_fused_by_default", lambda device, fused=fused: fused)
+        encodings.append(encode(layer["w"], site, config, _statistics(layer)))
+    loop, kernel = (e.form for e in encodings)
+    assert np.array_equal(kernel.data.values, loop.data.values)
+    assert np.array_equal(kernel.decode.scale.values, loop.decode.scale.values)
+    assert np.array_equal(kernel.decode.offset.values, loop.decode.offset.values)

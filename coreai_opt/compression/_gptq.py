@@ -17,8 +17,9 @@ for symmetric integers with the scales that least change the weight itself (`_cl
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -38,7 +39,7 @@ from ._config import PalettizeConfig, QuantizeConfig
 from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
 from ._options import QScheme
 from ._palettize import palettize, weighted_palettize
-from ._quantize import column_datatype, element_grid, grid_of, quantize_onto, spread_tiles
+from ._quantize import Grid, column_datatype, element_grid, grid_of, quantize_onto, spread_tiles
 from ._sensitive import input_importance
 
 _BLOCK = 128
@@ -46,30 +47,100 @@ _BLOCK = 128
 Rounding = Callable[[torch.Tensor, int], torch.Tensor]  # (column [rows] float32, its index) -> grid values
 
 
-def solve(matrix: torch.Tensor, gram: torch.Tensor, round_column: Rounding) -> torch.Tensor:
+@dataclass(frozen=True, eq=False)
+class ColumnGrid:
+    """What a column rounds onto, described so that GPTQ's fused block kernel (`_gptq_kernel`)
+    rounds as calling it does. kind "int": clamp(round(v / scale), low, high) x scale (ties to
+    even; bounds constants or [rows, columns]); "float": v / scale rounded to nearest, ties to
+    even, on a float element grid `element` = (mantissa bits, lowest normal exponent, largest
+    value), saturated, times scale, rounded to float32 - what tcast's cast `cast` gives; "lut": the nearest entry of
+    each row's `table` [rows, entries] (the first of equals). `scale` [rows, columns] is in the
+    weight's column order, as `j` counts."""
+
+    kind: str
+    scale: torch.Tensor | None = None
+    low: torch.Tensor | float = 0.0
+    high: torch.Tensor | float = 0.0
+    table: torch.Tensor | None = None
+    element: tuple[int, int, float] = (0, 0, 0.0)
+    cast: Rounding | None = None
+
+    def contiguous(self) -> ColumnGrid:
+        """The same grid with every tensor contiguous (the kernel reads rows of them)."""
+
+        def dense(t: torch.Tensor | float | None) -> torch.Tensor | float | None:
+            return t.contiguous() if isinstance(t, torch.Tensor) else t
+
+        return replace(self, scale=dense(self.scale), low=dense(self.low), high=dense(self.high),
+                       table=dense(self.table))  # fmt: skip
+
+    def __call__(self, column: torch.Tensor, j: int) -> torch.Tensor:
+        if self.kind == "lut":
+            assert self.table is not None
+            return torch.gather(self.table, 1, _nearest(column[:, None], self.table))[:, 0]
+        if self.kind == "float":
+            assert self.cast is not None
+            return self.cast(column, j)
+        assert self.scale is not None
+        s = self.scale[:, j]
+        low = self.low[:, j] if isinstance(self.low, torch.Tensor) else self.low
+        high = self.high[:, j] if isinstance(self.high, torch.Tensor) else self.high
+        return torch.clamp(torch.round(column.double() / s), low, high) * s  # type: ignore[arg-type]
+
+
+def solve(
+    matrix: torch.Tensor, gram: torch.Tensor, round_column: Rounding, fused: bool | None = None
+) -> torch.Tensor:
     """GPTQ's pass over `matrix` [rows, columns] (see the module): the value each column held
     when it was rounded (float32), in the matrix's column order; `round_column` of those values
-    is the result. `gram` is H in the same column order."""
+    is the result. `gram` is H in the same column order. `fused`: a block of columns in one
+    Triton kernel (a ColumnGrid only; by default on CUDA devices where Triton is installed) -
+    the same values as the torch loop, without its per-column launches."""
     w = matrix.double().clone()
     order = torch.sort(torch.diagonal(gram), descending=True, stable=True).indices
-    w = w[:, order]
-    upper = inverse_cholesky(gram[order][:, order], w)
+    w = w[:, order].contiguous()
+    upper = inverse_cholesky(gram[order][:, order], w).contiguous()
     rows, columns = w.shape
     held = torch.empty((rows, columns), dtype=torch.float32, device=w.device)
+    kernel = (_fused_by_default(w.device) if fused is None else fused) and isinstance(
+        round_column, ColumnGrid
+    )
+    if kernel:
+        from ._gptq_kernel import solve_block
+
+        round_column = round_column.contiguous()  # type: ignore[union-attr]
+        errors = torch.empty((rows, _BLOCK), dtype=torch.float64, device=w.device)
+    columns_of = order.tolist()  # read on the host once: an index per column would wait on the device
     for a in range(0, columns, _BLOCK):
         b = min(a + _BLOCK, columns)
-        part = w[:, a:b].clone()
-        errors = torch.empty_like(part)
-        for i in range(b - a):
-            column = part[:, i].float()
-            held[:, a + i] = column
-            error = (column.double() - round_column(column, int(order[a + i])).double()) / upper[a + i, a + i]
-            part[:, i:] -= error[:, None] * upper[a + i, a + i : b][None, :]
-            errors[:, i] = error
-        w[:, b:] -= errors @ upper[a:b, b:]
+        if kernel:
+            scaled = solve_block(w, a, b, upper, order, round_column, held, errors)  # type: ignore[arg-type]
+        else:
+            scaled = _solve_columns(w, a, b, upper, columns_of, round_column, held)
+        w[:, b:] -= scaled @ upper[a:b, b:]
     result = torch.empty_like(held)
     result[:, order] = held
     return result
+
+
+def _fused_by_default(device: torch.device) -> bool:
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+
+
+def _solve_columns(
+    w: torch.Tensor, a: int, b: int, upper: torch.Tensor, columns_of: list[int], round_column: Rounding,
+    held: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """Columns a .. b of the pass one at a time (the torch loop): their scaled errors."""
+    part = w[:, a:b].clone()
+    errors = torch.empty_like(part)
+    for i in range(b - a):
+        column = part[:, i].float()
+        held[:, a + i] = column
+        error = (column.double() - round_column(column, columns_of[a + i]).double()) / upper[a + i, a + i]
+        part[:, i:] -= error[:, None] * upper[a + i, a + i : b][None, :]
+        errors[:, i] = error
+    return errors
 
 
 def quantize_gptq(
@@ -96,18 +167,10 @@ def quantize_gptq(
     if gram is None:
         return onto
     device = gram.device  # the solve runs where the calibration left its statistics
-    round_column = integer_rounding(onto, view, config, device) if config.dtype.is_int else None
-    if round_column is None:
-        spread = element_grid(grid, w, site, config)
-        scales = view.matrix(spread.scales).to(device)
-        zeros = None if spread.zero_points is None else view.matrix(spread.zero_points).to(device)
-        datatype = column_datatype(site, config)
-
-        def round_column(column: torch.Tensor, j: int) -> torch.Tensor:
-            zero = None if zeros is None else zeros[:, j : j + 1].contiguous()
-            return tcast.cast(column[:, None], datatype, castmode="virtual", computemode="auto",
-                              scales=scales[:, j : j + 1].contiguous(), zero_points=zero)[:, 0]  # fmt: skip
-
+    if config.dtype.is_int:
+        round_column: Rounding = integer_rounding(onto, view, config, device)
+    else:
+        round_column = _float_rounding(element_grid(grid, w, site, config), view, site, config, device)
     matrix = view.matrix(w.to(device).double())
     held = view.weight(solve(matrix, gram, round_column)).to(w.device)
     encoding = quantize_onto(held, site, config, grid)
@@ -136,12 +199,7 @@ def integer_rounding(
     # column (the solve is bound by kernel launches)
     if config.qscheme is QScheme.SYMMETRIC:  # +-half around any zero point: the bounds are constants
         half = 2 ** (bits - 1) - 1
-
-        def round_symmetric(column: torch.Tensor, j: int) -> torch.Tensor:
-            s = scale[:, j]
-            return torch.clamp(torch.round(column.double() / s), -half, half) * s
-
-        return round_symmetric
+        return ColumnGrid("int", scale, float(-half), float(half))
     offset = form.decode.offset
     zero = (
         torch.zeros_like(scale)
@@ -149,13 +207,29 @@ def integer_rounding(
         else view.matrix(spread_tiles(torch_values(offset).double(), view.shape)).to(device)
     )
     first = -(2 ** (bits - 1)) if signed else 0
-    low, high = first - zero, first + 2**bits - 1 - zero
+    return ColumnGrid("int", scale, first - zero, first + 2**bits - 1 - zero)
 
-    def round_column(column: torch.Tensor, j: int) -> torch.Tensor:
-        s = scale[:, j]
-        return torch.clamp(torch.round(column.double() / s), low[:, j], high[:, j]) * s
 
-    return round_column
+def _float_rounding(
+    spread: Grid, view: MatrixView, site: WeightSite, config: QuantizeConfig, device: torch.device
+) -> Rounding:
+    """tcast's cast of a column onto its float element grid under the given scales (and zero
+    points), as a ColumnGrid where no zero point shifts it."""
+    scales = view.matrix(spread.scales).to(device)
+    zeros = None if spread.zero_points is None else view.matrix(spread.zero_points).to(device)
+    datatype = column_datatype(site, config)
+
+    def cast(column: torch.Tensor, j: int) -> torch.Tensor:
+        zero = None if zeros is None else zeros[:, j : j + 1].contiguous()
+        return tcast.cast(column[:, None], datatype, castmode="virtual", computemode="auto",
+                          scales=scales[:, j : j + 1].contiguous(), zero_points=zero)[:, 0]  # fmt: skip
+
+    if zeros is not None:
+        return cast
+    nspec, sspec = datatype.nspec, datatype.sspec
+    assert sspec is not None
+    values = tcast.decode(scales, sspec.scale, torch.float64) if sspec.is_exponent else scales  # E8M0: codes
+    return ColumnGrid("float", values.contiguous(), element=(nspec.mbits, nspec.emin, nspec.max), cast=cast)
 
 
 def _lut_rows(encoding: Encoding, site: WeightSite) -> torch.Tensor:
@@ -205,11 +279,8 @@ def palettize_gptq(
     device = gram.device
     tables = _lut_rows(tables_of, site).to(device)  # [channels, entries]
 
-    def round_column(column: torch.Tensor, j: int) -> torch.Tensor:
-        return torch.gather(tables, 1, _nearest(column[:, None], tables))[:, 0]
-
     matrix = view.matrix(w.to(device).double())
-    held = solve(matrix, gram, round_column)  # [channels, columns]
+    held = solve(matrix, gram, ColumnGrid("lut", table=tables.double().contiguous()))  # [channels, columns]
     index = _nearest(held, tables).to(torch.uint8)
     form = tables_of.form
     assert isinstance(form, Palettized)
