@@ -62,7 +62,7 @@ def run(source: Path, config: object, samples: object, device: str, target: Path
     """One method on one program, the library's flow, timed by phase."""
     from coreai_opt.calibration import calibrate
     from coreai_opt.compression import compress_
-    from coreai_opt.io import load_pt2, save_pt2
+    from coreai_opt.io import UnwritableOutputError, load_pt2, save_pt2
 
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -76,12 +76,17 @@ def run(source: Path, config: object, samples: object, device: str, target: Path
     compressed = time.perf_counter()
     del calibration
     gc.collect()
-    save_pt2(program, target, force=True)
+    failed = ""
+    try:
+        save_pt2(program, target, force=True)
+    except UnwritableOutputError as error:  # e.g. E8M0 scales under torch < 2.12: timed up to here
+        failed = str(error)
     saved = time.perf_counter()
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else 0.0
-    return {"load_s": loaded - begun, "compress_s": compressed - loaded, "save_s": saved - compressed,
-            "total_s": saved - begun, "gpu_peak_gib": peak, "bits": report.bits_per_weight or 0.0,
-            "weights": len(report.weights)}  # fmt: skip
+    row = {"load_s": loaded - begun, "compress_s": compressed - loaded, "save_s": saved - compressed,
+           "total_s": saved - begun, "gpu_peak_gib": peak, "bits": report.bits_per_weight or 0.0,
+           "weights": len(report.weights)}  # fmt: skip
+    return {**row, "save_s": float("nan"), "save_failed": failed} if failed else row
 
 
 def agreement(a: Path, b: Path) -> dict[str, float]:
@@ -134,11 +139,12 @@ def main() -> None:
             rows[key] = run(source, config, samples, args.device, scratch / f"{name}.pt2")
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(rows, indent=1))
-            (scratch / f"{name}.pt2").unlink()
+            (scratch / f"{name}.pt2").unlink(missing_ok=True)
         row = rows[key]
         print(f"{key:36s} load {row['load_s']:6.1f} s  calibrate+compress {row['compress_s']:7.1f} s  "
               f"save {row['save_s']:5.1f} s  total {row['total_s']:7.1f} s  GPU peak "
-              f"{row['gpu_peak_gib']:5.1f} GiB  {row['bits']:.2f} bits/w", flush=True)  # fmt: skip
+              f"{row['gpu_peak_gib']:5.1f} GiB  {row['bits']:.2f} bits/w {row.get('save_failed', '')}",
+              flush=True)  # fmt: skip
     if args.compare_cpu:
         small = Samples.of("random", count=8)
         small_source = program(args.compare_cpu, sequence=args.sequence)

@@ -96,6 +96,25 @@ def test_unwritable_parent_is_reported(tmp_path: Path) -> None:
         save_pt2(load_pt2(SAMPLES / "mlp.pt2"), blocker / "out.pt2")
 
 
+def test_a_torch_whose_serializer_lacks_a_dtype_is_one_line_and_leaves_no_file(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """torch.export.save before torch 2.12 has no float8_e8m0fnu (the E8M0 scales of MX formats):
+    saving such a program says so in one line and writes nothing (seen with torch 2.11 on a GPU
+    machine, where it was a KeyError traceback after the whole compression had run)."""
+    from torch._export.serde import serialize
+
+    from coreai_opt.compression import QuantizeConfig, compress_
+
+    program = load_pt2(SAMPLES / "mlp.pt2")
+    compress_(program, QuantizeConfig(dtype="mxfp4", weight_num_threshold=0))
+    assert any(t.dtype == torch.float8_e8m0fnu for t in program.state_dict.values())
+    monkeypatch.delitem(serialize._TORCH_TO_SERIALIZE_DTYPE, torch.float8_e8m0fnu)  # as torch 2.11 has it
+    with pytest.raises(UnwritableOutputError, match=r"cannot store torch.float8_e8m0fnu tensors in a \.pt2"):
+        save_pt2(program, tmp_path / "mx.pt2")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_private_torch_apis_the_loader_relies_on_are_there() -> None:
     """The safe `.pt2` loader reads the archive itself and hands torch's own deserializer the parsed
     program: these private names and their behaviour are what it uses (a torch upgrade that moves

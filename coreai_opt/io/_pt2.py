@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._errors import CorruptArchiveError
+from ._errors import CorruptArchiveError, UnwritableOutputError
 from ._paths import ModelFormat, check_output, model_format, require_existing, write_atomically
 from ._pt2_archive import Pt2Archive
 
@@ -112,7 +112,16 @@ def save_pt2(
         # Through a file object: torch names the archive's root folder after a path's file name,
         # which would leak the temporary name and make every save differ.
         with _quiet_torch_export(), open(tmp, "wb") as stream:
-            torch.export.save(program, stream)
+            try:
+                torch.export.save(program, stream)
+            except KeyError as missing:  # its serializer's table of dtypes lacks one (older torch)
+                if not (missing.args and isinstance(missing.args[0], torch.dtype)):
+                    raise
+                raise UnwritableOutputError(
+                    path,
+                    f"torch {torch.__version__} cannot store {missing.args[0]} tensors in a .pt2 "
+                    "(torch.export's serializer lacks the dtype; a later torch has it)",
+                ) from None
 
     write_atomically(path, write)
     return path
