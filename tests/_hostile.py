@@ -551,7 +551,7 @@ def check_case(case: Case, scratch: Path, runs: list[Run] | None = None) -> list
 CI_SEED = 20261123
 # The sample CI runs (tests/test_untrusted.py); bench/bad_inputs.py --full runs FULL_COUNTS.
 CI_COUNTS = {  # each .aimodel case spawns a verifier per command (~7 CPU-s): a sample; --full has the rest
-    "aimodel-bit-flips": 16,
+    "aimodel-bit-flips": 10,
     "aimodel-truncated": 4,
     "aimodel-metadata": 4,
     "pt2-truncated": 8,

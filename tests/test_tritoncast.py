@@ -488,9 +488,10 @@ def test_square_e8m0_tiles_in_specialized_shapes_are_bit_exact(name: str, shape:
 
 
 SQUARE_32 = "e8m0_t32d-2_t32d-1"
-# every finite bf16 value through the CPU interpreter costs ~20 s a type: one of each element kind
-# (IEEE float, integer, fnuz) there; all of them on a GPU
-EXHAUSTIVE_ON_THE_INTERPRETER = {("mxfp4s",), ("mxint4",), ("e1m2fnuz", SQUARE_32)}
+# every finite bf16 value through the CPU interpreter costs ~10 CPU-s a type: one type there (the
+# suite's 15-minute budget; the integer and fnuz kinds meet corner values and ties above), all of
+# them on a GPU
+EXHAUSTIVE_ON_THE_INTERPRETER = {("mxfp4s",)}
 NIBBLE_WORDS = (
     ("mxfp4s",), ("mxfp4s16",), ("mxint4s",), ("mxfp4e2",), ("mxint4",), ("e2m1", SQUARE_32), ("e2m1", "e8m0_t32"),
     ("e1m2fnuz", SQUARE_32),
