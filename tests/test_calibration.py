@@ -231,3 +231,43 @@ def test_tensor_factories_follow_the_calibration_device() -> None:
     _place_factories(back, torch.device("cpu"))  # where it was traced: nothing changes
     x = torch.randn(1, 4, 8)
     assert torch.equal(back(x), program.module()(x))
+
+
+def test_layer_by_layer_holds_only_what_outlives_each_segment_and_measures_the_same() -> None:
+    """A decoder layer by layer: at every pause the values held for all samples at once are only
+    ones read from there on (the reader's activation, the residual stream); at no time are
+    attention scores or probabilities among them (each sample makes and drops those within its
+    segment); and with no weight replaced each Gram matrix is the one-pass one, bit for bit."""
+    import _architectures as arch
+
+    from coreai_opt.calibration._capture import _LayerByLayer, _state_only
+
+    program = arch.export(arch.MATRIX[0])  # llama-fp32: attention, MLP, residuals
+    calibration = calibrate(program, Samples(Source.RANDOM, count=3, seed=4), cache=False)
+    names = [k for k, v in program.state_dict.items() if k.endswith("weight") and v.dim() == 2]
+    one_pass = calibration.statistics(names, Needs.INPUT_GRAM)
+    runner = _LayerByLayer(calibration, names, Needs.INPUT_GRAM)
+    graph = calibration.gm.graph
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    state = _state_only(graph)
+    readers = {reader.name: reader.node for reader in runner.chosen.values()}
+    evaluate, held_while_running = runner._evaluate, set()
+
+    def watched(node, *args):  # type: ignore[no-untyped-def]
+        held_while_running.update(runner.held)
+        return evaluate(node, *args)
+
+    runner._evaluate = watched  # type: ignore[method-assign]
+    seen = 0
+    for name, statistics in runner.run():
+        if statistics.gram is None:
+            continue
+        seen += 1
+        assert torch.equal(statistics.gram, one_pass[name].gram), name
+        pause = order[readers[name]]
+        for node, held in runner.held.items():  # at the pause: only what is read from here on
+            assert len(held) == 3 and node not in state
+            assert max(order[user] for user in node.users) >= pause, (name, node)
+    assert seen >= 8 and len(held_while_running) > 20
+    scores = (torch.ops.aten.bmm.default, torch.ops.aten._softmax.default)
+    assert not [node for node in held_while_running if node.target in scores]
