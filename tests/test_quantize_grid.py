@@ -83,8 +83,17 @@ def _granularity_words(shape: tuple[int, ...], grain: CompressionGranularity) ->
     return f"per block {BLOCK} (axis 1)"
 
 
-@pytest.mark.parametrize("sample", SAMPLE_NAMES)
-@pytest.mark.parametrize("combo", COMBOS, ids=_combo_id)
+# Each combination on two of the five samples, taken in turn: every sample still meets every
+# granularity with either scheme, and every dtype but MXFP4 (one combination, two samples); all
+# 5 x 49 would cost ~35 CPU-s more of make test, over its 15-minute budget.
+CASES = [
+    pytest.param(combo, SAMPLE_NAMES[(i + shift) % len(SAMPLE_NAMES)],
+                 id=f"{_combo_id(combo)}-{SAMPLE_NAMES[(i + shift) % len(SAMPLE_NAMES)]}")
+    for i, combo in enumerate(COMBOS) for shift in (0, 2)
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("combo", "sample"), CASES)
 def test_quantized_sample_matches_its_numpy_decoding(
     combo: tuple[DType, QScheme, CompressionGranularity, DType | None], sample: str, tmp_path: Path
 ) -> None:
