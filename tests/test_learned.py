@@ -497,6 +497,7 @@ def test_gptq_with_the_fused_kernel_stores_the_same_codes(
     from coreai_opt.compression import _gptq
 
     monkeypatch.setattr(_gptq, "_BLOCK", 16)
+    monkeypatch.setattr(_gptq, "_SOLVE_PIECE", 20 * COLUMNS)  # and in pieces of rows
     config = dataclasses.replace(GRIDS["uint4 asym block 32"], method="gptq")
     site, encode = _site(), algorithm_for(config).encode()
     encodings = []
@@ -507,3 +508,23 @@ def test_gptq_with_the_fused_kernel_stores_the_same_codes(
     assert np.array_equal(kernel.data.values, loop.data.values)
     assert np.array_equal(kernel.decode.scale.values, loop.decode.scale.values)
     assert np.array_equal(kernel.decode.offset.values, loop.decode.offset.values)
+
+
+@pytest.mark.parametrize("name", GRIDS)
+def test_gptq_in_pieces_of_rows_stores_the_same_codes(
+    layer: dict[str, torch.Tensor], name: str, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Rows never mix in GPTQ: solved 20 rows at a time (as an output head is, in pieces of
+    `_SOLVE_PIECE` elements) every grid's encoding decodes to the whole-matrix solve's, and
+    measures the same."""
+    import dataclasses
+
+    from coreai_opt.compression import _gptq
+
+    config = dataclasses.replace(GRIDS[name], method="gptq")
+    encode = algorithm_for(config).encode()
+    whole = encode(layer["w"], _site(), config, _statistics(layer))
+    monkeypatch.setattr(_gptq, "_SOLVE_PIECE", 20 * COLUMNS)
+    pieces = encode(layer["w"], _site(), config, _statistics(layer))
+    assert torch.equal(decode(whole), decode(pieces))
+    assert whole.learned.snr_db == pieces.learned.snr_db

@@ -39,10 +39,14 @@ from ._config import PalettizeConfig, QuantizeConfig
 from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
 from ._options import QScheme
 from ._palettize import palettize, weighted_palettize
+from ._pieces import spans
 from ._quantize import Grid, column_datatype, element_grid, grid_of, quantize_onto, spread_tiles
 from ._sensitive import input_importance
 
 _BLOCK = 128
+# float64 elements of a weight's rows solved at once: an MLP weight of a 1B model in one piece
+# (each piece is a pass of its own: more launches), an output head in a few
+_SOLVE_PIECE = 1 << 24
 
 Rounding = Callable[[torch.Tensor, int], torch.Tensor]  # (column [rows] float32, its index) -> grid values
 
@@ -50,12 +54,13 @@ Rounding = Callable[[torch.Tensor, int], torch.Tensor]  # (column [rows] float32
 @dataclass(frozen=True, eq=False)
 class ColumnGrid:
     """What a column rounds onto, described so that GPTQ's fused block kernel (`_gptq_kernel`)
-    rounds as calling it does. kind "int": clamp(round(v / scale), low, high) x scale (ties to
-    even; bounds constants or [rows, columns]); "float": v / scale rounded to nearest, ties to
-    even, on a float element grid `element` = (mantissa bits, lowest normal exponent, largest
-    value), saturated, times scale, rounded to float32 - what tcast's cast `cast` gives; "lut": the nearest entry of
-    each row's `table` [rows, entries] (the first of equals). `scale` [rows, columns] is in the
-    weight's column order, as `j` counts."""
+    rounds as calling it does, and so that it can be cut by rows. kind "int": clamp(round(v /
+    scale), low, high) x scale (ties to even; bounds constants or [rows, columns]); "float": tcast's
+    cast onto `datatype` under `cast_scale` (its scales as tcast takes them), which the kernel does
+    as v / scale rounded to nearest, ties to even, on the float element grid `element` =
+    (mantissa bits, lowest normal exponent, largest value), saturated, times scale, rounded to
+    float32; "lut": the nearest entry of each row's `table` [rows, entries] (the first of equals).
+    `scale` [rows, columns] holds the scales' values in the weight's column order, as `j` counts."""
 
     kind: str
     scale: torch.Tensor | None = None
@@ -63,24 +68,32 @@ class ColumnGrid:
     high: torch.Tensor | float = 0.0
     table: torch.Tensor | None = None
     element: tuple[int, int, float] = (0, 0, 0.0)
-    cast: Rounding | None = None
+    cast_scale: torch.Tensor | None = None
+    datatype: tcast.DataType | None = None
+
+    def _each(self, change: Callable[[torch.Tensor], torch.Tensor]) -> ColumnGrid:
+        def apply(t: torch.Tensor | float | None) -> torch.Tensor | float | None:
+            return change(t) if isinstance(t, torch.Tensor) else t
+
+        return replace(self, scale=apply(self.scale), low=apply(self.low), high=apply(self.high),
+                       table=apply(self.table), cast_scale=apply(self.cast_scale))  # fmt: skip
 
     def contiguous(self) -> ColumnGrid:
         """The same grid with every tensor contiguous (the kernel reads rows of them)."""
+        return self._each(lambda t: t.contiguous())
 
-        def dense(t: torch.Tensor | float | None) -> torch.Tensor | float | None:
-            return t.contiguous() if isinstance(t, torch.Tensor) else t
-
-        return replace(self, scale=dense(self.scale), low=dense(self.low), high=dense(self.high),
-                       table=dense(self.table))  # fmt: skip
+    def rows(self, start: int, stop: int) -> ColumnGrid:
+        """The grid of rows start .. stop."""
+        return self._each(lambda t: t[start:stop])
 
     def __call__(self, column: torch.Tensor, j: int) -> torch.Tensor:
         if self.kind == "lut":
             assert self.table is not None
             return torch.gather(self.table, 1, _nearest(column[:, None], self.table))[:, 0]
         if self.kind == "float":
-            assert self.cast is not None
-            return self.cast(column, j)
+            assert self.cast_scale is not None and self.datatype is not None
+            return tcast.cast(column[:, None], self.datatype, castmode="virtual", computemode="auto",
+                              scales=self.cast_scale[:, j : j + 1].contiguous())[:, 0]  # fmt: skip
         assert self.scale is not None
         s = self.scale[:, j]
         low = self.low[:, j] if isinstance(self.low, torch.Tensor) else self.low
@@ -93,34 +106,48 @@ def solve(
 ) -> torch.Tensor:
     """GPTQ's pass over `matrix` [rows, columns] (see the module): the value each column held
     when it was rounded (float32), in the matrix's column order; `round_column` of those values
-    is the result. `gram` is H in the same column order. `fused`: a block of columns in one
-    Triton kernel (a ColumnGrid only; by default on CUDA devices where Triton is installed) -
-    the same values as the torch loop, without its per-column launches."""
-    w = matrix.double().clone()
+    is the result. `gram` is H in the same column order. Rows never mix in GPTQ, so a ColumnGrid's
+    weight is solved `_SOLVE_PIECE` elements of rows at a time (a 32,000-row output head in
+    pieces, not whole float64 copies). `fused`: a block of columns in one Triton kernel (a
+    ColumnGrid only; by default on CUDA devices where Triton is installed) - the same values as
+    the torch loop, without its per-column launches."""
     order = torch.sort(torch.diagonal(gram), descending=True, stable=True).indices
-    w = w[:, order].contiguous()
-    upper = inverse_cholesky(gram[order][:, order], w).contiguous()
+    rows, columns = matrix.shape
+    dead = torch.empty((0, columns), dtype=torch.float64, device=matrix.device)
+    upper = inverse_cholesky(gram[order][:, order], dead).contiguous()
+    never_fire = torch.diagonal(gram)[order] == 0  # their columns are zeroed (nothing reads them)
+    grid = isinstance(round_column, ColumnGrid)
+    kernel = (_fused_by_default(matrix.device) if fused is None else fused) and grid
+    pieces = spans(rows, columns, _SOLVE_PIECE) if grid else [(0, rows)]
+    columns_of = order.tolist()  # read on the host once: an index per column would wait on the device
+    result = torch.empty((rows, columns), dtype=torch.float32, device=matrix.device)
+    for top, bottom in pieces:
+        rounding = round_column.rows(top, bottom) if len(pieces) > 1 else round_column  # type: ignore[union-attr]
+        w = matrix[top:bottom].double()[:, order]  # a copy, in solve order
+        w[:, never_fire] = 0.0
+        if kernel:
+            held = _solve_fused(w, upper, order, rounding)  # type: ignore[arg-type]
+        else:
+            held = torch.empty(w.shape, dtype=torch.float32, device=w.device)
+            for a in range(0, columns, _BLOCK):
+                b = min(a + _BLOCK, columns)
+                w[:, b:] -= _solve_columns(w, a, b, upper, columns_of, rounding, held) @ upper[a:b, b:]
+        result[top:bottom, order] = held
+    return result
+
+
+def _solve_fused(w: torch.Tensor, upper: torch.Tensor, order: torch.Tensor, grid: ColumnGrid) -> torch.Tensor:
+    """The pass over `w` (solve order) a block at a time through the Triton kernel."""
+    from ._gptq_kernel import solve_block
+
+    grid = grid.contiguous()
     rows, columns = w.shape
     held = torch.empty((rows, columns), dtype=torch.float32, device=w.device)
-    kernel = (_fused_by_default(w.device) if fused is None else fused) and isinstance(
-        round_column, ColumnGrid
-    )
-    if kernel:
-        from ._gptq_kernel import solve_block
-
-        round_column = round_column.contiguous()  # type: ignore[union-attr]
-        errors = torch.empty((rows, _BLOCK), dtype=torch.float64, device=w.device)
-    columns_of = order.tolist()  # read on the host once: an index per column would wait on the device
+    errors = torch.empty((rows, _BLOCK), dtype=torch.float64, device=w.device)
     for a in range(0, columns, _BLOCK):
         b = min(a + _BLOCK, columns)
-        if kernel:
-            scaled = solve_block(w, a, b, upper, order, round_column, held, errors)  # type: ignore[arg-type]
-        else:
-            scaled = _solve_columns(w, a, b, upper, columns_of, round_column, held)
-        w[:, b:] -= scaled @ upper[a:b, b:]
-    result = torch.empty_like(held)
-    result[:, order] = held
-    return result
+        w[:, b:] -= solve_block(w, a, b, upper, order, grid, held, errors) @ upper[a:b, b:]
+    return held
 
 
 def _fused_by_default(device: torch.device) -> bool:
@@ -219,17 +246,19 @@ def _float_rounding(
     zeros = None if spread.zero_points is None else view.matrix(spread.zero_points).to(device)
     datatype = column_datatype(site, config)
 
-    def cast(column: torch.Tensor, j: int) -> torch.Tensor:
-        zero = None if zeros is None else zeros[:, j : j + 1].contiguous()
-        return tcast.cast(column[:, None], datatype, castmode="virtual", computemode="auto",
-                          scales=scales[:, j : j + 1].contiguous(), zero_points=zero)[:, 0]  # fmt: skip
-
     if zeros is not None:
+
+        def cast(column: torch.Tensor, j: int) -> torch.Tensor:
+            return tcast.cast(column[:, None], datatype, castmode="virtual", computemode="auto",
+                              scales=scales[:, j : j + 1].contiguous(),
+                              zero_points=zeros[:, j : j + 1].contiguous())[:, 0]  # fmt: skip
+
         return cast
     nspec, sspec = datatype.nspec, datatype.sspec
     assert sspec is not None
     values = tcast.decode(scales, sspec.scale, torch.float64) if sspec.is_exponent else scales  # E8M0: codes
-    return ColumnGrid("float", values.contiguous(), element=(nspec.mbits, nspec.emin, nspec.max), cast=cast)
+    element = (nspec.mbits, nspec.emin, nspec.max)
+    return ColumnGrid("float", values, element=element, cast_scale=scales, datatype=datatype)
 
 
 def _lut_rows(encoding: Encoding, site: WeightSite) -> torch.Tensor:

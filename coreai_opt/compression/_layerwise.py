@@ -18,6 +18,8 @@ import torch
 
 from coreai_opt.weights import Encoding, Learned, Statistics, WeightSite, decode
 
+from ._pieces import spans
+
 DAMPING = 0.01  # of the mean diagonal, added to the Gram matrix before it is inverted
 
 
@@ -93,10 +95,14 @@ def inverse_cholesky(gram: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
 
 
 def output_snr_db(matrix: torch.Tensor, approximation: torch.Tensor, gram: torch.Tensor) -> float:
-    """The consumer's output SNR on the calibration data: tr(W H W^T) / tr(dW H dW^T) in dB."""
-    error = approximation - matrix
-    signal = float(((matrix @ gram) * matrix).sum())
-    noise = float(((error @ gram) * error).sum())
+    """The consumer's output SNR on the calibration data: tr(W H W^T) / tr(dW H dW^T) in dB, in
+    float64, summed over pieces of rows (`_pieces`: no weight-sized float64 products at once)."""
+    signal = noise = 0.0
+    for top, bottom in spans(*matrix.shape):
+        w = matrix[top:bottom].double()
+        error = approximation[top:bottom].double() - w
+        signal += float(((w @ gram) * w).sum())
+        noise += float(((error @ gram) * error).sum())
     return _db(signal, noise)
 
 
@@ -110,8 +116,8 @@ def with_output_error(
 ) -> Encoding:
     """`encoding` with what the data did: the consumer's output SNR on the calibration data,
     beside that of `free` (the data-free encoding of the same config)."""
-    snr = output_snr_db(matrix, view.matrix(decode(encoding, device=gram.device).double()), gram)
-    before = output_snr_db(matrix, view.matrix(decode(free, device=gram.device).double()), gram)
+    snr = output_snr_db(matrix, view.matrix(decode(encoding, device=gram.device)), gram)
+    before = output_snr_db(matrix, view.matrix(decode(free, device=gram.device)), gram)
     return replace(encoding, learned=Learned(method, "output", snr, before))
 
 
