@@ -26,7 +26,7 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" DEMO_OUT=$(DEMO_OUT) bash scripts/demo.sh
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist worksteal -q
 	$(MAKE) test-without-triton
 
 # The main environment's installed packages less triton, linked (scripts/link_venv.py): a second
@@ -37,7 +37,7 @@ $(BARE_STAMP): $(STAMP)
 
 test-without-triton: $(BARE_STAMP)
 	$(BARE)/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('triton') is not None)"
-	$(BARE)/bin/python -m pytest -n 2 -q -rs $(BARE_TESTS)
+	$(BARE)/bin/python -m pytest -n 2 --dist worksteal -q -rs $(BARE_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
