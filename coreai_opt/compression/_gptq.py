@@ -9,8 +9,9 @@ importance-weighted error (`_clipping`) - fixed from the weight before any colum
 block keeps its scale whatever order columns go in; tcast rounds each column onto them, the same
 cast as the final one); for `palettize`, the look-up tables of importance-weighted k-means (diag H), each
 element snapped to the nearest entry of its channel's table. Columns go in order of decreasing
-H_ii (act order), updated lazily in blocks of `_BLOCK`, in float64 on the weight's device; H is
-damped by 1% of its mean diagonal and inputs that never fire are zeroed. A weight the data gives
+H_ii (act order), updated lazily in blocks of `_BLOCK`, in float64 on the weight's device (on a
+CUDA device a block's columns in one Triton kernel, `_gptq_kernel`), a piece of rows at a time;
+H is damped by 1% of its mean diagonal and inputs that never fire are zeroed. A weight the data gives
 no Gram matrix for (an embedding lookup, a grouped convolution) takes the data-free encoding -
 for symmetric integers with the scales that least change the weight itself (`_clipping`).
 """
