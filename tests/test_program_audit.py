@@ -314,3 +314,21 @@ def test_mutated_programs_load_or_are_refused_in_one_line(shard: int, tmp_path: 
     assert problems == []
     assert not _touched(secret) and not (tmp_path / "fired").exists()
     assert refused > 0  # the mutations reach the checks
+
+
+def test_dimension_arguments_lie_within_the_rank_they_index() -> None:
+    """A permutation naming dimension 10**18 (a seeded mutant of the hostile corpus) crashed the
+    process inside Core AI's compiler on `convert`: dimension arguments are checked against the
+    declared rank of the tensor they index, a permute's must be a permutation."""
+    _, members = h._pt2_members(h.SAMPLES / "transformer.pt2")
+    document = json.loads(members[h.MODEL_JSON])
+    assert program_problem(document, [1 << 20]) is None
+    nodes = document["graph_module"]["graph"]["nodes"]
+    permute = next(n for n in nodes if n["target"] == "torch.ops.aten.permute.default")
+    dims = next(i for i in permute["inputs"] if i["name"] == "dims")
+    good = list(dims["arg"]["as_ints"])
+    for bad, said in (([1, 10**18], "names dimensions"), ([0] * len(good), "not a permutation")):
+        dims["arg"]["as_ints"] = bad
+        assert said in program_problem(document, [1 << 20])  # type: ignore[operator]
+    dims["arg"]["as_ints"] = [d - len(good) for d in good]  # negative dimensions are fine
+    assert program_problem(document, [1 << 20]) is None

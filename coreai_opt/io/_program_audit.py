@@ -54,6 +54,11 @@ REPEATING_OPS = frozenset({"torch.ops.aten.repeat.default", "torch.ops.aten.tile
 # Argument names whose integers are paddings, strides, kernel sizes: each at most the largest
 # dimension the program declares.
 WINDOW_ARGUMENTS = frozenset({"pad", "padding", "output_padding", "dilation", "stride", "kernel_size"})
+# Argument names whose integers index the dimensions of the operator's `self`: each within its
+# declared rank (Core AI's compiler crashes the process on a permutation naming dimension 10**18).
+DIM_ARGUMENTS = frozenset({"dim", "dims", "dim0", "dim1", "start_dim", "end_dim"})
+_INSERTING_OPS = frozenset({"torch.ops.aten.unsqueeze.default"})  # a dim may be the new last one
+_PERMUTING_OPS = frozenset({"torch.ops.aten.permute.default"})
 _COUNTED_OPS = {  # ops that allocate a count given as scalars
     "torch.ops.aten.arange.start_step": ("start", "end", "step"),
     "torch.ops.aten.randperm.default": (None, "n", None),
@@ -249,6 +254,7 @@ class _Audit:
         self.document = document
         self.budget = budget
         self.tensors: dict[str, int | None] = {}  # declared tensor name -> elements (None: symbolic)
+        self.ranks: dict[str, int] = {}  # declared tensor name -> number of dimensions
         self.largest_dim = 1
         self.symbols: set[str] = set()
 
@@ -288,6 +294,7 @@ class _Audit:
             if problem:
                 _refuse(f"tensor {name} {problem}")
             self.tensors[name] = self._declared_elements(meta.get("sizes"), f"tensor {name}")
+            self.ranks[name] = len(meta["sizes"])
             strides = meta.get("strides")
             if not isinstance(strides, list) or len(strides) != len(meta["sizes"]):
                 _refuse(f"tensor {name} has no strides for its sizes")
@@ -371,6 +378,7 @@ class _Audit:
             if given[argument][0] == "as_string" and argument not in STRING_ARGUMENTS:
                 _refuse(f"{label} argument {argument} is a string the operator does not take")
         self._sizes(target, given, label)
+        self._dims(target, given, label)
         for index, output in enumerate(outputs):
             self._argument(output, f"{label} output {index}")
         metadata = node.get("metadata", {})
@@ -468,6 +476,26 @@ class _Audit:
                 _refuse(f"{label} ({target}) asks for a count it does not bound")
             if (end - start) / step > self.budget:
                 _refuse(f"{label} ({target}) asks for more than {self.budget:,} elements")
+
+    def _dims(self, target: str, given: dict[str, tuple[str, Any]], label: str) -> None:
+        """Dimension arguments within the declared rank of `self` (a permutation of all of them
+        for a permute)."""
+        source = given.get("self", ("", None))[1]
+        rank = self.ranks.get(source.get("name")) if isinstance(source, dict) else None
+        if rank is None or target in REPEATING_OPS:
+            return
+        span = max(rank, 1) + (target in _INSERTING_OPS)  # torch wraps a scalar's dim as a vector's
+        for argument, value in given.items():
+            kind, raw = value
+            ints = [raw] if kind == "as_int" else self._ints(value)
+            if argument not in DIM_ARGUMENTS or not ints:
+                continue
+            if any(not -span <= d < span for d in ints):
+                _refuse(
+                    f"{label} ({target}) names dimensions {_shown(str(ints))} of a {rank}-dimensional tensor"
+                )
+            if target in _PERMUTING_OPS and sorted(d % span for d in ints) != list(range(rank)):
+                _refuse(f"{label} ({target}) is not a permutation of the {rank} dimensions")
 
     @staticmethod
     def _scalar(value: tuple[str, Any] | None, default: float | None) -> float | None:
