@@ -48,8 +48,17 @@ def _outputs(value: object) -> list[torch.Tensor]:
     return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
-@pytest.mark.parametrize("cast", sorted(PASSES))
-@pytest.mark.parametrize("name", sorted(BY_NAME))
+# Every architecture through both casts together ("16bit") and one of the single casts, taken in
+# turn (each single cast still meets half of them): all three passes on every architecture cost
+# ~30 CPU-s more of make test, over its 15-minute budget.
+CASES = [
+    pytest.param(name, cast, id=f"{name}-{cast}")
+    for i, name in enumerate(sorted(BY_NAME))
+    for cast in ("16bit", ("fp16", "int16")[i % 2])
+]
+
+
+@pytest.mark.parametrize(("name", "cast"), CASES)
 def test_cast_runs_agrees_and_converts(name: str, cast: str, tmp_path: Path) -> None:
     architecture = BY_NAME[name]
     program = _program(name)

@@ -99,8 +99,7 @@ def _both(x: torch.Tensor, dtype: object, **kwargs: object) -> tuple[object, obj
     )
 
 
-@pytest.mark.parametrize("name", MX)
-@pytest.mark.parametrize("source", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize(("name", "source"), specs_and_sources(MX, FLOATS))
 def test_every_mx_format_round_and_scale_mode_is_bit_exact(name: str, source: torch.dtype) -> None:
     x = corner_input(source)
     for roundmode in ROUNDS:
