@@ -114,9 +114,11 @@ def solve(
     the torch loop, without its per-column launches."""
     order = torch.sort(torch.diagonal(gram), descending=True, stable=True).indices
     rows, columns = matrix.shape
-    dead = torch.empty((0, columns), dtype=torch.float64, device=matrix.device)
-    upper = inverse_cholesky(gram[order][:, order], dead).contiguous()
-    never_fire = torch.diagonal(gram)[order] == 0  # their columns are zeroed (nothing reads them)
+    no_rows = torch.empty(
+        (0, columns), dtype=torch.float64, device=matrix.device
+    )  # each piece zeroes its own
+    upper = inverse_cholesky(gram[order][:, order], no_rows).contiguous()
+    never_fire = torch.diagonal(gram)[order] == 0  # inverse_cholesky's dead inputs: their columns are zeroed
     grid = isinstance(round_column, ColumnGrid)
     kernel = (_fused_by_default(matrix.device) if fused is None else fused) and grid
     pieces = spans(rows, columns, _SOLVE_PIECE) if grid else [(0, rows)]

@@ -5,7 +5,8 @@ errors spread along that row only), so a program holds a tile of rows x the bloc
 registers and walks the columns itself: read the column, round it onto the grid, scale the
 error by U[i, i], subtract its spread U[i, i:] from the columns after it. The arithmetic is the
 torch loop's, operation for operation in float64 with no fused multiply-adds, so the two give
-the same values (tested bit for bit under the interpreter, on the GPU by bench/learned_device.py).
+the same values (tested bit for bit under the interpreter; on a GPU, bench/gptq_device.py compares
+its codes with the CPU loop's).
 
 Imported only where the solve runs it (a CUDA device with Triton installed, or a test).
 """
