@@ -48,11 +48,13 @@ class RecordingCalibration:
         self.events: list[tuple[str, str]] = []
         self.replaced: dict[str, torch.Tensor] = {}
 
-    def statistics(self, names: Sequence[str], needs: Needs) -> dict[str, Statistics]:
+    def statistics(self, names: Sequence[str], needs: Needs, *, final: bool = False) -> dict[str, Statistics]:
         self.events.append(("statistics", ",".join(names)))
         return {name: Statistics(1) for name in names}
 
-    def sequential(self, names: Sequence[str], needs: Needs) -> Iterator[tuple[str, Statistics]]:
+    def sequential(
+        self, names: Sequence[str], needs: Needs, *, final: bool = False
+    ) -> Iterator[tuple[str, Statistics]]:
         assert needs is Needs.INPUT_MOMENTS
         program = load_pt2(SAMPLES / "mlp.pt2")
         for rows, name in enumerate(names, 1):
@@ -60,7 +62,7 @@ class RecordingCalibration:
             width = program.state_dict[name].shape[1]
             yield name, Statistics(rows, moments=torch.ones(width, dtype=torch.float64))
 
-    def replace(self, name: str, value: torch.Tensor) -> None:
+    def replace(self, name: str, value: torch.Tensor, *, keep_original: bool = True) -> None:
         self.events.append(("replaced", name))
         self.replaced[name] = value
 

@@ -271,3 +271,62 @@ def test_layer_by_layer_holds_only_what_outlives_each_segment_and_measures_the_s
     assert seen >= 8 and len(held_while_running) > 20
     scores = (torch.ops.aten.bmm.default, torch.ops.aten._softmax.default)
     assert not [node for node in held_while_running if node.target in scores]
+
+
+def test_a_pass_that_tunes_nothing_lets_each_weight_go_once_read_for_the_last_time() -> None:
+    """Compressing through the program being calibrated (as the CLI does): once a weight is
+    replaced nothing holds its tensor as given, and once the final pass has gone past its last
+    reader not even its replacement - so the pass holds about one copy of the model, not three.
+    Asking the calibration for anything afterwards says why it cannot, rather than run a program
+    with weights missing; the end-to-end comparison with the weights as given does too."""
+    import gc
+    import weakref
+
+    from coreai_opt.compression import QuantizeConfig, compress_
+
+    program = load_pt2(SAMPLES / "mlp.pt2")
+    calibration = calibrate(program, Samples(Source.RANDOM, count=2, seed=0), cache=False)
+    given = {name: weakref.ref(program.state_dict[name]) for name in MLP_WEIGHTS}
+    config = QuantizeConfig(dtype="int4", method="gptq", weight_num_threshold=0)
+    compress_(program, config, calibration=calibration)
+    gc.collect()
+    assert [name for name, ref in given.items() if ref() is not None] == []
+    assert calibration.released == set(MLP_WEIGHTS)
+    assert calibration.spent == {"fc1.weight", "fc2.weight"}  # fc3's reader never ran: the pass ends at it
+    assert [calibration.gm.get_parameter(name).numel() for name in MLP_WEIGHTS[:2]] == [0, 0]
+    assert list(calibration.replaced) == ["fc3.weight"]
+    with pytest.raises(RuntimeError, match=r"fc1\.weight was let go by a final layer-by-layer pass"):
+        calibration.statistics(MLP_WEIGHTS, Needs.INPUT_MOMENTS)
+    with pytest.raises(RuntimeError, match=r"fc1\.weight was let go"):
+        calibration.divergence({}, 0)
+
+
+def test_final_statistics_taken_at_once_let_go_of_the_whole_program() -> None:
+    """Importance-weighted k-means takes every weight's statistics in one pass: after it the
+    calibration holds no program, so each weight as given leaves with the program's own."""
+    import gc
+    import weakref
+
+    from coreai_opt.compression import PalettizeConfig, compress_
+
+    program = load_pt2(SAMPLES / "mlp.pt2")
+    calibration = calibrate(program, Samples(Source.RANDOM, count=2, seed=0), cache=False)
+    given = {name: weakref.ref(program.state_dict[name]) for name in MLP_WEIGHTS}
+    config = PalettizeConfig(n_bits=4, method="importance", weight_num_threshold=0, num_kmeans_workers=0)
+    report = compress_(program, config, calibration=calibration)
+    gc.collect()
+    assert sorted(w.name for w in report.weights if w.learned is not None) == MLP_WEIGHTS
+    assert calibration.closed and [name for name, ref in given.items() if ref() is not None] == []
+    with pytest.raises(RuntimeError, match="final statistics were taken"):
+        calibration.sequential(MLP_WEIGHTS, Needs.INPUT_GRAM).__next__()
+
+
+def test_a_pass_that_is_not_final_keeps_the_replacements_and_the_weights_as_given() -> None:
+    """Tuned tables compare with the weights as given, and a pass with another after it runs
+    the program again: neither lets anything go, and the calibration still answers."""
+    program = load_pt2(SAMPLES / "mlp.pt2")
+    calibration = calibrate(program, Samples(Source.RANDOM, count=2, seed=0), cache=False)
+    for name, _ in calibration.sequential(MLP_WEIGHTS, Needs.INPUT_GRAM):
+        calibration.replace(name, torch.zeros_like(program.state_dict[name]), keep_original=False)
+    assert calibration.released == set(MLP_WEIGHTS) and not calibration.spent
+    assert calibration.statistics(MLP_WEIGHTS, Needs.INPUT_MOMENTS)["fc1.weight"].rows == 8

@@ -219,33 +219,79 @@ class ProgramCalibration:
         self.cache = cache
         self.seed = seed
         self.replaced: dict[str, torch.Tensor] = {}
+        self.released: set[str] = set()  # replaced weights whose values as given were let go
+        self.spent: set[str] = set()  # released weights a final pass let go of, replacement and all
+        self.closed = False  # final statistics were taken: no program is held any more
         self._fingerprint: str | None = None
         self._tuned_targets: tuple[tuple[str, ...], dict[str, list[str]]] | None = None
 
     # ----- the Calibration protocol ------------------------------------------------------------
 
-    def statistics(self, names: Sequence[str], needs: Needs) -> dict[str, Statistics]:
+    def statistics(self, names: Sequence[str], needs: Needs, *, final: bool = False) -> dict[str, Statistics]:
+        self._check_whole()
         key = self._key(names, needs)
-        cached = self._load(key, names) if self.cache else None
-        if cached is not None:
-            return cached
-        if needs is Needs.GRADIENT_SQUARES:
-            found = self._gradient_squares(names)
-        else:
-            found = self._activations(names, needs)
-        if self.cache:
-            self._store(key, found)
+        found = self._load(key, names) if self.cache else None
+        if found is None:
+            found = (
+                self._gradient_squares(names)
+                if needs is Needs.GRADIENT_SQUARES
+                else self._activations(names, needs)
+            )
+            if self.cache:
+                self._store(key, found)
+        if final:
+            self._close()
         return found
 
-    def sequential(self, names: Sequence[str], needs: Needs) -> Iterator[tuple[str, Statistics]]:
+    def sequential(
+        self, names: Sequence[str], needs: Needs, *, final: bool = False
+    ) -> Iterator[tuple[str, Statistics]]:
         if needs is Needs.GRADIENT_SQUARES:  # a backward pass sees the whole program: one pass
             yield from self.statistics(names, needs).items()
             return
-        yield from _LayerByLayer(self, names, needs).run()
+        self._check_whole()
+        yield from _LayerByLayer(self, names, needs, final).run()
 
-    def replace(self, name: str, value: torch.Tensor) -> None:
+    def _check_whole(self) -> None:
+        if self.closed:
+            raise RuntimeError("this calibration's final statistics were taken: it let go of its program "
+                               "(calibrate anew)")  # fmt: skip
+        if self.spent:
+            raise RuntimeError(
+                f"{sorted(self.spent)[0]} was let go by a final layer-by-layer pass: this calibration "
+                "cannot run the program again (calibrate anew)"
+            )
+
+    def _close(self) -> None:
+        """Let go of the program (its weights as given and as replaced) and the samples: the
+        caller's last statistics are taken, and the weights leave with the program's own."""
+        from torch.fx import Graph, GraphModule
+        from torch.nn import Module
+
+        self.closed = True
+        self.gm = GraphModule(Module(), Graph())
+        self.state, self.replaced, self.inputs = {}, {}, []
+
+    def _let_go(self, name: str) -> None:
+        """Drop the replaced weight `name` (a final pass has gone past its last reader): an empty
+        tensor stands in, so nothing that runs the program again could pass unnoticed."""
         import torch
 
+        *path, leaf = name.split(".")
+        owner = self.gm.get_submodule(".".join(path))
+        empty = torch.empty(0, dtype=getattr(owner, leaf).dtype, device=self.device)
+        if leaf in owner._parameters:
+            owner._parameters[leaf] = torch.nn.Parameter(empty, requires_grad=False)
+        else:
+            setattr(owner, leaf, empty)
+        del self.replaced[name]
+        self.spent.add(name)
+
+    def replace(self, name: str, value: torch.Tensor, *, keep_original: bool = True) -> None:
+        import torch
+
+        if self.closed:
+            return  # the caller said nothing more is asked: no program is left to swap it into
         if not self._holds(name):
             return  # a constant of a converted program that this program does not name: nothing reads it here
         *path, leaf = name.split(".")
@@ -257,6 +303,9 @@ class ProgramCalibration:
         else:
             setattr(owner, leaf, value.to(dtype))
         self.replaced[name] = value
+        if not keep_original:  # the last reference to the weight as given: its pages leave the process
+            self.state.pop(name, None)
+            self.released.add(name)
         self._fingerprint = None
 
     @property
@@ -266,6 +315,9 @@ class ProgramCalibration:
     def divergence(self, weights: Mapping[str, torch.Tensor], sample: int) -> torch.Tensor:
         import torch
 
+        self._check_whole()
+        if self.released:
+            raise RuntimeError(f"{sorted(self.released)[0]} was replaced without keeping the weight as given")
         inputs = self.inputs[sample]
         originals = {name: self.state[name].to(self.device) for name in self.replaced if name in self.state}
         with torch.no_grad():
@@ -537,10 +589,13 @@ class _LayerByLayer:
     attention score matrix per sample (~4 GiB at 1.1B on 128 x 512 tokens). Each op sees the
     same operands as in a node-by-node run, so the statistics are the same bit for bit."""
 
-    def __init__(self, calibration: ProgramCalibration, names: Sequence[str], needs: Needs) -> None:
+    def __init__(
+        self, calibration: ProgramCalibration, names: Sequence[str], needs: Needs, final: bool = False
+    ) -> None:
         self.calibration = calibration
         self.gm = calibration.gm
         self.needs = needs
+        self.final = final
         self.chosen = _first_readers(self.gm, names, needs, calibration.state)
         self.pending: dict[Node, list[Reader]] = {}
         for reader in self.chosen.values():
@@ -566,6 +621,7 @@ class _LayerByLayer:
             values[node] = [inputs[position] for inputs in self.calibration.inputs]
         for name in self.unread:
             yield name, Statistics(0)
+        passing = _last_reads(graph, state, order) if self.final else []
         segment: list[Node] = []
         with torch.no_grad():
             for node in graph.nodes:
@@ -574,6 +630,10 @@ class _LayerByLayer:
                 if node in self.pending:
                     self._run_segment(segment, order[node], values, fixed, state, last_use, order)
                     segment = []
+                    while passing and passing[-1][0] < order[node]:  # read for the last time: let go
+                        name = passing.pop()[1]
+                        if name in self.calibration.released and name in self.calibration.replaced:
+                            self.calibration._let_go(name)
                     for reader in self.pending.pop(node):
                         sums = _Sums()
                         if reader.activation is not None:
@@ -659,6 +719,25 @@ class _LayerByLayer:
             self_arg, *rest = args
             return getattr(self_arg, str(node.target))(*rest, **kwargs)
         raise ValueError(f"cannot evaluate a {node.op} node layer by layer")
+
+
+def _last_reads(graph: Any, state: set[Node], order: dict[Node, int]) -> list[tuple[int, str]]:
+    """(index of the last node that reads it, through weight-only nodes such as a transpose,
+    name) of every weight the graph gets, the last read first (a list to pop from the end)."""
+    last: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op != "get_attr":
+            continue
+        reached, frontier = -1, [node]
+        while frontier:
+            for user in frontier.pop().users:
+                if user in state:
+                    frontier.append(user)
+                else:
+                    reached = max(reached, order[user])
+        name = str(node.target)
+        last[name] = max(last.get(name, -1), reached)
+    return sorted(((index, name) for name, index in last.items()), reverse=True)
 
 
 def _state_only(graph: Any) -> set[Node]:

@@ -65,9 +65,13 @@ def compress_container(
     done = 0
     trims = EveryBytes(trim_heap)
 
+    # the weights as given are compared with only where tables are tuned end to end: otherwise the
+    # calibration lets each go once replaced, so the pass holds one copy of the model, not two
+    keep = any(getattr(cfg, "tune_epochs", 0) for _, cfg, _ in learned)
+
     def finish(site: WeightSite, outcome: Encoding | Skipped, learns: bool = False) -> None:
         nonlocal done
-        _record(container, report, site, outcome, calibration if learned else None, learns)
+        _record(container, report, site, outcome, calibration if learned else None, learns, keep)
         trims.passed(math.prod(site.shape) * 4)  # its temporaries went back to the heap: trimmed now and then
         done += 1
         if progress is not None:
@@ -83,12 +87,12 @@ def compress_container(
     if learned:
         assert calibration is not None
         held: list[tuple[WeightSite, Encoding]] = []  # tables to tune end to end once all are chosen
-        for site, cfg, statistics in _statistics_in_order(learned, calibration):
+        for site, cfg, statistics in _statistics_in_order(learned, calibration, final=not keep):
             outcome = encode_weight(container.read(site), site, cfg, statistics)
             if _tunes(cfg, outcome) and container.refusal(site, outcome) is None:
                 assert isinstance(outcome, Encoding)
                 held.append((site, outcome))
-                calibration.replace(site.name, decode(outcome))
+                calibration.replace(site.name, decode(outcome), keep_original=True)
                 continue
             finish(site, outcome, learns=True)
         if held:
@@ -130,21 +134,26 @@ def _tuned(
 
 
 def _statistics_in_order(
-    learned: list[tuple[WeightSite, Config, Algorithm]], calibration: Calibration
+    learned: list[tuple[WeightSite, Config, Algorithm]], calibration: Calibration, final: bool
 ) -> Iterator[tuple[WeightSite, Config, Statistics]]:
     """Each weight that learns from data with its statistics: one pass per kind of need for the
     weights that take them as the program is, then the layer-by-layer ones in graph order (each
-    asked for only after the one before was written and swapped in)."""
+    asked for only after the one before was written and swapped in). `final`: nothing is asked
+    of the calibration after these (no tables are tuned), so the last pass may let go of what it
+    holds as it goes."""
     by_name = {site.name: (site, cfg, a) for site, cfg, a in learned}
-    for needs in dict.fromkeys(a.needs for _, _, a in learned if not a.sequential):
+    at_once = list(dict.fromkeys(a.needs for _, _, a in learned if not a.sequential))
+    in_order = list(dict.fromkeys(a.needs for _, _, a in learned if a.sequential))
+    for needs in at_once:
         names = [site.name for site, _, a in learned if not a.sequential and a.needs is needs]
-        gathered = calibration.statistics(names, needs)
+        last = final and not in_order and needs is at_once[-1]
+        gathered = calibration.statistics(names, needs, final=last)
         for name in names:
             site, cfg, _ = by_name[name]
             yield site, cfg, gathered[name]
-    for needs in dict.fromkeys(a.needs for _, _, a in learned if a.sequential):
+    for needs in in_order:
         names = [site.name for site, _, a in learned if a.sequential and a.needs is needs]
-        for name, statistics in calibration.sequential(names, needs):
+        for name, statistics in calibration.sequential(names, needs, final=final and needs is in_order[-1]):
             site, cfg, _ = by_name[name]
             yield site, cfg, statistics
 
@@ -156,6 +165,7 @@ def _record(
     outcome: Encoding | Skipped,
     calibration: Calibration | None,
     learns: bool = False,
+    keep_original: bool = True,
 ) -> None:
     """Write one weight's outcome into the container and the report (and, where data is being
     learned from, swap its decoded value into the calibration program). A weight whose method
@@ -176,7 +186,7 @@ def _record(
     if learns and outcome.learned is None:
         report.data_free.append(site.name)
     if calibration is not None:
-        calibration.replace(site.name, decode(outcome))
+        calibration.replace(site.name, decode(outcome), keep_original=keep_original)
 
 
 def encode_weight(

@@ -40,17 +40,25 @@ class Statistics:
 class Calibration(Protocol):
     """Statistics of a program's weights on calibration data."""
 
-    def statistics(self, names: Sequence[str], needs: Needs) -> dict[str, Statistics]:
-        """Each named weight's statistics from the program as it is now (one pass over the data)."""
+    def statistics(self, names: Sequence[str], needs: Needs, *, final: bool = False) -> dict[str, Statistics]:
+        """Each named weight's statistics from the program as it is now (one pass over the data).
+        `final`: nothing is asked of this calibration afterwards (not even a `replace`), so it may
+        let go of its program and samples once the statistics are taken."""
         ...
 
-    def sequential(self, names: Sequence[str], needs: Needs) -> Iterator[tuple[str, Statistics]]:
+    def sequential(
+        self, names: Sequence[str], needs: Needs, *, final: bool = False
+    ) -> Iterator[tuple[str, Statistics]]:
         """The named weights in the order the program reads them, each with statistics taken after
-        every `replace` made so far (the caller replaces each weight before asking for the next)."""
+        every `replace` made so far (the caller replaces each weight before asking for the next).
+        `final`: nothing is asked of this calibration after the pass, so a weight replaced without
+        keeping its original may be let go once the pass has gone past its last reader."""
         ...
 
-    def replace(self, name: str, value: torch.Tensor) -> None:
-        """Use `value` for the weight `name` from now on (its compressed form, decoded)."""
+    def replace(self, name: str, value: torch.Tensor, *, keep_original: bool = True) -> None:
+        """Use `value` for the weight `name` from now on (its compressed form, decoded). Without
+        `keep_original` the weight as given may be let go (its memory comes back while the pass
+        goes on), and `divergence` - which compares with it - may no longer be asked for."""
         ...
 
     @property
