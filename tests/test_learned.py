@@ -231,6 +231,28 @@ def test_sparsegpt_with_a_fixed_mask_is_the_brain_surgeon_update(layer: dict[str
     torch.testing.assert_close(repaired, w, rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("config", [SparsifyConfig(target_sparsity=0.5), SparsifyConfig(n_m_ratio=(2, 4))],
+                         ids=lambda c: c.tag)  # fmt: skip
+def test_sparsegpt_updates_the_columns_ahead_in_pieces_of_rows_to_the_same_bits(
+    config: SparsifyConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The update of the columns after each block is a product the size of the weight (0.5 GB at a
+    1B model's output head): done a piece of rows at a time, as rows never mix in it, it gives the
+    same weights and mask bit for bit; an fp16 matrix is widened exactly, as a float64 one."""
+    import coreai_opt.compression._sparsegpt as sparsegpt
+    from coreai_opt.compression._pieces import spans
+
+    generator = torch.Generator().manual_seed(5)
+    matrix = torch.randn(96, 300, generator=generator).half()
+    x = torch.randn(900, 300, generator=generator, dtype=torch.float64)
+    gram = x.T @ x / 900
+    whole = prune(matrix.double(), gram, config)
+    monkeypatch.setattr(sparsegpt, "spans", lambda count, width: spans(count, width, 32 * width))
+    pieces = prune(matrix, gram, config)
+    assert torch.equal(pieces[0], whole[0]) and torch.equal(pieces[1], whole[1])
+    assert 0.45 < float(whole[1].float().mean()) < 0.55
+
+
 @pytest.mark.parametrize(
     "config",
     [

@@ -61,7 +61,8 @@ class ColumnGrid:
     as v / scale rounded to nearest, ties to even, on the float element grid `element` =
     (mantissa bits, lowest normal exponent, largest value), saturated, times scale, rounded to
     float32; "lut": the nearest entry of each row's `table` [rows, entries] (the first of equals).
-    `scale` [rows, columns] holds the scales' values in the weight's column order, as `j` counts."""
+    `scale` [rows, columns] holds the scales' values in the weight's column order, as `j` counts
+    (float32, exact: read as float64)."""
 
     kind: str
     scale: torch.Tensor | None = None
@@ -117,7 +118,7 @@ def solve(
     no_rows = torch.empty(
         (0, columns), dtype=torch.float64, device=matrix.device
     )  # each piece zeroes its own
-    upper = inverse_cholesky(gram[order][:, order], no_rows).contiguous()
+    upper = inverse_cholesky(gram[order[:, None], order[None, :]], no_rows, consume=True).contiguous()
     never_fire = torch.diagonal(gram)[order] == 0  # inverse_cholesky's dead inputs: their columns are zeroed
     grid = isinstance(round_column, ColumnGrid)
     kernel = (_fused_by_default(matrix.device) if fused is None else fused) and grid
@@ -201,7 +202,7 @@ def quantize_gptq(
         round_column: Rounding = integer_rounding(onto, view, config, device)
     else:
         round_column = _float_rounding(element_grid(grid, w, site, config), view, site, config, device)
-    matrix = view.matrix(w.to(device).double())
+    matrix = view.matrix(w.to(device))  # in the weight's dtype: widened a piece of rows at a time
     held = view.weight(solve(matrix, gram, round_column)).to(w.device)
     encoding = quantize_onto(held, site, config, grid)
     if isinstance(encoding, str):
@@ -222,7 +223,7 @@ def integer_rounding(
 
     form = encoding.form
     assert isinstance(form, Quantized) and form.decode is not None
-    scale = view.matrix(spread_tiles(torch_values(form.decode.scale).double(), view.shape)).to(device)
+    scale = _per_element(torch_values(form.decode.scale), view, device)
     bits, signed = config.dtype.bits, config.dtype.signed
     # clamp(round(v / s) + z, first, last) - z is computed as clamp(round(v / s), first - z, last - z):
     # every term is an integer held exactly in float64, so the two agree, with fewer kernels per
@@ -231,13 +232,22 @@ def integer_rounding(
         half = 2 ** (bits - 1) - 1
         return ColumnGrid("int", scale, float(-half), float(half))
     offset = form.decode.offset
-    zero = (
-        torch.zeros_like(scale)
-        if offset is None
-        else view.matrix(spread_tiles(torch_values(offset).double(), view.shape)).to(device)
-    )
     first = -(2 ** (bits - 1)) if signed else 0
+    if offset is None:
+        return ColumnGrid("int", scale, float(first), float(first + 2**bits - 1))
+    zero = _per_element(torch_values(offset), view, device)
     return ColumnGrid("int", scale, first - zero, first + 2**bits - 1 - zero)
+
+
+def _per_element(tiles: torch.Tensor, view: MatrixView, device: torch.device) -> torch.Tensor:
+    """Per-tile values at every element of the matrix view, in float32 (exact for what it holds:
+    16- and 32-bit scales, powers of two, integer zero points; the rounding widens them to
+    float64 as it reads them): a broadcast view where one tile spans the input axis, so a
+    per-channel grid of a 32,000-row head costs no weight-sized copy."""
+    values = tiles.float()
+    spans_input = all(have in (1, want) for have, want in zip(values.shape, view.shape, strict=True))
+    spread = values.expand(view.shape) if spans_input else spread_tiles(values, view.shape)
+    return view.matrix(spread).to(device)
 
 
 def _float_rounding(
@@ -259,7 +269,9 @@ def _float_rounding(
         return cast
     nspec, sspec = datatype.nspec, datatype.sspec
     assert sspec is not None
-    values = tcast.decode(scales, sspec.scale, torch.float64) if sspec.is_exponent else scales  # E8M0: codes
+    values = (
+        tcast.decode(scales, sspec.scale, torch.float32) if sspec.is_exponent else scales.float()
+    )  # E8M0: codes
     element = (nspec.mbits, nspec.emin, nspec.max)
     return ColumnGrid("float", values, element=element, cast_scale=scales, datatype=datatype)
 
@@ -311,7 +323,7 @@ def palettize_gptq(
     device = gram.device
     tables = _lut_rows(tables_of, site).to(device)  # [channels, entries]
 
-    matrix = view.matrix(w.to(device).double())
+    matrix = view.matrix(w.to(device))  # in the weight's dtype: widened a piece of rows at a time
     held = solve(matrix, gram, ColumnGrid("lut", table=tables.double().contiguous()))  # [channels, columns]
     index = _nearest(held, tables).to(torch.uint8)
     form = tables_of.form

@@ -87,8 +87,8 @@ def _solve_block(
             s = tl.load(scale_ptr + r * columns + j, mask=live, other=1.0).to(tl.float64)
             if KIND == 0:
                 if BOUNDS:
-                    lo = tl.load(low_ptr + r * columns + j, mask=live, other=0.0)
-                    hi = tl.load(high_ptr + r * columns + j, mask=live, other=0.0)
+                    lo = tl.load(low_ptr + r * columns + j, mask=live, other=0.0).to(tl.float64)
+                    hi = tl.load(high_ptr + r * columns + j, mask=live, other=0.0).to(tl.float64)
                 else:
                     lo, hi = low, high
                 q = tl.minimum(tl.maximum(_rint(v / s), lo), hi) * s

@@ -73,21 +73,26 @@ def gram_of(statistics: Statistics | None, view: MatrixView) -> torch.Tensor | N
     return statistics.gram.double()[order][:, order]
 
 
-def inverse_cholesky(gram: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+def inverse_cholesky(gram: torch.Tensor, matrix: torch.Tensor, *, consume: bool = False) -> torch.Tensor:
     """The upper Cholesky factor U of H^-1 (H = the Gram matrix, damped), as GPTQ and SparseGPT
     read it: U[i, i] and U[i, i:] give column i's error scale and how it spreads to the columns
     after it. Inputs that never fire (H_ii = 0) get H_ii = 1 and their column of `matrix` is
-    zeroed in place (nothing reads it). The damping grows tenfold until H is positive definite."""
-    h = gram.clone()
-    dead = torch.diagonal(h) == 0
-    h[dead, dead] = 1.0
+    zeroed in place (nothing reads it). The damping grows tenfold until H is positive definite.
+    At most three matrices of H's size are alive at once, `gram` among them when `consume` (the
+    caller hands over a copy of its own, which is overwritten; otherwise it is copied first)."""
+    h = gram if consume else gram.clone()
+    diagonal = torch.diagonal(h)
+    dead = diagonal == 0
+    diagonal[dead] = 1.0
     matrix[:, dead] = 0.0
-    mean = float(torch.diagonal(h).mean())
-    eye = torch.eye(len(h), dtype=h.dtype, device=h.device)
+    undamped = diagonal.clone()
+    mean = float(undamped.mean())
     for attempt in range(6):
-        factor, info = torch.linalg.cholesky_ex(h + (DAMPING * 10**attempt) * mean * eye)
+        diagonal.copy_(undamped + (DAMPING * 10**attempt) * mean)  # H + damping x I, without an identity
+        factor, info = torch.linalg.cholesky_ex(h)
         if int(info) == 0:
             inverse = torch.cholesky_inverse(factor)
+            del factor
             upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
             if int(info) == 0:
                 return upper

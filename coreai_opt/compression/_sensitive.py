@@ -42,8 +42,8 @@ def fisher_importance(statistics: Statistics | None, site: WeightSite) -> torch.
 
 
 def input_importance(statistics: Statistics | None, site: WeightSite) -> torch.Tensor | None:
-    """Each element's input channel's mean square, broadcast to the weight's shape, floored;
-    None where the data gives none that fits (no activation, a grouped convolution)."""
+    """Each element's input channel's mean square, floored, as a read-only view of the weight's
+    shape (no copy); None where the data gives none that fits (no activation, a grouped convolution)."""
     if statistics is None or statistics.rows == 0:
         return None
     moments = statistics.moments
@@ -51,9 +51,12 @@ def input_importance(statistics: Statistics | None, site: WeightSite) -> torch.T
         moments = torch.diagonal(statistics.gram)
     if moments is None or moments.numel() != site.shape[site.input_axis]:
         return None
+    floored = _floored(moments)  # the channels' mean is the broadcast's: floor once per channel
+    if floored is None:
+        return None
     shape = [1] * len(site.shape)
     shape[site.input_axis] = moments.numel()
-    return _floored(moments.reshape(shape).expand(site.shape))
+    return floored.reshape(shape).expand(site.shape)  # a view: no weight-sized float64 copy
 
 
 def _learned_palettize(

@@ -21,6 +21,7 @@ from coreai_opt.weights import Encoding, Statistics, WeightSite
 from ._config import SparsifyConfig
 from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
 from ._options import DType
+from ._pieces import spans
 from ._sparsify import kept_units, sparse_encoding, sparsify, sparsity_mask
 
 _BLOCK = 128
@@ -36,10 +37,10 @@ def _lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
 
 def prune(matrix: torch.Tensor, gram: torch.Tensor, config: SparsifyConfig,
           fixed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """SparseGPT over `matrix` [rows, columns] (float64, in the view's column order): the repaired
-    weight (pruned entries zero) and the pruned mask. `fixed` gives the pruned mask instead of
-    choosing it."""
-    w = matrix.double().clone()
+    """SparseGPT over `matrix` [rows, columns] (any float dtype, in the view's column order): the
+    repaired weight (pruned entries zero) and the pruned mask. `fixed` gives the pruned mask
+    instead of choosing it."""
+    w = matrix.to(torch.float64, copy=True)  # one float64 copy, whatever the matrix's dtype
     upper = inverse_cholesky(gram, w)
     rows, columns = w.shape
     pruned = torch.zeros((rows, columns), dtype=torch.bool, device=w.device)
@@ -72,7 +73,8 @@ def prune(matrix: torch.Tensor, gram: torch.Tensor, config: SparsifyConfig,
             part[:, i:] -= error[:, None] * upper[a + i, a + i : b][None, :]
             errors[:, i] = error
         w[:, a:b] = torch.where(pruned[:, a:b], torch.zeros_like(part), part)
-        w[:, b:] -= errors @ upper[a:b, b:]
+        for top, bottom in spans(rows, columns - b):  # rows never mix here: no weight-sized product
+            w[top:bottom, b:] -= errors[top:bottom] @ upper[a:b, b:]
     return w, pruned
 
 
@@ -85,7 +87,7 @@ def sparsify_sparsegpt(
     gram = gram_of(statistics, view)
     if gram is None or isinstance(free, str):
         return free
-    matrix = view.matrix(w.to(gram.device).double())  # the sweep runs where the statistics are
+    matrix = view.matrix(w.to(gram.device))  # the sweep runs where the statistics are
     fixed = None
     if config.block_size is not None:
         mask = sparsity_mask(w, site, config)
