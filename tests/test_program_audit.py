@@ -332,3 +332,8 @@ def test_dimension_arguments_lie_within_the_rank_they_index() -> None:
         assert said in program_problem(document, [1 << 20])  # type: ignore[operator]
     dims["arg"]["as_ints"] = [d - len(good) for d in good]  # negative dimensions are fine
     assert program_problem(document, [1 << 20]) is None
+    source = next(i for i in permute["inputs"] if i["name"] == "self")  # a diagonal's second dimension too
+    permute["target"] = "torch.ops.aten.diagonal.default"
+    permute["inputs"] = [source, *({"name": n, "arg": {"as_int": v}, "kind": 1} for n, v in
+                                   (("offset", 0), ("dim1", 0), ("dim2", 10**18)))]  # fmt: skip
+    assert "names dimensions '[1000000000000000000]'" in program_problem(document, [1 << 20])  # type: ignore[operator]

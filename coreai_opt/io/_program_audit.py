@@ -56,7 +56,7 @@ REPEATING_OPS = frozenset({"torch.ops.aten.repeat.default", "torch.ops.aten.tile
 WINDOW_ARGUMENTS = frozenset({"pad", "padding", "output_padding", "dilation", "stride", "kernel_size"})
 # Argument names whose integers index the dimensions of the operator's `self`: each within its
 # declared rank (Core AI's compiler crashes the process on a permutation naming dimension 10**18).
-DIM_ARGUMENTS = frozenset({"dim", "dims", "dim0", "dim1", "start_dim", "end_dim"})
+DIM_ARGUMENTS = frozenset({"dim", "dims", "dim0", "dim1", "dim2", "start_dim", "end_dim"})
 _INSERTING_OPS = frozenset({"torch.ops.aten.unsqueeze.default"})  # a dim may be the new last one
 _PERMUTING_OPS = frozenset({"torch.ops.aten.permute.default"})
 _COUNTED_OPS = {  # ops that allocate a count given as scalars
