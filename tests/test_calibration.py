@@ -115,6 +115,26 @@ def test_an_embedding_twin_of_the_head_takes_the_heads_statistics(
     assert calibration.statistics(["embed.weight"], Needs.INPUT_GRAM)["embed.weight"].gram is None
 
 
+def test_a_lookup_still_finds_its_twin_after_the_twin_was_replaced_without_its_original(
+    tmp_path: Path,
+) -> None:
+    """A head compressed data-free before a layer-by-layer pass (an override) lets its value as
+    given go, but that value is how the embedding is known to be its twin: it stays, and the
+    embedding still takes the head's input statistics."""
+    model = _TiedTwice(False).eval()
+    program = torch.export.export(model, (torch.zeros(1, 8, dtype=torch.long),))
+    ids = torch.randint(0, 50, (3, 1, 8), generator=torch.Generator().manual_seed(2))
+    save_file({"ids": ids}, str(tmp_path / "ids.safetensors"))
+    calibration = calibrate(program, Samples.of(tmp_path / "ids.safetensors"), cache=False)
+    calibration.replace("mix.weight", torch.zeros(16, 16), keep_original=False)
+    calibration.replace("head.weight", torch.zeros(50, 16), keep_original=False)
+    assert "mix.weight" not in calibration.state and "head.weight" in calibration.state
+    found = dict(calibration.sequential(["embed.weight"], Needs.INPUT_GRAM))
+    with torch.no_grad():
+        rows = torch.tanh(model.mix.bias.expand(24, 16)).double()  # mix is zero now: its bias alone
+    torch.testing.assert_close(found["embed.weight"].gram, rows.T @ rows / 24, rtol=1e-5, atol=1e-6)
+
+
 def test_gradient_squares_of_a_language_model_follow_next_token_cross_entropy() -> None:
     import _architectures as arch
 

@@ -222,6 +222,7 @@ class ProgramCalibration:
         self.released: set[str] = set()  # replaced weights whose values as given were let go
         self.spent: set[str] = set()  # released weights a final pass let go of, replacement and all
         self.closed = False  # final statistics were taken: no program is held any more
+        self._lookup_twins: set[str] | None = None
         self._fingerprint: str | None = None
         self._tuned_targets: tuple[tuple[str, ...], dict[str, list[str]]] | None = None
 
@@ -251,6 +252,16 @@ class ProgramCalibration:
             return
         self._check_whole()
         yield from _LayerByLayer(self, names, needs, final).run()
+
+    def _twins_of_lookups(self) -> set[str]:
+        """The multiplied weights equal to a weight that is only looked up (`_twins`), found once
+        from the weights as given - before any is let go."""
+        if self._lookup_twins is None:
+            found = readers(self.gm)
+            multiplied = {r.name for r in found if r.activation is not None}
+            lacking = [name for name in self.state if name not in multiplied]
+            self._lookup_twins = set(_twins(self.gm, found, lacking, self.state).values())
+        return self._lookup_twins
 
     def _check_whole(self) -> None:
         if self.closed:
@@ -304,7 +315,8 @@ class ProgramCalibration:
             setattr(owner, leaf, value.to(dtype))
         self.replaced[name] = value
         if not keep_original:  # the last reference to the weight as given: its pages leave the process
-            self.state.pop(name, None)
+            if name not in self._twins_of_lookups():  # those are how a looked-up weight finds its twin
+                self.state.pop(name, None)
             self.released.add(name)
         self._fingerprint = None
 
@@ -630,6 +642,7 @@ class _LayerByLayer:
                 if node in self.pending:
                     self._run_segment(segment, order[node], values, fixed, state, last_use, order)
                     segment = []
+                    fixed.clear()  # views of weights the segment read: recomputed where needed
                     while passing and passing[-1][0] < order[node]:  # read for the last time: let go
                         name = passing.pop()[1]
                         if name in self.calibration.released and name in self.calibration.replaced:

@@ -130,7 +130,9 @@ def compress_(
     process, `"ray"` as Ray tasks (`pip install 'coreopt[ray]'`), or a `RayExecutor(...)` / any
     `Executor`; the result is the same program whichever runs it. Algorithms that learn from data
     (a config's `method`) take their statistics from `calibration`
-    (`coreai_opt.calibration.calibrate(...)`)."""
+    (`coreai_opt.calibration.calibrate(...)`), which the run uses up: unless tables are tuned, it
+    lets go of each weight once read for the last time (so a pass holds about one copy of the
+    model), and is not asked for anything afterwards - calibrate anew for another run."""
     from ._driver import compress_container  # the encoders import torch: only when compressing
 
     if not isinstance(config, (QuantizeConfig, PalettizeConfig, SparsifyConfig)):

@@ -240,14 +240,14 @@ def integer_rounding(
 
 
 def _per_element(tiles: torch.Tensor, view: MatrixView, device: torch.device) -> torch.Tensor:
-    """Per-tile values at every element of the matrix view, in float32 (exact for what it holds:
-    16- and 32-bit scales, powers of two, integer zero points; the rounding widens them to
-    float64 as it reads them): a broadcast view where one tile spans the input axis, so a
+    """Per-tile values at every element of the matrix view, in float32 or wider (exact for what
+    it holds: the weight's own scales, powers of two, integer zero points; the rounding widens
+    them to float64 as it reads them): a broadcast view where one tile spans the input axis, so a
     per-channel grid of a 32,000-row head costs no weight-sized copy."""
-    values = tiles.float()
+    values = tiles.to(device, torch.promote_types(tiles.dtype, torch.float32))  # expanded on the device
     spans_input = all(have in (1, want) for have, want in zip(values.shape, view.shape, strict=True))
     spread = values.expand(view.shape) if spans_input else spread_tiles(values, view.shape)
-    return view.matrix(spread).to(device)
+    return view.matrix(spread)
 
 
 def _float_rounding(
@@ -269,9 +269,7 @@ def _float_rounding(
         return cast
     nspec, sspec = datatype.nspec, datatype.sspec
     assert sspec is not None
-    values = (
-        tcast.decode(scales, sspec.scale, torch.float32) if sspec.is_exponent else scales.float()
-    )  # E8M0: codes
+    values = tcast.decode(scales, sspec.scale, torch.float32) if sspec.is_exponent else scales  # E8M0: codes
     element = (nspec.mbits, nspec.emin, nspec.max)
     return ColumnGrid("float", values, element=element, cast_scale=scales, datatype=datatype)
 

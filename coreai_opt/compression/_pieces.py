@@ -21,9 +21,9 @@ _ALIGN = 64  # rows: a whole number of any BLAS kernel's register tiles
 
 def spans(count: int, width: int, piece: int = PIECE) -> list[tuple[int, int]]:
     """Consecutive spans of the `count` rows of a [count, width] array, each about `piece`
-    elements (at least one row); spans of more than `_ALIGN` rows are multiples of it, so a
-    matrix product taken a span at a time meets the same kernels row for row as the whole one
-    (the same bits)."""
+    elements (at least one row); spans of more than `_ALIGN` rows are multiples of it, so on the
+    CPU a matrix product taken a span at a time meets the same BLAS kernels row for row as the
+    whole one (the same bits; a GPU's library may pick its kernels by shape)."""
     step = max(1, piece // max(width, 1))
     step = step - step % _ALIGN if step > _ALIGN else step
     return [(a, min(count, a + step)) for a in range(0, count, step)]
