@@ -21,7 +21,7 @@ from coreai_opt.compression._gptq import solve
 from coreai_opt.compression._layerwise import DAMPING, MatrixView, gram_of
 from coreai_opt.compression._palettize import _weighted_clusters
 from coreai_opt.compression._sparsegpt import prune
-from coreai_opt.weights import Statistics, WeightSite, decode
+from coreai_opt.weights import Encoding, Statistics, WeightSite, decode
 
 ROWS, COLUMNS, SAMPLES = 48, 64, 2048
 
@@ -251,6 +251,34 @@ def test_sparsegpt_updates_the_columns_ahead_in_pieces_of_rows_to_the_same_bits(
     pieces = prune(matrix, gram, config)
     assert torch.equal(pieces[0], whole[0]) and torch.equal(pieces[1], whole[1])
     assert 0.45 < float(whole[1].float().mean()) < 0.55
+
+
+@pytest.mark.parametrize(
+    "config",
+    [SparsifyConfig(n_m_ratio=(2, 4), method="sparsegpt"), SparsifyConfig(target_sparsity=0.5, block_size=4,
+                                                                          method="sparsegpt")],
+    ids=lambda c: c.tag,
+)  # fmt: skip
+def test_sparsegpt_prunes_rows_on_their_own_in_pieces_to_the_same_encoding(
+    config: SparsifyConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n:m and fixed block masks leave each row to itself: a weight is pruned a piece of rows at
+    a time (never a float64 copy of a whole output head) and stores the whole matrix's values
+    and mask, bit for bit; an input that never fires is zeroed in every piece."""
+    import coreai_opt.compression._sparsegpt as sparsegpt
+
+    generator = torch.Generator().manual_seed(6)
+    w = torch.randn(200, 96, generator=generator).half()
+    x = torch.randn(800, 96, generator=generator, dtype=torch.float64)
+    x[:, 7] = 0.0
+    statistics = Statistics(800, moments=(x**2).mean(0), gram=x.T @ x / 800)
+    site = WeightSite(None, "w", (200, 96), element("f16"), 0, 1)
+    whole = sparsegpt.sparsify_sparsegpt(w, site, config, statistics)
+    monkeypatch.setattr(sparsegpt, "_SOLVE_PIECE", 64 * 96)
+    pieces = sparsegpt.sparsify_sparsegpt(w, site, config, statistics)
+    assert isinstance(whole, Encoding) and isinstance(pieces, Encoding)
+    assert torch.equal(decode(pieces), decode(whole)) and not decode(whole)[:, 7].any()
+    assert np.array_equal(pieces.form.mask, whole.form.mask)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

@@ -40,14 +40,14 @@ from ._config import PalettizeConfig, QuantizeConfig
 from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
 from ._options import QScheme
 from ._palettize import palettize, weighted_palettize
-from ._pieces import spans
+from ._pieces import SOLVE_PIECE, spans
 from ._quantize import Grid, column_datatype, element_grid, grid_of, quantize_onto, spread_tiles
 from ._sensitive import input_importance
 
 _BLOCK = 128
 # float64 elements of a weight's rows solved at once: an MLP weight of a 1B model in one piece
 # (each piece is a pass of its own: more launches), an output head in a few
-_SOLVE_PIECE = 1 << 24
+_SOLVE_PIECE = SOLVE_PIECE
 
 Rounding = Callable[[torch.Tensor, int], torch.Tensor]  # (column [rows] float32, its index) -> grid values
 
@@ -205,6 +205,7 @@ def quantize_gptq(
     matrix = view.matrix(w.to(device))  # in the weight's dtype: widened a piece of rows at a time
     held = view.weight(solve(matrix, gram, round_column)).to(w.device)
     encoding = quantize_onto(held, site, config, grid)
+    del held, round_column  # the weight's size each: gone before the output error is measured
     if isinstance(encoding, str):
         return encoding
     return with_output_error(config.method, encoding, free, view, matrix, gram)
@@ -324,6 +325,7 @@ def palettize_gptq(
     matrix = view.matrix(w.to(device))  # in the weight's dtype: widened a piece of rows at a time
     held = solve(matrix, gram, ColumnGrid("lut", table=tables.double().contiguous()))  # [channels, columns]
     index = _nearest(held, tables).to(torch.uint8)
+    del held
     form = tables_of.form
     assert isinstance(form, Palettized)
     indices = Stored(view.weight(index).contiguous().cpu().numpy(), form.indices.element)

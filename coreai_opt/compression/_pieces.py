@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
 
 PIECE = 1 << 22  # elements
+SOLVE_PIECE = 1 << 24  # elements of rows a GPTQ or SparseGPT solve holds in float64 at a time
 
 
 _ALIGN = 64  # rows: a whole number of any BLAS kernel's register tiles

@@ -21,10 +21,11 @@ from coreai_opt.weights import Encoding, Statistics, WeightSite
 from ._config import SparsifyConfig
 from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
 from ._options import DType
-from ._pieces import spans
+from ._pieces import SOLVE_PIECE, spans
 from ._sparsify import kept_units, sparse_encoding, sparsify, sparsity_mask
 
 _BLOCK = 128
+_SOLVE_PIECE = SOLVE_PIECE
 
 
 def _lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
@@ -36,12 +37,16 @@ def _lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def prune(matrix: torch.Tensor, gram: torch.Tensor, config: SparsifyConfig,
-          fixed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+          fixed: torch.Tensor | None = None, upper: torch.Tensor | None = None,
+          ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """SparseGPT over `matrix` [rows, columns] (any float dtype, in the view's column order): the
     repaired weight (pruned entries zero) and the pruned mask. `fixed` gives the pruned mask
-    instead of choosing it."""
+    instead of choosing it; `upper`, H^-1's factor, where the caller has it already."""
     w = matrix.to(torch.float64, copy=True)  # one float64 copy, whatever the matrix's dtype
-    upper = inverse_cholesky(gram, w)
+    if upper is None:
+        upper = inverse_cholesky(gram, w)
+    else:
+        w[:, torch.diagonal(gram) == 0] = 0.0  # as inverse_cholesky zeroes inputs that never fire
     rows, columns = w.shape
     pruned = torch.zeros((rows, columns), dtype=torch.bool, device=w.device)
     diagonal = torch.diagonal(upper)
@@ -93,9 +98,31 @@ def sparsify_sparsegpt(
         mask = sparsity_mask(w, site, config)
         assert not isinstance(mask, str)
         fixed = ~view.matrix(mask).to(gram.device)
-    repaired, pruned = prune(matrix, gram, config, fixed)
-    kept = view.weight(~pruned).cpu()
-    encoding = sparse_encoding(view.weight(repaired).to(w.dtype).cpu(), kept, site, config)
+    dense, kept = _pruned(matrix, gram, config, fixed, w.dtype)
+    encoding = sparse_encoding(view.weight(dense), view.weight(kept), site, config)
+    del dense, kept
     if isinstance(encoding, str):
         return encoding
     return with_output_error(config.method, encoding, free, view, matrix, gram)
+
+
+def _pruned(
+    matrix: torch.Tensor, gram: torch.Tensor, config: SparsifyConfig, fixed: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`prune`'s repaired matrix in `dtype` and its kept mask, on the CPU. One share of zeros over
+    all rows (unstructured) couples the rows: the whole matrix at once; n:m and fixed masks
+    leave each row to itself: pieces of `_SOLVE_PIECE` elements of rows, so no float64 copy of
+    an output head exists at once (the same bits: rows never mix, pieces are whole tiles)."""
+    if config.n_m_ratio is None and fixed is None:
+        repaired, pruned = prune(matrix, gram, config)
+        return repaired.to(dtype).cpu(), (~pruned).cpu()
+    rows, columns = matrix.shape
+    upper = inverse_cholesky(gram, torch.empty((0, columns), dtype=torch.float64, device=matrix.device))
+    dense = torch.empty((rows, columns), dtype=dtype)
+    kept = torch.empty((rows, columns), dtype=torch.bool)
+    for top, bottom in spans(rows, columns, _SOLVE_PIECE):
+        piece = None if fixed is None else fixed[top:bottom]
+        repaired, pruned = prune(matrix[top:bottom], gram, config, piece, upper)
+        dense[top:bottom], kept[top:bottom] = repaired.to(dtype).cpu(), (~pruned).cpu()
+    return dense, kept
