@@ -37,7 +37,7 @@ from coreai_opt.weights import (
 
 from ._clipping import weighted_grid
 from ._config import PalettizeConfig, QuantizeConfig
-from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
+from ._layerwise import MatrixView, dead_inputs, gram_of, inverse_cholesky, with_output_error
 from ._options import QScheme
 from ._palettize import palettize, weighted_palettize
 from ._pieces import SOLVE_PIECE, spans
@@ -115,11 +115,8 @@ def solve(
     the torch loop, without its per-column launches."""
     order = torch.sort(torch.diagonal(gram), descending=True, stable=True).indices
     rows, columns = matrix.shape
-    no_rows = torch.empty(
-        (0, columns), dtype=torch.float64, device=matrix.device
-    )  # each piece zeroes its own
-    upper = inverse_cholesky(gram[order[:, None], order[None, :]], no_rows, consume=True).contiguous()
-    never_fire = torch.diagonal(gram)[order] == 0  # inverse_cholesky's dead inputs: their columns are zeroed
+    upper = inverse_cholesky(gram[order[:, None], order[None, :]], consume=True).contiguous()
+    dead = dead_inputs(gram)[order]
     grid = isinstance(round_column, ColumnGrid)
     kernel = (_fused_by_default(matrix.device) if fused is None else fused) and grid
     pieces = spans(rows, columns, _SOLVE_PIECE) if grid else [(0, rows)]
@@ -128,7 +125,7 @@ def solve(
     for top, bottom in pieces:
         rounding = round_column.rows(top, bottom) if len(pieces) > 1 else round_column  # type: ignore[union-attr]
         w = matrix[top:bottom].double()[:, order]  # a copy, in solve order
-        w[:, never_fire] = 0.0
+        w[:, dead] = 0.0
         if kernel:
             held = _solve_fused(w, upper, order, rounding)  # type: ignore[arg-type]
         else:

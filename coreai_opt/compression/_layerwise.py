@@ -73,18 +73,23 @@ def gram_of(statistics: Statistics | None, view: MatrixView) -> torch.Tensor | N
     return statistics.gram.double()[order][:, order]
 
 
-def inverse_cholesky(gram: torch.Tensor, matrix: torch.Tensor, *, consume: bool = False) -> torch.Tensor:
+def dead_inputs(gram: torch.Tensor) -> torch.Tensor:
+    """The inputs that never fired on the calibration data (H_ii = 0), a mask over H's columns:
+    nothing reads their columns of a weight, so a solve zeroes them in its working copy, and H^-1
+    takes H_ii = 1 there."""
+    return torch.diagonal(gram) == 0
+
+
+def inverse_cholesky(gram: torch.Tensor, *, consume: bool = False) -> torch.Tensor:
     """The upper Cholesky factor U of H^-1 (H = the Gram matrix, damped), as GPTQ and SparseGPT
     read it: U[i, i] and U[i, i:] give column i's error scale and how it spreads to the columns
-    after it. Inputs that never fire (H_ii = 0) get H_ii = 1 and their column of `matrix` is
-    zeroed in place (nothing reads it). The damping grows tenfold until H is positive definite.
-    At most three matrices of H's size are alive at once, `gram` among them when `consume` (the
-    caller hands over a copy of its own, which is overwritten; otherwise it is copied first)."""
+    after it. Inputs that never fire (`dead_inputs`) get H_ii = 1. The damping grows tenfold
+    until H is positive definite. At most three matrices of H's size are alive at once, `gram`
+    among them when `consume` (the caller hands over a copy of its own, which is overwritten;
+    otherwise it is copied first)."""
     h = gram if consume else gram.clone()
     diagonal = torch.diagonal(h)
-    dead = diagonal == 0
-    diagonal[dead] = 1.0
-    matrix[:, dead] = 0.0
+    diagonal[dead_inputs(h)] = 1.0
     undamped = diagonal.clone()
     mean = float(undamped.mean())
     for attempt in range(6):

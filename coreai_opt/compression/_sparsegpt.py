@@ -19,7 +19,7 @@ import torch
 from coreai_opt.weights import Encoding, Statistics, WeightSite
 
 from ._config import SparsifyConfig
-from ._layerwise import MatrixView, gram_of, inverse_cholesky, with_output_error
+from ._layerwise import MatrixView, dead_inputs, gram_of, inverse_cholesky, with_output_error
 from ._options import DType
 from ._pieces import SOLVE_PIECE, spans
 from ._sparsify import kept_units, sparse_encoding, sparsify, sparsity_mask
@@ -43,10 +43,9 @@ def prune(matrix: torch.Tensor, gram: torch.Tensor, config: SparsifyConfig,
     repaired weight (pruned entries zero) and the pruned mask. `fixed` gives the pruned mask
     instead of choosing it; `upper`, H^-1's factor, where the caller has it already."""
     w = matrix.to(torch.float64, copy=True)  # one float64 copy, whatever the matrix's dtype
+    w[:, dead_inputs(gram)] = 0.0
     if upper is None:
-        upper = inverse_cholesky(gram, w)
-    else:
-        w[:, torch.diagonal(gram) == 0] = 0.0  # as inverse_cholesky zeroes inputs that never fire
+        upper = inverse_cholesky(gram)
     rows, columns = w.shape
     pruned = torch.zeros((rows, columns), dtype=torch.bool, device=w.device)
     diagonal = torch.diagonal(upper)
@@ -118,7 +117,7 @@ def _pruned(
         repaired, pruned = prune(matrix, gram, config)
         return repaired.to(dtype).cpu(), (~pruned).cpu()
     rows, columns = matrix.shape
-    upper = inverse_cholesky(gram, torch.empty((0, columns), dtype=torch.float64, device=matrix.device))
+    upper = inverse_cholesky(gram)
     dense = torch.empty((rows, columns), dtype=dtype)
     kept = torch.empty((rows, columns), dtype=torch.bool)
     for top, bottom in spans(rows, columns, _SOLVE_PIECE):
