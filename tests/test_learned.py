@@ -256,15 +256,16 @@ def test_sparsegpt_updates_the_columns_ahead_in_pieces_of_rows_to_the_same_bits(
 @pytest.mark.parametrize(
     "config",
     [SparsifyConfig(n_m_ratio=(2, 4), method="sparsegpt"), SparsifyConfig(target_sparsity=0.5, block_size=4,
-                                                                          method="sparsegpt")],
+                                                                          method="sparsegpt"),
+     SparsifyConfig(target_sparsity=0.3, method="sparsegpt")],
     ids=lambda c: c.tag,
 )  # fmt: skip
 def test_sparsegpt_prunes_rows_on_their_own_in_pieces_to_the_same_encoding(
     config: SparsifyConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """n:m and fixed block masks leave each row to itself: a weight is pruned a piece of rows at
-    a time (never a float64 copy of a whole output head) and stores the whole matrix's values
-    and mask, bit for bit; an input that never fires is zeroed in every piece."""
+    """Unstructured, n:m and fixed block masks leave each row to itself: a weight is pruned a
+    piece of rows at a time (never a float64 copy of a whole output head) and stores the whole
+    matrix's values and mask, bit for bit; an input that never fires is zeroed in every piece."""
     import coreai_opt.compression._sparsegpt as sparsegpt
 
     generator = torch.Generator().manual_seed(6)
@@ -279,6 +280,19 @@ def test_sparsegpt_prunes_rows_on_their_own_in_pieces_to_the_same_encoding(
     assert isinstance(whole, Encoding) and isinstance(pieces, Encoding)
     assert torch.equal(decode(pieces), decode(whole)) and not decode(whole)[:, 7].any()
     assert np.array_equal(pieces.form.mask, whole.form.mask)  # type: ignore[union-attr]
+
+
+def test_unstructured_sparsegpt_prunes_every_row_by_the_same_share() -> None:
+    """Each row loses its share of the whole weight's zeros (the first rows one more where the
+    count does not divide), placed block by block: 30% of 7 x 300 values is 630 zeros, 90 a row;
+    of 7 x 301, 632 zeros: 91 in the first two rows, 90 in the rest."""
+    generator = torch.Generator().manual_seed(8)
+    for columns, expected in ((300, [90] * 7), (301, [91, 91, 90, 90, 90, 90, 90])):
+        x = torch.randn(900, columns, generator=generator, dtype=torch.float64)
+        matrix = torch.randn(7, columns, generator=generator) * torch.logspace(-2, 2, 7)[:, None]
+        repaired, pruned = prune(matrix, x.T @ x / 900, SparsifyConfig(target_sparsity=0.3))
+        assert pruned.sum(1).tolist() == expected  # the small rows are not pruned more than the large
+        assert torch.all(repaired[pruned] == 0)
 
 
 @pytest.mark.parametrize(

@@ -5,11 +5,13 @@ does with rounding errors - so the layer's output on the calibration data stays 
 
 Which weights go is chosen as SparseGPT chooses, by the optimal-brain-surgeon score w^2 / U_ii^2
 (U the upper Cholesky factor of H^-1): unstructured, within each block of `_BLOCK` columns,
-the block's share of the zeros the config asks for (the whole weight's count is exact); n:m,
-in each run of m columns along the input axis, the n best of every row kept; block pruning
-keeps magnitude pruning's mask of whole channel blocks and repairs the weights kept. The kept
-values are then compressed as magnitude pruning compresses them (int8, FP8, uint8 or a LUT).
-A weight the data gives no Gram matrix for is pruned by magnitude.
+each row's share of its zeros - every row prunes the same fraction (the whole weight's count is
+exact), the per-output comparison group Wanda (Sun et al., 2023) found best for language models
+- so rows never mix and a weight is pruned a piece of rows at a time; n:m, in each run of m
+columns along the input axis, the n best of every row kept; block pruning keeps magnitude
+pruning's mask of whole channel blocks and repairs the weights kept. The kept values are then
+compressed as magnitude pruning compresses them (int8, FP8, uint8 or a LUT). A weight the data
+gives no Gram matrix for is pruned by magnitude.
 """
 
 from __future__ import annotations
@@ -28,20 +30,31 @@ _BLOCK = 128
 _SOLVE_PIECE = SOLVE_PIECE
 
 
-def _lowest(scores: torch.Tensor, count: int) -> torch.Tensor:
-    """A mask (scores' shape) of the `count` lowest scores (ties: the lower index goes first)."""
-    order = torch.sort(scores.reshape(-1), stable=True).indices
-    mask = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
-    mask[order[:count]] = True
-    return mask.reshape(scores.shape)
+def _lowest(scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """A mask (scores' shape, [rows, width]) of each row's `counts[row]` lowest scores (ties: the
+    lower index goes first)."""
+    order = torch.sort(scores, dim=1, stable=True).indices
+    ranks = torch.arange(scores.shape[1], device=scores.device)
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, order, ranks[None, :] < counts[:, None])
+
+
+def zeros_per_row(config: SparsifyConfig, rows: int, columns: int) -> torch.Tensor:
+    """How many entries each row of an unstructured weight loses: the whole weight's count (as
+    magnitude pruning keeps it) spread evenly, the first rows taking one more where it does not
+    divide."""
+    uint8 = config.quantize_dtype is DType.UINT8
+    total = rows * columns - kept_units(rows * columns, float(config.target_sparsity or 0), 1, uint8)
+    base, extra = divmod(total, rows)
+    return torch.full((rows,), base, dtype=torch.int64) + (torch.arange(rows) < extra)
 
 
 def prune(matrix: torch.Tensor, gram: torch.Tensor, config: SparsifyConfig,
           fixed: torch.Tensor | None = None, upper: torch.Tensor | None = None,
-          ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+          zeros: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """SparseGPT over `matrix` [rows, columns] (any float dtype, in the view's column order): the
     repaired weight (pruned entries zero) and the pruned mask. `fixed` gives the pruned mask
-    instead of choosing it; `upper`, H^-1's factor, where the caller has it already."""
+    instead of choosing it; `upper`, H^-1's factor, where the caller has it already; `zeros`,
+    each row's count of zeros when unstructured (default: `zeros_per_row` of the matrix)."""
     w = matrix.to(torch.float64, copy=True)  # one float64 copy, whatever the matrix's dtype
     w[:, dead_inputs(gram)] = 0.0
     if upper is None:
@@ -50,22 +63,21 @@ def prune(matrix: torch.Tensor, gram: torch.Tensor, config: SparsifyConfig,
     pruned = torch.zeros((rows, columns), dtype=torch.bool, device=w.device)
     diagonal = torch.diagonal(upper)
     width = _BLOCK
-    zeros_left = 0
+    zeros_left = torch.zeros(0)
     if config.n_m_ratio is not None:
         width = max(config.n_m_ratio[1], _BLOCK - _BLOCK % config.n_m_ratio[1])
     elif fixed is None:
-        uint8 = config.quantize_dtype is DType.UINT8
-        zeros_left = w.numel() - kept_units(w.numel(), float(config.target_sparsity or 0), 1, uint8)
+        zeros_left = (zeros_per_row(config, rows, columns) if zeros is None else zeros).to(w.device)
     for a in range(0, columns, width):
         b = min(a + width, columns)
         part = w[:, a:b].clone()
         errors = torch.zeros_like(part)
         if fixed is not None:
             pruned[:, a:b] = fixed[:, a:b]
-        elif config.n_m_ratio is None:  # this block's share of the zeros still to place
-            share = round(zeros_left * (b - a) / (columns - a))
+        elif config.n_m_ratio is None:  # each row's share of the zeros it still has to place
+            share = (zeros_left.double() * (b - a) / (columns - a)).round().long()
             pruned[:, a:b] = _lowest(part**2 / diagonal[a:b] ** 2, share)
-            zeros_left -= share
+            zeros_left = zeros_left - share
         for i in range(b - a):
             if config.n_m_ratio is not None and i % config.n_m_ratio[1] == 0:
                 n, m = config.n_m_ratio
@@ -109,19 +121,17 @@ def _pruned(
     matrix: torch.Tensor, gram: torch.Tensor, config: SparsifyConfig, fixed: torch.Tensor | None,
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """`prune`'s repaired matrix in `dtype` and its kept mask, on the CPU. One share of zeros over
-    all rows (unstructured) couples the rows: the whole matrix at once; n:m and fixed masks
-    leave each row to itself: pieces of `_SOLVE_PIECE` elements of rows, so no float64 copy of
-    an output head exists at once (the same bits: rows never mix, pieces are whole tiles)."""
-    if config.n_m_ratio is None and fixed is None:
-        repaired, pruned = prune(matrix, gram, config)
-        return repaired.to(dtype).cpu(), (~pruned).cpu()
+    """`prune`'s repaired matrix in `dtype` and its kept mask, on the CPU. Rows never mix (each
+    row places its own zeros): pieces of `_SOLVE_PIECE` elements of rows, so no float64 copy of
+    an output head exists at once (the same bits: pieces are whole tiles)."""
     rows, columns = matrix.shape
     upper = inverse_cholesky(gram)
+    zeros = zeros_per_row(config, rows, columns) if config.n_m_ratio is None and fixed is None else None
     dense = torch.empty((rows, columns), dtype=dtype)
     kept = torch.empty((rows, columns), dtype=torch.bool)
     for top, bottom in spans(rows, columns, _SOLVE_PIECE):
         piece = None if fixed is None else fixed[top:bottom]
-        repaired, pruned = prune(matrix[top:bottom], gram, config, piece, upper)
+        counts = None if zeros is None else zeros[top:bottom]
+        repaired, pruned = prune(matrix[top:bottom], gram, config, piece, upper, counts)
         dense[top:bottom], kept[top:bottom] = repaired.to(dtype).cpu(), (~pruned).cpu()
     return dense, kept
