@@ -115,7 +115,7 @@ def solve(
     the torch loop, without its per-column launches."""
     order = torch.sort(torch.diagonal(gram), descending=True, stable=True).indices
     rows, columns = matrix.shape
-    upper = inverse_cholesky(gram[order[:, None], order[None, :]], consume=True).contiguous()
+    upper = inverse_cholesky(gram, order).contiguous()
     dead = dead_inputs(gram)[order]
     grid = isinstance(round_column, ColumnGrid)
     kernel = (_fused_by_default(matrix.device) if fused is None else fused) and grid

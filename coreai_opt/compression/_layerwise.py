@@ -80,27 +80,28 @@ def dead_inputs(gram: torch.Tensor) -> torch.Tensor:
     return torch.diagonal(gram) == 0
 
 
-def inverse_cholesky(gram: torch.Tensor, *, consume: bool = False) -> torch.Tensor:
-    """The upper Cholesky factor U of H^-1 (H = the Gram matrix, damped), as GPTQ and SparseGPT
-    read it: U[i, i] and U[i, i:] give column i's error scale and how it spreads to the columns
-    after it. Inputs that never fire (`dead_inputs`) get H_ii = 1. The damping grows tenfold
-    until H is positive definite. At most three matrices of H's size are alive at once, `gram`
-    among them when `consume` (the caller hands over a copy of its own, which is overwritten;
-    otherwise it is copied first)."""
-    h = gram if consume else gram.clone()
-    diagonal = torch.diagonal(h)
-    diagonal[dead_inputs(h)] = 1.0
-    undamped = diagonal.clone()
+def inverse_cholesky(gram: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
+    """The upper Cholesky factor U of H^-1 (H = the Gram matrix, damped; its columns taken in
+    `order` when given), as GPTQ and SparseGPT read it: U[i, i] and U[i, i:] give column i's
+    error scale and how it spreads to the columns after it. Inputs that never fire
+    (`dead_inputs`) get H_ii = 1. The damping grows tenfold until H is positive definite. Each try
+    factors, inverts and factors again one fresh copy of H in place, so besides `gram` one matrix
+    of its size (and a transient the library takes) is alive at once: a 5,632-input down
+    projection's H is 0.25 GB."""
+    undamped = torch.diagonal(gram).clone() if order is None else torch.diagonal(gram)[order]
+    undamped[undamped == 0] = 1.0
     mean = float(undamped.mean())
+    info = torch.empty((), dtype=torch.int32, device=gram.device)
     for attempt in range(6):
-        diagonal.copy_(undamped + (DAMPING * 10**attempt) * mean)  # H + damping x I, without an identity
-        factor, info = torch.linalg.cholesky_ex(h)
+        h = gram.clone() if order is None else gram[order[:, None], order[None, :]]
+        torch.diagonal(h).copy_(undamped + (DAMPING * 10**attempt) * mean)  # H + damping x I
+        torch.linalg.cholesky_ex(h, out=(h, info))
         if int(info) == 0:
-            inverse = torch.cholesky_inverse(factor)
-            del factor
-            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+            torch.cholesky_inverse(h, out=h)
+            torch.linalg.cholesky_ex(h, upper=True, out=(h, info))
             if int(info) == 0:
-                return upper
+                return h
+        del h
     raise ValueError("the input Gram matrix stays singular after damping")
 
 
