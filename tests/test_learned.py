@@ -97,6 +97,29 @@ def test_inverse_cholesky_factors_one_fresh_copy_in_place_to_the_out_of_place_bi
         inverse_cholesky(torch.tensor([[0.0, 0.0], [0.0, -1.0]], dtype=torch.float64))
 
 
+def test_the_weighted_snr_summed_over_pieces_of_rows_is_the_whole_sum(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The importance-weighted SNR a palettized weight reports is widened and summed a piece of
+    rows at a time (a 1B model's head in float64 is 0.5 GB a copy): the whole weight's float64
+    sum to 1e-12, for fp16 values and a broadcast importance view, with pieces of 8 rows."""
+    import coreai_opt.compression._layerwise as layerwise
+    from coreai_opt.compression._pieces import spans
+
+    generator = torch.Generator().manual_seed(10)
+    w = torch.randn(50, 24, generator=generator).half()
+    approximation = (w.float() + 0.05 * torch.randn(50, 24, generator=generator)).half()
+    importance = torch.rand(1, 24, generator=generator, dtype=torch.float64).expand(50, 24)
+    f, x = importance.double(), w.double()
+    whole = 10 * math.log10(float((f * x**2).sum()) / float((f * (approximation.double() - x) ** 2).sum()))
+    pieces: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        layerwise, "spans", lambda count, width: pieces.extend(spans(count, width, 8 * width)) or pieces
+    )
+    assert layerwise.weighted_snr_db(w, approximation, importance) == pytest.approx(whole, rel=1e-12)
+    assert len(pieces) == 7  # 8 rows each, the last 2
+
+
 def test_gptq_is_the_optimal_brain_quantizer_recurrence(layer: dict[str, torch.Tensor]) -> None:
     """The lazy, Cholesky form equals the textbook one: round a column, spread its error with the
     inverse Hessian's row, then eliminate that column from the inverse (act order, same damping)."""

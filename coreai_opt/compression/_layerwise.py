@@ -133,10 +133,17 @@ def with_output_error(
 
 
 def weighted_snr_db(w: torch.Tensor, approximation: torch.Tensor, importance: torch.Tensor) -> float:
-    """sum f w^2 / sum f (w' - w)^2 in dB, f the importance of each element."""
-    f = importance.double()
-    signal = float((f * w.double() ** 2).sum())
-    noise = float((f * (approximation.double() - w.double()) ** 2).sum())
+    """sum f w^2 / sum f (w' - w)^2 in dB, f the importance of each element (any dtypes, same
+    shape; `importance` may be a broadcast view), widened to float64 and summed a piece of rows
+    at a time (`_pieces`): no weight-sized float64 temporaries (0.5 GB each at a 1B model's head)."""
+    if w.dim() == 0:
+        w, approximation, importance = w.reshape(1), approximation.reshape(1), importance.reshape(1)
+    signal = noise = 0.0
+    for top, bottom in spans(w.shape[0], w.numel() // max(w.shape[0], 1)):
+        f = importance[top:bottom].double()
+        x = w[top:bottom].double()
+        signal += float((f * x**2).sum())
+        noise += float((f * (approximation[top:bottom].double() - x) ** 2).sum())
     return _db(signal, noise)
 
 

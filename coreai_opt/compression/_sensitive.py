@@ -72,12 +72,11 @@ def _learned_palettize(
     learned = weighted_palettize(w, site, config, importance)
     if isinstance(learned, str):
         return learned
-    dense = w.double()
     record = Learned(
         config.method,
         weighting,
-        weighted_snr_db(dense, decode(learned).double(), importance),
-        weighted_snr_db(dense, decode(free).double(), importance),
+        weighted_snr_db(w, decode(learned), importance),
+        weighted_snr_db(w, decode(free), importance),
     )
     return Encoding(learned.form, learned.element, learned.luts, learned.sparsity, learned=record)
 
