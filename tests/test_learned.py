@@ -386,13 +386,42 @@ def test_sparsegpt_keeps_the_pattern_and_beats_magnitude_pruning(
     assert learned.learned.snr_db == pytest.approx(-10 * math.log10(after), abs=1e-6)
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_weighted_tables_read_a_broadcast_importance_a_piece_of_groups_at_a_time(
+    per_channel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Input importance is a broadcast view of one row (a float64 copy would be 0.5 GB at a 1B
+    model's head): the tables are clustered reading it a piece of LUT groups at a time, and store
+    the codes, tables and scales of the same importance made whole, in one piece."""
+    import coreai_opt.compression._palettize as palettize
+    from coreai_opt.compression._pieces import spans
+
+    generator = torch.Generator().manual_seed(12)
+    w = torch.randn(64, 96, generator=generator).half()
+    row = torch.rand(1, 96, generator=generator, dtype=torch.float64) + 0.01
+    site = _site((64, 96))
+    config = PalettizeConfig(
+        n_bits=3, granularity="grouped", group_size=16, enable_per_channel_scale=per_channel
+    )
+    whole = palettize.weighted_palettize(w, site, config, row.expand(64, 96).contiguous())
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        palettize, "spans", lambda count, width: asked.extend(spans(count, width, width)) or asked
+    )
+    pieces = palettize.weighted_palettize(w, site, config, row.expand(64, 96))
+    assert len(asked) == 4  # one LUT group a piece
+    assert isinstance(whole, Encoding) and isinstance(pieces, Encoding)
+    assert torch.equal(decode(pieces), decode(whole))
+    assert np.array_equal(pieces.form.indices.values, whole.form.indices.values)  # type: ignore[union-attr]
+
+
 def test_weighted_kmeans_is_the_optimum_over_every_partition() -> None:
     """Exact weighted k-means: no partition of the sorted values into k runs costs less (1-D optimal
     clusters are runs), checked by enumerating them all."""
     generator = torch.Generator().manual_seed(5)
     values = torch.randn(1, 11, generator=generator)
     weights = torch.rand(1, 11, generator=generator, dtype=torch.float64) * 10 + 0.01
-    centroids, index = _weighted_clusters(values, weights, False, PalettizeConfig(n_bits=2))
+    centroids, index = _weighted_clusters(values, lambda a, b: weights[a:b], False, PalettizeConfig(n_bits=2))
     chosen = torch.from_numpy(centroids[0])[index[0].long()]
     keyed = values[0].double()
     cost = float((weights[0] * (chosen - keyed) ** 2).sum())

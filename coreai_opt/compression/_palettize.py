@@ -18,6 +18,8 @@ scale per channel, stored in the weight's dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -166,12 +168,32 @@ def _sorted_clusters(
     return centroids
 
 
+def _channel_weights(
+    importance: torch.Tensor, channel_scale: np.ndarray, groups: int
+) -> Callable[[int, int], torch.Tensor]:
+    """Each element's weight for LUT groups a:b ([b - a, elements of a group], float64): its
+    importance (channels first; a broadcast view stays one) times its channel scale squared - an
+    error of a normalized value costs that much - widened only for the groups asked for, so a 1B
+    model's head never has a float64 copy of its importance."""
+    channels = importance.shape[0]
+    per_group = channels // groups
+    rows = importance.reshape(channels, -1)  # a view, also of a broadcast importance
+
+    def weights(a: int, b: int) -> torch.Tensor:
+        top, bottom = a * per_group, b * per_group
+        piece = rows[top:bottom].double() * torch.from_numpy(channel_scale[top:bottom] ** 2)[:, None]
+        return piece.reshape(b - a, -1)
+
+    return weights
+
+
 def _weighted_clusters(
-    rows: torch.Tensor, weights: torch.Tensor, exact: bool, config: PalettizeConfig
+    rows: torch.Tensor, weights: Callable[[int, int], torch.Tensor], exact: bool, config: PalettizeConfig
 ) -> tuple[np.ndarray, torch.Tensor]:
-    """rows [G, m] (float32) clustered with a weight per element [G, m] (float64, positive) ->
-    centroids [G, P] and indices [G, m]: the same exact 1-D programme, each histogram bin weighted
-    by the sum of its elements' weights and placed at their weighted mean."""
+    """rows [G, m] (float32) clustered with a weight per element (`weights(a, b)`: groups a:b's
+    [b - a, m], float64, positive) -> centroids [G, P] and indices [G, m]: the same exact 1-D
+    programme, each histogram bin weighted by the sum of its elements' weights and placed at their
+    weighted mean."""
     from ._kmeans_kernels import assign
 
     groups, size = rows.shape
@@ -179,7 +201,7 @@ def _weighted_clusters(
     centroids = []
     for a, b in spans(groups, size):
         values, order = torch.sort(rows[a:b].float(), dim=1, stable=True)
-        weight = torch.gather(weights[a:b].double(), 1, order).numpy().reshape(-1)
+        weight = torch.gather(weights(a, b), 1, order).numpy().reshape(-1)
         keys = _keys(values, config, exact).numpy()
         fresh = np.ones(keys.shape, bool)
         fresh[:, 1:] = keys[:, 1:] != keys[:, :-1]  # a new bin starts each row and each new key
@@ -300,24 +322,25 @@ def weighted_palettize(
         amax = matrix.abs().amax(dim=1).double().numpy()  # float32 values
         channel_scale = np.where(amax > 0, amax, 1.0)
         matrix = matrix / torch.from_numpy(channel_scale).float()[:, None]
-    pull = None
-    if importance is not None:  # an error of a normalized value costs its channel scale squared
-        pull = importance.movedim(axis, 0).reshape(channels, -1).double()
-        pull = pull * torch.from_numpy(channel_scale**2)[:, None]
+    pull = (
+        None if importance is None else _channel_weights(importance.movedim(axis, 0), channel_scale, groups)
+    )
     if dim == 1:
         native = rows.reshape(groups, -1) if exact else None
         if pull is None:
             centroids, index = _scalar_clusters(matrix.reshape(groups, -1), native, config)
         else:
-            centroids, index = _weighted_clusters(matrix.reshape(groups, -1), pull.reshape(groups, -1),
-                                                  exact, config)  # fmt: skip
+            centroids, index = _weighted_clusters(matrix.reshape(groups, -1), pull, exact, config)
         centroids = centroids[:, :, None]  # [G, P, 1]
         index = index.reshape(channels, cols)
     else:
         vectors = matrix.float().reshape(channels // dim, dim, cols).transpose(1, 2)  # [C/V, cols, V]
+        weights = None
         if pull is not None:
-            pull = pull.reshape(channels // dim, dim, cols).transpose(1, 2).reshape(groups, -1, dim)
-        centroids, index = _vector_clusters(vectors.reshape(groups, -1, dim), config, pull)
+            weights = (
+                pull(0, groups).reshape(channels // dim, dim, cols).transpose(1, 2).reshape(groups, -1, dim)
+            )
+        centroids, index = _vector_clusters(vectors.reshape(groups, -1, dim), config, weights)
         index = index.reshape(channels // dim, cols)
     entries_per_lut = 2**config.n_bits
     if config.lut_dtype is None:
