@@ -86,3 +86,29 @@ def test_decode_takes_a_device_and_keeps_the_dtype() -> None:
     with pytest.raises(ValueError, match="E8M0"):  # a bare E8M0-scaled form does not know its dtype
         decode(encoding.form)
     assert torch.equal(decode(encoding.form, torch.float32), decode(encoding))
+
+
+@pytest.mark.parametrize("vector", [1, 2])
+def test_lut_to_dense_in_pieces_of_rows_is_the_whole_gather(
+    vector: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look-up table's decode gathers a piece of the first axis at a time (each element's int64
+    table row is 8 bytes: 0.5 GB at a 1B model's head): one row a piece gives the whole gather's
+    values, with tables in blocks along both axes and vectors along the second."""
+    import coreai_opt._pieces as pieces
+    from coreai_opt.weights._decode import lut_to_dense
+
+    generator = torch.Generator().manual_seed(13)
+    indices = torch.randint(0, 16, (12, 9), generator=generator, dtype=torch.uint8)
+    lut = torch.randn(3, 9 // 3, 16, vector, generator=generator).half()  # blocks of 4 rows, 3 columns
+    whole = lut_to_dense(indices, lut, 1)
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        pieces, "spans", lambda count, width: asked.extend((a, a + 1) for a in range(count)) or asked
+    )
+    assert torch.equal(lut_to_dense(indices, lut, 1), whole) and len(asked) == 12
+    assert whole.shape == (12, 9 * vector)
+    expected = lut[
+        torch.arange(12)[:, None] // 4, torch.arange(9)[None, :] // 3, indices.long()
+    ]  # [12, 9, V]
+    assert torch.equal(whole, expected.reshape(12, 9 * vector))

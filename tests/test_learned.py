@@ -104,7 +104,7 @@ def test_the_weighted_snr_summed_over_pieces_of_rows_is_the_whole_sum(
     rows at a time (a 1B model's head in float64 is 0.5 GB a copy): the whole weight's float64
     sum to 1e-12, for fp16 values and a broadcast importance view, with pieces of 8 rows."""
     import coreai_opt.compression._layerwise as layerwise
-    from coreai_opt.compression._pieces import spans
+    from coreai_opt._pieces import spans
 
     generator = torch.Generator().manual_seed(10)
     w = torch.randn(50, 24, generator=generator).half()
@@ -298,7 +298,7 @@ def test_sparsegpt_updates_the_columns_ahead_in_pieces_of_rows_to_the_same_bits(
     1B model's output head): done a piece of rows at a time, as rows never mix in it, it gives the
     same weights and mask bit for bit; an fp16 matrix is widened exactly, as a float64 one."""
     import coreai_opt.compression._sparsegpt as sparsegpt
-    from coreai_opt.compression._pieces import spans
+    from coreai_opt._pieces import spans
 
     generator = torch.Generator().manual_seed(5)
     matrix = torch.randn(96, 300, generator=generator).half()
@@ -394,7 +394,7 @@ def test_weighted_tables_read_a_broadcast_importance_a_piece_of_groups_at_a_time
     model's head): the tables are clustered reading it a piece of LUT groups at a time, and store
     the codes, tables and scales of the same importance made whole, in one piece."""
     import coreai_opt.compression._palettize as palettize
-    from coreai_opt.compression._pieces import spans
+    from coreai_opt._pieces import spans
 
     generator = torch.Generator().manual_seed(12)
     w = torch.randn(64, 96, generator=generator).half()

@@ -13,6 +13,7 @@ import torch
 import tcast
 from coreai_opt._errors import ConfigError
 from coreai_opt._memory import EveryBytes, trim_heap
+from coreai_opt._pieces import energies_in_pieces
 from coreai_opt.weights import (
     Calibration,
     Container,
@@ -28,7 +29,6 @@ from coreai_opt.weights import (
 from ._algorithms import Algorithm, algorithm_for
 from ._config import Config
 from ._executors import Executor, executor_of
-from ._pieces import energies_in_pieces
 from ._results import CompressionReport, Progress, WeightResult
 from ._sites import select_sites
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 import tcast
+from coreai_opt._pieces import SOLVE_PIECE, spans
 from coreai_opt.weights import (
     Encoding,
     Palettized,
@@ -40,7 +41,6 @@ from ._config import PalettizeConfig, QuantizeConfig
 from ._layerwise import MatrixView, dead_inputs, gram_of, inverse_cholesky, with_output_error
 from ._options import QScheme
 from ._palettize import palettize, weighted_palettize
-from ._pieces import SOLVE_PIECE, spans
 from ._quantize import Grid, column_datatype, element_grid, grid_of, quantize_onto, spread_tiles
 from ._sensitive import input_importance
 

@@ -16,9 +16,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from coreai_opt._pieces import spans
 from coreai_opt.weights import Encoding, Learned, Statistics, WeightSite, decode
-
-from ._pieces import spans
 
 DAMPING = 0.01  # of the mean diagonal, added to the Gram matrix before it is inverted
 

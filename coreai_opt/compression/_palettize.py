@@ -25,12 +25,12 @@ import torch
 
 import tcast
 from coreai_opt._elements import Element, element
+from coreai_opt._pieces import spans
 from coreai_opt.weights import Encoding, Palettized, ShiftScale, Stored, WeightSite
 
 from ._config import PalettizeConfig
 from ._kmeans import in_threads, kmeans_1d
 from ._options import CompressionGranularity, DType, QScheme
-from ._pieces import spans
 from ._quantize import cast_codes, stored_codes, stored_float
 
 G = CompressionGranularity

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import torch
 
+from coreai_opt._pieces import SOLVE_PIECE, spans
 from coreai_opt.weights import Encoding, Statistics, WeightSite
 
 from ._config import SparsifyConfig
 from ._layerwise import MatrixView, dead_inputs, gram_of, inverse_cholesky, with_output_error
 from ._options import DType
-from ._pieces import SOLVE_PIECE, spans
 from ._sparsify import kept_units, sparse_encoding, sparsify, sparsity_mask
 
 _BLOCK = 128

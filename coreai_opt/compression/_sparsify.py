@@ -29,12 +29,12 @@ import torch
 
 import tcast
 from coreai_opt._elements import element
+from coreai_opt._pieces import spans
 from coreai_opt.weights import Encoding, Palettized, Quantized, Sparse, Stored, WeightSite
 
 from ._config import PalettizeConfig, QuantizeConfig, SparsifyConfig
 from ._options import CompressionGranularity, DType, QScheme
 from ._palettize import _scalar_clusters
-from ._pieces import spans
 from ._quantize import quantize, stored_float
 
 _UINT8_BLOCK = 32

@@ -71,14 +71,24 @@ def _per_block(param: torch.Tensor) -> torch.Tensor:
 def lut_to_dense(indices: torch.Tensor, lut: torch.Tensor, axis: int) -> torch.Tensor:
     import torch
 
+    from coreai_opt._pieces import spans
+
     rank = indices.dim()
     entries, vector = lut.shape[-2], lut.shape[-1]
-    flat = torch.zeros((), dtype=torch.int64, device=indices.device)
-    for k, (size, count) in enumerate(zip(indices.shape, lut.shape[:rank], strict=True)):
-        if count > 1:
-            block = torch.arange(size, device=indices.device) // (size // count)
-            flat = flat * count + block.reshape([size if i == k else 1 for i in range(rank)])
-    rows = lut.reshape(-1, vector)[flat * entries + indices.long()]  # [*indices.shape, vector]
+    table = lut.reshape(-1, vector)
+    if rank == 0:
+        return table[indices.long()].reshape(()) if vector == 1 else table[indices.long()]
+    rows = torch.empty((*indices.shape, vector), dtype=lut.dtype, device=indices.device)
+    # a piece of the first axis at a time: each element's int64 row of the table (8 bytes an
+    # element, 0.5 GB at a 1B model's head) exists only for the piece
+    for top, bottom in spans(indices.shape[0], indices[:1].numel()):
+        flat = torch.zeros((), dtype=torch.int64, device=indices.device)
+        for k, (size, count) in enumerate(zip(indices.shape, lut.shape[:rank], strict=True)):
+            if count > 1:
+                along = torch.arange(top if k == 0 else 0, bottom if k == 0 else size, device=indices.device)
+                block = along // (size // count)
+                flat = flat * count + block.reshape([len(along) if i == k else 1 for i in range(rank)])
+        rows[top:bottom] = table[flat * entries + indices[top:bottom].long()]
     if vector == 1:
         return rows.reshape(indices.shape)
     axis = axis % rank
