@@ -20,18 +20,19 @@ SOLVE_PIECE = 1 << 24  # elements of rows a GPTQ or SparseGPT solve holds in flo
 _ALIGN = 64  # rows: a whole number of any BLAS kernel's register tiles
 
 
-def spans(count: int, width: int, piece: int = PIECE) -> list[tuple[int, int]]:
+def spans(count: int, width: int, piece: int | None = None) -> list[tuple[int, int]]:
     """Consecutive spans of the `count` rows of a [count, width] array, each about `piece`
-    elements (at least one row); spans of more than `_ALIGN` rows are multiples of it, so on the
-    CPU a matrix product taken a span at a time meets the same BLAS kernels row for row as the
-    whole one (the same bits; a GPU's library may pick its kernels by shape)."""
-    step = max(1, piece // max(width, 1))
+    elements (default `PIECE`, read at the call) - at least one row; spans of more than `_ALIGN`
+    rows are multiples of it, so on the CPU a matrix product taken a span at a time meets the same
+    BLAS kernels row for row as the whole one (the same bits; a GPU's library may pick its kernels
+    by shape)."""
+    step = max(1, (PIECE if piece is None else piece) // max(width, 1))
     step = step - step % _ALIGN if step > _ALIGN else step
     return [(a, min(count, a + step)) for a in range(0, count, step)]
 
 
 def energies_in_pieces(
-    reference: torch.Tensor, approximation: Callable[[int, int], torch.Tensor], piece: int = PIECE
+    reference: torch.Tensor, approximation: Callable[[int, int], torch.Tensor], piece: int | None = None
 ) -> tuple[float, float]:
     """`tcast.energies(reference, approximation)` of a [rows, cols] reference, summed over row
     pieces of about `piece` elements: `approximation(a, b)` gives rows a:b only, so the full

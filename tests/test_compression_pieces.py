@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from coreai_opt import _pieces
 from coreai_opt._elements import of_torch
 from coreai_opt.compression import (
     CompressionGranularity,
@@ -22,7 +23,6 @@ from coreai_opt.compression import (
     PalettizeConfig,
     QuantizeConfig,
     SparsifyConfig,
-    _pieces,
 )
 from coreai_opt.compression._driver import encode_weight
 from coreai_opt.weights import Encoding, WeightSite
