@@ -74,3 +74,36 @@ def test_sensitivity_cli_json_and_config_forms(exported, coreopt, tmp_path: Path
     assert doc["weights"][0]["kl_mean"] >= doc["weights"][-1]["kl_mean"] and doc["rank_correlation"] is None
     bad = coreopt("sensitivity", exported["ref"], "--text", exported["text"], "--config", "quantize:nbits=4")
     assert bad.exit_code == 2 and "--config" in bad.stderr
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.1, 30.0])
+def test_a_trials_kl_read_off_its_difference_from_the_reference_is_the_textbook_one(scale: float) -> None:
+    """KL, NLL and top-1 from d = z - z_ref in float32 pieces of rows against the textbook float64
+    formulas - from a tiny change to one that destroys the prediction."""
+    import torch
+
+    from coreai_opt.evaluation._sensitivity import _Reference
+    from coreai_opt.evaluation._tokens import Windows
+
+    generator = torch.Generator().manual_seed(3)
+    batch, length, vocab = 3, 11, 300
+    windows = Windows(batch * length * 2, length, length)
+    ids = torch.randint(0, vocab, (batch, length), generator=generator)
+    reference = 4 * torch.randn(batch, length, vocab, generator=generator)
+    candidate = reference + scale * torch.randn(batch, length, vocab, generator=generator)
+    held = _Reference(reference, ids, batch, windows, first=1)
+    held._ROWS = 4  # several pieces a window
+    kl, nll, agree = held.against(candidate)
+
+    def scored(logits: torch.Tensor) -> torch.Tensor:
+        return logits[:, :-1].reshape(-1, vocab).double()
+
+    logp = torch.log_softmax(scored(reference), -1)
+    logq = torch.log_softmax(scored(candidate), -1)
+    targets = ids[:, 1:].reshape(-1, 1)
+    expected = float((logp.exp() * (logp - logq)).sum())
+    assert kl == pytest.approx(expected, rel=1e-4, abs=1e-10 * batch * length)
+    assert nll == pytest.approx(-float(logq.gather(1, targets).sum()), rel=0, abs=1e-6 * batch * length)
+    assert agree == int((logq.argmax(-1) == logp.argmax(-1)).sum())
+    assert held.nll == pytest.approx(-float(logp.gather(1, targets).sum()), rel=1e-12)
+    assert abs(held.against(reference)[0]) < 1e-8 * batch * length  # no divergence from itself
