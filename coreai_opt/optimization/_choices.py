@@ -6,6 +6,9 @@ to keep the weight as stored), with the method it uses when calibration data is 
     int4-b32   int4 in blocks of 32 along the input axis (GPTQ with data)
     lut8 ... lut2   look-up tables per group of 16 channels (6-8 bits: Fisher-weighted k-means,
                     2-4 bits: GPTQ onto the weighted tables, with data; exact k-means without)
+    lut4-tensor     one 4-bit table for the whole weight (GPTQ with data): 4 bits a weight, where
+                    a table per 16 channels adds 0.03-0.06; optional (on SmolLM2 at 4.0 bits it
+                    did not make a better plan: docs/benchmarks.md)
     sparse50   half the values zeroed, the rest int8 (SparseGPT with data); optional
 
 `parse_choices("default,sparse50")`; a custom choice is `NAME=KIND:key=value,...` (a config as
@@ -83,6 +86,7 @@ def builtin_choices() -> dict[str, Choice]:
             )
             for n in (8, 6, 4, 3, 2)
         ),
+        Choice("lut4-tensor", PalettizeConfig(n_bits=4, granularity="tensor", num_kmeans_workers=0), "gptq"),
         Choice("sparse50", SparsifyConfig(target_sparsity=0.5, quantize_dtype="int8"), "sparsegpt"),
         Choice("sparse24", SparsifyConfig(n_m_ratio=(2, 4), quantize_dtype="int8"), "sparsegpt"),
     ]
