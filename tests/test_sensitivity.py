@@ -76,34 +76,47 @@ def test_sensitivity_cli_json_and_config_forms(exported, coreopt, tmp_path: Path
     assert bad.exit_code == 2 and "--config" in bad.stderr
 
 
-@pytest.mark.parametrize("scale", [1e-3, 0.1, 30.0])
-def test_a_trials_kl_read_off_its_difference_from_the_reference_is_the_textbook_one(scale: float) -> None:
+@pytest.mark.parametrize(("scale", "peaked"), [(1e-3, False), (0.1, False), (30.0, False), (0.1, True)])
+def test_a_trials_kl_read_off_its_difference_from_the_reference_is_the_textbook_one(
+    scale: float, peaked: bool
+) -> None:
     """KL, NLL and top-1 from d = z - z_ref in float32 pieces of rows against the textbook float64
-    formulas - from a tiny change to one that destroys the prediction."""
+    formulas: a tiny change, a small one, one that destroys the prediction, and a reference so sure
+    of one token that float32 holds no other token's probability while the candidate moves to one
+    of those. Windows overlap, so each scores only the rows after its carried-over context."""
     import torch
 
     from coreai_opt.evaluation._sensitivity import _Reference
     from coreai_opt.evaluation._tokens import Windows
 
     generator = torch.Generator().manual_seed(3)
-    batch, length, vocab = 3, 11, 300
-    windows = Windows(batch * length * 2, length, length)
+    batch, length, stride, vocab = 3, 11, 6, 300
+    windows = Windows(length + stride * 2 * batch, length, stride)
+    context = windows.first_row(1)  # the rows windows after the first do not score
+    assert context == 4
     ids = torch.randint(0, vocab, (batch, length), generator=generator)
     reference = 4 * torch.randn(batch, length, vocab, generator=generator)
     candidate = reference + scale * torch.randn(batch, length, vocab, generator=generator)
+    if peaked:  # every other token below e^-140 for the reference; the candidate's favourite
+        reference[..., 7] += 150.0
+        candidate[..., 7] += 150.0
+        candidate[..., 8] += 200.0
     held = _Reference(reference, ids, batch, windows, first=1)
     held._ROWS = 4  # several pieces a window
     kl, nll, agree = held.against(candidate)
 
     def scored(logits: torch.Tensor) -> torch.Tensor:
-        return logits[:, :-1].reshape(-1, vocab).double()
+        return logits[:, context:-1].reshape(-1, vocab).double()
 
     logp = torch.log_softmax(scored(reference), -1)
     logq = torch.log_softmax(scored(candidate), -1)
-    targets = ids[:, 1:].reshape(-1, 1)
+    targets = ids[:, context + 1 :].reshape(-1, 1)
+    rows = len(targets)
     expected = float((logp.exp() * (logp - logq)).sum())
-    assert kl == pytest.approx(expected, rel=1e-4, abs=1e-10 * batch * length)
-    assert nll == pytest.approx(-float(logq.gather(1, targets).sum()), rel=0, abs=1e-6 * batch * length)
+    assert expected > 1e-7 * rows
+    assert kl == pytest.approx(expected, rel=1e-4, abs=1e-10 * rows)
+    assert nll == pytest.approx(-float(logq.gather(1, targets).sum()), rel=0, abs=1e-6 * rows)
     assert agree == int((logq.argmax(-1) == logp.argmax(-1)).sum())
+    assert agree == (0 if peaked else agree) and (scale < 1 or agree < rows)
     assert held.nll == pytest.approx(-float(logp.gather(1, targets).sum()), rel=1e-12)
-    assert abs(held.against(reference)[0]) < 1e-8 * batch * length  # no divergence from itself
+    assert abs(held.against(reference + 5.0)[0]) < 1e-7 * rows  # a shift of every logit changes nothing

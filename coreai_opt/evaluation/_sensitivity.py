@@ -254,9 +254,10 @@ class _Reference:
     p the reference's probabilities and m their sum (1 up to rounding),
     lse(z) = lse(z_ref) + log(sum p e^d / m) and KL = m (lse(z) - lse(z_ref)) - sum p d. Both
     terms are as small as d is, so float32 products summed by torch's cascade keep the KL to ~1e-5
-    of itself at 1e-4 nats a token (1e-3 at 1e-8; the test) - where widening a batch's logits to
-    float64 (1016 rows x 49,152 tokens: 0.4 GB a copy, several a trial, each conversion slow) cost a
-    trial a third of its time. BLAS dot products would not do: they sum in float32 in order."""
+    of itself at 1e-4 nats a token (the test checks 1e-4 down to ~1e-6 nats) - where widening a
+    batch's logits to float64 (1016 rows x 49,152 tokens: 0.4 GB a copy, several a trial, each
+    conversion slow) cost a trial a third of its time. BLAS dot products would not do: they sum
+    float32 in order."""
 
     _ROWS = 128  # rows a piece (25 MB float32 temporaries at a 49,152-token vocabulary)
 
@@ -286,27 +287,28 @@ class _Reference:
                 rows = slice(at, at + len(z))
                 at += len(z)
                 d = z - self.z[rows]
-                shift = self._shift(d, self.p[rows], self.mass[rows])
+                shift = self._shift(z, d, rows)
                 kl += float((shift * self.mass[rows] - (self.p[rows] * d).sum(-1).double()).sum())
                 nll += float((self.lse[rows] + shift - z.gather(1, self.targets[rows])[:, 0]).sum())
                 agree += int((z.argmax(-1) == self.top[rows]).sum())
         return kl, nll, agree
 
-    @staticmethod
-    def _shift(d: torch.Tensor, p: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    def _shift(self, z: torch.Tensor, d: torch.Tensor, rows: slice) -> torch.Tensor:
         """lse(z) - lse(z_ref) = top + log(sum p e^(d - top) / m), top = max d, to d's precision:
         the sum is m + sum p (e^(d - top) - 1), the second term (one sign) carrying all of it where
-        d is small; where the sum falls below m/2 it is taken as it is."""
+        d is small. Where the sum falls below m/2 the candidate moved its mass, possibly onto tokens
+        whose reference probability float32 cannot hold (below e^-103): those rows take lse(z)
+        itself (where the sum is at least m/2, such a token adds less than e^-103 of it)."""
         import torch
 
+        p, mass = self.p[rows], self.mass[rows]
         top = d.amax(-1)
-        below = d - top[:, None]
-        fraction = (p * torch.expm1(below)).sum(-1).double() / mass  # in [-1, 0]
-        shift = torch.log1p(fraction)
+        fraction = (p * torch.expm1(d - top[:, None])).sum(-1).double() / mass  # in [-1, 0]
+        shift = torch.log1p(fraction) + top
         far = fraction < -0.5
         if bool(far.any()):
-            shift[far] = torch.log((p[far] * below[far].exp()).sum(-1).double() / mass[far])
-        return shift + top
+            shift[far] = torch.logsumexp(z[far].double(), -1) - self.lse[rows][far]
+        return shift
 
 
 def _estimate(ep: Any, rows: list[WeightSensitivity], trials: dict[str, Any], text: Any, tokenizer: Any,

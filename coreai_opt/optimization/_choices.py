@@ -7,7 +7,7 @@ to keep the weight as stored), with the method it uses when calibration data is 
     lut8 ... lut2   look-up tables per group of 16 channels (6-8 bits: Fisher-weighted k-means,
                     2-4 bits: GPTQ onto the weighted tables, with data; exact k-means without)
     lut4-tensor     one 4-bit table for the whole weight (GPTQ with data): 4 bits a weight, where
-                    a table per 16 channels adds 0.03-0.06; optional (on SmolLM2 at 4.0 bits it
+                    a table per 16 channels adds 0.02-0.06; optional (on SmolLM2 at 4.0 bits it
                     did not make a better plan: docs/benchmarks.md)
     sparse50   half the values zeroed, the rest int8 (SparseGPT with data); optional
 
