@@ -41,6 +41,9 @@ def main() -> None:
         default=2,
         help="uniform settings evaluated beside the first plan (the later ones share them)",
     )
+    parser.add_argument(
+        "--trial-tokens", type=int, default=512, help="calibration tokens each measured choice is tried on"
+    )
     parser.add_argument("--out", type=Path, default=Path("build/optimize"))
     parser.add_argument(
         "--aimodel",
@@ -67,7 +70,7 @@ def main() -> None:
         began = time.perf_counter()
         target = args.out / f"smollm2.mixed{bits:g}.pt2"
         found = optimize(ref, Goal(target_bits=bits), calibration, held, output=target, force=True, threshold=0,
-                         calibration_tokens=args.calibration_tokens, eval_tokens=args.tokens, uniform=args.uniform if index == 0 else 0,
+                         calibration_tokens=args.calibration_tokens, eval_tokens=args.tokens, trial_tokens=args.trial_tokens, uniform=args.uniform if index == 0 else 0,
                          say=lambda line: print(f"  {line}", flush=True))  # fmt: skip
         report = found.report
         recipe_path = found.recipe.save(args.out / f"mixed{bits:g}.recipe.yaml")
@@ -88,6 +91,7 @@ def main() -> None:
             f"  cost table {report.cost_seconds:.1f} s (cached: {', '.join(report.cached) or 'none'}), "
             f"solve {report.solve_seconds:.3f} s, total {row['wall_seconds']:.0f} s, apply identical: {identical}"
         )
+        print(f"  trials: {report.trials} on {report.trial_tokens} tokens, {report.trial_seconds:.0f} s")
         for r in report.rounds:
             m = r.measured
             print(f"  round {r.index}: {r.bits:.3f} bits/w, predicted KL {r.predicted:.4f}, measured KL "

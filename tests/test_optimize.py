@@ -4,6 +4,7 @@ recomputed by hand, plans that beat the uniform setting of their size on a tiny 
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import itertools
 import json
@@ -164,6 +165,21 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
 LUTS = "int8,l4=palettize:n_bits=4,granularity=grouped,group_size=16,l2=palettize:n_bits=2,granularity=grouped,group_size=16"
 
 
+def test_a_weights_ratio_of_measured_to_estimated_damage_carries_to_its_other_choices() -> None:
+    from coreai_opt.optimization._trials import corrected
+
+    # keep, three estimates around the two measured choices (columns 2 and 3), one it cannot take
+    estimate = [0.0, 1e-4, 1e-3, 1e-2, 10**-2.5, math.inf]
+    found = corrected(estimate, {2: 2e-3, 3: 1e-2})
+    assert found[0] == 0.0 and found[5] == math.inf
+    assert found[2] == 2e-3 and found[3] == 1e-2  # measured: as measured
+    assert found[1] == pytest.approx(2e-4, rel=1e-12)  # below both: the nearest one's ratio, 2
+    assert found[4] == pytest.approx(10**-2.5 * math.sqrt(2), rel=1e-12)  # halfway in log: ratio 2^(1/2)
+    # a measurement at or below zero (rounding) is no damage, and its ratio reads as the floor's
+    assert corrected([1e-3, 1e-4], {0: -1e-9}) == [0.0, pytest.approx(1e-13)]
+    assert corrected([1e-3, 2e-3], {}) == [1e-3, 2e-3]  # nothing measured: the estimate
+
+
 def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
     llama, coreopt, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
@@ -175,6 +191,7 @@ def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["met"] is True and doc["bits_per_weight"] <= 4.5
+    assert doc["trial_tokens"] == 128 and doc["trials"] == 2 * len(doc["weights"])  # l4 and l2 measured
     assert len({w["choice"] for w in doc["weights"]}) >= 2  # mixed
     (uniform,) = doc["uniform"]
     assert uniform["choice"] == "l4" and uniform["bits_per_weight"] > doc["bits_per_weight"]
@@ -206,6 +223,53 @@ def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
     plan = json.loads(dry.stdout)
     assert sorted(plan["cached_choices"]) == ["int8", "l2", "l4"] and plan["bits_per_weight"] <= 3
     assert plan["predicted_damage"] > doc["predicted_damage"]  # less room, more damage
+    _check_trials(llama)
+
+
+def _check_trials(llama: dict[str, Path]) -> None:
+    """The trials of the run before, read from its cache: each weight's two smallest choices were
+    measured as evaluating the program with that weight alone compressed measures, on the first
+    calibration tokens; the other choices took the estimate times the measured ratio."""
+    from safetensors.numpy import save_file
+
+    from coreai_opt.calibration import Samples
+    from coreai_opt.compression import Override
+    from coreai_opt.evaluation import evaluate_text
+    from coreai_opt.io import load_pt2
+    from coreai_opt.models import model_tokenizer
+    from coreai_opt.optimization import cost_table
+    from coreai_opt.recipes import compress_file
+
+    samples = Samples.of(llama["calib"], tokens=128, tokenizer=model_tokenizer(llama["ref"]))
+    choices = parse_choices(LUTS)
+    table = cost_table(
+        llama["ref"], lambda: pytest.fail("loaded"), choices, samples, threshold=0, trial_tokens=512
+    )
+    int8, l4, l2 = (table.column(c) for c in ("int8", "l4", "l2"))
+    assert table.trial_tokens == 128 and all(set(m) == {l4, l2} for m in table.measured)  # all there are
+    windows = [inputs[0].numpy().reshape(-1) for _, inputs in samples.inputs(load_pt2(llama["ref"]))]
+    tokens = llama["root"] / "first.safetensors"
+    save_file({"ids": np.concatenate(windows)}, str(tokens))
+    for w in (0, len(table.names) - 1):  # the embedding / head and the last projection
+        alone = llama["root"] / f"trial.{w}.pt2"
+        config = choices[table.choices.index("l2")].config_for(True, 0)
+        overrides = (Override.of(table.names[w], n_bits=2), Override.of("*", skip=True))
+        compress_file(llama["ref"], alone, dataclasses.replace(config, overrides=overrides))
+        kl = evaluate_text(llama["ref"], [alone], tokens=tokens).candidates[0].kl_mean
+        assert table.damage[w][l2] == table.measured[w][l2] == pytest.approx(kl, rel=1e-4, abs=1e-8)
+    # int8, unmeasured: its estimate times the measured / estimated ratio, interpolated in log
+    # estimate between the measured choices (the nearest one's outside them)
+    below = 0
+    for w in range(len(table.names)):
+        (x0, r0), (x1, r1) = sorted(
+            (math.log(table.estimate[w][k]), math.log(table.measured[w][k] / table.estimate[w][k]))
+            for k in (l4, l2)
+        )
+        x = math.log(table.estimate[w][int8])
+        ratio = r0 if x <= x0 else r1 if x >= x1 else r0 + (r1 - r0) * (x - x0) / (x1 - x0)
+        assert table.damage[w][int8] == pytest.approx(table.estimate[w][int8] * math.exp(ratio), rel=1e-9)
+        below += x <= x0
+    assert below == len(table.names)  # int8 is estimated below both 4- and 2-bit tables
 
 
 def test_optimize_refuses_what_it_cannot_do(llama, coreopt, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

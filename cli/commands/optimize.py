@@ -76,6 +76,13 @@ _CALIBRATION_SAMPLES = typer.Option(
 _EVAL_TOKENS = typer.Option(None, "--eval-tokens", min=2, help="Score at most this many tokens.")
 _EVAL_SAMPLES = typer.Option(8, "--eval-samples", min=1, help="Samples drawn when --eval is 'random'.")
 _THRESHOLD = typer.Option(1024, "--threshold", min=0, help="Leave weights with this many elements or fewer.")
+_TRIAL_TOKENS = typer.Option(
+    512,
+    "--trial-tokens",
+    min=0,
+    help="Language models: each weight's two smallest choices are also measured alone on this many "
+    "calibration tokens and the estimates corrected by them (0: estimates only).",
+)
 _ROUNDS = typer.Option(3, "--rounds", min=1, help="Confirmation rounds at most (accuracy bounds).")
 _UNIFORM = typer.Option(
     1, "--uniform", min=0, help="Uniform settings nearest in size also made and evaluated, for comparison."
@@ -111,6 +118,7 @@ def optimize(
     eval_tokens: int | None = _EVAL_TOKENS,
     eval_samples: int = _EVAL_SAMPLES,
     threshold: int = _THRESHOLD,
+    trial_tokens: int = _TRIAL_TOKENS,
     rounds: int = _ROUNDS,
     uniform: int = _UNIFORM,
     device: str | None = _DEVICE,
@@ -124,7 +132,9 @@ def optimize(
     """Pick each weight's compression - kept, int8, int4 blocks, 8- to 2-bit look-up tables (data-aware
     methods), optionally sparsity - for one budget: a size (--target-bits, --max-size) or an accuracy
     bound with the size minimised (--max-ppl-increase, --max-kl, --min-cosine). Each candidate is tried on every weight in memory and its damage estimated from the calibration
-    data (second-order, Fisher; cached, so a new budget re-solves in seconds); an exact knapsack over
+    data (second-order, Fisher); for a language model each weight's two smallest choices are also
+    measured alone (--trial-tokens) and correct the estimate (all cached, so a new budget re-solves
+    in seconds); an exact knapsack over
     the stored bytes picks the plan; the plan is made as a recipe, applied and evaluated on --eval,
     and for an accuracy bound solved again with the measured damage until it holds (each round
     reported). Exit 1 when the bound is not met. 3-bit LUTs are left out: the .pt2 route cannot carry them.
@@ -154,7 +164,7 @@ def optimize(
         found = run(
             model, goal, calibration, evaluation, output=output, choices=choices, calibration_tokens=calibration_tokens,
             calibration_samples=calibration_samples, eval_tokens=eval_tokens, eval_samples=eval_samples,
-            threshold=threshold, to_aimodel=to == "aimodel", rounds=rounds, uniform=uniform, device=device,
+            threshold=threshold, trial_tokens=trial_tokens, to_aimodel=to == "aimodel", rounds=rounds, uniform=uniform, device=device,
             force=force, dry_run=dry_run, progress=bar, say=_say if talk else None,
         )  # fmt: skip
         if recipe is not None:
@@ -293,7 +303,9 @@ def _render(report: Any, recipe: Path | None) -> None:
     if report.reference is not None and report.reference.perplexity is not None:
         console.print(f"reference perplexity {report.reference.perplexity:.3f}")
     console.print(_line(report))
-    console.print(f"costs {report.cost_seconds:.1f} s ({len(report.cached)} choices from the cache), solve "
+    trials = (f", {report.trials} of them measured on {report.trial_tokens} tokens ({report.trial_seconds:.1f} s)"
+              if report.trials else "")  # fmt: skip
+    console.print(f"costs {report.cost_seconds:.1f} s ({len(report.cached)} choices from the cache{trials}), solve "
                   f"{report.solve_seconds:.2f} s; the plan is optimal to within {human_bytes(report.slack_bytes)}")  # fmt: skip
     if recipe is not None:
         console.print(

@@ -11,6 +11,7 @@ with why.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from coreai_opt._errors import ConfigError
@@ -160,12 +161,15 @@ def eligible_weights(program: Any, config: Config) -> list[WeightSite]:
     return [site for site, _ in sites]
 
 
-def trial_encodings(program: Any, config: Config, calibration: Calibration | None = None) -> Any:
-    """Each weight `compress_(program, config)` would compress, with its encoding or why it stays,
-    nothing written (`_driver.trial_encodings`; an iterator of `(WeightSite, Encoding | Skipped)`)."""
+def trial_encodings(
+    program: Any, config: Config, calibration: Calibration | None = None, only: Collection[str] | None = None
+) -> Any:
+    """Each weight `compress_(program, config)` would compress (of those in `only`, if given), with
+    its encoding or why it stays, nothing written (`_driver.trial_encodings`; an iterator of
+    `(WeightSite, Encoding | Skipped)`)."""
     from ._driver import trial_encodings as trials
 
-    return trials(container_of(program), config, calibration)
+    return trials(container_of(program), config, calibration, only)
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,7 @@ statistics, layer by layer where they ask - let the container write it, report e
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import replace
 
 import torch
@@ -238,12 +238,16 @@ def _non_finite(w: torch.Tensor) -> str | None:
 
 
 def trial_encodings(
-    container: Container, config: Config, calibration: Calibration | None = None
-) -> Iterator[tuple[WeightSite, Encoding | Skipped]]:
-    """Each weight `compress_container` would compress, with its encoding (or why it stays) -
-    nothing written: what a caller swaps into a model in memory to measure one weight at a time.
-    Methods that learn from data take their statistics of the program as it is, in one pass."""
+    container: Container, config: Config, calibration: Calibration | None = None,
+    only: Collection[str] | None = None,
+) -> Iterator[tuple[WeightSite, Encoding | Skipped]]:  # fmt: skip
+    """Each weight `compress_container` would compress (of those named in `only`, if given), with
+    its encoding (or why it stays) - nothing written: what a caller swaps into a model in memory to
+    measure one weight at a time. Methods that learn from data take their statistics of the
+    program as it is, in one pass."""
     sites, _ = select_sites(container.candidates(), config.weight_num_threshold, config.for_weight)
+    if only is not None:
+        sites = [(site, cfg) for site, cfg in sites if site.name in only]
     learned = [(site, cfg) for site, cfg in sites if not algorithm_for(cfg).data_free]
     if learned and calibration is None:
         raise ConfigError("the method learns from data: give calibration samples", "calibration")

@@ -1,10 +1,16 @@
 """How much compression costs on real data: perplexity, KL divergence and top-1 agreement of
 language models on a text (`evaluate_text`); what each weight's compression alone costs
-(`weight_sensitivity`); other models' output agreement over a dataset is
+(`weight_sensitivity`, `trial_divergences`); other models' output agreement over a dataset is
 `coreai_opt.comparison.compare_many` with `inputs=`."""
 
 from ._plot import plot_evaluation
-from ._sensitivity import SensitivityResult, WeightSensitivity, spearman, weight_sensitivity
+from ._sensitivity import (
+    SensitivityResult,
+    WeightSensitivity,
+    spearman,
+    trial_divergences,
+    weight_sensitivity,
+)
 from ._text import TextEvaluation, TextScore, evaluate_text
 from ._tokens import Windows, file_token_ids, text_token_ids
 
@@ -19,5 +25,6 @@ __all__ = [
     "plot_evaluation",
     "spearman",
     "text_token_ids",
+    "trial_divergences",
     "weight_sensitivity",
 ]

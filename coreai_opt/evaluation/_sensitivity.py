@@ -210,11 +210,28 @@ class _Resumable:
     def measure(
         self, ids: np.ndarray, windows: Windows, trials: dict[str, tuple[Any, Any, Any]], counter: _Counter
     ) -> tuple[list[WeightSensitivity], float]:
+        sums, ref_nll = self.sums(ids, windows, {name: t[2] for name, t in trials.items()}, counter)
+        scored = windows.scored
+        ppl = math.exp(ref_nll / scored)
+        found = []
+        for name, (kl, nll, agree) in sums.items():
+            site, encoding, _ = trials[name]
+            found.append(WeightSensitivity(
+                name, tuple(site.shape), site.nbytes, encoding.nbytes, kl / scored,
+                math.exp(nll / scored) / ppl - 1.0, agree / scored,
+            ))  # fmt: skip
+        return found, ppl
+
+    def sums(
+        self, ids: np.ndarray, windows: Windows, decoded: dict[str, Any], counter: _Counter
+    ) -> tuple[dict[str, list[float]], float]:
+        """Per weight swapped in alone: KL, NLL and top-1 agreements summed over the scored
+        tokens; the reference's NLL summed."""
         import torch
 
-        cuts = {name: self.cut(name) for name in trials}
+        cuts = {name: self.cut(name) for name in decoded}
         keep = {c: [n for n in self.nodes[:c] if self.last_use[n] >= c] for c, _ in cuts.values()}
-        sums = {name: [0.0, 0.0, 0] for name in trials}  # KL, NLL, top-1 agreements
+        sums = {name: [0.0, 0.0, 0] for name in decoded}
         ref_nll = 0.0
         with torch.no_grad():
             for first, group, stacked in window_batches(ids, windows, self.batch):
@@ -228,7 +245,7 @@ class _Resumable:
                 counter.step(f"reference window {first + 1}")
                 for name, (cut, attr) in cuts.items():
                     env = dict(saved[cut])
-                    env[attr] = trials[name][2].to(env[attr].dtype) if attr in env else trials[name][2]
+                    env[attr] = decoded[name].to(env[attr].dtype) if attr in env else decoded[name]
                     out, _ = self._run(env, cut)
                     kl, nll, agree = ref.against(self._logits(out))
                     total = sums[name]
@@ -236,16 +253,24 @@ class _Resumable:
                     total[1] += nll
                     total[2] += agree
                     counter.step(name)
-        scored = windows.scored
-        ppl = math.exp(ref_nll / scored)
-        found = []
-        for name, (kl, nll, agree) in sums.items():
-            site, encoding, _ = trials[name]
-            found.append(WeightSensitivity(
-                name, tuple(site.shape), site.nbytes, encoding.nbytes, kl / scored,
-                math.exp(nll / scored) / ppl - 1.0, agree / scored,
-            ))  # fmt: skip
-        return found, ppl
+        return sums, ref_nll
+
+
+def trial_divergences(
+    program: Any, ids: np.ndarray, decoded: dict[str, Any], *, progress: Progress | None = None
+) -> dict[str, float]:
+    """The mean KL divergence per scored token from the program's own next-token distribution of
+    each weight in `decoded` (name -> the values to run it with) swapped in alone, on `ids` cut
+    into windows of the program's length that do not overlap (a language model `ExportedProgram`
+    taking `[batch, tokens]` ids; ValueError otherwise). What `optimize` measures its anchors with."""
+    try:
+        runner = _Resumable(program, Path("<program>"))
+    except ModelFileError as exc:
+        raise ValueError(f"the program {exc.problem}") from None
+    windows = Windows(len(ids), runner.length, runner.length)
+    batches = -(-len(windows.starts) // runner.batch)
+    sums, _ = runner.sums(ids, windows, decoded, _Counter(progress, batches * (1 + len(decoded))))
+    return {name: total[0] / windows.scored for name, total in sums.items()}
 
 
 class _Reference:

@@ -7,15 +7,15 @@ through a random-sign projection). Unlike the diagonal 1/2 sum(F dW^2) it sees w
 lies relative to the inputs - GPTQ's whole point - so GPTQ-made and data-free encodings are
 priced alike. For a language model it approximates the KL divergence the weight alone adds.
 
-Each choice's column is cached on disk (the calibration cache's folder, `optimize/`) keyed by
-the program file's bytes, the calibration samples and the choice's config, so a new budget
-re-solves without touching the model.
+The estimate prices whole settings well but single weights less so; for language models each
+weight's two smallest choices are then measured and its estimates corrected by them (`_trials`).
+Each choice's column and trials are cached on disk (`_cache`) keyed by the program file's bytes,
+the calibration samples and the choice's config, so a new budget re-solves without touching the
+model.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import _cache
 from ._choices import Choice
 
 Progress = Callable[[int, int, str], None]
@@ -38,10 +39,20 @@ class CostTable:
     counts: list[int]  # elements per weight
     choices: list[str]
     nbytes: list[list[float]]  # [weight][choice]
-    damage: list[list[float]]
+    damage: list[list[float]]  # what the solver minimises: the estimate, corrected where measured
     fixed_bytes: int = 0  # the program's other tensors, as stored
     seconds: float = 0.0
     cached: list[str] = field(default_factory=list)  # choices read from the cache
+    estimate: list[list[float]] = field(default_factory=list)  # the second-order term alone
+    measured: list[dict[int, float]] = field(default_factory=list)  # [weight] {choice: trial KL}
+    trial_tokens: int = 0  # tokens each trial was measured on (0: none measured)
+    trial_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.estimate:
+            self.estimate = [list(row) for row in self.damage]
+        if not self.measured:
+            self.measured = [{} for _ in self.names]
 
     def column(self, choice: str) -> int:
         return self.choices.index(choice)
@@ -72,30 +83,77 @@ def cost_table(
     samples: Any,
     *,
     threshold: int,
+    trial_tokens: int = 0,
     device: str | None = None,
     progress: Progress | None = None,
 ) -> CostTable:
-    """Bytes and estimated damage of every choice on every weight some choice compresses, each
-    choice with its learned method (`program`: a callable giving the loaded `ExportedProgram`,
-    called only when the cache misses)."""
-    from coreai_opt.calibration import cache_folder
-
+    """Bytes and damage of every choice on every weight some choice compresses, each choice with
+    its learned method (`program`: a callable giving the loaded `ExportedProgram`, called only
+    when the cache misses): estimated, then for a language model each weight's two smallest
+    choices measured on `trial_tokens` calibration tokens (0: estimated only)."""
     start = time.perf_counter()
-    folder = cache_folder() / "optimize"
-    base = _file_digest(path) + samples.digest() + f"|{threshold}|{_LAYOUT}"
-    keys = {c.name: _key(base, c, threshold) for c in choices if c.config is not None}
+    base = _cache.file_digest(path) + samples.digest() + f"|{threshold}|{_LAYOUT}"
+    keys = {c.name: _cache.choice_key(base, c, threshold) for c in choices if c.config is not None}
     found: dict[str, dict[str, Any]] = {}
     for name, key in keys.items():
-        cached = _load(folder / f"{key}.json")
+        cached = _column(_cache.folder() / f"{key}.json")
         if cached is not None:
             found[name] = cached
     cached_names = list(found)
     missing = [c for c in choices if c.config is not None and c.name not in found]
+    loaded = _Loaded(program, samples, device, keeping=trial_tokens > 0)
     if missing:
-        measured, weights, state = _measure(program(), missing, samples, threshold, device, progress)
+        measured, weights, state = _measure(loaded, missing, threshold, progress)
         for choice in missing:
             found[choice.name] = {"weights": weights, "state_bytes": state, "costs": measured[choice.name]}
-            _store(folder / f"{keys[choice.name]}.json", found[choice.name])
+            _cache.write(_cache.folder() / f"{keys[choice.name]}.json", found[choice.name])
+    table = _assemble(choices, found)
+    table.cached = cached_names
+    if trial_tokens > 0:
+        from ._trials import measure_anchors
+
+        began = time.perf_counter()
+        measure_anchors(table, choices, loaded, keys, trial_tokens, threshold, progress)
+        table.trial_seconds = time.perf_counter() - began
+    table.seconds = time.perf_counter() - start
+    return table
+
+
+class _Loaded:
+    """The program and its calibration, loaded when first asked for and shared by the estimate
+    and the trials."""
+
+    def __init__(self, program: Any, samples: Any, device: str | None, keeping: bool) -> None:
+        self._program, self.samples, self.device, self.keeping = program, samples, device, keeping
+        self._ep: Any = None
+        self._calibration: Any = None
+        self.encodings: dict[str, dict[str, Any]] = {}  # weight -> {choice: encoding}, two smallest
+
+    @property
+    def ep(self) -> Any:
+        if self._ep is None:
+            self._ep = self._program()
+        return self._ep
+
+    @property
+    def calibration(self) -> Any:
+        from coreai_opt.calibration import calibrate
+
+        if self._calibration is None:
+            self._calibration = calibrate(self.ep, self.samples, device=self.device)
+        return self._calibration
+
+    def keep(self, name: str, choice: str, encoding: Any) -> None:
+        """Hold a weight's two smallest encodings seen (the trials' anchors, most likely)."""
+        if not self.keeping:
+            return
+        held = self.encodings.setdefault(name, {})
+        held[choice] = encoding
+        if len(held) > 2:
+            del held[max(held, key=lambda c: held[c].nbytes)]
+
+
+def _assemble(choices: tuple[Choice, ...], found: dict[str, dict[str, Any]]) -> CostTable:
     sizes: dict[str, list[int]] = {}
     for entry in found.values():
         sizes.update(entry["weights"])
@@ -115,25 +173,20 @@ def cost_table(
                 row_damage.append(float(entry[1]) if entry else math.inf)
         table.nbytes.append(row_bytes)
         table.damage.append(row_damage)
-    table.seconds = time.perf_counter() - start
-    table.cached = cached_names
+    table.estimate = [list(row) for row in table.damage]
+    table.measured = [{} for _ in names]
     return table
 
 
 def _measure(
-    ep: Any,
-    choices: list[Choice],
-    samples: Any,
-    threshold: int,
-    device: str | None,
-    progress: Progress | None,
+    loaded: _Loaded, choices: list[Choice], threshold: int, progress: Progress | None
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[int]], int]:
-    """Each choice's (bytes, damage) per weight; every weight some choice may take, with its
-    (elements, stored bytes); the bytes of all the program's tensors."""
-    from coreai_opt.calibration import calibrate
+    """Each choice's (bytes, estimated damage) per weight; every weight some choice may take, with
+    its (elements, stored bytes); the bytes of all the program's tensors."""
     from coreai_opt.compression import container_of, eligible_weights, trial_encodings
     from coreai_opt.weights import Needs, Skipped, decode, stored_nbytes
 
+    ep = loaded.ep
     eligible = {site.name for c in choices for site in eligible_weights(ep, c.config_for(True, threshold))}
     candidates = container_of(ep).candidates()
     sizes = {  # a tensor stored once for two names counts once
@@ -142,7 +195,7 @@ def _measure(
         if c.tied_to is None and c.name in eligible
     }
     state = sum(int(t.numel() * t.element_size()) for t in ep.state_dict.values())
-    calibration = calibrate(ep, samples, device=device)
+    calibration = loaded.calibration
     fisher = calibration.statistics(list(sizes), Needs.GRADIENT_SQUARES)
     grams = calibration.statistics(list(sizes), Needs.INPUT_GRAM)  # what GPTQ's trials read too
     per_sample = len(calibration.inputs)
@@ -163,6 +216,7 @@ def _measure(
             delta = decode(outcome).double() - w
             damage = _damage(site, w, delta, fisher.get(site.name), grams.get(site.name), per_sample)
             costs[site.name] = [outcome.nbytes, damage]
+            loaded.keep(site.name, choice.name, outcome)
             del delta
         found[choice.name] = costs
         done = (choices.index(choice) + 1) * len(sizes)  # the skipped ones counted too
@@ -192,26 +246,10 @@ def _damage(site: Any, w: Any, delta: Any, fisher: Any, inputs: Any, per_sample:
     return float(0.5 * (per_channel * ((d @ gram) * d).sum(1)).sum())
 
 
-def _file_digest(path: Path) -> str:
-    with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
-def _key(base: str, choice: Choice, threshold: int) -> str:
-    config = choice.config_for(True, threshold)
-    text = base + json.dumps(config.to_dict() if config is not None else None, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _load(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(data, dict) and {"weights", "costs"} <= set(data)
-    return data if ok and ({"state_bytes", "fixed_bytes"} & set(data)) else None
+def _column(path: Path) -> dict[str, Any] | None:
+    data = _cache.read(path)
+    ok = data is not None and {"weights", "costs"} <= set(data)
+    return data if ok and ({"state_bytes", "fixed_bytes"} & set(data)) else None  # type: ignore[operator]
 
 
 def _state_bytes(entry: dict[str, Any]) -> int:
@@ -219,11 +257,3 @@ def _state_bytes(entry: dict[str, Any]) -> int:
     if "state_bytes" in entry:
         return int(entry["state_bytes"])
     return int(entry["fixed_bytes"]) + sum(size[1] for size in entry["weights"].values())
-
-
-def _store(path: Path, data: dict[str, Any]) -> None:
-    from coreai_opt.io import write_atomically
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data)
-    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -1,7 +1,8 @@
 """`optimize`: a setting per weight under one budget - size (mean bits per weight, megabytes) or
 accuracy (perplexity increase, KL, cosine) - then the model made, evaluated and reported.
 
-1. Costs: every choice on every weight, its stored bytes and estimated damage (`_costs`, cached).
+1. Costs: every choice on every weight, its stored bytes and estimated damage (`_costs`), each
+   weight's two smallest choices measured for a language model (`_trials`); cached.
 2. The allocation (`_solve`): least estimated damage within the size, or the smallest plan
    within the accuracy bound.
 3. Confirmation: the plan becomes a recipe (compress steps with a per-weight override each),
@@ -180,6 +181,9 @@ class OptimizeReport:
     )  # (bits per weight, least predicted damage)
     cost_seconds: float = 0.0
     cached: list[str] = field(default_factory=list)
+    trial_tokens: int = 0  # calibration tokens each measured choice was tried on (0: estimates only)
+    trials: int = 0  # choices measured, over all weights
+    trial_seconds: float = 0.0
     solve_seconds: float = 0.0
     seconds: float = 0.0
     slack_bytes: float = 0.0
@@ -231,6 +235,7 @@ class OptimizeReport:
             "converted": None if self.converted is None else self.converted.to_dict(), "uniform": [u.to_dict() for u in self.uniform],
             "curve": [{"bits_per_weight": round(b, 4), "predicted_damage": d} for b, d in self.curve],
             "weights": self.weights, "cost_seconds": round(self.cost_seconds, 3), "cached_choices": self.cached,
+            "trial_tokens": self.trial_tokens, "trials": self.trials, "trial_seconds": round(self.trial_seconds, 3),
             "solve_seconds": round(self.solve_seconds, 4), "seconds": round(self.seconds, 3),
         }  # fmt: skip
 
@@ -254,6 +259,7 @@ def optimize(
     eval_tokens: int | None = None,
     eval_samples: int = 8,
     threshold: int = 1024,
+    trial_tokens: int = 512,
     to_aimodel: bool = False,
     rounds: int = 3,
     uniform: int = 1,
@@ -266,7 +272,9 @@ def optimize(
     """The smallest model within `budget` (or the least damaged within a size) from `program`
     (a `.pt2`): see the module. `calibration` feeds the estimates and the methods that learn
     from data; `evaluation` (text, token ids or model inputs - never the calibration data)
-    confirms the plan. `dry_run` stops at the plan: nothing written, nothing evaluated."""
+    confirms the plan. `trial_tokens`: the calibration tokens a language model's measured choices
+    are tried on (0: estimates only). `dry_run` stops at the plan: nothing written, nothing
+    evaluated."""
     from coreai_opt.calibration import Samples
     from coreai_opt.io import load_pt2
     from coreai_opt.models import model_tokenizer
@@ -285,8 +293,8 @@ def optimize(
     samples = Samples.of(calibration, tokens=calibration_tokens, count=calibration_samples,
                          tokenizer=model_tokenizer(path))  # fmt: skip
     note(f"estimating {len(picked) - 1} choices on every weight from {samples.describe()}")
-    table = cost_table(path, lambda: load_pt2(path), picked, samples, threshold=threshold, device=device,
-                       progress=progress)  # fmt: skip
+    table = cost_table(path, lambda: load_pt2(path), picked, samples, threshold=threshold, trial_tokens=trial_tokens,
+                       device=device, progress=progress)  # fmt: skip
     steps = _Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
                    calibration_tokens, calibration_samples, device, threshold)  # fmt: skip
     began = time.perf_counter()
@@ -295,7 +303,8 @@ def optimize(
     report = OptimizeReport(path, out, budget, [c.name for c in picked], [], 0.0, 0.0, 0.0, None,
                             curve=[(table.bits(b), d) for b, d in knapsack.points()], cost_seconds=table.seconds,
                             cached=table.cached, solve_seconds=time.perf_counter() - began,
-                            elements=table.elements)  # fmt: skip
+                            elements=table.elements, trial_tokens=table.trial_tokens,
+                            trials=sum(map(len, table.measured)), trial_seconds=table.trial_seconds)  # fmt: skip
     if out is None:
         _settle(report, table, plan)
         report.seconds = time.perf_counter() - start
@@ -486,7 +495,8 @@ def _close(budget: Goal, measured: Measured) -> bool:
 def _settle(report: OptimizeReport, table: CostTable, plan: Plan) -> None:
     report.weights = [
         {"name": n, "choice": table.choices[k], "bytes": int(table.nbytes[w][k]),
-         "predicted_damage": table.damage[w][k], "elements": table.counts[w]}
+         "predicted_damage": table.damage[w][k], "estimated_damage": table.estimate[w][k],
+         "measured": k in table.measured[w], "elements": table.counts[w]}
         for w, (n, k) in enumerate(zip(table.names, plan.picks, strict=True))
     ]  # fmt: skip
     report.bits, report.weight_bytes, report.predicted = table.bits(plan.nbytes), plan.nbytes, plan.damage

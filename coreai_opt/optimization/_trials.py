@@ -1,0 +1,175 @@
+"""Measured damage where a plan's trades happen. The second-order estimate (`_costs`) prices a
+whole setting well (uniform 4-bit tables on SmolLM2-135M: within 1% of the measured KL) but single
+weights less so: its Kronecker factors miss how a layer's output errors reach the loss (measured
+on SmolLM2: value projections priced 2-10x too high, one late down projection 6-7x too low), and
+a plan that trades one weight against another rests on exactly those errors.
+
+So for a language model each weight's two smallest choices (its "anchors": where its damage is
+largest and a tight budget's trades happen) are measured: the decoded weight swapped into the
+program alone, the KL divergence from the program's own next-token distribution on the first
+calibration tokens (`evaluation.trial_divergences`; never the evaluation data). A measured
+choice's damage is its measurement; the weight's other choices keep their estimate times the
+measured / estimated ratio, interpolated between the anchors in log estimate (outside them, the
+nearest anchor's ratio). Trials are cached per choice like the columns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import _cache
+from ._choices import Choice
+
+Progress = Callable[[int, int, str], None]
+ANCHORS = 2  # measured choices a weight
+_PIECE_BYTES = 256 << 20  # decoded weights swapped in per pass over the tokens
+_FLOOR = 1e-12  # a measured KL at or below it is read as this (a ratio needs a positive one)
+
+
+def anchors(table: Any) -> list[list[int]]:
+    """Per weight, the columns of its `ANCHORS` compressing choices that store the fewest bytes."""
+    keep = table.column("keep")
+    found = []
+    for row_bytes, row_damage in zip(table.nbytes, table.damage, strict=True):
+        usable = [
+            k
+            for k, b in enumerate(row_bytes)
+            if k != keep and math.isfinite(b) and math.isfinite(row_damage[k])
+        ]
+        found.append(sorted(usable, key=lambda k: (row_bytes[k], k))[:ANCHORS])
+    return found
+
+
+def corrected(estimate: list[float], measured: dict[int, float]) -> list[float]:
+    """A weight's damages: measured where measured, else the estimate times the measured /
+    estimated ratio interpolated in log estimate between the measured choices."""
+    points = sorted(
+        (math.log(estimate[k]), math.log(max(m, _FLOOR) / estimate[k]))
+        for k, m in measured.items()
+        if math.isfinite(estimate[k]) and estimate[k] > 0
+    )
+    found = []
+    for k, e in enumerate(estimate):
+        if k in measured:
+            found.append(max(measured[k], 0.0))
+        elif points and math.isfinite(e) and e > 0:
+            xs, ratios = zip(*points, strict=True)
+            found.append(e * math.exp(float(np.interp(math.log(e), xs, ratios))))
+        else:
+            found.append(e)
+    return found
+
+
+def measure_anchors(
+    table: Any, choices: tuple[Choice, ...], loaded: Any, keys: dict[str, str], tokens: int, threshold: int,
+    progress: Progress | None,
+) -> None:  # fmt: skip
+    """Measure (or read from the cache) every weight's anchors on the first `tokens` calibration
+    tokens and correct `table.damage` by them; a program that is not a language model, or random
+    calibration samples, keep the estimate."""
+    from coreai_opt.calibration import Source
+
+    if loaded.samples.kind is Source.RANDOM:
+        return
+    by_choice: dict[int, list[str]] = {}
+    for w, columns in enumerate(anchors(table)):
+        for k in columns:
+            by_choice.setdefault(k, []).append(table.names[w])
+    results: dict[int, dict[str, float]] = {}
+    ids: np.ndarray | None = None
+    used = 0
+    for k, names in by_choice.items():
+        path = _cache.folder() / f"{keys[table.choices[k]]}.trials-{tokens}.json"
+        entry = _cache.read(path) or {}
+        if entry.get("language") is False:
+            return
+        stored, used = _stored(entry, used)
+        wanted = [n for n in names if n not in stored]
+        if wanted:
+            ids = _token_ids(loaded, tokens) if ids is None else ids
+            if ids is None:  # remembered, so that a new budget does not load the program for it
+                _cache.write(path, {"tokens": tokens, "language": False})
+                return
+            choice = next(c for c in choices if c.name == table.choices[k])
+            stored |= _trials(loaded, choice, wanted, ids, threshold, progress)
+            used = len(ids)
+            _cache.write(path, {"tokens": tokens, "used": used, "kl": stored})
+        results[k] = stored
+    for w, name in enumerate(table.names):
+        table.measured[w] = {k: found[name] for k, found in results.items() if name in found}
+        table.damage[w] = corrected(table.estimate[w], table.measured[w])
+    table.trial_tokens = used
+
+
+def _stored(entry: dict[str, Any], used: int) -> tuple[dict[str, float], int]:
+    """A trials file's measurements and the tokens they were measured on (none from a file that
+    does not read as one)."""
+    kl = entry.get("kl")
+    try:
+        found = {str(n): float(v) for n, v in kl.items()} if isinstance(kl, dict) else {}
+        return found, int(entry.get("used") or used)
+    except (TypeError, ValueError):
+        return {}, used
+
+
+def _token_ids(loaded: Any, tokens: int) -> np.ndarray | None:
+    """The first calibration samples' token ids as one stream of whole windows (at least one),
+    or None where the program's first input is not `[batch, tokens]` integer ids."""
+    import torch
+
+    pieces, count, length = [], 0, 0
+    for _, inputs in loaded.samples.inputs(loaded.ep):
+        ids = inputs[0]
+        if ids.ndim != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
+            return None
+        pieces.append(ids.reshape(-1).numpy())
+        count, length = count + ids.numel(), ids.shape[1]
+        if count >= tokens:
+            break
+    if not pieces:
+        return None
+    return np.concatenate(pieces)[: max(length, tokens - tokens % length)]
+
+
+def _trials(
+    loaded: Any, choice: Choice, names: list[str], ids: np.ndarray, threshold: int, progress: Progress | None
+) -> dict[str, float]:
+    """The trial KL of each named weight under `choice`, decoded weights swapped in a piece at a time."""
+    from coreai_opt.compression import trial_encodings
+    from coreai_opt.evaluation import trial_divergences
+    from coreai_opt.weights import Skipped, decode
+
+    held = {n: loaded.encodings.get(n, {}).get(choice.name) for n in names}
+    missing = [n for n, e in held.items() if e is None]
+    if missing:
+        config = choice.config_for(True, threshold)
+        for site, outcome in trial_encodings(loaded.ep, config, loaded.calibration, only=set(missing)):
+            if not isinstance(outcome, Skipped):
+                held[site.name] = outcome
+    found: dict[str, float] = {}
+    piece: dict[str, Any] = {}
+    size = 0
+    for index, name in enumerate(names):
+        if held[name] is not None:
+            piece[name] = decode(held[name])
+            size += piece[name].numel() * piece[name].element_size()
+        if piece and (size >= _PIECE_BYTES or index == len(names) - 1):
+            found |= trial_divergences(loaded.ep, ids, piece, progress=_scaled(progress, len(found), len(piece),
+                                                                                 len(names), choice.name))  # fmt: skip
+            piece, size = {}, 0
+    return found
+
+
+def _scaled(progress: Progress | None, done: int, count: int, total: int, choice: str) -> Progress | None:
+    """A piece's progress (its windows x trials) as trials of the whole column."""
+    if progress is None:
+        return None
+
+    def step(at: int, of: int, label: str) -> None:
+        progress(min(total, done + at * count // max(of, 1)), total, f"trial {choice}: {label}")
+
+    return step
