@@ -116,6 +116,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from coreai_opt.calibration import Samples, calibrate
     from coreai_opt.compression import compress_, trial_encodings
+    from coreai_opt.evaluation import trial_divergences
     from coreai_opt.io import load_pt2
     from coreai_opt.models import model_tokenizer
     from coreai_opt.optimization import cost_table
@@ -136,6 +137,7 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
     config = choices[0].config_for(True, 0)
     weights = dict(ep.module().named_parameters())
     checked = kronecker = 0
+    decoded = {}
     for site, encoding in trial_encodings(ep, config, calibration):
         w = table.names.index(site.name)
         delta = decode(encoding).double() - weights[site.name].detach().double()
@@ -148,6 +150,8 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
             expected = 0.5 * float((f * delta.square()).sum()) / per_window
         assert table.damage[w][0] == pytest.approx(expected, rel=1e-9)
         assert table.nbytes[w][0] == encoding.nbytes
+        if checked < 3:
+            decoded[site.name] = decode(encoding)
         checked += 1
     assert kronecker == checked - 1
     assert checked == len(table.names) > 10
@@ -159,6 +163,17 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
     # a second run reads every choice from the cache and never opens the program
     again = cost_table(llama["ref"], lambda: pytest.fail("loaded"), choices, samples, threshold=0)
     assert sorted(again.cached) == ["int4", "lut2"] and again.damage == table.damage
+    # trials over cached columns encode the anchors again (those weights only) and measure what
+    # the whole column's encodings measure
+    tried = cost_table(
+        llama["ref"], lambda: load_pt2(llama["ref"]), choices, samples, threshold=0, trial_tokens=32
+    )
+    assert sorted(tried.cached) == ["int4", "lut2"] and tried.trial_tokens == 32
+    ids = np.concatenate(
+        [inputs[0].numpy().reshape(-1) for _, inputs in itertools.islice(samples.inputs(ep), 2)]
+    )
+    for name, kl in trial_divergences(ep, ids, decoded).items():
+        assert tried.measured[tried.names.index(name)][0] == pytest.approx(kl, rel=1e-9)
 
 
 # data-free tables keep this quick (the learned methods are tests/test_learned.py's)
@@ -176,7 +191,10 @@ def test_a_weights_ratio_of_measured_to_estimated_damage_carries_to_its_other_ch
     assert found[1] == pytest.approx(2e-4, rel=1e-12)  # below both: the nearest one's ratio, 2
     assert found[4] == pytest.approx(10**-2.5 * math.sqrt(2), rel=1e-12)  # halfway in log: ratio 2^(1/2)
     # a measurement at or below zero (rounding) is no damage, and its ratio reads as the floor's
-    assert corrected([1e-3, 1e-4], {0: -1e-9}) == [0.0, pytest.approx(1e-13)]
+    assert corrected([1e-3, 1e-4], {0: -1e-9}) == [0.0, pytest.approx(1e-13, rel=1e-9, abs=0)]
+    # a NaN measurement is none; an infinite one rules out its own choice only
+    assert corrected([1e-3, 1e-4], {0: math.nan}) == [1e-3, 1e-4]
+    assert corrected([1e-3, 1e-4, 1e-2], {0: math.inf, 2: 2e-2}) == [math.inf, pytest.approx(2e-4), 2e-2]
     assert corrected([1e-3, 2e-3], {}) == [1e-3, 2e-3]  # nothing measured: the estimate
 
 
@@ -310,6 +328,7 @@ def test_a_cosine_bound_holds_on_samples_the_search_never_saw(coreopt, tmp_path:
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["met"] is True and doc["bits_per_weight"] < 8.5
+    assert doc["trials"] == 0  # not a language model: the estimate alone
     kept = [r for r in doc["rounds"] if r["ok"]]
     assert kept and min(r["measured"]["cosine"] for r in kept) >= 0.999
     assert doc["converted"]["cosine"] >= 0.999  # the .aimodel itself, on the Core AI runtime

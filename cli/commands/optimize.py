@@ -80,8 +80,9 @@ _TRIAL_TOKENS = typer.Option(
     512,
     "--trial-tokens",
     min=0,
-    help="Language models: each weight's two smallest choices are also measured alone on this many "
-    "calibration tokens and the estimates corrected by them (0: estimates only).",
+    help="Language models: each weight's two smallest choices are also measured alone on the first "
+    "calibration tokens - this many, in whole windows of the model's length, at most the calibration's - "
+    "and the estimates corrected by them (0: estimates only).",
 )
 _ROUNDS = typer.Option(3, "--rounds", min=1, help="Confirmation rounds at most (accuracy bounds).")
 _UNIFORM = typer.Option(
@@ -303,7 +304,7 @@ def _render(report: Any, recipe: Path | None) -> None:
     if report.reference is not None and report.reference.perplexity is not None:
         console.print(f"reference perplexity {report.reference.perplexity:.3f}")
     console.print(_line(report))
-    trials = (f", {report.trials} of them measured on {report.trial_tokens} tokens ({report.trial_seconds:.1f} s)"
+    trials = (f"; {report.trials} trials on {report.trial_tokens} tokens, {report.trial_seconds:.1f} s of it"
               if report.trials else "")  # fmt: skip
     console.print(f"costs {report.cost_seconds:.1f} s ({len(report.cached)} choices from the cache{trials}), solve "
                   f"{report.solve_seconds:.2f} s; the plan is optimal to within {human_bytes(report.slack_bytes)}")  # fmt: skip

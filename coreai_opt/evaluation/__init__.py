@@ -5,6 +5,7 @@ language models on a text (`evaluate_text`); what each weight's compression alon
 
 from ._plot import plot_evaluation
 from ._sensitivity import (
+    NotALanguageModel,
     SensitivityResult,
     WeightSensitivity,
     spearman,
@@ -15,6 +16,7 @@ from ._text import TextEvaluation, TextScore, evaluate_text
 from ._tokens import Windows, file_token_ids, text_token_ids
 
 __all__ = [
+    "NotALanguageModel",
     "SensitivityResult",
     "TextEvaluation",
     "TextScore",

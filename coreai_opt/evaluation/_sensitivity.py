@@ -175,6 +175,20 @@ class _Resumable:
             raise ModelFileError(path, "takes no [batch, tokens] ids: not a language model")
         self.placeholders = placeholders
         self.batch, self.length = tuple(ints[0].meta["val"].shape)
+        if self._first_output_shape()[:2] != (self.batch, self.length):
+            raise ModelFileError(
+                path, "returns no [batch, tokens, vocabulary] logits first: not a language model"
+            )
+
+    def _first_output_shape(self) -> tuple[int, ...]:
+        import torch
+
+        output = self.nodes[-1]
+        leaves = [
+            n.meta.get("val") for n in torch.utils._pytree.tree_leaves(output.args[0]) if hasattr(n, "meta")
+        ]
+        first = next((v for v in leaves if isinstance(v, torch.Tensor)), None)
+        return tuple(first.shape) if first is not None and first.dim() == 3 else ()
 
     def cut(self, name: str) -> tuple[int, Node]:
         node = self.attrs.get(name)
@@ -256,17 +270,22 @@ class _Resumable:
         return sums, ref_nll
 
 
+class NotALanguageModel(ValueError):
+    """The program does not take `[batch, tokens]` ids and return next-token logits first."""
+
+
 def trial_divergences(
     program: Any, ids: np.ndarray, decoded: dict[str, Any], *, progress: Progress | None = None
 ) -> dict[str, float]:
     """The mean KL divergence per scored token from the program's own next-token distribution of
     each weight in `decoded` (name -> the values to run it with) swapped in alone, on `ids` cut
     into windows of the program's length that do not overlap (a language model `ExportedProgram`
-    taking `[batch, tokens]` ids; ValueError otherwise). What `optimize` measures its anchors with."""
+    taking `[batch, tokens]` ids and returning logits first; `NotALanguageModel` otherwise). What
+    `optimize` measures its anchors with."""
     try:
         runner = _Resumable(program, Path("<program>"))
     except ModelFileError as exc:
-        raise ValueError(f"the program {exc.problem}") from None
+        raise NotALanguageModel(f"the program {exc.problem}") from None
     windows = Windows(len(ids), runner.length, runner.length)
     batches = -(-len(windows.starts) // runner.batch)
     sums, _ = runner.sums(ids, windows, decoded, _Counter(progress, batches * (1 + len(decoded))))

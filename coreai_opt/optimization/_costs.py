@@ -101,7 +101,8 @@ def cost_table(
             found[name] = cached
     cached_names = list(found)
     missing = [c for c in choices if c.config is not None and c.name not in found]
-    loaded = _Loaded(program, samples, device, keeping=trial_tokens > 0)
+    trials = trial_tokens > 0 and samples.kind.value != "random"
+    loaded = _Loaded(program, samples, device, [c.name for c in choices] if trials else [])
     if missing:
         measured, weights, state = _measure(loaded, missing, threshold, progress)
         for choice in missing:
@@ -109,7 +110,7 @@ def cost_table(
             _cache.write(_cache.folder() / f"{keys[choice.name]}.json", found[choice.name])
     table = _assemble(choices, found)
     table.cached = cached_names
-    if trial_tokens > 0:
+    if trials:
         from ._trials import measure_anchors
 
         began = time.perf_counter()
@@ -123,8 +124,9 @@ class _Loaded:
     """The program and its calibration, loaded when first asked for and shared by the estimate
     and the trials."""
 
-    def __init__(self, program: Any, samples: Any, device: str | None, keeping: bool) -> None:
-        self._program, self.samples, self.device, self.keeping = program, samples, device, keeping
+    def __init__(self, program: Any, samples: Any, device: str | None, order: list[str]) -> None:
+        self._program, self.samples, self.device = program, samples, device
+        self.order = {name: i for i, name in enumerate(order)}  # empty: nothing kept (no trials)
         self._ep: Any = None
         self._calibration: Any = None
         self.encodings: dict[str, dict[str, Any]] = {}  # weight -> {choice: encoding}, two smallest
@@ -144,13 +146,16 @@ class _Loaded:
         return self._calibration
 
     def keep(self, name: str, choice: str, encoding: Any) -> None:
-        """Hold a weight's two smallest encodings seen (the trials' anchors, most likely)."""
-        if not self.keeping:
+        """Hold a weight's smallest encodings seen, as many as it has anchors (the trials' anchors
+        where the smallest choices were encoded in this run; the trials let them go)."""
+        from ._trials import ANCHORS
+
+        if not self.order:
             return
         held = self.encodings.setdefault(name, {})
         held[choice] = encoding
-        if len(held) > 2:
-            del held[max(held, key=lambda c: held[c].nbytes)]
+        if len(held) > ANCHORS:
+            del held[max(held, key=lambda c: (held[c].nbytes, self.order[c]))]
 
 
 def _assemble(choices: tuple[Choice, ...], found: dict[str, dict[str, Any]]) -> CostTable:

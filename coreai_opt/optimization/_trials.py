@@ -28,6 +28,7 @@ Progress = Callable[[int, int, str], None]
 ANCHORS = 2  # measured choices a weight
 _PIECE_BYTES = 256 << 20  # decoded weights swapped in per pass over the tokens
 _FLOOR = 1e-12  # a measured KL at or below it is read as this (a ratio needs a positive one)
+_VERSION = "v1"  # of the trial's measurement (a change re-measures instead of reading old files)
 
 
 def anchors(table: Any) -> list[list[int]]:
@@ -46,11 +47,13 @@ def anchors(table: Any) -> list[list[int]]:
 
 def corrected(estimate: list[float], measured: dict[int, float]) -> list[float]:
     """A weight's damages: measured where measured, else the estimate times the measured /
-    estimated ratio interpolated in log estimate between the measured choices."""
+    estimated ratio interpolated in log estimate between the measured choices (a NaN measurement
+    counts as none; an infinite one rules out its own choice only)."""
+    measured = {k: m for k, m in measured.items() if not math.isnan(m)}
     points = sorted(
         (math.log(estimate[k]), math.log(max(m, _FLOOR) / estimate[k]))
         for k, m in measured.items()
-        if math.isfinite(estimate[k]) and estimate[k] > 0
+        if math.isfinite(m) and math.isfinite(estimate[k]) and estimate[k] > 0
     )
     found = []
     for k, e in enumerate(estimate):
@@ -69,9 +72,10 @@ def measure_anchors(
     progress: Progress | None,
 ) -> None:  # fmt: skip
     """Measure (or read from the cache) every weight's anchors on the first `tokens` calibration
-    tokens and correct `table.damage` by them; a program that is not a language model, or random
-    calibration samples, keep the estimate."""
+    tokens (whole windows, at least one, at most the calibration's) and correct `table.damage` by
+    them; a program that is not a language model, or random calibration samples, keep the estimate."""
     from coreai_opt.calibration import Source
+    from coreai_opt.evaluation import NotALanguageModel
 
     if loaded.samples.kind is Source.RANDOM:
         return
@@ -79,41 +83,50 @@ def measure_anchors(
     for w, columns in enumerate(anchors(table)):
         for k in columns:
             by_choice.setdefault(k, []).append(table.names[w])
-    results: dict[int, dict[str, float]] = {}
-    ids: np.ndarray | None = None
-    used = 0
-    for k, names in by_choice.items():
-        path = _cache.folder() / f"{keys[table.choices[k]]}.trials-{tokens}.json"
-        entry = _cache.read(path) or {}
-        if entry.get("language") is False:
-            return
-        stored, used = _stored(entry, used)
-        wanted = [n for n in names if n not in stored]
-        if wanted:
-            ids = _token_ids(loaded, tokens) if ids is None else ids
-            if ids is None:  # remembered, so that a new budget does not load the program for it
-                _cache.write(path, {"tokens": tokens, "language": False})
-                return
+    files = {
+        k: _cache.folder() / f"{keys[table.choices[k]]}.trials-{_VERSION}-{tokens}.json" for k in by_choice
+    }
+    entries = {k: _cache.read(path) or {} for k, path in files.items()}
+    if any(e.get("language") is False for e in entries.values()):
+        return
+    results = {k: _stored(entries[k]) for k in by_choice}
+    wanted = {k: [n for n in names if n not in results[k][0]] for k, names in by_choice.items()}
+    used = max((r[1] for r in results.values()), default=0)
+    total, done = sum(map(len, wanted.values())), 0
+    for k, names in wanted.items():
+        if not names:
+            continue
+        ids = _token_ids(loaded, tokens)
+        try:
+            if ids is None:
+                raise NotALanguageModel("the program takes no [batch, tokens] ids")
             choice = next(c for c in choices if c.name == table.choices[k])
-            stored |= _trials(loaded, choice, wanted, ids, threshold, progress)
-            used = len(ids)
-            _cache.write(path, {"tokens": tokens, "used": used, "kl": stored})
-        results[k] = stored
+            results[k][0].update(
+                _trials(loaded, choice, names, ids, threshold, _Offset(progress, done, total))
+            )
+        except NotALanguageModel:  # remembered, so that a new budget does not load the program for it
+            _cache.write(files[k], {"tokens": tokens, "language": False})
+            return
+        done, used = done + len(names), len(ids)
+        _cache.write(files[k], {"tokens": tokens, "used": used, "kl": results[k][0]})
     for w, name in enumerate(table.names):
-        table.measured[w] = {k: found[name] for k, found in results.items() if name in found}
+        found = {k: results[k][0].get(name) for k in by_choice}
+        table.measured[w] = {k: v for k, v in found.items() if v is not None}
         table.damage[w] = corrected(table.estimate[w], table.measured[w])
     table.trial_tokens = used
 
 
-def _stored(entry: dict[str, Any], used: int) -> tuple[dict[str, float], int]:
-    """A trials file's measurements and the tokens they were measured on (none from a file that
-    does not read as one)."""
+def _stored(entry: dict[str, Any]) -> tuple[dict[str, float | None], int]:
+    """A trials file's measurements (None: the weight could not be tried) and the tokens they
+    were measured on; nothing from a file that does not read as one."""
     kl = entry.get("kl")
     try:
-        found = {str(n): float(v) for n, v in kl.items()} if isinstance(kl, dict) else {}
-        return found, int(entry.get("used") or used)
+        found = (
+            {str(n): None if v is None else float(v) for n, v in kl.items()} if isinstance(kl, dict) else {}
+        )
+        return found, int(entry.get("used") or 0)
     except (TypeError, ValueError):
-        return {}, used
+        return {}, 0
 
 
 def _token_ids(loaded: Any, tokens: int) -> np.ndarray | None:
@@ -136,40 +149,52 @@ def _token_ids(loaded: Any, tokens: int) -> np.ndarray | None:
 
 
 def _trials(
-    loaded: Any, choice: Choice, names: list[str], ids: np.ndarray, threshold: int, progress: Progress | None
-) -> dict[str, float]:
-    """The trial KL of each named weight under `choice`, decoded weights swapped in a piece at a time."""
+    loaded: Any, choice: Choice, names: list[str], ids: np.ndarray, threshold: int, progress: _Offset
+) -> dict[str, float | None]:
+    """The trial KL of each named weight under `choice` (None where it has no encoding), decoded
+    weights swapped in a piece at a time; the kept encodings are let go as they are decoded."""
     from coreai_opt.compression import trial_encodings
     from coreai_opt.evaluation import trial_divergences
     from coreai_opt.weights import Skipped, decode
 
-    held = {n: loaded.encodings.get(n, {}).get(choice.name) for n in names}
+    held = {n: loaded.encodings.get(n, {}).pop(choice.name, None) for n in names}
     missing = [n for n, e in held.items() if e is None]
     if missing:
         config = choice.config_for(True, threshold)
         for site, outcome in trial_encodings(loaded.ep, config, loaded.calibration, only=set(missing)):
             if not isinstance(outcome, Skipped):
                 held[site.name] = outcome
-    found: dict[str, float] = {}
+    found: dict[str, float | None] = {n: None for n, e in held.items() if e is None}
     piece: dict[str, Any] = {}
     size = 0
     for index, name in enumerate(names):
-        if held[name] is not None:
-            piece[name] = decode(held[name])
+        encoding = held.pop(name)
+        if encoding is not None:
+            piece[name] = decode(encoding)
             size += piece[name].numel() * piece[name].element_size()
         if piece and (size >= _PIECE_BYTES or index == len(names) - 1):
-            found |= trial_divergences(loaded.ep, ids, piece, progress=_scaled(progress, len(found), len(piece),
-                                                                                 len(names), choice.name))  # fmt: skip
+            measured = trial_divergences(
+                loaded.ep, ids, piece, progress=progress.piece(len(piece), choice.name)
+            )
+            found.update(measured)
+            progress.done += len(piece)
             piece, size = {}, 0
     return found
 
 
-def _scaled(progress: Progress | None, done: int, count: int, total: int, choice: str) -> Progress | None:
-    """A piece's progress (its windows x trials) as trials of the whole column."""
-    if progress is None:
-        return None
+class _Offset:
+    """Trials' progress over all the anchors measured in one run: a piece's steps (its windows x
+    trials) counted as its share of trials."""
 
-    def step(at: int, of: int, label: str) -> None:
-        progress(min(total, done + at * count // max(of, 1)), total, f"trial {choice}: {label}")
+    def __init__(self, progress: Progress | None, done: int, total: int) -> None:
+        self.progress, self.done, self.total = progress, done, total
 
-    return step
+    def piece(self, count: int, choice: str) -> Progress | None:
+        if self.progress is None:
+            return None
+        report, done, total = self.progress, self.done, self.total
+
+        def step(at: int, of: int, label: str) -> None:
+            report(min(total, done + at * count // max(of, 1)), total, f"trial {choice}: {label}")
+
+        return step
