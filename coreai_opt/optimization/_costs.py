@@ -49,6 +49,7 @@ class CostTable:
     trial_seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        """Before any trial: the estimate is the damage, nothing measured."""
         if not self.estimate:
             self.estimate = [list(row) for row in self.damage]
         if not self.measured:
@@ -91,6 +92,8 @@ def cost_table(
     its learned method (`program`: a callable giving the loaded `ExportedProgram`, called only
     when the cache misses): estimated, then for a language model each weight's two smallest
     choices measured on `trial_tokens` calibration tokens (0: estimated only)."""
+    from coreai_opt.calibration import Source
+
     start = time.perf_counter()
     base = _cache.file_digest(path) + samples.digest() + f"|{threshold}|{_LAYOUT}"
     keys = {c.name: _cache.choice_key(base, c, threshold) for c in choices if c.config is not None}
@@ -101,7 +104,7 @@ def cost_table(
             found[name] = cached
     cached_names = list(found)
     missing = [c for c in choices if c.config is not None and c.name not in found]
-    trials = trial_tokens > 0 and samples.kind.value != "random"
+    trials = trial_tokens > 0 and samples.kind is not Source.RANDOM  # random ids are no text
     loaded = _Loaded(program, samples, device, [c.name for c in choices] if trials else [])
     if missing:
         measured, weights, state = _measure(loaded, missing, threshold, progress)
@@ -165,7 +168,7 @@ def _assemble(choices: tuple[Choice, ...], found: dict[str, dict[str, Any]]) -> 
     state = _state_bytes(next(iter(found.values())))
     names = [n for n in sizes if any(n in found[c.name]["costs"] for c in choices if c.config is not None)]
     fixed = state - sum(sizes[n][1] for n in names)  # what no choice takes stays as stored
-    table = CostTable(names, [sizes[n][0] for n in names], [c.name for c in choices], [], [], fixed)
+    nbytes, damage = [], []
     for n in names:
         row_bytes, row_damage = [], []
         for c in choices:
@@ -176,11 +179,9 @@ def _assemble(choices: tuple[Choice, ...], found: dict[str, dict[str, Any]]) -> 
                 entry = found[c.name]["costs"].get(n)
                 row_bytes.append(float(entry[0]) if entry else math.inf)
                 row_damage.append(float(entry[1]) if entry else math.inf)
-        table.nbytes.append(row_bytes)
-        table.damage.append(row_damage)
-    table.estimate = [list(row) for row in table.damage]
-    table.measured = [{} for _ in names]
-    return table
+        nbytes.append(row_bytes)
+        damage.append(row_damage)
+    return CostTable(names, [sizes[n][0] for n in names], [c.name for c in choices], nbytes, damage, fixed)
 
 
 def _measure(

@@ -35,7 +35,7 @@ def anchors(table: Any) -> list[list[int]]:
     """Per weight, the columns of its `ANCHORS` compressing choices that store the fewest bytes."""
     keep = table.column("keep")
     found = []
-    for row_bytes, row_damage in zip(table.nbytes, table.damage, strict=True):
+    for row_bytes, row_damage in zip(table.nbytes, table.estimate, strict=True):
         usable = [
             k
             for k, b in enumerate(row_bytes)
@@ -73,12 +73,10 @@ def measure_anchors(
 ) -> None:  # fmt: skip
     """Measure (or read from the cache) every weight's anchors on the first `tokens` calibration
     tokens (whole windows, at least one, at most the calibration's) and correct `table.damage` by
-    them; a program that is not a language model, or random calibration samples, keep the estimate."""
-    from coreai_opt.calibration import Source
+    them; a program that is not a language model keeps the estimate (`cost_table` never calls it
+    for random calibration samples)."""
     from coreai_opt.evaluation import NotALanguageModel
 
-    if loaded.samples.kind is Source.RANDOM:
-        return
     by_choice: dict[int, list[str]] = {}
     for w, columns in enumerate(anchors(table)):
         for k in columns:
@@ -93,10 +91,10 @@ def measure_anchors(
     wanted = {k: [n for n in names if n not in results[k][0]] for k, names in by_choice.items()}
     used = max((r[1] for r in results.values()), default=0)
     total, done = sum(map(len, wanted.values())), 0
+    ids = _token_ids(loaded, tokens) if total else None
     for k, names in wanted.items():
         if not names:
             continue
-        ids = _token_ids(loaded, tokens)
         try:
             if ids is None:
                 raise NotALanguageModel("the program takes no [batch, tokens] ids")
@@ -130,13 +128,14 @@ def _stored(entry: dict[str, Any]) -> tuple[dict[str, float | None], int]:
 
 
 def _token_ids(loaded: Any, tokens: int) -> np.ndarray | None:
-    """The first calibration samples' token ids as one stream of whole windows (at least one),
-    or None where the program's first input is not `[batch, tokens]` integer ids."""
+    """The first calibration samples' token ids (as the calibration read them) as one stream of
+    whole windows (at least one), or None where the program's first input is not `[batch, tokens]`
+    integer ids."""
     import torch
 
     pieces, count, length = [], 0, 0
-    for _, inputs in loaded.samples.inputs(loaded.ep):
-        ids = inputs[0]
+    for inputs in loaded.calibration.inputs:
+        ids = inputs[0].cpu()
         if ids.ndim != 2 or ids.is_floating_point() or ids.dtype == torch.bool:
             return None
         pieces.append(ids.reshape(-1).numpy())
