@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import re
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 import torch
 from conftest import SAMPLES, copy_sample
 
+from coreai_opt._coreai import _sandbox as sandbox
 from coreai_opt._export._ops import coreai_decompositions
 from coreai_opt.io import (
     BadBytecodeError,
@@ -211,7 +213,7 @@ def test_an_asset_written_after_its_check_is_checked_again(tmp_path: Path) -> No
 class _NoWorker:
     """Stands in for the asset worker where a test says none may start."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, **_: object) -> None:
         raise AssertionError(f"a worker was started for {path}")
 
 
@@ -303,14 +305,79 @@ def test_a_bytecode_that_crashes_coreai_is_reported_not_fatal(command: str, tmp_
     assert not (tmp_path / "out.aimodel").exists()
 
 
-def test_the_crash_is_real(tmp_path: Path) -> None:
-    """coreai-core itself dies on that asset: loading it in a plain child process is fatal."""
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
+def test_the_crash_is_real(fork: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """coreai-core itself dies on that asset: loading it in a plain child process is fatal; the
+    worker, forked (Linux) or a fresh interpreter (elsewhere), dies in our place."""
+    monkeypatch.setattr(sandbox, "FORK", fork)
     bad = _crashing_bit_flips(tmp_path)
     script = "import sys; from coreai.authoring import AIModelAsset; AIModelAsset.load(sys.argv[1]).program"
     done = subprocess.run([sys.executable, "-c", script, str(bad)], capture_output=True, timeout=120)
     assert done.returncode < 0  # killed by a signal, not an exception
     with pytest.raises(BadBytecodeError, match="crashed reading it"):
         verify_aimodel(bad)
+    good = copy_sample("mlp", "aimodel", tmp_path)
+    assert verify_aimodel(good)["assetVersion"]  # and the next worker starts afresh
+
+
+def test_a_forked_worker_holds_no_end_of_an_earlier_workers_pipes(tmp_path: Path) -> None:
+    """Each worker sees its requests end when the parent dies: no later worker keeps the parent's
+    ends of an earlier one's pipes open."""
+    if not sandbox.FORK:
+        pytest.skip("workers are forked on Linux only")
+
+    def pipes(pid: int | str) -> set[str]:
+        fds = Path(f"/proc/{pid}/fd")
+        return {link for fd in fds.iterdir() if (link := os.readlink(fd)).startswith("pipe:")}
+
+    mlp = copy_sample("mlp", "aimodel", tmp_path)
+    with sandbox.AssetWorker(mlp, runs=False) as first, sandbox.AssetWorker(mlp, runs=False) as second:
+        second.verify(_recorded_hash(mlp))  # answered: past its start, where it closes them
+        first.verify(_recorded_hash(mlp))
+        ends = (first._process.stdin.fileno(), first._process.stdout.fileno())
+        firsts = {os.readlink(f"/proc/self/fd/{fd}") for fd in ends}
+        assert len(firsts) == 2 and firsts <= pipes(first._process.pid)
+        assert not firsts & pipes(second._process.pid)
+
+
+def test_a_worker_forked_inside_an_event_loop_serves(tmp_path: Path) -> None:
+    """A notebook runs its cells inside an event loop; the forked worker runs its own (asyncio
+    tells a running loop by its process id)."""
+    import asyncio
+
+    mlp = copy_sample("mlp", "aimodel", tmp_path)
+
+    async def check() -> dict[str, object]:
+        return verify_aimodel(mlp)
+
+    assert asyncio.run(check())["assetVersion"]
+
+
+def test_a_worker_forked_after_this_process_ran_the_runtime_verifies_and_runs_nothing(tmp_path: Path) -> None:
+    """A fork inherits the Core AI runtime's state but not its dispatch threads: the forked worker
+    verifies (no runtime in it) and refuses to lower, where waiting on those threads would hang."""
+    import asyncio
+
+    from coreai.authoring import AIModelAsset
+
+    mlp = copy_sample("mlp", "aimodel", tmp_path)
+
+    async def lower() -> None:
+        async with AIModelAsset.load(mlp).executable() as model:
+            model.load_function("main")
+
+    asyncio.run(lower())  # this process's runtime has started its threads
+    with sandbox.AssetWorker(mlp, runs=False) as worker:
+        worker.verify(_recorded_hash(mlp))
+        with pytest.raises(sandbox.WorkerFailure, match="unknown request 'signature'"):
+            worker.signature()
+    with sandbox.AssetWorker(mlp) as worker:  # a worker that runs starts a fresh interpreter
+        inputs, outputs = worker.signature()
+        assert inputs and outputs
+
+
+def _recorded_hash(asset: Path) -> str:
+    return (asset / "main.hash").read_bytes().hex()
 
 
 # ----- the generated corpus (a seeded sample in CI; bench/bad_inputs.py --full runs all) ---------

@@ -48,21 +48,115 @@ def _signal_name(returncode: int) -> str:
         return f"signal {-returncode}"
 
 
-class AssetWorker:
-    """A child process that verifies, lowers and runs one asset; use it as a context manager."""
+# Fork a worker that only verifies where that is safe (Linux: macOS's system frameworks abort forked
+# children of threaded processes); elsewhere, and for a worker that runs the program, start a
+# fresh interpreter, which pays coreai-core's import again (~0.3 CPU s).
+FORK = sys.platform.startswith("linux")
+# The parent's ends of the pipes of live forked workers: a worker forked later must close them, or
+# an earlier worker would never see its requests end if the parent died.
+_parent_ends: set[int] = set()
 
-    def __init__(self, path: Path) -> None:
+
+class _Forked:
+    """A forked worker, with the part of `subprocess.Popen`'s interface `AssetWorker` uses."""
+
+    def __init__(self, path: Path, stderr: int) -> None:
+        from . import _worker
+
+        _worker.preload()
+        to_child, requests = os.pipe()
+        replies, from_child = os.pipe()
+        for stream in (sys.stdout, sys.stderr):  # or the child would write their buffers again
+            with contextlib.suppress(Exception):
+                stream.flush()
+        inherited = tuple(_parent_ends)
+        self.pid = os.fork()
+        if self.pid == 0:  # pragma: no cover (the child; its crash tests run it)
+            _run_child(path, to_child, from_child, stderr, (*inherited, requests, replies))
+        os.close(to_child)
+        os.close(from_child)
+        self.stdin: IO[bytes] = os.fdopen(requests, "wb")
+        self.stdout: IO[bytes] = os.fdopen(replies, "rb")
+        self._ends = (requests, replies)
+        _parent_ends.update(self._ends)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                _parent_ends.difference_update(self._ends)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _run_child(path: Path, requests: int, replies: int, stderr: int, parents: tuple[int, ...]) -> None:
+    """The forked worker's whole life: it never returns into the parent's code."""
+    code = 1
+    try:
+        for fd in parents:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        os.dup2(stderr, 1)  # native code that prints lands in the log, never on the parent's stdout
+        os.dup2(stderr, 2)
+        sys.stdout = sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (lives until _exit)
+        sys.stdin = open(os.devnull)  # noqa: SIM115
+        import faulthandler
+
+        if faulthandler.is_enabled():  # its dump of a crash goes to the log too
+            faulthandler.enable(sys.stderr)
+        from . import _worker
+
+        _worker.serve(path, open(requests), open(replies, "w"), runs=False)  # noqa: SIM115
+        code = 0
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(code)  # nothing of the parent's (atexit, buffers, finalizers) runs here
+
+
+def _spawned(path: Path, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    return subprocess.Popen(
+        [sys.executable, "-m", "coreai_opt._coreai._worker", str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=env,
+    )
+
+
+class AssetWorker:
+    """A child process that verifies and, unless `runs` is false, lowers and runs one asset; use
+    it as a context manager."""
+
+    def __init__(self, path: Path, *, runs: bool = True) -> None:
         self.path = Path(path)
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
-        package_root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "coreai_opt._coreai._worker", str(self.path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=env,
+        forked = FORK and not runs
+        self._process: _Forked | subprocess.Popen[bytes] = (
+            _Forked(self.path, self._stderr.fileno()) if forked else _spawned(self.path, self._stderr)
         )
         self._stage = "starting"
 

@@ -6,9 +6,12 @@ every native step the commands take on an asset - parse, verify, convert, walk e
 every constant, print - and, for `compare`, lowers and runs it on the CPU runtime. If it dies,
 only it dies: `_sandbox.AssetWorker` reports the death as a one-line error.
 
-Protocol: one JSON request per line on stdin, one JSON reply per line on stdout. Arrays travel
-as `.npz` files (no pickles) in a directory the parent owns. Requests: verify, signature, run,
-close. Run as `python -m coreai_opt._coreai._worker`; it never imports torch.
+Protocol: one JSON request per line in, one JSON reply per line out. Arrays travel as `.npz` files
+(no pickles) in a directory the parent owns. Requests: verify, signature, run, close. A worker
+that only verifies is forked on Linux, with coreai-core already imported (`serve`); one that
+lowers and runs starts as `python -m coreai_opt._coreai._worker` on stdin and stdout (a fork
+would inherit the Core AI runtime's state without its dispatch threads, and wait on them for
+ever). It never imports torch.
 """
 
 from __future__ import annotations
@@ -115,8 +118,9 @@ def _specs(names: list[str], describe: Any) -> list[dict[str, Any]]:
     return specs
 
 
-async def _serve(path: Path, requests: Any, reply: Any) -> None:
-    """Answer requests until close; the lowered model lives across signature and run."""
+async def _serve(path: Path, requests: Any, reply: Any, runs: bool) -> None:
+    """Answer requests until close; the lowered model lives across signature and run (refused
+    unless `runs`)."""
     import contextlib
 
     import numpy as np
@@ -132,7 +136,7 @@ async def _serve(path: Path, requests: Any, reply: Any) -> None:
                 if op == "verify":
                     verify(path, str(request.get("sha256", "")))
                     reply({"ok": True})
-                elif op in ("signature", "run"):
+                elif op in ("signature", "run") and runs:
                     if function is None:
                         from coreai.authoring import AIModelAsset
 
@@ -162,17 +166,31 @@ async def _serve(path: Path, requests: Any, reply: Any) -> None:
     reply({"ok": True})  # to close, after the lowered model is released
 
 
+def preload() -> None:
+    """Import what `verify` runs, so that a forked worker starts with it (~0.3 CPU s a worker)."""
+    import coreai.authoring  # noqa: F401
+    from coreai._compiler import ir  # noqa: F401
+
+    from . import _describe  # noqa: F401
+
+
+def serve(path: Path, requests: Any, replies: Any, *, runs: bool = True) -> None:
+    """Answer the requests read line by line from `requests` on `replies` (text streams); a
+    worker forked from a process whose runtime may be running serves no `runs` (below)."""
+
+    def reply(message: dict[str, Any]) -> None:
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
+
+    asyncio.run(_serve(path, requests, reply, runs))
+
+
 def main() -> None:
     path = Path(sys.argv[1])
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # native code that prints to stdout lands on stderr, never in the replies
     sys.stdout = sys.stderr
-
-    def reply(message: dict[str, Any]) -> None:
-        out.write(json.dumps(message) + "\n")
-        out.flush()
-
-    asyncio.run(_serve(path, sys.stdin, reply))
+    serve(path, sys.stdin, out)
     # nothing here needs an orderly shutdown, and tearing down coreai-core's state takes longer
     # than the work: leave at once
     sys.stderr.flush()

@@ -111,7 +111,7 @@ def verify_aimodel(path: Path | str, worker: AssetWorker | None = None) -> dict[
         return metadata
     with worker_errors(path), contextlib.ExitStack() as stack:
         if worker is None:
-            worker = stack.enter_context(AssetWorker(path))
+            worker = stack.enter_context(AssetWorker(path, runs=False))
         worker.verify(recorded)
     if _asset_key(path, recorded, metadata_digest) != key:
         raise ModelFileError(path, f"{BYTECODE_FILE} changed while it was being read")
