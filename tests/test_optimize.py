@@ -99,6 +99,41 @@ def test_choices_parse_names_defaults_and_configs_of_ones_own() -> None:
 # ----- a tiny LLaMA calibrated and evaluated on disjoint text --------------------------------------
 
 
+@pytest.mark.parametrize("bits", [4, 6])
+def test_int8_table_choices_store_a_quarter_of_the_table_bytes_and_move_entries_by_half_a_step(
+    bits: int,
+) -> None:
+    """`lut{n}-q8` is `lut{n}` with each table's entries stored as int8 under one float32 scale:
+    the same indices, 44 (4-bit) or 236 (6-bit) bytes less a table, each entry within half a
+    quantization step (max |entry| / 254) of the float32 table's."""
+    from coreai_opt.compression import trial_encodings
+    from coreai_opt.io import load_pt2
+    from coreai_opt.weights import Palettized, decode
+    from tests.conftest import SAMPLES
+
+    program = load_pt2(SAMPLES / "transformer.pt2")
+    plain, q8 = (c.config_for(False, 0) for c in parse_choices(f"lut{bits},lut{bits}-q8")[:2])
+    assert q8.lut_dtype is not None and dataclasses.replace(q8, lut_dtype=None) == plain
+    pairs = [
+        (site, exact, stored)
+        for (site, exact), (_, stored) in zip(
+            trial_encodings(program, plain), trial_encodings(program, q8), strict=True
+        )
+        if isinstance(getattr(exact, "form", None), Palettized)
+    ]
+    assert len(pairs) > 3
+    for site, exact, stored in pairs:
+        assert isinstance(stored.form, Palettized)
+        tables = exact.form.luts
+        assert exact.nbytes - stored.nbytes == tables * ((2**bits) * 3 - 4), site.name
+        assert np.array_equal(exact.form.indices.values, stored.form.indices.values)
+        dense, rounded = decode(exact).double(), decode(stored).double()
+        rows = dense.reshape(tables, -1)  # a table's 16 channels are 16 consecutive rows
+        step = rows.abs().amax(1, keepdim=True) / 254
+        assert ((rounded.reshape(tables, -1) - rows).abs() <= step * (1 + 1e-6)).all(), site.name
+        assert not torch.equal(dense, rounded)
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("transformers")
