@@ -103,8 +103,9 @@ def test_choices_parse_names_defaults_and_configs_of_ones_own() -> None:
 def test_int8_table_choices_store_a_quarter_of_the_table_bytes_and_move_entries_by_half_a_step(
     bits: int,
 ) -> None:
-    """`lut{n}-q8` is `lut{n}` with each table's entries stored as int8 under one float32 scale:
-    the same indices, 44 (4-bit) or 236 (6-bit) bytes less a table, each entry within half a
+    """`lut{n}-q8` is `lut{n}` with each table's entries stored as int8 under one scale (float32,
+    as this float32 model's tables):
+    the same indices, 44 (4-bit) or 188 (6-bit) bytes less a table, each entry within half a
     quantization step (max |entry| / 254) of the float32 table's."""
     from coreai_opt.compression import trial_encodings
     from coreai_opt.io import load_pt2

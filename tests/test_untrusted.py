@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -305,58 +306,87 @@ def test_a_bytecode_that_crashes_coreai_is_reported_not_fatal(command: str, tmp_
     assert not (tmp_path / "out.aimodel").exists()
 
 
-@pytest.mark.parametrize("fork", [True, False], ids=["forked", "spawned"])
-def test_the_crash_is_real(fork: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """coreai-core itself dies on that asset: loading it in a plain child process is fatal; the
-    worker, forked (Linux) or a fresh interpreter (elsewhere), dies in our place."""
-    monkeypatch.setattr(sandbox, "FORK", fork)
+def test_the_crash_is_real(tmp_path: Path) -> None:
+    """coreai-core itself dies on that asset: loading it in a plain child process is fatal."""
     bad = _crashing_bit_flips(tmp_path)
     script = "import sys; from coreai.authoring import AIModelAsset; AIModelAsset.load(sys.argv[1]).program"
     done = subprocess.run([sys.executable, "-c", script, str(bad)], capture_output=True, timeout=120)
     assert done.returncode < 0  # killed by a signal, not an exception
     with pytest.raises(BadBytecodeError, match="crashed reading it"):
         verify_aimodel(bad)
+
+
+needs_fork = pytest.mark.skipif(not sandbox.FORK, reason="workers are forked on Linux only")
+
+
+@pytest.mark.parametrize("forked", [pytest.param(True, marks=needs_fork), False], ids=["forked", "spawned"])
+def test_the_worker_dies_of_the_crash_in_our_place(
+    forked: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker, forked (Linux) or a fresh interpreter (elsewhere, or one that runs programs),
+    is killed by the signal; the next one starts afresh."""
+    forks = _count_forks(monkeypatch)
+    bad = _crashing_bit_flips(tmp_path)
+    crash = pytest.raises(sandbox.WorkerFailure, match=r"crashed while reading it \(SIG[A-Z]+\)")
+    with sandbox.AssetWorker(bad, runs=not forked) as worker, crash as failure:
+        worker.verify(_recorded_hash(bad))
+    assert failure.value.kind == "crash" and len(forks) == forked
     good = copy_sample("mlp", "aimodel", tmp_path)
-    assert verify_aimodel(good)["assetVersion"]  # and the next worker starts afresh
+    with sandbox.AssetWorker(good, runs=not forked) as worker:
+        worker.verify(_recorded_hash(good))
 
 
-def test_a_forked_worker_holds_no_end_of_an_earlier_workers_pipes(tmp_path: Path) -> None:
-    """Each worker sees its requests end when the parent dies: no later worker keeps the parent's
-    ends of an earlier one's pipes open."""
-    if not sandbox.FORK:
-        pytest.skip("workers are forked on Linux only")
+@needs_fork
+def test_a_forked_worker_holds_none_of_its_parents_files(tmp_path: Path) -> None:
+    """Each worker sees its requests end when the parent dies, and holds no file of the parent's:
+    no end of an earlier worker's pipes, nothing the parent has open."""
 
-    def pipes(pid: int | str) -> set[str]:
-        fds = Path(f"/proc/{pid}/fd")
-        return {link for fd in fds.iterdir() if (link := os.readlink(fd)).startswith("pipe:")}
+    def files(pid: int | str) -> set[str]:
+        found = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor
+                found.add(os.readlink(fd))
+        return found
 
     mlp = copy_sample("mlp", "aimodel", tmp_path)
-    with sandbox.AssetWorker(mlp, runs=False) as first, sandbox.AssetWorker(mlp, runs=False) as second:
+    with (
+        open(tmp_path / "held.txt", "w") as held,
+        sandbox.AssetWorker(mlp, runs=False) as first,
+        sandbox.AssetWorker(mlp, runs=False) as second,
+    ):
         second.verify(_recorded_hash(mlp))  # answered: past its start, where it closes them
         first.verify(_recorded_hash(mlp))
         ends = (first._process.stdin.fileno(), first._process.stdout.fileno())
         firsts = {os.readlink(f"/proc/self/fd/{fd}") for fd in ends}
-        assert len(firsts) == 2 and firsts <= pipes(first._process.pid)
-        assert not firsts & pipes(second._process.pid)
+        assert len(firsts) == 2 and firsts <= files(first._process.pid)
+        assert not firsts & files(second._process.pid)
+        own = (second._process.stdin.fileno(), second._process.stdout.fileno(), second._stderr.fileno())
+        shared = {os.readlink(f"/proc/self/fd/{fd}") for fd in own} | {"/dev/null"}
+        assert os.readlink(f"/proc/self/fd/{held.fileno()}") in files("self") - shared
+        assert not (files("self") - shared) & files(second._process.pid)
 
 
-def test_a_worker_forked_inside_an_event_loop_serves(tmp_path: Path) -> None:
-    """A notebook runs its cells inside an event loop; the forked worker runs its own (asyncio
-    tells a running loop by its process id)."""
+@needs_fork
+def test_a_worker_forked_inside_an_event_loop_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notebook runs its cells inside an event loop; the forked worker runs its own."""
     import asyncio
 
+    forks = _count_forks(monkeypatch)
     mlp = copy_sample("mlp", "aimodel", tmp_path)
 
     async def check() -> dict[str, object]:
         return verify_aimodel(mlp)
 
-    assert asyncio.run(check())["assetVersion"]
+    assert asyncio.run(check())["assetVersion"] and len(forks) == 1
 
 
+@needs_fork
 def test_a_worker_forked_after_this_process_ran_the_runtime_verifies_and_runs_nothing(tmp_path: Path) -> None:
     """A fork inherits the Core AI runtime's state but not its dispatch threads: the forked worker
-    verifies (no runtime in it) and refuses to lower, where waiting on those threads would hang."""
+    verifies (no runtime in it) and refuses to lower, where waiting on those threads would hang
+    (an alarm fails the test instead of hanging the suite)."""
     import asyncio
+    import signal
 
     from coreai.authoring import AIModelAsset
 
@@ -366,14 +396,38 @@ def test_a_worker_forked_after_this_process_ran_the_runtime_verifies_and_runs_no
         async with AIModelAsset.load(mlp).executable() as model:
             model.load_function("main")
 
-    asyncio.run(lower())  # this process's runtime has started its threads
-    with sandbox.AssetWorker(mlp, runs=False) as worker:
-        worker.verify(_recorded_hash(mlp))
-        with pytest.raises(sandbox.WorkerFailure, match="unknown request 'signature'"):
-            worker.signature()
-    with sandbox.AssetWorker(mlp) as worker:  # a worker that runs starts a fresh interpreter
-        inputs, outputs = worker.signature()
-        assert inputs and outputs
+    def hung(*_: object) -> None:
+        raise TimeoutError("the worker hung")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    try:
+        asyncio.run(lower())  # this process's runtime has started its threads
+        with sandbox.AssetWorker(mlp, runs=False) as worker:
+            worker.verify(_recorded_hash(mlp))
+            with pytest.raises(sandbox.WorkerFailure, match="this worker only verifies the asset"):
+                worker.signature()
+        with sandbox.AssetWorker(mlp) as worker:  # a worker that runs starts a fresh interpreter
+            inputs, outputs = worker.signature()
+            assert inputs and outputs
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _count_forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids of the workers forked from now on (in this process)."""
+    forked: list[int] = []
+    fork = sandbox._fork
+
+    def counted() -> tuple[int, object]:
+        pid, mask = fork()
+        if pid:
+            forked.append(pid)
+        return pid, mask
+
+    monkeypatch.setattr(sandbox, "_fork", counted)
+    return forked
 
 
 def _recorded_hash(asset: Path) -> str:

@@ -50,43 +50,46 @@ def _signal_name(returncode: int) -> str:
 
 # Fork a worker that only verifies where that is safe (Linux: macOS's system frameworks abort forked
 # children of threaded processes); elsewhere, and for a worker that runs the program, start a
-# fresh interpreter, which pays coreai-core's import again (~0.3 CPU s).
+# fresh interpreter, which pays coreai-core's import again (~0.3 CPU s). A fork copies only the
+# forking thread: should another thread of the parent hold a lock the check needs at that moment,
+# the child would wait for ever, as a spawned worker would on a native hang (neither is timed).
 FORK = sys.platform.startswith("linux")
-# The parent's ends of the pipes of live forked workers: a worker forked later must close them, or
-# an earlier worker would never see its requests end if the parent died.
-_parent_ends: set[int] = set()
 
 
 class _Forked:
     """A forked worker, with the part of `subprocess.Popen`'s interface `AssetWorker` uses."""
 
-    def __init__(self, path: Path, stderr: int) -> None:
+    def __init__(self, path: Path, log: int) -> None:
         from . import _worker
 
         _worker.preload()
         to_child, requests = os.pipe()
         replies, from_child = os.pipe()
-        for stream in (sys.stdout, sys.stderr):  # or the child would write their buffers again
-            with contextlib.suppress(Exception):
-                stream.flush()
-        inherited = tuple(_parent_ends)
-        self.pid = os.fork()
-        if self.pid == 0:  # pragma: no cover (the child; its crash tests run it)
-            _run_child(path, to_child, from_child, stderr, (*inherited, requests, replies))
+        try:
+            self.pid, mask = _fork()
+        except OSError:
+            for fd in (to_child, requests, replies, from_child):
+                os.close(fd)
+            raise
+        if self.pid == 0:  # pragma: no cover (the child; the crash tests run it)
+            try:
+                _run_child(path, to_child, from_child, log, mask)
+            finally:
+                os._exit(1)  # never back into the parent's code, whatever happened
         os.close(to_child)
         os.close(from_child)
         self.stdin: IO[bytes] = os.fdopen(requests, "wb")
         self.stdout: IO[bytes] = os.fdopen(replies, "rb")
-        self._ends = (requests, replies)
-        _parent_ends.update(self._ends)
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else (SIGCHLD ignored): as Popen says
+                pid, status = self.pid, 0
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
-                _parent_ends.difference_update(self._ends)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -105,15 +108,40 @@ class _Forked:
             os.kill(self.pid, signal.SIGKILL)
 
 
-def _run_child(path: Path, requests: int, replies: int, stderr: int, parents: tuple[int, ...]) -> None:
-    """The forked worker's whole life: it never returns into the parent's code."""
+_CAUGHT = frozenset(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}
+
+
+def _fork() -> tuple[int, set[signal.Signals]]:
+    """`os.fork` with every catchable signal held until the child has set itself up (a Ctrl-C at
+    the fork must not raise in the child before it can leave): (pid, the mask to restore)."""
+    import warnings
+
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _CAUGHT)
+    try:
+        with warnings.catch_warnings():  # 3.12+: "multi-threaded, use of fork() may lead to
+            warnings.simplefilter("ignore", DeprecationWarning)  # deadlocks": see FORK's comment
+            pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+    if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return pid, held
+
+
+def _run_child(path: Path, requests: int, replies: int, log: int, mask: set[signal.Signals]) -> None:
+    """The forked worker's whole life; it leaves through `os._exit` only."""
+    import gc
+
+    gc.freeze()  # the parent's objects are never collected here (no finalizer, flush or unlink)
+    parents = (sys.stdin, sys.stdout, sys.stderr)  # kept alive, so never closed or flushed here
     code = 1
     try:
-        for fd in parents:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        os.dup2(stderr, 1)  # native code that prints lands in the log, never on the parent's stdout
-        os.dup2(stderr, 2)
+        os.dup2(log, 1)  # native code that prints lands in the log, never on the parent's stdout
+        os.dup2(log, 2)
+        _close_all_but(0, 1, 2, requests, replies)  # the parent's files, pipes and sockets
+        _default_signal_handlers()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         sys.stdout = sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (lives until _exit)
         sys.stdin = open(os.devnull)  # noqa: SIM115
         import faulthandler
@@ -125,13 +153,35 @@ def _run_child(path: Path, requests: int, replies: int, stderr: int, parents: tu
         _worker.serve(path, open(requests), open(replies, "w"), runs=False)  # noqa: SIM115
         code = 0
     except BaseException:
-        import traceback
+        with contextlib.suppress(BaseException):
+            import traceback
 
-        traceback.print_exc()
+            traceback.print_exc()
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(BaseException):
             sys.stderr.flush()
-        os._exit(code)  # nothing of the parent's (atexit, buffers, finalizers) runs here
+        del parents
+        os._exit(code)
+
+
+def _close_all_but(*kept: int) -> None:
+    low = 0
+    for fd in sorted(set(kept)):
+        if fd > low:  # never an empty range: CPython 3.11 hears closerange(0, 0) as "close all"
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, max(low, os.sysconf("SC_OPEN_MAX")))
+
+
+def _default_signal_handlers() -> None:
+    """The parent's Python signal handlers (and its event loop's wakeup fd) are not the child's."""
+    with contextlib.suppress(ValueError):  # set from the main thread only (the child's one thread)
+        signal.set_wakeup_fd(-1)
+        for number in _CAUGHT:
+            handler = signal.getsignal(number)
+            if callable(handler) and handler is not signal.default_int_handler:
+                signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _spawned(path: Path, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -154,10 +204,11 @@ class AssetWorker:
     def __init__(self, path: Path, *, runs: bool = True) -> None:
         self.path = Path(path)
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
-        forked = FORK and not runs
-        self._process: _Forked | subprocess.Popen[bytes] = (
-            _Forked(self.path, self._stderr.fileno()) if forked else _spawned(self.path, self._stderr)
-        )
+        forked = None
+        if FORK and not runs:
+            with contextlib.suppress(OSError, ImportError):  # no fork (memory, processes): spawn
+                forked = _Forked(self.path, self._stderr.fileno())
+        self._process: _Forked | subprocess.Popen[bytes] = forked or _spawned(self.path, self._stderr)
         self._stage = "starting"
 
     def __enter__(self) -> AssetWorker:
@@ -222,7 +273,8 @@ class AssetWorker:
                 process.wait()
         for stream in (process.stdin, process.stdout):
             if stream is not None:
-                stream.close()
+                with contextlib.suppress(OSError):  # a request a dead worker never read
+                    stream.close()
         self._stderr.seek(0)
         logged = self._stderr.read()
         self._stderr.close()

@@ -136,7 +136,9 @@ async def _serve(path: Path, requests: Any, reply: Any, runs: bool) -> None:
                 if op == "verify":
                     verify(path, str(request.get("sha256", "")))
                     reply({"ok": True})
-                elif op in ("signature", "run") and runs:
+                elif op in ("signature", "run") and not runs:
+                    reply({"ok": False, "kind": "protocol", "error": "this worker only verifies the asset"})
+                elif op in ("signature", "run"):
                     if function is None:
                         from coreai.authoring import AIModelAsset
 
@@ -175,8 +177,8 @@ def preload() -> None:
 
 
 def serve(path: Path, requests: Any, replies: Any, *, runs: bool = True) -> None:
-    """Answer the requests read line by line from `requests` on `replies` (text streams); a
-    worker forked from a process whose runtime may be running serves no `runs` (below)."""
+    """Answer the requests read line by line from `requests` on `replies` (text streams); with
+    `runs` false, only verify (a forked worker: see the module)."""
 
     def reply(message: dict[str, Any]) -> None:
         replies.write(json.dumps(message) + "\n")

@@ -9,10 +9,10 @@ to keep the weight as stored), with the method it uses when calibration data is 
     lut4-tensor     one 4-bit table for the whole weight (GPTQ with data): 4 bits a weight, where
                     a table per 16 channels adds 0.02-0.06; optional (on SmolLM2 at 4.0 bits it
                     did not make a better plan: docs/benchmarks.md)
-    lut4-q8, lut6-q8   lut4 / lut6 with each table's entries stored as int8 under one float
-                    scale: a quarter of the table bytes (a 16-channel table of 576-wide rows adds
-                    0.017 bits a weight instead of 0.056 at 4 bits, 0.06 instead of 0.22 at 6);
-                    optional
+    lut4-q8, lut6-q8   lut4 / lut6 with each table's entries stored as int8 under one scale in
+                    the weight's dtype: for float32 weights a 16-channel table of 576-wide rows
+                    adds 0.017 bits a weight instead of 0.056 at 4 bits, 0.06 instead of 0.22 at
+                    6 (for 16-bit weights about half the table bytes); optional
     sparse50   half the values zeroed, the rest int8 (SparseGPT with data); optional
 
 `parse_choices("default,sparse50")`; a custom choice is `NAME=KIND:key=value,...` (a config as
