@@ -90,6 +90,11 @@ def test_choices_parse_names_defaults_and_configs_of_ones_own() -> None:
     tensor = parse_choices("lut4-tensor")[0].config_for(True, 0)  # optional: one table a weight, GPTQ onto it
     assert (tensor.n_bits, tensor.granularity.value, tensor.method) == (4, "tensor", "gptq")
     assert "lut4-tensor" not in [c.name for c in parse_choices(None)]
+    q8 = {c.name: c.config_for(True, 0) for c in parse_choices(None) if c.name.endswith("-q8")}
+    assert {n: (c.n_bits, c.lut_dtype.value, c.method) for n, c in q8.items()} == {
+        "lut6-q8": (6, "int8", "sensitive"),
+        "lut4-q8": (4, "int8", "gptq"),
+    }  # default: int8 table entries, the solver picks them where they cost nothing
     with pytest.raises(ConfigError, match="unknown candidate 'lut5'"):
         parse_choices("lut5")
     with pytest.raises(ConfigError, match="exactly one budget"):

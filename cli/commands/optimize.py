@@ -55,7 +55,7 @@ _MIN_COSINE = typer.Option(
 _CANDIDATES = typer.Option(
     "default",
     "--candidates",
-    help="What a weight may take, comma separated: default (keep,int8,int4-b32,lut8,lut6,lut4,lut3,lut2), "
+    help="What a weight may take, comma separated: default (keep,int8,int4-b32,lut8,lut6,lut6-q8,lut4,lut4-q8,lut3,lut2), "
     "int4, uint4-b32, sparse50, sparse24, or NAME=KIND:key=value,... of your own.",
 )
 _OUTPUT = typer.Option(

@@ -12,7 +12,9 @@ to keep the weight as stored), with the method it uses when calibration data is 
     lut4-q8, lut6-q8   lut4 / lut6 with each table's entries stored as int8 under one scale in
                     the weight's dtype: for float32 weights a 16-channel table of 576-wide rows
                     adds 0.017 bits a weight instead of 0.056 at 4 bits, 0.06 instead of 0.22 at
-                    6 (for 16-bit weights about half the table bytes); optional
+                    6 (for 16-bit weights about half the table bytes); on most of SmolLM2's weights
+                    as good as float tables, on a few much worse: the solver tells them apart
+                    (docs/benchmarks.md)
     sparse50   half the values zeroed, the rest int8 (SparseGPT with data); optional
 
 `parse_choices("default,sparse50")`; a custom choice is `NAME=KIND:key=value,...` (a config as
@@ -107,7 +109,7 @@ def builtin_choices() -> dict[str, Choice]:
     return {c.name: c for c in found}
 
 
-DEFAULT_CHOICES = ("keep", "int8", "int4-b32", "lut8", "lut6", "lut4", "lut3", "lut2")
+DEFAULT_CHOICES = ("keep", "int8", "int4-b32", "lut8", "lut6", "lut6-q8", "lut4", "lut4-q8", "lut3", "lut2")
 
 
 def parse_choices(text: str | None) -> tuple[Choice, ...]:
