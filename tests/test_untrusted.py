@@ -434,7 +434,7 @@ def _count_forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def _recorded_hash(asset: Path) -> str:
-    return (asset / "main.hash").read_bytes().hex()
+    return aimodel_io._check_files(asset)[1]  # main.hash as the parent hands it to the worker
 
 
 # ----- the generated corpus (a seeded sample in CI; bench/bad_inputs.py --full runs all) ---------

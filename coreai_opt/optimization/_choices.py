@@ -84,29 +84,21 @@ def builtin_choices() -> dict[str, Choice]:
         Choice("int4", QuantizeConfig(dtype="int4", granularity="channel"), "gptq"),
         Choice("int4-b32", QuantizeConfig(dtype="int4", granularity="block", block_size=32), "gptq"),
         Choice("uint4-b32", QuantizeConfig(dtype="uint4", granularity="block", block_size=32), "gptq"),
-        *(
-            Choice(
-                f"lut{n}",
-                PalettizeConfig(n_bits=n, granularity="grouped", group_size=16, num_kmeans_workers=0),
-                "sensitive" if n > 4 else "gptq",
-            )
-            for n in (8, 6, 4, 3, 2)
-        ),
+        *(_grouped_lut(f"lut{n}", n) for n in (8, 6, 4, 3, 2)),
         Choice("lut4-tensor", PalettizeConfig(n_bits=4, granularity="tensor", num_kmeans_workers=0), "gptq"),
-        *(
-            Choice(
-                f"lut{n}-q8",
-                PalettizeConfig(
-                    n_bits=n, granularity="grouped", group_size=16, lut_dtype="int8", num_kmeans_workers=0
-                ),
-                "sensitive" if n > 4 else "gptq",
-            )
-            for n in (6, 4)
-        ),
+        *(_grouped_lut(f"lut{n}-q8", n, lut_dtype="int8") for n in (6, 4)),
         Choice("sparse50", SparsifyConfig(target_sparsity=0.5, quantize_dtype="int8"), "sparsegpt"),
         Choice("sparse24", SparsifyConfig(n_m_ratio=(2, 4), quantize_dtype="int8"), "sparsegpt"),
     ]
     return {c.name: c for c in found}
+
+
+def _grouped_lut(name: str, n_bits: int, **table: Any) -> Choice:
+    """A table per 16 channels: Fisher-weighted k-means at 6-8 bits, GPTQ onto the tables below."""
+    config = PalettizeConfig(
+        n_bits=n_bits, granularity="grouped", group_size=16, num_kmeans_workers=0, **table
+    )
+    return Choice(name, config, "sensitive" if n_bits > 4 else "gptq")
 
 
 DEFAULT_CHOICES = ("keep", "int8", "int4-b32", "lut8", "lut6", "lut6-q8", "lut4", "lut4-q8", "lut3", "lut2")
