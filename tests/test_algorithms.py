@@ -81,7 +81,7 @@ def test_the_built_in_algorithms_are_the_data_free_passes_and_those_that_learn()
         ("PalettizeConfig", "kmeans", Needs.NOTHING, False),
         ("SparsifyConfig", "magnitude", Needs.NOTHING, False),
         ("QuantizeConfig", "gptq", Needs.INPUT_GRAM, True),
-        ("PalettizeConfig", "sensitive", Needs.GRADIENT_SQUARES, False),
+        ("PalettizeConfig", "sensitive", Needs.GRADIENT_SQUARES, True),
         ("PalettizeConfig", "importance", Needs.INPUT_MOMENTS, False),
         ("PalettizeConfig", "gptq", Needs.INPUT_GRAM, True),
         ("SparsifyConfig", "sparsegpt", Needs.INPUT_GRAM, True),

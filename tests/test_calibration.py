@@ -159,8 +159,182 @@ def test_gradient_squares_of_a_language_model_follow_next_token_cross_entropy() 
         (grad,) = torch.autograd.grad(loss, [parameter])
         expected += grad.double() ** 2
         rows += ids[:, 1:].numel()
-    torch.testing.assert_close(found.gradient_squares, expected / 2)
+    torch.testing.assert_close(found.gradient_squares.double(), expected / 2, rtol=1e-5, atol=1e-12)
     assert found.rows == rows
+
+
+def _whole_backward_squares(program: torch.export.ExportedProgram, names: list[str], samples: Samples):
+    """The squared gradients of one whole backward pass per sample (float64 sums), the loss as the
+    calibration takes it (next-token cross entropy, or one seeded random-sign projection)."""
+    from coreai_opt.calibration._capture import _loss
+
+    module = program.module()
+    parameters = dict(module.named_parameters(remove_duplicate=False))  # a tied weight under both names
+    for parameter in parameters.values():
+        parameter.requires_grad_(False)
+    wanted = [parameters[name].requires_grad_(True) for name in names]
+    totals = [torch.zeros(p.shape, dtype=torch.float64) for p in wanted]
+    generator = torch.Generator().manual_seed(0)
+    inputs = [inputs for _, inputs in samples.inputs(program)]
+    for sample in inputs:
+        loss, _ = _loss(module(*sample), sample, generator)
+        for total, grad in zip(totals, torch.autograd.grad(loss, wanted), strict=True):
+            total += grad.double() ** 2
+    return {name: total / len(inputs) for name, total in zip(names, totals, strict=True)}
+
+
+@pytest.fixture
+def cut_small_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cut these small programs as a billion-parameter one is cut (by default a program whose
+    pass fits a GiB is one segment)."""
+    from coreai_opt.calibration import _fisher
+
+    monkeypatch.setattr(_fisher, "WHOLE_PASS_BYTES", 0)
+
+
+def test_a_program_whose_whole_pass_fits_a_gib_is_one_segment() -> None:
+    """Cutting costs a second forward pass: a program whose squares and one sample's values fit
+    a GiB (SmolLM2-135M's do) is not cut; one of a billion parameters is."""
+    import _architectures as arch
+
+    from coreai_opt.calibration import _fisher
+
+    program = arch.export(arch.MATRIX[0])
+    calibration = calibrate(program, Samples(Source.RANDOM, count=1, seed=3), cache=False)
+    names = [k for k, v in program.state_dict.items() if v.dim() == 2]
+    assert len(_fisher.SegmentedBackward(calibration.gm, names).segments) == 1
+    whole = 4 * sum(program.state_dict[n].numel() for n in names)
+    assert whole < _fisher.WHOLE_PASS_BYTES < 4 * 1_100_000_000
+
+
+@pytest.mark.usefixtures("cut_small_programs")
+@pytest.mark.parametrize("name", ["llama-fp32", "llama-fp16", "vit", "mistral-gqa-tied", "gpt2"])
+def test_squared_gradients_a_segment_at_a_time_are_the_whole_backward_passes(name: str) -> None:
+    """The Fisher pass cut into segments (a decoder's blocks; a ViT's head, under the random-sign
+    loss of a model that is not a language model; an embedding tied to the output head, its
+    lookup's rows added to the head's gradient there) gives every weight the squares of one
+    whole backward pass."""
+    import _architectures as arch
+
+    from coreai_opt.calibration._fisher import SegmentedBackward
+
+    program = arch.export(next(a for a in arch.MATRIX if a.name == name))
+    samples = Samples(Source.RANDOM, count=2, seed=3)
+    calibration = calibrate(program, samples, cache=False)
+    names = [k for k, v in program.state_dict.items() if v.dim() >= 2 and calibration._holds(k)]
+    segments = SegmentedBackward(calibration.gm, names).segments
+    assert (
+        len(segments) == {"llama-fp32": 4, "llama-fp16": 4, "vit": 2, "mistral-gqa-tied": 4, "gpt2": 6}[name]
+    )
+    found = calibration.statistics(names, Needs.GRADIENT_SQUARES)
+    expected = _whole_backward_squares(program, names, samples)
+    for weight in names:
+        assert found[weight].gradient_squares.dtype == torch.float32
+        torch.testing.assert_close(
+            found[weight].gradient_squares.double(), expected[weight], rtol=2e-5, atol=1e-30
+        )
+
+
+@pytest.mark.usefixtures("cut_small_programs")
+def test_a_tied_embedding_with_a_padding_row_takes_no_gradient_there_from_its_lookup(tmp_path: Path) -> None:
+    """A lookup's padding row gets no gradient from it (only from the head it is tied to), as
+    autograd has it, when the lookup lies segments away from the head."""
+    from torch import nn
+
+    from coreai_opt.calibration._fisher import SegmentedBackward
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(32, 16, padding_idx=0)
+            self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+            self.head = nn.Linear(16, 32, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = x + torch.tanh(block(x))
+            return self.head(x)
+
+    torch.manual_seed(0)
+    ids = torch.tensor([[0, 3, 0, 5, 7, 3, 0, 9]])
+    program = torch.export.export(Tied().eval(), (ids,))
+    save_file({"ids": torch.randint(0, 32, (3, 8), generator=torch.Generator().manual_seed(1)).index_fill(1, torch.tensor([0, 5]), 0)},
+              str(tmp_path / "ids.safetensors"))  # fmt: skip
+    samples = Samples.of(tmp_path / "ids.safetensors")
+    calibration = calibrate(program, samples, cache=False)
+    names = [k for k, v in program.state_dict.items() if v.dim() == 2 and calibration._holds(k)]
+    passing = SegmentedBackward(calibration.gm, names)
+    assert len(passing.segments) == 3 and passing.split == {"head.weight"}
+    assert any(0 in inputs[0] for inputs in calibration.inputs)  # a padding id is looked up
+    found = calibration.statistics(names, Needs.GRADIENT_SQUARES)
+    expected = _whole_backward_squares(program, names, samples)
+    for name in names:
+        torch.testing.assert_close(
+            found[name].gradient_squares.double(), expected[name], rtol=2e-5, atol=1e-30
+        )
+
+
+@pytest.mark.usefixtures("cut_small_programs")
+def test_the_fisher_pass_cuts_a_decoder_at_its_residual_stream_and_hands_over_from_the_head() -> None:
+    """Every cut of a decoder leaves one differentiable value for the next segment, the residual
+    stream [1, tokens, dim]; the pass hands the weights over a segment at a time from the head
+    back; and a final pass lets each weight go once its replacement is in, then the program."""
+    import _architectures as arch
+
+    from coreai_opt.calibration._fisher import SegmentedBackward
+
+    program = arch.export(arch.MATRIX[0])
+    calibration = calibrate(program, Samples(Source.RANDOM, count=2, seed=3), cache=False)
+    names = [k for k, v in program.state_dict.items() if v.dim() == 2]
+    passing = SegmentedBackward(calibration.gm, names)
+    for segment in passing.segments[1:]:
+        crossing = [node for node in segment.inputs if node in passing.differentiable]
+        assert [tuple(node.meta["val"].shape) for node in crossing] == [(1, 16, 64)]
+    untouched = calibration.statistics(names, Needs.GRADIENT_SQUARES)
+    order, let_go = [], []
+    for name, statistics in calibration.sequential(names, Needs.GRADIENT_SQUARES, final=True):
+        assert torch.equal(statistics.gradient_squares, untouched[name].gradient_squares), name
+        let_go.append(sorted(calibration.spent))
+        order.append(name)
+        calibration.replace(name, torch.zeros(untouched[name].gradient_squares.shape), keep_original=False)
+    layer = [f"layers.1.{p}_proj.weight" for p in ("q", "k", "v", "o", "gate", "up", "down")]
+    assert order == ["lm_head.weight", *layer, *(n.replace("1", "0") for n in layer), "embed_tokens.weight"]
+    assert let_go[1] == ["lm_head.weight"] and len(let_go[-1]) == len(names) - 1
+    assert calibration.closed
+
+
+@pytest.mark.usefixtures("cut_small_programs")
+def test_squared_gradients_are_stored_a_weight_a_file_and_streamed_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Fisher pass's cache: a file a weight and an index written last; read back without
+    running the program; a damaged entry is computed again."""
+    import _architectures as arch
+
+    from coreai_opt.calibration._fisher import SegmentedBackward
+
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    program = arch.export(arch.MATRIX[0])
+    samples = Samples(Source.RANDOM, count=2, seed=3)
+    names = [k for k, v in program.state_dict.items() if v.dim() == 2]
+    first = calibrate(program, samples).statistics(names, Needs.GRADIENT_SQUARES)
+    (stored,) = (tmp_path / "cache").iterdir()
+    assert stored.suffix == ".fisher" and len(list(stored.glob("*.f32"))) == len(names)
+    runs = []
+    real_run = SegmentedBackward.run
+    monkeypatch.setattr(SegmentedBackward, "run", lambda self, *a: runs.append(1) or real_run(self, *a))
+    again = calibrate(program, samples).statistics(names, Needs.GRADIENT_SQUARES)
+    assert not runs
+    for name in names:
+        assert torch.equal(again[name].gradient_squares, first[name].gradient_squares)
+        assert again[name].rows == first[name].rows == 30
+    sorted(stored.glob("*.f32"))[3].write_bytes(b"damaged")
+    mended = calibrate(program, samples).statistics(names, Needs.GRADIENT_SQUARES)
+    assert runs == [1] and all(
+        torch.equal(mended[n].gradient_squares, first[n].gradient_squares) for n in names
+    )
 
 
 def test_statistics_are_cached_by_program_and_samples(
@@ -260,7 +434,8 @@ def test_layer_by_layer_holds_only_what_outlives_each_segment_and_measures_the_s
     segment); and with no weight replaced each Gram matrix is the one-pass one, bit for bit."""
     import _architectures as arch
 
-    from coreai_opt.calibration._capture import _LayerByLayer, _state_only
+    from coreai_opt.calibration._capture import _LayerByLayer
+    from coreai_opt.calibration._graph import state_only
 
     program = arch.export(arch.MATRIX[0])  # llama-fp32: attention, MLP, residuals
     calibration = calibrate(program, Samples(Source.RANDOM, count=3, seed=4), cache=False)
@@ -269,7 +444,7 @@ def test_layer_by_layer_holds_only_what_outlives_each_segment_and_measures_the_s
     runner = _LayerByLayer(calibration, names, Needs.INPUT_GRAM)
     graph = calibration.gm.graph
     order = {node: index for index, node in enumerate(graph.nodes)}
-    state = _state_only(graph)
+    state = state_only(graph)
     readers = {reader.name: reader.node for reader in runner.chosen.values()}
     evaluate, held_while_running = runner._evaluate, set()
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt._cache import user_cache
 from coreai_opt.weights import Consumer, Needs, Statistics
 
+from ._graph import state_only
 from ._samples import Samples
 
 if TYPE_CHECKING:
@@ -230,15 +231,13 @@ class ProgramCalibration:
 
     def statistics(self, names: Sequence[str], needs: Needs, *, final: bool = False) -> dict[str, Statistics]:
         self._check_whole()
-        key = self._key(names, needs)
-        found = self._load(key, names) if self.cache else None
-        if found is None:
-            found = (
-                self._gradient_squares(names)
-                if needs is Needs.GRADIENT_SQUARES
-                else self._activations(names, needs)
-            )
-            if self.cache:
+        if needs is Needs.GRADIENT_SQUARES:
+            found = dict(self._fisher(names))
+        else:
+            key = self._key(names, needs)
+            loaded = self._load(key, names) if self.cache else None
+            found = loaded if loaded is not None else self._activations(names, needs)
+            if self.cache and loaded is None:
                 self._store(key, found)
         if final:
             self._close()
@@ -247,11 +246,40 @@ class ProgramCalibration:
     def sequential(
         self, names: Sequence[str], needs: Needs, *, final: bool = False
     ) -> Iterator[tuple[str, Statistics]]:
-        if needs is Needs.GRADIENT_SQUARES:  # a backward pass sees the whole program: one pass
-            yield from self.statistics(names, needs).items()
-            return
         self._check_whole()
+        if needs is Needs.GRADIENT_SQUARES:  # the backward pass's order: from the output back
+            yield from self._fisher(names, final=final)
+            return
         yield from _LayerByLayer(self, names, needs, final).run()
+
+    def _fisher(self, names: Sequence[str], *, final: bool = False) -> Iterator[tuple[str, Statistics]]:
+        """Each weight's squared gradients as the segmented backward pass (`_fisher`) finishes
+        it, of the program as it was when the pass began; `final`: a weight replaced without its
+        original is let go once handed over, and the program once all are."""
+        from ._fisher import SegmentedBackward
+
+        held = [name for name in names if self._holds(name)]
+        for name in names:
+            if name not in held:
+                yield name, Statistics(0)
+        store = _FisherStore(self._key(names, Needs.GRADIENT_SQUARES)) if self.cache else None
+        found = store.load(held, self.device) if store is not None else None
+        if found is None:
+            import torch
+
+            generator = torch.Generator().manual_seed(self.seed)  # on the CPU: the same draws on any device
+            passing = SegmentedBackward(self.gm, held).run(
+                self.inputs, lambda output, inputs: _loss(output, inputs, generator)
+            )
+            found = passing if store is None else store.saving(passing)
+        elif final:
+            self._close()  # nothing will run the program again
+        for name, statistics in found:
+            yield name, statistics
+            if final and name in self.released and name in self.replaced:
+                self._let_go(name)
+        if final and not self.closed:
+            self._close()
 
     def _twins_of_lookups(self) -> set[str]:
         """The multiplied weights equal to a weight that is only looked up (`_twins`), found once
@@ -392,50 +420,6 @@ class ProgramCalibration:
             return False
         return leaf in owner._parameters or leaf in owner._buffers
 
-    def _gradient_squares(self, names: Sequence[str]) -> dict[str, Statistics]:
-        import torch
-
-        parameters = {name: self._parameter(name) for name in names if self._holds(name)}
-        everything = list(self.gm.parameters())
-        before = [p.requires_grad for p in everything]  # shared with the program: put back after
-        for parameter in everything:
-            parameter.requires_grad_(False)
-        for parameter in parameters.values():
-            parameter.requires_grad_(True)
-        totals = {
-            name: torch.zeros(p.shape, dtype=torch.float64, device=self.device)
-            for name, p in parameters.items()
-        }
-        generator = torch.Generator().manual_seed(self.seed)  # on the CPU: the same draws on any device
-        rows = 0
-        try:
-            for inputs in self.inputs:
-                loss, count = _loss(self.gm(*inputs), inputs, generator)
-                grads = torch.autograd.grad(loss, list(parameters.values()), allow_unused=True)
-                for (name, _), grad in zip(parameters.items(), grads, strict=True):
-                    if grad is not None:
-                        totals[name] += grad.double() ** 2
-                rows += count
-        finally:
-            for parameter, flag in zip(everything, before, strict=True):
-                parameter.requires_grad_(flag)
-        samples = len(self.inputs)
-        found = {name: Statistics(rows, gradient_squares=total / samples) for name, total in totals.items()}
-        return {name: found.get(name, Statistics(0)) for name in names}
-
-    def _parameter(self, name: str) -> torch.Tensor:
-        import torch
-
-        *path, leaf = name.split(".")
-        owner = self.gm.get_submodule(".".join(path))
-        value = getattr(owner, leaf)
-        if not isinstance(value, torch.nn.Parameter):
-            value = torch.nn.Parameter(value.detach().clone(), requires_grad=False)
-            if leaf in owner._buffers:
-                del owner._buffers[leaf]
-            owner._parameters[leaf] = value
-        return value
-
     # ----- the on-disk cache -------------------------------------------------------------------
 
     def fingerprint(self) -> str:
@@ -499,6 +483,77 @@ class ProgramCalibration:
             write_atomically(folder / f"{key}.json", lambda tmp: tmp.write_text(text))
         except OSError:
             pass  # a cache that cannot be written only costs time
+
+
+class _FisherStore:
+    """One Fisher pass's squared gradients on disk, a file a weight, so they stream in and out as
+    the pass hands them over: `<key>.fisher/` holds each weight's float32 values as raw bytes
+    (written from the tensor's own memory and read into one array: a copy through a serialiser
+    would be another 0.26 GB at a 1B model's head) and `index.json` (the weights in the pass's
+    order with their shapes and rows), written into a temporary sibling renamed into place once
+    the pass is done."""
+
+    def __init__(self, key: str) -> None:
+        self.folder = cache_folder() / f"{key}.fisher"
+
+    def load(self, names: Sequence[str], device: torch.device) -> Iterator[tuple[str, Statistics]] | None:
+        """The stored weights' statistics, read one at a time; None unless all of `names` are
+        stored whole (a damaged entry is recomputed)."""
+        import math
+
+        try:
+            entries = json.loads((self.folder / "index.json").read_text())["weights"]
+            if sorted(str(entry[0]) for entry in entries) != sorted(names):
+                return None
+            for _, file, _, shape in entries:
+                if (self.folder / str(file)).stat().st_size != 4 * math.prod(int(n) for n in shape):
+                    return None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return self._read(entries, device)
+
+    def _read(self, entries: list[list[Any]], device: torch.device) -> Iterator[tuple[str, Statistics]]:
+        import numpy as np
+        import torch
+
+        for name, file, rows, shape in entries:
+            values = np.fromfile(self.folder / file, dtype="<f4").reshape([int(n) for n in shape])
+            yield name, Statistics(int(rows), gradient_squares=torch.from_numpy(values).to(device))
+
+    def saving(self, passing: Iterator[tuple[str, Statistics]]) -> Iterator[tuple[str, Statistics]]:
+        """`passing`, each weight written as it goes by; stored once the pass is done (a cache
+        that cannot be written only costs time)."""
+        import shutil
+        import tempfile
+
+        try:
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
+            temporary = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}-", dir=self.folder.parent))
+        except OSError:
+            yield from passing
+            return
+        entries: list[list[Any]] | None = []
+        try:
+            for name, statistics in passing:
+                squares = statistics.gradient_squares
+                if entries is not None and squares is not None:
+                    file = f"{len(entries):05d}.f32"
+                    try:
+                        squares.float().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(
+                            temporary / file
+                        )
+                        entries.append([name, file, statistics.rows, list(squares.shape)])
+                    except OSError:
+                        entries = None
+                yield name, statistics
+            if entries is not None:
+                try:
+                    (temporary / "index.json").write_text(json.dumps({"weights": entries}))
+                    temporary.rename(self.folder)
+                except OSError:
+                    pass  # another run stored the same pass first, or the disk is full
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
 
 
 def cache_folder() -> Path:
@@ -620,7 +675,7 @@ class _LayerByLayer:
         import torch
 
         graph = self.gm.graph
-        state = _state_only(graph)
+        state = state_only(graph)
         order = {node: index for index, node in enumerate(graph.nodes)}
         last_use: dict[Node, int] = {}
         for node in graph.nodes:
@@ -751,19 +806,6 @@ def _last_reads(graph: Any, state: set[Node], order: dict[Node, int]) -> list[tu
         name = str(node.target)
         last[name] = max(last.get(name, -1), reached)
     return sorted(((index, name) for name, index in last.items()), reverse=True)
-
-
-def _state_only(graph: Any) -> set[Node]:
-    """Nodes computed from weights and constants alone (no input reaches them)."""
-    state: set[Node] = set()
-    for node in graph.nodes:
-        if node.op == "get_attr" or (
-            node.op in ("call_function", "call_method")
-            and node.all_input_nodes
-            and all(n in state for n in node.all_input_nodes)
-        ):
-            state.add(node)
-    return state
 
 
 def _place_factories(gm: GraphModule, device: torch.device) -> None:

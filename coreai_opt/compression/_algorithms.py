@@ -40,6 +40,8 @@ class Algorithm:
     method: str
     encoder: str | Encoder  # "module:function", or the function itself
     needs: Needs = Needs.NOTHING
+    # statistics handed over a weight at a time (`Calibration.sequential`), each weight encoded and
+    # swapped in before the next: layer by layer in graph order, or the Fisher pass's from the output back
     sequential: bool = False
     summary: str = ""
 
@@ -67,7 +69,7 @@ BUILT_IN = (
     Algorithm("QuantizeConfig", "gptq", f"{_HERE}._gptq:quantize_gptq", Needs.INPUT_GRAM, sequential=True,
               summary="GPTQ: each column's rounding error pushed onto the next through H^-1"),
     Algorithm("PalettizeConfig", "sensitive", f"{_HERE}._sensitive:palettize_sensitive", Needs.GRADIENT_SQUARES,
-              summary="exact k-means weighted by the Fisher information of each element"),
+              sequential=True, summary="exact k-means weighted by the Fisher information of each element"),
     Algorithm("PalettizeConfig", "importance", f"{_HERE}._sensitive:palettize_importance", Needs.INPUT_MOMENTS,
               summary="exact k-means weighted by each input channel's mean square"),
     Algorithm("PalettizeConfig", "gptq", f"{_HERE}._gptq:palettize_gptq", Needs.INPUT_GRAM, sequential=True,

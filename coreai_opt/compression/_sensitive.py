@@ -25,11 +25,14 @@ _FLOOR = 1e-3
 
 
 def _floored(importance: torch.Tensor) -> torch.Tensor | None:
-    importance = importance.double().cpu().clamp(min=0)  # k-means runs on the host
-    mean = float(importance.mean()) if importance.numel() else 0.0
+    """A floored copy on the host (where k-means runs), at least float32: k-means and the weighted
+    SNR widen it a piece at a time, so a 1B model's head never has a float64 copy of it."""
+    dtype = torch.promote_types(importance.dtype, torch.float32)
+    importance = importance.to(device="cpu", dtype=dtype, copy=True).clamp_(min=0)
+    mean = float(importance.sum(dtype=torch.float64)) / importance.numel() if importance.numel() else 0.0
     if not math.isfinite(mean) or mean <= 0:
         return None
-    return importance + _FLOOR * mean
+    return importance.add_(_FLOOR * mean)
 
 
 def fisher_importance(statistics: Statistics | None, site: WeightSite) -> torch.Tensor | None:

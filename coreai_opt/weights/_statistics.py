@@ -49,10 +49,12 @@ class Calibration(Protocol):
     def sequential(
         self, names: Sequence[str], needs: Needs, *, final: bool = False
     ) -> Iterator[tuple[str, Statistics]]:
-        """The named weights in the order the program reads them, each with statistics taken after
-        every `replace` made so far (the caller replaces each weight before asking for the next).
+        """The named weights one at a time, the caller replacing each before asking for the next:
+        moments and Gram matrices in the order the program reads the weights, each taken after
+        every `replace` made so far; squared gradients in the order a backward pass finishes
+        them (from the output back), all of the program as it was when the pass began.
         `final`: nothing is asked of this calibration after the pass, so a weight replaced without
-        keeping its original may be let go once the pass has gone past its last reader."""
+        keeping its original may be let go once the pass is done with it."""
         ...
 
     def replace(self, name: str, value: torch.Tensor, *, keep_original: bool = True) -> None:
