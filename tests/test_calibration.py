@@ -192,6 +192,39 @@ def cut_small_programs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_fisher, "WHOLE_PASS_BYTES", 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_products_on_the_cpu_are_taken_in_float32_forward_and_backward(dtype: torch.dtype) -> None:
+    """mm, addmm and bmm of 16-bit CPU operands: the float32 product rounded to 16 bits, and each
+    operand's gradient the float32 one rounded to its dtype - bit for bit what autograd gives
+    through explicit casts; anything else is left to run as it is."""
+    from coreai_opt.calibration._products import widened
+
+    aten = torch.ops.aten
+    generator = torch.Generator().manual_seed(0)
+
+    def leaf(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator).to(dtype).requires_grad_()
+
+    cases = [
+        (aten.mm.default, (leaf(16, 40), leaf(40, 24)), {}),
+        (aten.addmm.default, (leaf(24), leaf(16, 40), leaf(40, 24)), {"beta": 0.5, "alpha": 2.0}),
+        (aten.bmm.default, (leaf(2, 8, 5), leaf(2, 5, 6)), {}),
+    ]
+    for target, args, kwargs in cases:
+        out = widened(target, args, kwargs)
+        cast = target(*[x.float() for x in args], **kwargs).to(dtype)
+        assert out.dtype == dtype and torch.equal(out, cast)
+        cotangent = torch.randn(out.shape, generator=generator).to(dtype)
+        for mine, theirs in zip(
+            torch.autograd.grad(out, args, cotangent), torch.autograd.grad(cast, args, cotangent), strict=True
+        ):
+            assert mine.dtype == dtype and torch.equal(mine, theirs)
+    a, b = cases[0][1]
+    assert widened(aten.mm.default, (a.float(), b.float()), {}) is None
+    assert widened(aten.add.Tensor, (a, a), {}) is None
+    assert widened(aten.mm.default, (a, b.float()), {}) is None
+
+
 def test_a_program_whose_whole_pass_fits_a_gib_is_one_segment() -> None:
     """Cutting costs a second forward pass: a program whose squares and one sample's values fit
     a GiB (SmolLM2-135M's do) is not cut; one of a billion parameters is."""
@@ -230,9 +263,12 @@ def test_squared_gradients_a_segment_at_a_time_are_the_whole_backward_passes(nam
     expected = _whole_backward_squares(program, names, samples)
     for weight in names:
         assert found[weight].gradient_squares.dtype == torch.float32
-        torch.testing.assert_close(
-            found[weight].gradient_squares.double(), expected[weight], rtol=2e-5, atol=1e-30
-        )
+        squares = found[weight].gradient_squares.double()
+        if name == "llama-fp16":  # its products widened to float32: the same up to fp16 rounding
+            error = float((squares - expected[weight]).norm() / expected[weight].norm())
+            assert error < 2e-3, (weight, error)
+        else:
+            torch.testing.assert_close(squares, expected[weight], rtol=2e-5, atol=1e-30)
 
 
 @pytest.mark.usefixtures("cut_small_programs")

@@ -298,10 +298,13 @@ class SegmentedBackward:
     ) -> Any:
         from torch.fx.node import map_arg
 
+        from ._products import widened
+
         args = map_arg(node.args, lambda n: self._value(n, env, fixed, leaves))
         kwargs = map_arg(node.kwargs, lambda n: self._value(n, env, fixed, leaves))
         if node.op == "call_function":
-            return node.target(*args, **kwargs)  # type: ignore[operator]
+            product = widened(node.target, args, kwargs)  # 16-bit products on the CPU: in float32
+            return node.target(*args, **kwargs) if product is None else product  # type: ignore[operator]
         if node.op == "call_module":
             return self.gm.get_submodule(str(node.target))(*args, **kwargs)
         if node.op == "call_method":
