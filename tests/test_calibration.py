@@ -193,11 +193,17 @@ def cut_small_programs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_16_bit_products_on_the_cpu_are_taken_in_float32_forward_and_backward(dtype: torch.dtype) -> None:
+def test_16_bit_products_on_the_cpu_are_taken_in_float32_forward_and_backward(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """mm, addmm and bmm of 16-bit CPU operands: the float32 product rounded to 16 bits, and each
     operand's gradient the float32 one rounded to its dtype - bit for bit what autograd gives
-    through explicit casts; anything else is left to run as it is."""
+    through explicit casts, also with the weight widened 8 columns at a time; anything else is
+    left to run as it is."""
+    from coreai_opt import _pieces
     from coreai_opt.calibration._products import widened
+
+    monkeypatch.setattr(_pieces, "PIECE", 40 * 8)  # 3 pieces of the 24 columns
 
     aten = torch.ops.aten
     generator = torch.Generator().manual_seed(0)
@@ -208,6 +214,7 @@ def test_16_bit_products_on_the_cpu_are_taken_in_float32_forward_and_backward(dt
     cases = [
         (aten.mm.default, (leaf(16, 40), leaf(40, 24)), {}),
         (aten.addmm.default, (leaf(24), leaf(16, 40), leaf(40, 24)), {"beta": 0.5, "alpha": 2.0}),
+        (aten.addmm.default, (leaf(16, 1), leaf(16, 40), leaf(40, 24)), {}),
         (aten.bmm.default, (leaf(2, 8, 5), leaf(2, 5, 6)), {}),
     ]
     for target, args, kwargs in cases:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+from coreai_opt._memory import trim_heap
 from coreai_opt.weights import Statistics
 
 from ._graph import state_only
@@ -110,13 +111,15 @@ class SegmentedBackward:
             segment = self.segments[index]
             for node in segment.outputs:  # every segment that read them is done
                 kept.pop(node, None)
-            leaves = {name: self._weight(name).detach().requires_grad_(True) for name in segment.leaves}
             for name in [*segment.leaves, *(name for name, _ in segment.lookups)]:
                 if name not in totals:
                     weight = self._weight(name)
                     totals[name] = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            at: list[Any] = [0, ()]  # the sample the backward pass is on: its index and inputs
+            leaves = {name: self._leaf(name, at, totals, rows_of) for name in segment.leaves}
             last = index == len(self.segments) - 1
             for k, inputs in enumerate(samples):  # one sample's values at a time, gone after it
+                at[:] = [k, inputs]
                 done = self._recompute(segment, last, k, inputs, kept, leaves, loss)
                 self._pull_back(segment, done, k, inputs, cotangents, leaves, totals, rows_of)
                 rows += done.counted
@@ -124,6 +127,7 @@ class SegmentedBackward:
             for node in segment.outputs:
                 cotangents.pop(node, None)
             del leaves
+            trim_heap()  # the segment's per-sample values, freed, back to the system before the next
             for name in segment.weights:
                 yield name, Statistics(rows, gradient_squares=totals.pop(name).div_(len(samples)))
         for name in self.unread:
@@ -178,6 +182,27 @@ class SegmentedBackward:
                 done.env[self.output] = root
         return done
 
+    def _leaf(
+        self, name: str, at: list[Any], totals: dict[str, Any], rows_of: dict[str, dict[int, Any]]
+    ) -> torch.Tensor:
+        """The weight as a leaf whose gradient is squared into `totals` the moment the backward
+        pass has it, and dropped: a segment's gradients never all live at once."""
+        leaf = self._weight(name).detach().requires_grad_(True)
+
+        def squared(tensor: torch.Tensor) -> None:
+            grad, tensor.grad = tensor.grad, None
+            if grad is None:
+                return
+            if name in self.split:  # its lookup's rows are squared once that gradient is added
+                k, inputs = at
+                rows = self._rows(name, inputs)
+                rows_of.setdefault(name, {})[k] = grad[rows].float()
+                grad[rows] = 0
+            _add_squares(totals[name], grad)
+
+        leaf.register_post_accumulate_grad_hook(squared)
+        return leaf
+
     def _pull_back(
         self, segment: _Segment, done: _Sample, k: int, inputs: tuple[Any, ...],
         cotangents: dict[Node, dict[int, Any]], leaves: dict[str, Any], totals: dict[str, Any],
@@ -185,7 +210,7 @@ class SegmentedBackward:
     ) -> None:  # fmt: skip
         """The cotangents of the sample's segment outputs (the loss, for the last) pulled back: to
         its inputs (added up there for the segments before), to its weights (squared into
-        `totals`), and through its lookups onto their rows."""
+        `totals` by their leaves' hooks), and through its lookups onto their rows."""
         import torch
 
         if self.output in done.env:
@@ -196,25 +221,16 @@ class SegmentedBackward:
         pairs = [(root, grad) for root, grad in pairs if root.requires_grad]
         if not pairs:
             return
-        targets = [done.env[node] for node in done.pulled] + list(leaves.values())
-        targets += [done.env[node] for _, node in done.looked]
-        grads = list(
-            torch.autograd.grad([r for r, _ in pairs], targets, [g for _, g in pairs], allow_unused=True)
+        ends = [done.env[node] for node in done.pulled] + [done.env[node] for _, node in done.looked]
+        torch.autograd.backward(
+            [r for r, _ in pairs], [g for _, g in pairs], inputs=ends + list(leaves.values())
         )
+        grads = [end.grad for end in ends]
         for node in done.pulled:
             grad = grads.pop(0)
             if grad is not None:
                 held = cotangents.setdefault(node, {})
                 held[k] = grad if k not in held else held[k] + grad
-        for name in leaves:
-            grad = grads.pop(0)
-            if grad is None:
-                continue
-            if name in self.split:  # its lookup's rows are squared once that gradient is added
-                rows = self._rows(name, inputs)
-                rows_of.setdefault(name, {})[k] = grad[rows].float()
-                grad[rows] = 0
-            _add_squares(totals[name], grad)
         self._square_lookups(done, grads, inputs, k, totals, rows_of)
 
     def _square_lookups(

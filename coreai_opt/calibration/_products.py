@@ -4,9 +4,10 @@ PyTorch's CPU kernels for float16 products fall back to a generic loop for most 
 weight's gradient (`mat1` of `mm` untransposed) runs at under 1 GFLOP/s where float32 runs at ~90,
 so one backward pass of a 1.1B-parameter fp16 decoder would take hours. A product of 16-bit
 operands is exact in float32 up to its accumulation, which the 16-bit kernels also carry out in
-float32: widening the operands, multiplying, and rounding the result to 16 bits gives the same
-values up to the order of the sums. The wrapper keeps only the 16-bit operands for the backward
-pass and widens them again there, so no float32 copy of a weight outlives its product.
+float32: widening the operands, multiplying and rounding the result to 16 bits gives the same
+values up to the order of the sums. Only the 16-bit operands are kept for the backward pass, and
+a matrix product's weight is widened a piece of its columns at a time, forward and backward, so no
+float32 copy of a weight (0.26 GB at a 1B model's head) ever exists.
 """
 
 from __future__ import annotations
@@ -15,36 +16,80 @@ from typing import Any
 
 import torch
 
-_PRODUCTS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
+from coreai_opt import _pieces
+
+_MM, _ADDMM, _BMM = torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default
 _NARROW = (torch.float16, torch.bfloat16)
 
 
 def widened(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | None:
     """`target(*args, **kwargs)` taken in float32 where it is a matrix product of 16-bit CPU
     tensors of one dtype (None otherwise: the caller runs it as it is)."""
-    if target not in _PRODUCTS or not all(isinstance(a, torch.Tensor) for a in args):
+    if target not in (_MM, _ADDMM, _BMM) or not all(isinstance(a, torch.Tensor) for a in args):
         return None
     dtypes = {a.dtype for a in args}
     if len(dtypes) != 1 or dtypes.pop() not in _NARROW or any(a.device.type != "cpu" for a in args):
         return None
-    return _InFloat32.apply(target, kwargs, *args)
+    if target is _BMM:
+        return _Batched.apply(*args)
+    bias, (a, b) = (None, args) if target is _MM else (args[0], args[1:])
+    return _Product.apply(a, b, bias, float(kwargs.get("beta", 1)), float(kwargs.get("alpha", 1)))
 
 
-class _InFloat32(torch.autograd.Function):
+def _columns(b: torch.Tensor) -> list[slice]:
+    """Pieces of the columns of b [K, N] of about `_pieces.PIECE` elements each (read at the call)."""
+    step = max(1, _pieces.PIECE // max(b.shape[0], 1))
+    return [slice(j, min(j + step, b.shape[1])) for j in range(0, b.shape[1], step)]
+
+
+class _Product(torch.autograd.Function):
+    """beta * bias + alpha * (a @ b) (addmm; mm without bias), a [M, K], b [K, N]."""
+
     @staticmethod
-    def forward(ctx: Any, target: Any, kwargs: dict[str, Any], *tensors: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.target, ctx.kwargs = target, kwargs
-        ctx.save_for_backward(*tensors)
-        return target(*(t.float() for t in tensors), **kwargs).to(tensors[0].dtype)  # type: ignore[no-any-return]
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, beta: float, alpha: float) -> torch.Tensor:  # type: ignore[override]  # fmt: skip
+        ctx.save_for_backward(a, b, bias)
+        ctx.beta, ctx.alpha = beta, alpha
+        out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype)
+        wide = a.float()
+        for piece in _columns(b):
+            product = wide @ b[:, piece].float()
+            if alpha != 1:
+                product.mul_(alpha)
+            if bias is not None:
+                per_column = bias.dim() > 0 and bias.shape[-1] != 1
+                product.add_(bias.float()[..., piece] if per_column else bias.float(), alpha=beta)
+            out[:, piece] = product
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        tensors = ctx.saved_tensors
-        wanted = ctx.needs_input_grad[2:]
-        with torch.enable_grad():
-            wide = [t.detach().float().requires_grad_(w) for t, w in zip(tensors, wanted, strict=True)]
-            result = ctx.target(*wide, **ctx.kwargs)
-            asked = [w for w in wide if w.requires_grad]
-            found = iter(torch.autograd.grad(result, asked, grad.float()) if asked else ())
-        grads = [next(found).to(t.dtype) if w else None for t, w in zip(tensors, wanted, strict=True)]
-        return (None, None, *grads)
+        a, b, bias = ctx.saved_tensors
+        wants_a, wants_b, wants_bias = ctx.needs_input_grad[:3]
+        grad_a = torch.zeros(a.shape, dtype=torch.float32) if wants_a else None
+        grad_b = torch.empty(b.shape, dtype=b.dtype) if wants_b else None
+        wide = a.float().T if wants_b else None
+        for piece in _columns(b):
+            g = grad[:, piece].float().mul_(ctx.alpha)
+            if grad_a is not None:
+                grad_a.addmm_(g, b[:, piece].float().T)
+            if grad_b is not None:
+                grad_b[:, piece] = wide @ g
+        grad_bias = (grad.float() * ctx.beta).sum_to_size(bias.shape).to(bias.dtype) if wants_bias else None
+        return (None if grad_a is None else grad_a.to(a.dtype)), grad_b, grad_bias, None, None
+
+
+class _Batched(torch.autograd.Function):
+    """a @ b batched (bmm): attention's products, small operands widened whole."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(a, b)
+        return torch.bmm(a.float(), b.float()).to(a.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        a, b = ctx.saved_tensors
+        g = grad.float()
+        grad_a = torch.bmm(g, b.float().transpose(1, 2)).to(a.dtype) if ctx.needs_input_grad[0] else None
+        grad_b = torch.bmm(a.float().transpose(1, 2), g).to(b.dtype) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
