@@ -186,7 +186,7 @@ def _whole_backward_squares(program: torch.export.ExportedProgram, names: list[s
 @pytest.fixture
 def cut_small_programs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Cut these small programs as a billion-parameter one is cut (by default a program whose
-    pass fits a GiB is one segment)."""
+    pass fits 2 GiB is one segment)."""
     from coreai_opt.calibration import _fisher
 
     monkeypatch.setattr(_fisher, "WHOLE_PASS_BYTES", 0)
@@ -232,9 +232,9 @@ def test_16_bit_products_on_the_cpu_are_taken_in_float32_forward_and_backward(
     assert widened(aten.mm.default, (a, b.float()), {}) is None
 
 
-def test_a_program_whose_whole_pass_fits_a_gib_is_one_segment() -> None:
+def test_a_program_whose_whole_pass_fits_2_gib_is_one_segment() -> None:
     """Cutting costs a second forward pass: a program whose squares and one sample's values fit
-    a GiB (SmolLM2-135M's do) is not cut; one of a billion parameters is."""
+    2 GiB (SmolLM2-135M's at 128 tokens: 1.8 GB) is not cut; one of a billion parameters is."""
     import _architectures as arch
 
     from coreai_opt.calibration import _fisher

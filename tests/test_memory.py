@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from coreai_opt._memory import EveryBytes, release_file_pages, trim_heap
+from coreai_opt._memory import EveryBytes, page_out_mapped, release_file_pages, trim_heap
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise through libc: Linux")
 SIZE = 32 << 20
@@ -34,6 +34,29 @@ def test_read_pages_of_a_mapped_file_are_released_and_read_again(tmp_path: Path)
         assert mapped[:SIZE] == pattern  # the data is read again from the file
     assert release_file_pages("no-such-file.bin") == 0
     trim_heap()  # harmless at any time
+
+
+def test_a_weights_file_mapping_is_paged_out_and_a_written_page_kept(tmp_path: Path) -> None:
+    """A private writable mapping (as torch maps a `.pt2`'s records) holding a tensor's address:
+    its clean pages leave the resident set and are read again from the file; a page written to
+    keeps what was written (MADV_PAGEOUT never discards data); other addresses page nothing out."""
+    import torch
+
+    path = tmp_path / "weights.bin"
+    pattern = bytes(range(256)) * (SIZE // 256)
+    path.write_bytes(pattern)
+    with open(path, "r+b") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
+        tensor = torch.frombuffer(mapped, dtype=torch.uint8)
+        before = _resident_file_bytes()
+        assert int(tensor[7::4096].sum()) == 7 * (SIZE // 4096)  # a byte of every page
+        touched = _resident_file_bytes()
+        assert touched - before > SIZE // 2
+        tensor[5] = 99  # one page written: private to this process now
+        assert page_out_mapped([torch.zeros(1).data_ptr()]) == 0  # not a file's
+        assert page_out_mapped([tensor.data_ptr() + 4096]) == 1
+        assert touched - _resident_file_bytes() > SIZE // 2
+        assert int(tensor[5]) == 99 and bytes(tensor[4096:8192].numpy()) == pattern[4096:8192]
+        del tensor
 
 
 def test_hand_backs_run_once_per_so_many_bytes() -> None:

@@ -13,7 +13,11 @@ one), so each is handed over then, and the segment's memory goes back before the
 
 The chain rule and its operands are those of one whole backward pass; only the order in which two
 segments' cotangents of one value add up can differ. A program with a single segment (one small
-enough that cutting saves nothing it needs, or nothing to cut) is one whole backward pass.
+enough that cutting saves nothing it needs, or nothing to cut) is one whole backward pass. On the
+CPU, 16-bit products are taken in float32 (`_products`: PyTorch's fp16 kernels are 25-50x slower
+for a gradient), and a segment's weights, mapped from the model file, leave the resident set once
+the pass is done with them for now (`_memory.page_out_mapped`), as the layer-by-layer passes
+that read each weight once never hold them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._memory import trim_heap
+from coreai_opt._memory import page_out_mapped, trim_heap
 from coreai_opt.weights import Statistics
 
 from ._graph import state_only
@@ -38,8 +42,9 @@ Loss = Callable[[Any, tuple[Any, ...]], tuple["torch.Tensor", int]]
 # a cut is placed where the differentiable bytes crossing it are at most this much over the least
 _CUT_SLACK = 1.001
 # a pass whose squares and one sample's values come to no more than this is one segment: cutting
-# saves memory it does not need, at the price of a second forward pass (a third more time)
-WHOLE_PASS_BYTES = 1 << 30
+# saves memory it does not need, at the price of a second forward pass (a third more time). The
+# room a large model's pass has beside its weights (issue 41: fp16 bytes + 2 GiB at 1.1B).
+WHOLE_PASS_BYTES = 2 << 30
 
 
 @dataclass
@@ -124,10 +129,12 @@ class SegmentedBackward:
                 self._pull_back(segment, done, k, inputs, cotangents, leaves, totals, rows_of)
                 rows += done.counted
                 del done
+                trim_heap()  # its freed values back to the system: the heap would keep its high-water mark
             for node in segment.outputs:
                 cotangents.pop(node, None)
             del leaves
-            trim_heap()  # the segment's per-sample values, freed, back to the system before the next
+            if kept:
+                self._page_out()  # this segment's weights: read again by nothing but a later pass
             for name in segment.weights:
                 yield name, Statistics(rows, gradient_squares=totals.pop(name).div_(len(samples)))
         for name in self.unread:
@@ -135,21 +142,32 @@ class SegmentedBackward:
             yield name, Statistics(rows, gradient_squares=torch.zeros(weight.shape, device=weight.device))
 
     def _forward(self, samples: Sequence[tuple[Any, ...]]) -> dict[Node, list[Any]]:
-        """Every sample's values that a later segment reads (the last segment is not run)."""
+        """Every sample's values that a later segment reads (the last segment is not run), a
+        segment at a time: its weights' file pages leave the resident set once all samples went
+        through it (`_memory.page_out_mapped`), to be read again by its own backward step only."""
         import torch
 
         kept: dict[Node, list[Any]] = {node: [] for s in self.segments[:-1] for node in s.outputs}
         with torch.no_grad():
-            for inputs in samples:
-                env: dict[Node, Any] = dict(zip(self.placeholders, inputs, strict=True))
-                for segment in self.segments[:-1]:
-                    fixed: dict[Node, Any] = {}
+            for segment in self.segments[:-1]:
+                fixed: dict[Node, Any] = {}
+                for k, inputs in enumerate(samples):
+                    env = {node: self._input(node, k, inputs, kept) for node in segment.inputs}
                     for node in segment.nodes:
                         env[node] = self._evaluate(node, env, fixed, {})
                     for node in segment.outputs:
                         kept[node].append(env[node])
-                    env = {node: env[node] for node in env if node in kept or node.op == "placeholder"}
+                    del env
+                    trim_heap()
+                del fixed
+                self._page_out()
         return kept
+
+    def _input(self, node: Node, k: int, inputs: tuple[Any, ...], kept: dict[Node, list[Any]]) -> Any:
+        return inputs[self.placeholders.index(node)] if node.op == "placeholder" else kept[node][k]
+
+    def _page_out(self) -> None:
+        page_out_mapped([t.data_ptr() for t in (*self.gm.parameters(), *self.gm.buffers()) if t.numel()])
 
     def _recompute(
         self, segment: _Segment, last: bool, k: int, inputs: tuple[Any, ...], kept: dict[Node, list[Any]],
@@ -162,7 +180,7 @@ class SegmentedBackward:
 
         done = _Sample({}, [], [])
         for node in segment.inputs:
-            value = inputs[self.placeholders.index(node)] if node.op == "placeholder" else kept[node][k]
+            value = self._input(node, k, inputs, kept)
             if node in self.differentiable and isinstance(value, torch.Tensor) and value.is_floating_point():
                 value = value.detach().requires_grad_(True)
                 done.pulled.append(node)

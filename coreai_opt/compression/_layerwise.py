@@ -136,15 +136,18 @@ def with_output_error(
     return replace(encoding, learned=Learned(method, "output", snr, before))
 
 
-def weighted_snr_db(w: torch.Tensor, approximation: torch.Tensor, importance: torch.Tensor) -> float:
-    """sum f w^2 / sum f (w' - w)^2 in dB, f the importance of each element (any dtypes, same
-    shape; `importance` may be a broadcast view), widened to float64 and summed a piece of rows
-    at a time (`_pieces`): no weight-sized float64 temporaries (0.5 GB each at a 1B model's head)."""
+def weighted_snr_db(
+    w: torch.Tensor, approximation: torch.Tensor, importance: torch.Tensor, floor: float = 0.0
+) -> float:
+    """sum f w^2 / sum f (w' - w)^2 in dB, f the importance of each element plus `floor` (any
+    dtypes, same shape; `importance` may be a broadcast view), widened to float64 and summed a
+    piece of rows at a time (`_pieces`): no weight-sized float64 temporaries (0.5 GB each at a 1B
+    model's head)."""
     if w.dim() == 0:
         w, approximation, importance = w.reshape(1), approximation.reshape(1), importance.reshape(1)
     signal = noise = 0.0
     for top, bottom in spans(w.shape[0], w.numel() // max(w.shape[0], 1)):
-        f = importance[top:bottom].double()
+        f = importance[top:bottom].double() + floor
         x = w[top:bottom].double()
         signal += float((f * x**2).sum())
         noise += float((f * (approximation[top:bottom].double() - x) ** 2).sum())

@@ -169,7 +169,7 @@ def _sorted_clusters(
 
 
 def _channel_weights(
-    importance: torch.Tensor, channel_scale: np.ndarray, groups: int
+    importance: torch.Tensor, channel_scale: np.ndarray, groups: int, floor: float = 0.0
 ) -> Callable[[int, int], torch.Tensor]:
     """Each element's weight for LUT groups a:b ([b - a, elements of a group], float64): its
     importance (channels first; a broadcast view stays one) times its channel scale squared - an
@@ -181,7 +181,10 @@ def _channel_weights(
 
     def weights(a: int, b: int) -> torch.Tensor:
         top, bottom = a * per_group, b * per_group
-        piece = rows[top:bottom].double() * torch.from_numpy(channel_scale[top:bottom] ** 2)[:, None]
+        piece = rows[top:bottom].double()  # may be the importance itself: never written to
+        if floor:
+            piece = piece + floor
+        piece = piece * torch.from_numpy(channel_scale[top:bottom] ** 2)[:, None]
         return piece.reshape(b - a, -1)
 
     return weights
@@ -298,10 +301,11 @@ def palettize(
 
 
 def weighted_palettize(
-    w: torch.Tensor, site: WeightSite, config: PalettizeConfig, importance: torch.Tensor | None
-) -> Encoding | str:
-    """`palettize` with each element's squared error weighted by `importance` (the weight's
-    shape, positive; None: every element alike): what the data-aware methods cluster."""
+    w: torch.Tensor, site: WeightSite, config: PalettizeConfig, importance: torch.Tensor | None,
+    floor: float = 0.0,
+) -> Encoding | str:  # fmt: skip
+    """`palettize` with each element's squared error weighted by `importance` plus `floor` (the
+    weight's shape, positive; None: every element alike): what the data-aware methods cluster."""
     axis, shape, dim = site.output_axis, site.shape, config.cluster_dim
     channels = shape[axis]
     groups = _lut_groups(channels, config)
@@ -323,7 +327,9 @@ def weighted_palettize(
         channel_scale = np.where(amax > 0, amax, 1.0)
         matrix = matrix / torch.from_numpy(channel_scale).float()[:, None]
     pull = (
-        None if importance is None else _channel_weights(importance.movedim(axis, 0), channel_scale, groups)
+        None
+        if importance is None
+        else _channel_weights(importance.movedim(axis, 0), channel_scale, groups, floor)
     )
     if dim == 1:
         native = rows.reshape(groups, -1) if exact else None

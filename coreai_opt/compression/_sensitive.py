@@ -25,8 +25,8 @@ _FLOOR = 1e-3
 
 
 def _floored(importance: torch.Tensor) -> torch.Tensor | None:
-    """A floored copy on the host (where k-means runs), at least float32: k-means and the weighted
-    SNR widen it a piece at a time, so a 1B model's head never has a float64 copy of it."""
+    """A floored copy on the host (where k-means runs), at least float32: of input moments, one
+    value a channel (a weight-shaped importance is floored where it is read: `fisher_importance`)."""
     dtype = torch.promote_types(importance.dtype, torch.float32)
     importance = importance.to(device="cpu", dtype=dtype, copy=True).clamp_(min=0)
     mean = float(importance.sum(dtype=torch.float64)) / importance.numel() if importance.numel() else 0.0
@@ -35,13 +35,21 @@ def _floored(importance: torch.Tensor) -> torch.Tensor | None:
     return importance.add_(_FLOOR * mean)
 
 
-def fisher_importance(statistics: Statistics | None, site: WeightSite) -> torch.Tensor | None:
-    """The Fisher information per element (the weight's shape), floored; None without data."""
+def fisher_importance(statistics: Statistics | None, site: WeightSite) -> tuple[torch.Tensor, float] | None:
+    """The Fisher information per element (the weight's shape, on the host) and the floor to add
+    to it where it is read - a piece at a time, so a 1B model's head has no floored copy; None
+    without data."""
     if statistics is None or statistics.gradient_squares is None:
         return None
-    if tuple(statistics.gradient_squares.shape) != tuple(site.shape):
+    squares = statistics.gradient_squares
+    if tuple(squares.shape) != tuple(site.shape):
         return None
-    return _floored(statistics.gradient_squares)
+    squares = squares.cpu()  # k-means runs on the host
+    total = float(squares.sum(dtype=torch.float64)) if squares.numel() else 0.0
+    mean = total / squares.numel() if squares.numel() else 0.0
+    if not math.isfinite(mean) or mean <= 0 or float(squares.min()) < 0:
+        return None  # squares are never negative: such statistics are not a Fisher pass's
+    return squares, _FLOOR * mean
 
 
 def input_importance(statistics: Statistics | None, site: WeightSite) -> torch.Tensor | None:
@@ -66,20 +74,23 @@ def _learned_palettize(
     w: torch.Tensor,
     site: WeightSite,
     config: PalettizeConfig,
-    importance: torch.Tensor | None,
+    importance: torch.Tensor | tuple[torch.Tensor, float] | None,
     weighting: str,
 ) -> Encoding | str:
+    """Weighted k-means beside the data-free one; `importance` with the floor to add where it is
+    read, or already floored."""
     free = weighted_palettize(w, site, config, None)
     if importance is None or isinstance(free, str):
         return free
-    learned = weighted_palettize(w, site, config, importance)
+    weights, floor = importance if isinstance(importance, tuple) else (importance, 0.0)
+    learned = weighted_palettize(w, site, config, weights, floor)
     if isinstance(learned, str):
         return learned
     record = Learned(
         config.method,
         weighting,
-        weighted_snr_db(w, decode(learned), importance),
-        weighted_snr_db(w, decode(free), importance),
+        weighted_snr_db(w, decode(learned), weights, floor),
+        weighted_snr_db(w, decode(free), weights, floor),
     )
     return Encoding(learned.form, learned.element, learned.luts, learned.sparsity, learned=record)
 
