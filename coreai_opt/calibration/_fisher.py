@@ -107,7 +107,8 @@ class SegmentedBackward:
         the output back; `loss(output, inputs)` gives a sample's loss and the rows it counts."""
         import torch
 
-        kept = self._forward(samples) if len(self.segments) > 1 else {}
+        cut = len(self.segments) > 1  # a large program: its memory is what the segments are for
+        kept = self._forward(samples) if cut else {}
         cotangents: dict[Node, dict[int, Any]] = {}
         totals: dict[str, torch.Tensor] = {}
         rows_of: dict[str, dict[int, torch.Tensor]] = {}  # a split weight's whole-read gradient on its rows
@@ -129,11 +130,12 @@ class SegmentedBackward:
                 self._pull_back(segment, done, k, inputs, cotangents, leaves, totals, rows_of)
                 rows += done.counted
                 del done
-                trim_heap()  # its freed values back to the system: the heap would keep its high-water mark
+                if cut:  # its freed values back to the system: the heap would keep its high-water mark
+                    trim_heap()
             for node in segment.outputs:
                 cotangents.pop(node, None)
             del leaves
-            if kept:
+            if cut:
                 self._page_out()  # this segment's weights: read again by nothing but a later pass
             for name in segment.weights:
                 yield name, Statistics(rows, gradient_squares=totals.pop(name).div_(len(samples)))
