@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt._cache import user_cache
 from coreai_opt.weights import Consumer, Needs, Statistics
 
-from ._graph import state_only
+from ._graph import call, state_only
 from ._samples import Samples
 
 if TYPE_CHECKING:
@@ -778,15 +778,7 @@ class _LayerByLayer:
                 return local[n]
             return self._fixed(n, fixed, state) if n in state else values[n][k]
 
-        args, kwargs = map_arg(node.args, pick), map_arg(node.kwargs, pick)
-        if node.op == "call_function":
-            return node.target(*args, **kwargs)  # type: ignore[operator]
-        if node.op == "call_module":
-            return self.gm.get_submodule(str(node.target))(*args, **kwargs)
-        if node.op == "call_method":
-            self_arg, *rest = args
-            return getattr(self_arg, str(node.target))(*rest, **kwargs)
-        raise ValueError(f"cannot evaluate a {node.op} node layer by layer")
+        return call(self.gm, node, map_arg(node.args, pick), map_arg(node.kwargs, pick), "layer by layer")
 
 
 def _last_reads(graph: Any, state: set[Node], order: dict[Node, int]) -> list[tuple[int, str]]:

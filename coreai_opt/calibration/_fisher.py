@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt._memory import page_out_mapped, trim_heap
 from coreai_opt.weights import Statistics
 
-from ._graph import state_only
+from ._graph import call, state_only
 
 if TYPE_CHECKING:
     import torch
@@ -338,15 +338,10 @@ class SegmentedBackward:
 
         args = map_arg(node.args, lambda n: self._value(n, env, fixed, leaves))
         kwargs = map_arg(node.kwargs, lambda n: self._value(n, env, fixed, leaves))
-        if node.op == "call_function":
-            product = widened(node.target, args, kwargs)  # 16-bit products on the CPU: in float32
-            return node.target(*args, **kwargs) if product is None else product  # type: ignore[operator]
-        if node.op == "call_module":
-            return self.gm.get_submodule(str(node.target))(*args, **kwargs)
-        if node.op == "call_method":
-            self_arg, *rest = args
-            return getattr(self_arg, str(node.target))(*rest, **kwargs)
-        raise ValueError(f"cannot evaluate a {node.op} node a segment at a time")
+        product = widened(node.target, args, kwargs) if node.op == "call_function" else None
+        if product is not None:  # 16-bit products on the CPU: in float32
+            return product
+        return call(self.gm, node, args, kwargs, "a segment at a time")
 
 
 def _add_squares(total: torch.Tensor, grad: torch.Tensor) -> None:

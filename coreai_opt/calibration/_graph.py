@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torch.fx import Node
+    from torch.fx import GraphModule, Node
 
 
 def state_only(graph: Any) -> set[Node]:
@@ -19,3 +19,16 @@ def state_only(graph: Any) -> set[Node]:
         ):
             state.add(node)
     return state
+
+
+def call(gm: GraphModule, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], how: str) -> Any:
+    """Run one computing node of `gm` on operands already fetched (`how`: the pass, for the error
+    a node of another kind gets)."""
+    if node.op == "call_function":
+        return node.target(*args, **kwargs)  # type: ignore[operator]
+    if node.op == "call_module":
+        return gm.get_submodule(str(node.target))(*args, **kwargs)
+    if node.op == "call_method":
+        self_arg, *rest = args
+        return getattr(self_arg, str(node.target))(*rest, **kwargs)
+    raise ValueError(f"cannot evaluate a {node.op} node {how}")
