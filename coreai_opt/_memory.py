@@ -50,6 +50,23 @@ def trim_heap() -> None:
         libc.malloc_trim(0)
 
 
+def _file_mappings() -> list[tuple[int, int, str, str]]:
+    """(start, end, permissions, path) of this process's mappings of files (/proc/self/maps)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            lines = maps.readlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].startswith("/"):
+            continue  # anonymous memory (the heap, tensors made here) is no file's
+        low, high = (int(v, 16) for v in fields[0].split("-"))
+        found.append((low, high, fields[1], fields[5].rstrip("\n")))
+    return found
+
+
 def release_file_pages(file_name: str) -> int:
     """Drop this process's read-only mappings of files named `file_name` from its resident set
     (pages it has read and may read again from the file or the page cache); returns how many.
@@ -59,18 +76,9 @@ def release_file_pages(file_name: str) -> int:
     if libc is None or not hasattr(libc, "madvise"):
         return 0
     released = 0
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            lines = maps.readlines()
-    except OSError:
-        return 0
-    for line in lines:
-        fields = line.split(maxsplit=5)
-        if len(fields) < 6 or "w" in fields[1] or os.path.basename(fields[5].rstrip("\n")) != file_name:
-            continue
-        low, high = (int(v, 16) for v in fields[0].split("-"))
-        if libc.madvise(low, high - low, _MADV_DONTNEED) == 0:
-            released += 1
+    for low, high, permissions, path in _file_mappings():
+        if "w" not in permissions and os.path.basename(path) == file_name:
+            released += libc.madvise(low, high - low, _MADV_DONTNEED) == 0
     return released
 
 
@@ -83,21 +91,12 @@ def page_out_mapped(addresses: list[int]) -> int:
     libc = _libc()
     if libc is None or not hasattr(libc, "madvise") or not addresses:
         return 0
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            lines = maps.readlines()
-    except OSError:
-        return 0
     wanted = sorted(addresses)
     paged = 0
-    for line in lines:
-        fields = line.split(maxsplit=5)
-        if len(fields) < 6 or not fields[5].startswith("/"):
-            continue  # anonymous memory (the heap, tensors made here) is not the file's
-        low, high = (int(v, 16) for v in fields[0].split("-"))
+    for low, high, _, _ in _file_mappings():
         at = bisect.bisect_left(wanted, low)
-        if at < len(wanted) and wanted[at] < high and libc.madvise(low, high - low, _MADV_PAGEOUT) == 0:
-            paged += 1
+        if at < len(wanted) and wanted[at] < high:
+            paged += libc.madvise(low, high - low, _MADV_PAGEOUT) == 0
     return paged
 
 

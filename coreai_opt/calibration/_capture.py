@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt._cache import user_cache
 from coreai_opt.weights import Consumer, Needs, Statistics
 
-from ._graph import call, state_only
+from ._graph import call, state_only, state_value
 from ._samples import Samples
 
 if TYPE_CHECKING:
@@ -745,26 +745,9 @@ class _LayerByLayer:
 
         if isinstance(arg, FxNode):
             if arg in state:
-                return [self._fixed(arg, fixed, state)] * len(self.calibration.inputs)
+                return [state_value(self.gm, arg, fixed)] * len(self.calibration.inputs)
             return values[arg]
         return [arg] * len(self.calibration.inputs)
-
-    def _fixed(self, node: Node, fixed: dict[Node, Any], state: set[Node]) -> Any:
-        """A node computed from weights and constants only, from the weights as they are now."""
-        from torch.fx.node import map_arg
-
-        if node in fixed:
-            return fixed[node]
-        if node.op == "get_attr":
-            value: Any = self.gm
-            for part in str(node.target).split("."):
-                value = getattr(value, part)
-        else:
-            args = map_arg(node.args, lambda n: self._fixed(n, fixed, state))
-            kwargs = map_arg(node.kwargs, lambda n: self._fixed(n, fixed, state))
-            value = node.target(*args, **kwargs)  # type: ignore[operator]
-        fixed[node] = value
-        return value
 
     def _evaluate(
         self, node: Node, k: int, values: dict[Node, list[Any]], local: dict[Node, Any], fixed: dict[Node, Any],
@@ -776,7 +759,7 @@ class _LayerByLayer:
         def pick(n: Node) -> Any:
             if n in local:
                 return local[n]
-            return self._fixed(n, fixed, state) if n in state else values[n][k]
+            return state_value(self.gm, n, fixed) if n in state else values[n][k]
 
         return call(self.gm, node, map_arg(node.args, pick), map_arg(node.kwargs, pick), "layer by layer")
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt._memory import page_out_mapped, trim_heap
 from coreai_opt.weights import Statistics
 
-from ._graph import call, state_only
+from ._graph import attribute, call, state_only, state_value
 
 if TYPE_CHECKING:
     import torch
@@ -166,7 +166,7 @@ class SegmentedBackward:
         return kept
 
     def _input(self, node: Node, k: int, inputs: tuple[Any, ...], kept: dict[Node, list[Any]]) -> Any:
-        return inputs[self.placeholders.index(node)] if node.op == "placeholder" else kept[node][k]
+        return self._placeholder(node, inputs) if node.op == "placeholder" else kept[node][k]
 
     def _page_out(self) -> None:
         page_out_mapped([t.data_ptr() for t in (*self.gm.parameters(), *self.gm.buffers()) if t.numel()])
@@ -239,12 +239,11 @@ class SegmentedBackward:
             pairs = [(done.env[node], cotangents[node][k]) for node in segment.outputs
                      if k in cotangents.get(node, {})]  # fmt: skip
         pairs = [(root, grad) for root, grad in pairs if root.requires_grad]
-        if not pairs:
-            return
         ends = [done.env[node] for node in done.pulled] + [done.env[node] for _, node in done.looked]
-        torch.autograd.backward(
-            [r for r, _ in pairs], [g for _, g in pairs], inputs=ends + list(leaves.values())
-        )
+        if pairs:  # else no gradient reaches this sample here: its whole-read rows are still squared
+            torch.autograd.backward(
+                [r for r, _ in pairs], [g for _, g in pairs], inputs=ends + list(leaves.values())
+            )
         grads = [end.grad for end in ends]
         for node in done.pulled:
             grad = grads.pop(0)
@@ -305,29 +304,10 @@ class SegmentedBackward:
         return torch.unique(self._ids(name, inputs))
 
     def _weight(self, name: str) -> torch.Tensor:
-        value: Any = self.gm
-        for part in name.split("."):
-            value = getattr(value, part)
-        return value  # type: ignore[no-any-return]
+        return attribute(self.gm, name)  # type: ignore[no-any-return]
 
     def _value(self, node: Node, env: dict[Node, Any], fixed: dict[Node, Any], leaves: dict[str, Any]) -> Any:
-        if node in env:
-            return env[node]
-        return self._fixed(node, fixed, leaves)
-
-    def _fixed(self, node: Node, fixed: dict[Node, Any], leaves: dict[str, Any]) -> Any:
-        """A node of weights and constants alone, from the leaves where it reads one."""
-        from torch.fx.node import map_arg
-
-        if node not in fixed:
-            if node.op == "get_attr":
-                target = str(node.target)
-                fixed[node] = leaves[target] if target in leaves else self._weight(target)
-            else:
-                args = map_arg(node.args, lambda n: self._fixed(n, fixed, leaves))
-                kwargs = map_arg(node.kwargs, lambda n: self._fixed(n, fixed, leaves))
-                fixed[node] = node.target(*args, **kwargs)  # type: ignore[operator]
-        return fixed[node]
+        return env[node] if node in env else state_value(self.gm, node, fixed, leaves)
 
     def _evaluate(
         self, node: Node, env: dict[Node, Any], fixed: dict[Node, Any], leaves: dict[str, Any]

@@ -51,13 +51,14 @@ class _Product(torch.autograd.Function):
         ctx.beta, ctx.alpha = beta, alpha
         out = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype)
         wide = a.float()
+        added = None if bias is None else bias.float()
+        per_column = added is not None and added.dim() > 0 and added.shape[-1] != 1
         for piece in _columns(b):
             product = wide @ b[:, piece].float()
             if alpha != 1:
                 product.mul_(alpha)
-            if bias is not None:
-                per_column = bias.dim() > 0 and bias.shape[-1] != 1
-                product.add_(bias.float()[..., piece] if per_column else bias.float(), alpha=beta)
+            if added is not None:
+                product.add_(added[..., piece] if per_column else added, alpha=beta)
             out[:, piece] = product
         return out
 
