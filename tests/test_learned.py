@@ -558,6 +558,56 @@ def test_gptqs_integer_rounding_is_tcasts_given_scale_cast(config: QuantizeConfi
         assert torch.equal(rounding(probe[:, j], j).float(), expected), j
 
 
+@pytest.mark.parametrize(
+    "config",
+    [
+        QuantizeConfig(dtype="mxfp4"),
+        QuantizeConfig(dtype="fp8e4m3"),
+        QuantizeConfig(dtype="fp8e5m2", granularity="block", block_size=16),
+        QuantizeConfig(dtype="fp8e4m3", granularity="tensor"),
+    ],
+    ids=lambda c: f"{c.dtype.value}-{c.granularity.value}",
+)
+def test_gptqs_float_rounding_is_tcasts_given_scale_cast(config: QuantizeConfig) -> None:
+    """The rounding GPTQ's torch loop uses for float elements gives tcast's values on every
+    column, the sign of zero included: ties between neighbours in every binade and among
+    subnormals (exact under MX's power-of-two scales), values beyond the largest (saturated),
+    zeros of both signs, and random values over the whole range."""
+    from coreai_opt.compression._gptq import _float_rounding
+    from coreai_opt.compression._quantize import column_datatype, element_grid, grid_of
+
+    generator = torch.Generator().manual_seed(5)
+    rows, columns = 16, 96
+    site = _site((rows, columns))
+    w = torch.randn(rows, columns, generator=generator)
+    grid = grid_of(w, site, config)
+    spread = element_grid(grid, w, site, config)
+    rounding = _float_rounding(spread, MatrixView.of(site), site, config, torch.device("cpu"))
+    mbits, emin, largest = rounding.element
+    scale = rounding.scale.double()
+    exponents = torch.randint(emin - 1, math.frexp(largest)[1], (rows, columns), generator=generator)
+    steps = torch.ldexp(
+        torch.ones(rows, columns, dtype=torch.float64), torch.clamp_min(exponents, emin) - mbits
+    )
+    mantissas = torch.randint(0, 2 ** (mbits + 1), (rows, columns), generator=generator).double()
+    probe = ((mantissas + 0.5) * steps * scale).float()  # halfway between two neighbours
+    probe[:, 1::2] *= -1
+    probe[:, :4] = torch.randn(rows, 4, generator=generator) * largest * 3 * scale[:, :4].float()
+    probe[:, 4], probe[:, 5] = 0.0, -0.0
+    probe[:, 6:10] = w[:, 6:10] * torch.rand(rows, 4, generator=generator) * 4
+    datatype = column_datatype(site, config)
+    ties = 0
+    for j in range(columns):
+        expected = tcast.cast(probe[:, j : j + 1].contiguous(), datatype, castmode="virtual",
+                              scales=spread.scales[:, j : j + 1].contiguous())[:, 0]  # fmt: skip
+        got = rounding(probe[:, j], j)
+        assert got.dtype == torch.float32 and torch.equal(got, expected), (j, probe[:, j], got, expected)
+        assert torch.equal(torch.signbit(got), torch.signbit(expected)), j
+        ties += int(((probe[:, j].double() / scale[:, j]) * 2 / steps[:, j] % 2 == 1).sum())
+    if bool((torch.frexp(scale).mantissa == 0.5).all()):  # power-of-two scales keep the ties exact
+        assert ties > rows * columns // 2  # (float scales: near ties, rounded to float32 once scaled)
+
+
 def test_an_aimodel_learns_from_the_pt2_it_was_converted_from(coreopt, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Statistics gathered on the .pt2 reach the converted .aimodel's weights by name: the same
     GPTQ encodings (their data-weighted errors equal) on both containers."""
