@@ -654,7 +654,9 @@ class _LayerByLayer:
     samples go one at a time through all of its nodes, so only values that outlive the segment
     (a reader's activation, the residual stream) are held for every sample at once - never an
     attention score matrix per sample (~4 GiB at 1.1B on 128 x 512 tokens). Each op sees the
-    same operands as in a node-by-node run, so the statistics are the same bit for bit."""
+    same operands as in a node-by-node run, so the statistics are the same bit for bit - but for
+    16-bit matrix products on the CPU, taken in float32 (`_products`: the same values up to the
+    order of their sums, 3-18x faster than PyTorch's fp16 kernels there)."""
 
     def __init__(
         self, calibration: ProgramCalibration, names: Sequence[str], needs: Needs, final: bool = False

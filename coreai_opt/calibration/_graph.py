@@ -23,8 +23,13 @@ def state_only(graph: Any) -> set[Node]:
 
 def call(gm: GraphModule, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], how: str) -> Any:
     """Run one computing node of `gm` on operands already fetched (`how`: the pass, for the error
-    a node of another kind gets)."""
+    a node of another kind gets); a 16-bit matrix product on the CPU in float32 (`_products`)."""
     if node.op == "call_function":
+        from ._products import widened
+
+        product = widened(node.target, args, kwargs)
+        if product is not None:
+            return product
         return node.target(*args, **kwargs)  # type: ignore[operator]
     if node.op == "call_module":
         return gm.get_submodule(str(node.target))(*args, **kwargs)
