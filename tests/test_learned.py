@@ -636,6 +636,41 @@ def test_an_aimodel_learns_from_the_pt2_it_was_converted_from(coreopt, tmp_path:
     assert coreopt("palettize", SAMPLES / "mlp.pt2", "--device", "cpu").exit_code == 2  # a data-free method
 
 
+def test_exact_gradients_reach_the_fisher_pass_from_the_cli_and_recipes(
+    coreopt, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """`--exact-gradients` (a recipe step's `exact_gradients`) turns the Fisher pass's bfloat16
+    products off, and its statistics are cached apart; it serves methods that learn from data."""
+    from coreai_opt.calibration import _capture, _fisher
+    from coreai_opt.recipes import Compress
+    from tests.conftest import SAMPLES
+
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_capture, "_bfloat16_products", lambda device: True)  # as on a CPU that has them
+    seen: list[bool] = []
+    original = _fisher.SegmentedBackward.__init__
+
+    def recording(self, gm, names, *, fast=False):  # type: ignore[no-untyped-def]
+        seen.append(fast)
+        original(self, gm, names, fast=fast)
+
+    monkeypatch.setattr(_fisher.SegmentedBackward, "__init__", recording)
+    common = ["--nbits", "4", "--granularity", "channel", "--method", "sensitive", "--calibration", "random",
+              "--calibration-samples", "2", "--json"]  # fmt: skip
+    for flag in ([], ["--exact-gradients"], ["--exact-gradients"]):  # the last from the cache
+        done = coreopt("palettize", SAMPLES / "mlp.pt2", *common, *flag, "-o", tmp_path / f"m{len(seen)}.pt2")
+        assert done.exit_code == 0, done.stderr
+    assert seen == [True, False]
+    assert len(list((tmp_path / "cache").glob("*.fisher"))) == 2
+    refused = coreopt("palettize", SAMPLES / "mlp.pt2", "--exact-gradients", "-o", tmp_path / "n.pt2")
+    assert refused.exit_code == 2 and "--exact-gradients" in refused.stderr
+    step = Compress(config=PalettizeConfig(method="sensitive"), calibration="random", exact_gradients=True)
+    assert (
+        Compress.from_dict(step.to_dict()) == step
+        and "exact_gradients" not in Compress(config=step.config, calibration="random").to_dict()
+    )
+
+
 def _column_grid(
     config: QuantizeConfig | PalettizeConfig,
     w: torch.Tensor,

@@ -37,13 +37,26 @@ def _executor_option() -> Any:
     )
 
 
+def _exact_gradients_option() -> Any:
+    return typer.Option(
+        False,
+        "--exact-gradients",
+        help=(
+            "--method sensitive: the Fisher pass in the program's own dtypes (default on a CPU with bfloat16 "
+            "instructions: its weights' products in bfloat16, 1.5x faster end to end)."
+        ),
+    )
+
+
+def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
 def common_parameters(output_help: str) -> list[inspect.Parameter]:
     """The options every compression command takes besides its config's."""
     from coreai_opt.compression import ExecutorKind
 
-    def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
-        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-
+    keyword = _keyword
     return [
         keyword(
             "calibration",
@@ -101,6 +114,7 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
             ),
             str | None,
         ),
+        _keyword("exact_gradients", _exact_gradients_option(), bool),
         keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
         keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
         keyword("allow_empty", allow_empty_option(), bool),
@@ -144,6 +158,7 @@ def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
             allow_empty=values["allow_empty"], calibration=values["calibration"],
             calibration_samples=values["calibration_samples"], calibration_tokens=values["calibration_tokens"],
             calibration_program=values["calibration_program"], device=values["device"],
+            exact_gradients=values["exact_gradients"],
         )  # fmt: skip
     show(result, as_json, quiet)
 
@@ -165,8 +180,9 @@ def _learning_checks(config_type: type, values: dict[str, Any]) -> None:
     from coreai_opt.compression import algorithm_named
 
     method = values["method"].value if hasattr(values["method"], "value") else values["method"]
-    for key, flag in (("device", "--device"), ("calibration_program", "--calibration-program")):
-        if values.get(key) is None:
+    for key, flag in (("device", "--device"), ("calibration_program", "--calibration-program"),
+                      ("exact_gradients", "--exact-gradients")):  # fmt: skip
+        if values.get(key) in (None, False):
             continue
         if algorithm_named(config_type, method).data_free:
             raise typer.BadParameter(f"{flag} serves a --method that learns from data", param_hint=flag)

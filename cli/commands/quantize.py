@@ -81,8 +81,9 @@ def _quantize(config_type: type, what: str, values: dict[str, Any]) -> None:
         )
     if values["overrides"]:
         raise typer.BadParameter("--override applies to weight-only quantization", param_hint="--override")
-    for key, flag in (("device", "--device"), ("calibration_program", "--calibration-program")):
-        if values.get(key) is not None:
+    for key, flag in (("device", "--device"), ("calibration_program", "--calibration-program"),
+                      ("exact_gradients", "--exact-gradients")):  # fmt: skip
+        if values.get(key) not in (None, False):
             raise typer.BadParameter(f"{flag} applies to weight-only quantization", param_hint=flag)
     if values["executor"].value != ExecutorKind.LOCAL.value:
         raise typer.BadParameter("--executor applies to weight-only quantization", param_hint="--executor")

@@ -37,10 +37,16 @@ def calibrate(
     cache: bool = True,
     seed: int = 0,
     device: str | None = None,
+    exact_gradients: bool = False,
 ) -> ProgramCalibration:
     """A calibration of `program` on `samples` (the samples are read, and checked, now), run on
     `device` (default: the CPU); its statistics stay there, and the methods that learn from them
-    (GPTQ, SparseGPT) solve there."""
+    (GPTQ, SparseGPT) solve there. The Fisher pass (`sensitive`) on a CPU with bfloat16
+    instructions takes its weights' matrix products in bfloat16 (SmolLM2-135M's `sensitive`
+    compression 139 -> 93 s), its squared gradients within about 1% of the exact ones;
+    `exact_gradients` keeps the program's own dtypes."""
     from ._capture import ProgramCalibration
 
-    return ProgramCalibration(program, samples, cache=cache, seed=seed, device=device)
+    return ProgramCalibration(
+        program, samples, cache=cache, seed=seed, device=device, exact_gradients=exact_gradients
+    )

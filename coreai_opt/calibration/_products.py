@@ -8,6 +8,10 @@ float32: widening the operands, multiplying and rounding the result to 16 bits g
 values up to the order of the sums. Only the 16-bit operands are kept for the backward pass, and
 a matrix product's weight is widened a piece of its columns at a time, forward and backward, so no
 float32 copy of a weight (0.26 GB at a 1B model's head) ever exists.
+
+The Fisher pass may instead hold a weight as a bfloat16 copy (`_fisher`, fast gradients): a
+product of it and a wider matrix is then taken in bfloat16 (`_Narrowed`), which CPUs with
+bfloat16 instructions run at 3-5x float32's speed.
 """
 
 from __future__ import annotations
@@ -24,16 +28,22 @@ _NARROW = (torch.float16, torch.bfloat16)
 
 def widened(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | None:
     """`target(*args, **kwargs)` taken in float32 where it is a matrix product of 16-bit CPU
-    tensors of one dtype (None otherwise: the caller runs it as it is)."""
+    tensors of one dtype, and in bfloat16 where one matrix is a bfloat16 weight and the other
+    wider (`_Narrowed`); None otherwise: the caller runs it as it is."""
     if target not in (_MM, _ADDMM, _BMM) or not all(isinstance(a, torch.Tensor) for a in args):
         return None
-    dtypes = {a.dtype for a in args}
-    if len(dtypes) != 1 or dtypes.pop() not in _NARROW or any(a.device.type != "cpu" for a in args):
+    if any(a.device.type != "cpu" for a in args):
+        return None
+    bias, (a, b) = (None, args) if target is not _ADDMM else (args[0], args[1:])
+    beta, alpha = float(kwargs.get("beta", 1)), float(kwargs.get("alpha", 1))
+    if target is not _BMM and a.dtype != b.dtype and torch.bfloat16 in (a.dtype, b.dtype):
+        return _Narrowed.apply(a, b, bias, beta, alpha)
+    dtypes = {t.dtype for t in args}
+    if len(dtypes) != 1 or dtypes.pop() not in _NARROW:
         return None
     if target is _BMM:
         return _Batched.apply(*args)
-    bias, (a, b) = (None, args) if target is _MM else (args[0], args[1:])
-    return _Product.apply(a, b, bias, float(kwargs.get("beta", 1)), float(kwargs.get("alpha", 1)))
+    return _Product.apply(a, b, bias, beta, alpha)
 
 
 def _columns(b: torch.Tensor) -> list[slice]:
@@ -94,3 +104,46 @@ class _Batched(torch.autograd.Function):
         grad_a = torch.bmm(g, b.float().transpose(1, 2)).to(a.dtype) if ctx.needs_input_grad[0] else None
         grad_b = torch.bmm(a.float().transpose(1, 2), g).to(b.dtype) if ctx.needs_input_grad[1] else None
         return grad_a, grad_b
+
+
+def _in_layout(left: torch.Tensor, right: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """left @ right, laid out as `like` (a weight's gradient in its weight's layout: the product
+    of a transposed view taken as the transpose of the swapped product, so no copy follows)."""
+    if like.dim() == 2 and like.stride(0) == 1 and like.stride(1) == like.shape[0] and like.shape[0] > 1:
+        return (right.T @ left.T).T
+    return left @ right
+
+
+class _Narrowed(torch.autograd.Function):
+    """beta * bias + alpha * (a @ b) where one of a, b is a bfloat16 weight (the Fisher pass's fast
+    products, `_fisher`): the other matrix is rounded to bfloat16 and the product taken there,
+    forward and backward (3-5x float32's speed on CPUs with bfloat16 instructions); results and
+    the wide operand's gradient come back in its dtype, the weight's gradient in bfloat16 and in
+    the weight's layout. Only bfloat16 copies are kept for the backward pass."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, beta: float, alpha: float) -> torch.Tensor:  # type: ignore[override]  # fmt: skip
+        wide = a.dtype if b.dtype == torch.bfloat16 else b.dtype
+        a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
+        ctx.save_for_backward(a16, b16)
+        ctx.dtypes, ctx.wide, ctx.alpha, ctx.beta = (a.dtype, b.dtype), wide, alpha, beta
+        ctx.bias = None if bias is None else (bias.shape, bias.dtype)
+        out = (a16 @ b16).to(wide)
+        if alpha != 1:
+            out.mul_(alpha)
+        if bias is not None:
+            out.add_(bias.to(wide), alpha=beta)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        a16, b16 = ctx.saved_tensors
+        g16 = (grad * ctx.alpha if ctx.alpha != 1 else grad).to(torch.bfloat16)
+        wants_a, wants_b, wants_bias = ctx.needs_input_grad[:3]
+        grad_a = _in_layout(g16, b16.T, a16).to(ctx.dtypes[0]) if wants_a else None
+        grad_b = _in_layout(a16.T, g16, b16).to(ctx.dtypes[1]) if wants_b else None
+        grad_bias = None
+        if wants_bias:
+            shape, dtype = ctx.bias
+            grad_bias = (grad.float() * ctx.beta).sum_to_size(shape).to(dtype)
+        return grad_a, grad_b, grad_bias, None, None

@@ -204,7 +204,7 @@ def _calibration(step: Compress, program: Any, run: _Run) -> Any:
     tokenizer = model_tokenizer(run.source) or model_tokenizer(source)
     samples = Samples.of(step.calibration, count=step.calibration_samples, tokens=step.calibration_tokens,
                          tokenizer=tokenizer)  # fmt: skip
-    return calibrate(program, samples, device=_device(step.device))
+    return calibrate(program, samples, device=_device(step.device), exact_gradients=step.exact_gradients)
 
 
 def _device(name: str | None) -> str | None:

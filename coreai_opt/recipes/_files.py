@@ -23,13 +23,14 @@ def compress_file(
     calibration_tokens: int | None = None,
     calibration_program: str | Path | None = None,
     device: str | None = None,
+    exact_gradients: bool = False,
     **options: Any,
 ) -> CompressionFileResult:
     """Compress a model's weights as `config` says into a new file of the input's format (an
     `.aimodel` through Core AI's decompression ops, a `.pt2` through coreai-torch's). Methods that
     learn from data run `calibration` through the `.pt2` itself, or for an `.aimodel` through
     `calibration_program` (the `.pt2` it was converted from: weights match by name), on `device`
-    (a torch device; default the CPU). `options`:
+    (a torch device; default the CPU; `exact_gradients`: see `calibration.calibrate`). `options`:
     force, progress, trust_pickle, executor, allow_empty (see `apply_recipe`)."""
     step = Compress(
         config=config,
@@ -38,6 +39,7 @@ def compress_file(
         calibration_tokens=calibration_tokens,
         calibration_program=None if calibration_program is None else str(calibration_program),
         device=device,
+        exact_gradients=exact_gradients,
     )
     return one_step(step, source, output, **options)  # type: ignore[return-value]
 

@@ -25,8 +25,13 @@ class Compress:
     calibration_tokens: int | None = None
     calibration_program: str | None = None  # an .aimodel's .pt2 source: statistics found by weight name
     device: str | None = None  # where calibration runs and GPTQ / SparseGPT solve (None: the CPU)
+    exact_gradients: bool = False  # the Fisher pass in the program's dtypes (not bfloat16 products)
 
     KIND = "compress"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.exact_gradients, bool):
+            raise ConfigError("exact_gradients is true or false", "exact_gradients")
 
     def tag(self) -> str:
         return str(self.config.tag)
@@ -42,6 +47,8 @@ class Compress:
         ):
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
+        if self.exact_gradients:
+            data["exact_gradients"] = True
         return data
 
     @classmethod
