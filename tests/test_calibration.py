@@ -330,6 +330,32 @@ def test_squared_gradients_a_segment_at_a_time_are_the_whole_backward_passes(nam
     assert _capture._bfloat16_products(torch.device("cuda")) is False  # a GPU keeps the program's dtypes
 
 
+def test_only_weights_read_as_a_products_matrix_through_views_are_held_in_bfloat16() -> None:
+    """Fast gradients narrow a weight only where every read is a matrix of mm / addmm through
+    views: a linear layer's weight, not its bias (addmm's added term), not a weight that is also
+    scaled (its multiply would run in bfloat16), not one read by a batched product."""
+    from torch import nn
+
+    from coreai_opt.calibration._fisher import SegmentedBackward
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+            self.scaled = nn.Parameter(torch.randn(8, 8))
+            self.batched = nn.Parameter(torch.randn(2, 8, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.linear(x) + x @ self.scaled + (self.scaled * 2).sum()
+            return (y[None].expand(2, -1, -1) @ self.batched).sum(0)
+
+    program = torch.export.export(Mixed(), (torch.randn(4, 8),)).run_decompositions()  # linear: addmm
+    calibration = calibrate(program, Samples(Source.RANDOM, count=1, seed=0), cache=False)
+    names = list(program.state_dict)
+    assert SegmentedBackward(calibration.gm, names, fast=True).narrowed == {"linear.weight"}
+    assert SegmentedBackward(calibration.gm, names, fast=False).narrowed == set()
+
+
 @pytest.mark.usefixtures("cut_small_programs")
 def test_a_tied_embedding_with_a_padding_row_takes_no_gradient_there_from_its_lookup(tmp_path: Path) -> None:
     """A lookup's padding row gets no gradient from it (only from the head it is tied to), as

@@ -43,7 +43,7 @@ def _exact_gradients_option() -> Any:
         "--exact-gradients",
         help=(
             "--method sensitive: the Fisher pass in the program's own dtypes (default on a CPU with bfloat16 "
-            "instructions: its weights' products in bfloat16, 1.5x faster end to end)."
+            "instructions: its weights' matrix products in bfloat16, 1.5x faster end to end)."
         ),
     )
 

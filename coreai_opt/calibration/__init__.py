@@ -41,10 +41,11 @@ def calibrate(
 ) -> ProgramCalibration:
     """A calibration of `program` on `samples` (the samples are read, and checked, now), run on
     `device` (default: the CPU); its statistics stay there, and the methods that learn from them
-    (GPTQ, SparseGPT) solve there. The Fisher pass (`sensitive`) on a CPU with bfloat16
-    instructions takes its weights' matrix products in bfloat16 (SmolLM2-135M's `sensitive`
-    compression 139 -> 93 s), its squared gradients within about 1% of the exact ones;
-    `exact_gradients` keeps the program's own dtypes."""
+    (GPTQ, SparseGPT) solve there. On a CPU with bfloat16 instructions the Fisher pass
+    (`sensitive`) takes its weights' matrix products in bfloat16 (SmolLM2-135M's compression
+    139 -> 93 s, its squared gradients within about 1% of the exact ones); `exact_gradients`
+    keeps the program's own dtypes. Table tuning always keeps them (bfloat16 saved it 14% at a
+    slightly worse held-out KL: docs/benchmarks.md)."""
     from ._capture import ProgramCalibration
 
     return ProgramCalibration(

@@ -394,14 +394,12 @@ def _narrowable(
     import torch
 
     products = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
-    found: set[str] = set()
+    fits: dict[str, bool] = {}  # every get_attr of a name must fit
     for node in nodes:
         name = str(node.target)
-        if node.op != "get_attr" or name not in whole or name in found:
+        if node.op != "get_attr" or name not in whole or not fits.get(name, True):
             continue
-        if attribute(gm, name).dtype not in (torch.float32, torch.float16):
-            continue
-        frontier, fit = [node], True
+        frontier, fit = [node], attribute(gm, name).dtype in (torch.float32, torch.float16)
         while frontier and fit:
             here = frontier.pop()
             for user in here.users:
@@ -414,9 +412,8 @@ def _narrowable(
                 else:
                     operands = user.args if user.target is torch.ops.aten.mm.default else user.args[1:3]
                     fit = fit and user.target in products and here in operands and user.kwargs == {}
-        if fit:
-            found.add(name)
-    return found
+        fits[name] = fit
+    return {name for name, fit in fits.items() if fit}
 
 
 def _differentiable(nodes: list[Node], weights: set[str]) -> set[Node]:
