@@ -201,7 +201,7 @@ def test_16_bit_products_on_the_cpu_are_taken_in_float32_forward_and_backward(
     through explicit casts, also with the weight widened 8 columns at a time; anything else is
     left to run as it is."""
     from coreai_opt import _pieces
-    from coreai_opt.calibration._products import widened
+    from coreai_opt.calibration._products import native_bfloat16, widened
 
     monkeypatch.setattr(_pieces, "PIECE", 40 * 8)  # 3 pieces of the 24 columns
 
@@ -230,6 +230,9 @@ def test_16_bit_products_on_the_cpu_are_taken_in_float32_forward_and_backward(
     assert widened(aten.mm.default, (a.float(), b.float()), {}) is None
     assert widened(aten.add.Tensor, (a, a), {}) is None
     assert widened(aten.mm.default, (a.to(torch.float16), b.float()), {}) is None  # mixed, no bfloat16
+    with torch.no_grad():  # a forward pass alone: bfloat16 left to the CPU where it has the instructions
+        native = dtype == torch.bfloat16 and native_bfloat16()
+        assert (widened(aten.mm.default, (a, b), {}) is None) == native
 
 
 @pytest.mark.parametrize("wide", [torch.float32, torch.float16])

@@ -791,17 +791,11 @@ def _last_reads(graph: Any, state: set[Node], order: dict[Node, int]) -> list[tu
 
 def _bfloat16_products(device: torch.device) -> bool:
     """Whether the Fisher pass takes its weights' products in bfloat16 here (`_fisher`, fast
-    gradients): on a CPU whose matrix library has bfloat16 instructions, where float32's and
-    float16's products run at a fifth to a fifteenth of bfloat16's speed. A GPU keeps the
-    program's dtypes."""
-    import torch
+    gradients): on a CPU with bfloat16 instructions (`_products.native_bfloat16`). A GPU keeps
+    the program's dtypes."""
+    from ._products import native_bfloat16
 
-    if device.type != "cpu":
-        return False
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return device.type == "cpu" and native_bfloat16()
 
 
 def _place_factories(gm: GraphModule, device: torch.device) -> None:

@@ -11,17 +11,17 @@ and the cotangents of its outputs are pulled back to its inputs and its weights.
 squares are complete once its segment is done (a weight read in several segments joins them into
 one), so each is handed over then, and the segment's memory goes back before the next.
 
-The chain rule and its operands are those of one whole backward pass; only the order in which two
-segments' cotangents of one value add up can differ. A program with a single segment (one small
-enough that cutting saves nothing it needs, or nothing to cut) is one whole backward pass. On the
-CPU, 16-bit products are taken in float32 (`_products`: PyTorch's fp16 kernels are 25-50x slower
-for a gradient) - or, with fast gradients (a CPU with bfloat16 instructions, exact ones not asked
-for), the weights read only as a product's matrix are held in bfloat16 for the pass and their
-products taken there (`_products._Narrowed`, 3-5x float32's speed; each weight's squares within
-about 1% of the exact ones in norm on the test models) - and a segment's weights, mapped from the
-model file, leave the resident set once
-the pass is done with them for now (`_memory.page_out_mapped`), as the layer-by-layer passes
-that read each weight once never hold them.
+The chain rule and its operands are those of one whole backward pass (with exact gradients; fast
+ones round product operands to bfloat16, below); only the order in which two segments' cotangents
+of one value add up can differ. A program with a single segment (one small enough that cutting
+saves nothing it needs, or nothing to cut) is one whole backward pass. On the CPU, 16-bit products
+are taken in float32 (`_products`: PyTorch's fp16 kernels are 25-50x slower for a gradient) - or,
+with fast gradients (a CPU with bfloat16 instructions, exact ones not asked for), the weights read
+only as a product's matrix are held in bfloat16 for the pass and their products taken there
+(`_products._Narrowed`, 3-5x float32's speed; each weight's squares within about 1% of the exact
+ones in norm on the test models) - and a segment's weights, mapped from the model file, leave the
+resident set once the pass is done with them for now (`_memory.page_out_mapped`), as the
+layer-by-layer passes that read each weight once never hold them.
 """
 
 from __future__ import annotations
@@ -380,7 +380,8 @@ def _weight_reads(
     return {name: sorted(found) for name, found in reads.items()}, lookups
 
 
-_VIEWS = ("t", "permute", "transpose", "view", "reshape", "_unsafe_view", "alias", "unsqueeze", "squeeze")
+_VIEWS = ("t.default", "permute.default", "transpose.int", "view.default", "reshape.default",
+          "_unsafe_view.default", "alias.default", "unsqueeze.default", "squeeze.dim", "squeeze.dims")  # fmt: skip
 
 
 def _narrowable(
@@ -406,8 +407,8 @@ def _narrowable(
                 if user in lookups:
                     continue
                 if user in state:
-                    packet = getattr(user.target, "overloadpacket", None)
-                    fit = fit and getattr(packet, "__name__", "") in _VIEWS and user.args[0] is here
+                    view = str(user.target).removeprefix("aten.") in _VIEWS  # not view.dtype: other bits
+                    fit = fit and view and user.args[0] is here
                     frontier.append(user)
                 else:
                     operands = user.args if user.target is torch.ops.aten.mm.default else user.args[1:3]

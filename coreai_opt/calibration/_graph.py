@@ -23,7 +23,8 @@ def state_only(graph: Any) -> set[Node]:
 
 def call(gm: GraphModule, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], how: str) -> Any:
     """Run one computing node of `gm` on operands already fetched (`how`: the pass, for the error
-    a node of another kind gets); a 16-bit matrix product on the CPU in float32 (`_products`)."""
+    a node of another kind gets); a 16-bit matrix product on the CPU in float32, or one of a
+    bfloat16 weight in bfloat16 (`_products.widened`)."""
     if node.op == "call_function":
         from ._products import widened
 

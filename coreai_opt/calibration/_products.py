@@ -16,6 +16,7 @@ bfloat16 instructions run at 3-5x float32's speed.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -26,10 +27,26 @@ _MM, _ADDMM, _BMM = torch.ops.aten.mm.default, torch.ops.aten.addmm.default, tor
 _NARROW = (torch.float16, torch.bfloat16)
 
 
+@functools.cache
+def native_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (x86: AVX512-BF16 or AMX; other
+    CPUs: what oneDNN reports), where its products run at 3-5x float32's speed; elsewhere
+    bfloat16 is emulated, slower than float32."""
+    import platform
+
+    try:
+        if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+            return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def widened(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | None:
     """`target(*args, **kwargs)` taken in float32 where it is a matrix product of 16-bit CPU
-    tensors of one dtype, and in bfloat16 where one matrix is a bfloat16 weight and the other
-    wider (`_Narrowed`); None otherwise: the caller runs it as it is."""
+    tensors of one dtype (but bfloat16 without gradients on a CPU that has bfloat16 products),
+    and in bfloat16 where one matrix is bfloat16 (a weight the Fisher pass holds so) and the
+    other of another float dtype (`_Narrowed`); None otherwise: the caller runs it as it is."""
     if target not in (_MM, _ADDMM, _BMM) or not all(isinstance(a, torch.Tensor) for a in args):
         return None
     if any(a.device.type != "cpu" for a in args):
@@ -39,8 +56,10 @@ def widened(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any |
     if target is not _BMM and a.dtype != b.dtype and torch.bfloat16 in (a.dtype, b.dtype):
         return _Narrowed.apply(a, b, bias, beta, alpha)
     dtypes = {t.dtype for t in args}
-    if len(dtypes) != 1 or dtypes.pop() not in _NARROW:
+    if len(dtypes) != 1 or (dtype := dtypes.pop()) not in _NARROW:
         return None
+    if dtype == torch.bfloat16 and not torch.is_grad_enabled() and native_bfloat16():
+        return None  # a forward pass alone: the CPU's own bfloat16 products are the fast ones
     if target is _BMM:
         return _Batched.apply(*args)
     return _Product.apply(a, b, bias, beta, alpha)
@@ -131,7 +150,7 @@ class _Narrowed(torch.autograd.Function):
         out = (a16 @ b16).to(wide)
         if alpha != 1:
             out.mul_(alpha)
-        if bias is not None:
+        if bias is not None and beta != 0:  # addmm ignores the bias at beta 0, its NaNs too
             out.add_(bias.to(wide), alpha=beta)
         return out
 
