@@ -56,9 +56,8 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
     """The options every compression command takes besides its config's."""
     from coreai_opt.compression import ExecutorKind
 
-    keyword = _keyword
     return [
-        keyword(
+        _keyword(
             "calibration",
             typer.Option(
                 None,
@@ -71,7 +70,7 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
             ),
             str | None,
         ),
-        keyword(
+        _keyword(
             "calibration_samples",
             typer.Option(
                 None,
@@ -83,7 +82,7 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
             ),
             int | None,
         ),
-        keyword(
+        _keyword(
             "calibration_tokens",
             typer.Option(
                 None,
@@ -93,7 +92,7 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
             ),
             int | None,
         ),
-        keyword(
+        _keyword(
             "calibration_program",
             typer.Option(
                 None,
@@ -105,7 +104,7 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
             ),
             Path | None,
         ),
-        keyword(
+        _keyword(
             "device",
             typer.Option(
                 None,
@@ -115,13 +114,13 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
             str | None,
         ),
         _keyword("exact_gradients", _exact_gradients_option(), bool),
-        keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
-        keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
-        keyword("allow_empty", allow_empty_option(), bool),
-        keyword("force", force_option(), bool),
-        keyword("trust_pickle", trust_pickle_option(), bool),
-        keyword("quiet", quiet_option(), bool),
-        keyword("as_json", json_option(), bool),
+        _keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
+        _keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
+        _keyword("allow_empty", allow_empty_option(), bool),
+        _keyword("force", force_option(), bool),
+        _keyword("trust_pickle", trust_pickle_option(), bool),
+        _keyword("quiet", quiet_option(), bool),
+        _keyword("as_json", json_option(), bool),
     ]
 
 

@@ -104,8 +104,13 @@ class _Product(torch.autograd.Function):
                 grad_a.addmm_(g, b[:, piece].float().T)
             if grad_b is not None:
                 grad_b[:, piece] = wide @ g
-        grad_bias = (grad.float() * ctx.beta).sum_to_size(bias.shape).to(bias.dtype) if wants_bias else None
+        grad_bias = _bias_gradient(grad, ctx.beta, bias.shape, bias.dtype) if wants_bias else None
         return (None if grad_a is None else grad_a.to(a.dtype)), grad_b, grad_bias, None, None
+
+
+def _bias_gradient(grad: torch.Tensor, beta: float, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """addmm's bias gradient: beta x the output's, summed over what the bias was broadcast along."""
+    return (grad.float() * beta).sum_to_size(shape).to(dtype)
 
 
 class _Batched(torch.autograd.Function):
@@ -145,7 +150,7 @@ class _Narrowed(torch.autograd.Function):
         wide = a.dtype if b.dtype == torch.bfloat16 else b.dtype
         a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
         ctx.save_for_backward(a16, b16)
-        ctx.dtypes, ctx.wide, ctx.alpha, ctx.beta = (a.dtype, b.dtype), wide, alpha, beta
+        ctx.dtypes, ctx.alpha, ctx.beta = (a.dtype, b.dtype), alpha, beta
         ctx.bias = None if bias is None else (bias.shape, bias.dtype)
         out = (a16 @ b16).to(wide)
         if alpha != 1:
@@ -161,8 +166,5 @@ class _Narrowed(torch.autograd.Function):
         wants_a, wants_b, wants_bias = ctx.needs_input_grad[:3]
         grad_a = _in_layout(g16, b16.T, a16).to(ctx.dtypes[0]) if wants_a else None
         grad_b = _in_layout(a16.T, g16, b16).to(ctx.dtypes[1]) if wants_b else None
-        grad_bias = None
-        if wants_bias:
-            shape, dtype = ctx.bias
-            grad_bias = (grad.float() * ctx.beta).sum_to_size(shape).to(dtype)
+        grad_bias = _bias_gradient(grad, ctx.beta, *ctx.bias) if wants_bias else None
         return grad_a, grad_b, grad_bias, None, None
