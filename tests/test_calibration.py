@@ -201,7 +201,8 @@ def test_16_bit_products_on_the_cpu_are_taken_in_float32_forward_and_backward(
     through explicit casts, also with the weight widened 8 columns at a time; anything else is
     left to run as it is."""
     from coreai_opt import _pieces
-    from coreai_opt.calibration._products import native_bfloat16, widened
+    from coreai_opt._cpu import native_bfloat16
+    from coreai_opt.calibration._products import widened
 
     monkeypatch.setattr(_pieces, "PIECE", 40 * 8)  # 3 pieces of the 24 columns
 

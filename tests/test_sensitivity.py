@@ -1,5 +1,6 @@
 """`coreopt sensitivity`: each weight's trial, resumed from its first reader, measures exactly
-what evaluating a program with only that weight compressed measures."""
+what evaluating a program with only that weight compressed measures; with bfloat16 differences,
+what the exact trial measures to a fraction of a percent."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def test_each_weights_measure_is_the_evaluation_of_it_alone(exported) -> None:
     from coreai_opt.recipes import compress_file
 
     config = PalettizeConfig(n_bits=2, weight_num_threshold=0)
-    result = weight_sensitivity(exported["ref"], config, text=exported["text"])
+    result = weight_sensitivity(exported["ref"], config, text=exported["text"], exact_products=True)
+    assert result.products == "exact"
     names = [w.name for w in result.weights]
     assert "lm_head.weight" in names and "model.layers.1.mlp.down_proj.weight" in names
     assert len(names) == 2 * 7 + 2  # every projection, the embedding and the head (norms are small vectors)
@@ -72,6 +74,15 @@ def test_sensitivity_cli_json_and_config_forms(exported, coreopt, tmp_path: Path
         and doc["scored_tokens"] == 4 * (SEQ - 1)
     )
     assert doc["weights"][0]["kl_mean"] >= doc["weights"][-1]["kl_mean"] and doc["rank_correlation"] is None
+    from coreai_opt._cpu import native_bfloat16
+
+    assert doc["products"] == ("bfloat16 differences" if native_bfloat16() else "exact")
+    exact = coreopt("sensitivity", exported["ref"], "--text", exported["text"], "--config", spec, "--json",
+                    "--no-estimate", "--max-tokens", 64, "--exact-products")  # fmt: skip
+    assert exact.exit_code == 0, exact.stderr
+    again = json.loads(exact.stdout)
+    assert again["products"] == "exact"
+    assert [w["name"] for w in again["weights"][:3]] == [w["name"] for w in doc["weights"][:3]]
     bad = coreopt("sensitivity", exported["ref"], "--text", exported["text"], "--config", "quantize:nbits=4")
     assert bad.exit_code == 2 and "--config" in bad.stderr
 
@@ -86,7 +97,7 @@ def test_a_trials_kl_read_off_its_difference_from_the_reference_is_the_textbook_
     of those. Windows overlap, so each scores only the rows after its carried-over context."""
     import torch
 
-    from coreai_opt.evaluation._sensitivity import _Reference
+    from coreai_opt.evaluation._scores import Reference
     from coreai_opt.evaluation._tokens import Windows
 
     generator = torch.Generator().manual_seed(3)
@@ -101,8 +112,8 @@ def test_a_trials_kl_read_off_its_difference_from_the_reference_is_the_textbook_
         reference[..., 7] += 150.0
         candidate[..., 7] += 150.0
         candidate[..., 8] += 200.0
-    held = _Reference(reference, ids, batch, windows, first=1)
-    held._ROWS = 4  # several pieces a window
+    held = Reference(reference, ids, batch, windows, first=1)
+    held.ROWS = 4  # several pieces a window
     kl, nll, agree = held.against(candidate)
 
     def scored(logits: torch.Tensor) -> torch.Tensor:
@@ -120,3 +131,144 @@ def test_a_trials_kl_read_off_its_difference_from_the_reference_is_the_textbook_
     assert agree == (0 if peaked else agree) and (scale < 1 or agree < rows)
     assert held.nll == pytest.approx(-float(logp.gather(1, targets).sum()), rel=1e-12)
     assert abs(held.against(reference + 5.0)[0]) < 1e-7 * rows  # a shift of every logit changes nothing
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_bfloat16_differences_measure_what_exact_trials_do(family: str, tmp_path: Path) -> None:
+    """Every weight's trial with its products as the reference's plus bfloat16 products of the
+    differences, the head left factored, against the exact float32 trial: KL, NLL and top-1 of
+    each weight close, the ranking the same. GPT-2 reads its weights through addmm with a bias."""
+    from coreai_opt.compression import PalettizeConfig, trial_encodings
+    from coreai_opt.evaluation import spearman
+    from coreai_opt.evaluation._sensitivity import _Resumable, _trials
+    from coreai_opt.evaluation._text import _Counter
+    from coreai_opt.evaluation._tokens import Windows, text_token_ids
+    from coreai_opt.io import load_pt2
+    from coreai_opt.models import export_file
+
+    path = export_file(hf_folder(family, tmp_path), tmp_path / "m.pt2", seq_len=SEQ, batch=2).output
+    ep = load_pt2(path)
+    trials, _ = _trials(ep, PalettizeConfig(n_bits=2, weight_num_threshold=0), trial_encodings)
+    decoded = {name: t[2] for name, t in trials.items()}
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    ids = text_token_ids(text, path.with_suffix(".tokenizer.json"))[: 6 * SEQ]
+    windows = Windows(len(ids), SEQ, SEQ)
+    found = {}
+    for differences in (False, True):
+        runner = _Resumable(ep, path, differences)
+        assert (runner.head is not None) == differences  # the logits' product, factored
+        found[differences], _ = runner.sums(ids, windows, decoded, _Counter(None, 1))
+    exact, fast = found[False], found[True]
+    assert len(exact) >= 10
+    for name, (kl, nll, agree) in exact.items():
+        assert kl > 0  # down to 3e-7 nats a token (the q / k projections)
+        assert fast[name][0] == pytest.approx(kl, rel=5e-3), name  # seen: 0.16% at most
+        assert fast[name][1] == pytest.approx(nll, rel=5e-5), name
+        assert abs(fast[name][2] - agree) <= 1 + windows.scored // 100, name
+    assert spearman([v[0] for v in exact.values()], [fast[n][0] for n in exact]) > 0.99
+
+
+@pytest.mark.parametrize(
+    ("scale", "peaked"), [(2.0**-10, False), (2.0**-3, False), (2.0**3, False), (2.0**-3, True)]
+)
+def test_a_factored_heads_scores_are_those_of_its_logits(scale: float, peaked: bool) -> None:
+    """`against_head` (the logits' change kept as bfloat16 factors, scored a few vocabulary columns
+    at a time, rows past FAR from their logits) against `against` on the logits multiplied out:
+    the factors are small multiples of a power of two, so both see the very same d."""
+    import torch
+
+    from coreai_opt.evaluation._deltas import HeadDelta
+    from coreai_opt.evaluation._scores import Reference
+    from coreai_opt.evaluation._tokens import Windows
+
+    generator = torch.Generator().manual_seed(5)
+    batch, length, stride, vocab, inner = 3, 11, 6, 300, 8
+    windows = Windows(length + stride * 2 * batch, length, stride)
+    ids = torch.randint(0, vocab, (batch, length), generator=generator)
+    reference = 4 * torch.randn(batch, length, vocab, generator=generator)
+    if peaked:  # every other token below e^-140 for the reference
+        reference[..., 7] += 150.0
+    left = (torch.randint(-2, 3, (batch * length, inner), generator=generator) * scale).bfloat16()
+    right = torch.randint(-2, 3, (inner, vocab), generator=generator).bfloat16()
+    change = (left.float() @ right.float()).reshape(batch, length, vocab)
+    assert torch.equal(change.bfloat16().float(), change)  # exact in bfloat16 and float32
+    held = Reference(reference, ids, batch, windows, first=1)
+    held.COLUMNS = 64  # several pieces a row, the last one short
+    expected = held.against(reference + change)
+    kl, nll, agree = held.against_head(HeadDelta([(left, right)], 1.0))
+    assert kl == pytest.approx(expected[0], rel=1e-4, abs=1e-7)
+    assert nll == pytest.approx(expected[1], rel=1e-6)
+    assert agree == expected[2]
+    assert (scale < 1) == (float(change.amax()) < Reference.FAR)  # the large scale goes past FAR
+    two = HeadDelta([(left, right), (left, right)], 0.5)  # two terms, halved: the same change
+    assert held.against_head(two) == pytest.approx((kl, nll, agree), rel=1e-6)
+    assert held.against_head(HeadDelta([], 1.0)) == (0.0, held.nll, len(held.targets))
+
+
+def test_difference_products_never_write_the_reference() -> None:
+    """mm and addmm in a trial: the reference's output plus bfloat16 products of what changed -
+    the operand that moved, the weight swapped, or both - close to the float32 product, the
+    recorded tensors untouched, and the reference's own tensor where nothing changed."""
+    import torch
+    from torch import fx
+
+    from coreai_opt.evaluation._deltas import DeltaProducts
+
+    aten = torch.ops.aten
+    module = torch.nn.Module()
+    generator = torch.Generator().manual_seed(0)
+    module.w = torch.nn.Parameter(torch.randn(6, 5, generator=generator))
+    module.bias = torch.nn.Parameter(torch.randn(6, generator=generator))
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    weight = graph.call_function(aten.permute.default, (graph.get_attr("w"), [1, 0]))
+    mm = graph.call_function(aten.mm.default, (x, weight))
+    addmm = graph.call_function(aten.addmm.default, (graph.get_attr("bias"), x, weight), {"alpha": 0.5})
+    graph.output((mm, addmm))
+    deltas = DeltaProducts(list(graph.nodes))
+    assert deltas.products == {mm, addmm}
+    xs = torch.randn(4, 5, generator=generator)
+    w_t = module.w.detach().t()
+    refs = {}
+    for node in (mm, addmm):
+        args = (xs, w_t) if node is mm else (module.bias.detach(), xs, w_t)
+        out = node.target(*args, **node.kwargs)
+        deltas.record(node, args, node.kwargs, out)
+        refs[node] = (args, out, out.clone())
+    moved = xs + 1e-2 * torch.randn(4, 5, generator=generator)
+    swapped = (module.w.detach() + 1e-2 * torch.randn(6, 5, generator=generator)).t()
+    for x_now, w_now in ((xs, w_t), (moved, w_t), (xs, swapped), (moved, swapped)):
+        deltas.swapped = "w" if w_now is swapped else "elsewhere"
+        for node in (mm, addmm):
+            args = (x_now, w_now) if node is mm else (module.bias.detach(), x_now, w_now)
+            got = deltas.product(node, args, node.kwargs)
+            if x_now is xs and w_now is w_t:
+                assert got is refs[node][1]  # nothing changed
+                continue
+            exact = node.target(*args, **node.kwargs)
+            change = exact - refs[node][1]
+            assert float((got - exact).abs().max()) < 2e-2 * float(change.abs().max()), node
+            assert torch.equal(refs[node][1], refs[node][2])  # the reference kept as it was
+
+
+def test_the_estimate_is_per_token_whatever_the_number_of_samples(exported, tmp_path: Path) -> None:
+    """The Fisher estimate of a text of one sample (2 windows of SEQ words) and of that text three
+    times (three equal samples): the same per-token value (F is a mean over the samples)."""
+    from coreai_opt.compression import QuantizeConfig, trial_encodings
+    from coreai_opt.evaluation._sensitivity import WeightSensitivity, _estimate, _trials
+    from coreai_opt.io import load_pt2
+    from coreai_opt.models import model_tokenizer
+
+    ep = load_pt2(exported["ref"])
+    trials, _ = _trials(ep, QuantizeConfig(dtype="int4", weight_num_threshold=0), trial_encodings)
+    words = TEXT.split()[: 2 * SEQ]
+    found = []
+    for times in (1, 3):
+        text = tmp_path / f"text{times}.txt"
+        text.write_text(" ".join(words * times), encoding="utf-8")
+        rows = [WeightSensitivity(name, (), 0, 0) for name in trials]
+        _estimate(ep, rows, trials, (text, model_tokenizer(exported["ref"]), None), True)
+        found.append([r.estimate for r in rows])
+    assert all(e is not None and e > 0 for e in found[0])
+    assert found[1] == pytest.approx(found[0], rel=1e-5)

@@ -35,6 +35,13 @@ def sensitivity(
     estimate: bool = typer.Option(
         True, "--estimate/--no-estimate", help="Also the Fisher estimate (--text)."
     ),
+    exact_products: bool = typer.Option(
+        False,
+        "--exact-products",
+        help="Take every trial's matrix products (and the estimate's gradients) in the program's own "
+        "dtypes. By default, on CPUs with bfloat16 instructions, a trial's products are the reference's "
+        "plus bfloat16 products of the differences: ~2.4x faster, KLs within ~0.3%.",
+    ),
     top: int = typer.Option(20, "--top", min=1, help="Rows shown at each end of the ranking (--json: all)."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
@@ -62,7 +69,7 @@ def sensitivity(
     ):
         result = weight_sensitivity(
             model, parsed, text=text, tokens=tokens, tokenizer=tokenizer, max_tokens=max_tokens,
-            estimate=estimate, progress=bar,
+            estimate=estimate, exact_products=exact_products, progress=bar,
         )  # fmt: skip
     if as_json:
         print_json(result.to_dict())
@@ -88,7 +95,8 @@ def _render(result: Any, top: int) -> None:
     w = result.windows
     console.print(
         f"[bold]{shown(result.program.name)}[/bold], {result.config['kind']} on {w.scored} tokens "
-        f"({len(w.starts)} windows of {w.length}), reference perplexity {result.reference_perplexity:.3f}"
+        f"({len(w.starts)} windows of {w.length}), reference perplexity {result.reference_perplexity:.3f}, "
+        f"products: {result.products}"
     )
     rows_in = (
         result.weights if len(result.weights) <= 2 * top else result.weights[:top] + result.weights[-top:]

@@ -791,9 +791,9 @@ def _last_reads(graph: Any, state: set[Node], order: dict[Node, int]) -> list[tu
 
 def _bfloat16_products(device: torch.device) -> bool:
     """Whether the Fisher pass takes its weights' products in bfloat16 here (`_fisher`, fast
-    gradients): on a CPU with bfloat16 instructions (`_products.native_bfloat16`). A GPU keeps
+    gradients): on a CPU with bfloat16 instructions (`coreai_opt._cpu.native_bfloat16`). A GPU keeps
     the program's dtypes."""
-    from ._products import native_bfloat16
+    from coreai_opt._cpu import native_bfloat16
 
     return device.type == "cpu" and native_bfloat16()
 

@@ -16,30 +16,15 @@ bfloat16 instructions run at 3-5x float32's speed.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 
 from coreai_opt import _pieces
+from coreai_opt._cpu import native_bfloat16
 
 _MM, _ADDMM, _BMM = torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default
 _NARROW = (torch.float16, torch.bfloat16)
-
-
-@functools.cache
-def native_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in hardware (x86: AVX512-BF16 or AMX; other
-    CPUs: what oneDNN reports), where its products run at 3-5x float32's speed; elsewhere
-    bfloat16 is emulated, slower than float32."""
-    import platform
-
-    try:
-        if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
-            return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def widened(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | None:
