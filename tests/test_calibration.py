@@ -183,6 +183,26 @@ def _whole_backward_squares(program: torch.export.ExportedProgram, names: list[s
     return {name: total / len(inputs) for name, total in zip(names, totals, strict=True)}
 
 
+def test_a_token_taggers_loss_is_no_next_token_loss() -> None:
+    """A token tagger's output is [batch, tokens, labels] like a language model's logits, but its
+    labels are not its ids: the loss is the random-sign projection, not a cross entropy whose
+    targets (ids up to 99) would index past its 5 labels. A language model's ids stay targets."""
+    from coreai_opt.calibration._capture import _loss
+
+    torch.manual_seed(0)
+    embed, head = torch.nn.Embedding(100, 8), torch.nn.Linear(8, 5)
+    ids = torch.tensor([[3, 99, 42, 7], [0, 1, 98, 2]])
+    scores = head(embed(ids))
+    loss, rows = _loss(scores, (ids,), torch.Generator().manual_seed(0))
+    assert rows == scores.numel() and torch.isfinite(loss)
+    logits = torch.nn.Linear(8, 100)(embed(ids))
+    loss, rows = _loss(logits, (ids,), torch.Generator().manual_seed(0))
+    expected = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, 100), ids[:, 1:].reshape(-1), reduction="sum"
+    )
+    assert rows == 6 and float(loss) == pytest.approx(float(expected), rel=1e-6)
+
+
 @pytest.fixture
 def cut_small_programs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Cut these small programs as a billion-parameter one is cut (by default a program whose

@@ -603,12 +603,13 @@ def _float_leaves(output: Any) -> list[torch.Tensor]:
 
 def _language_ids(leaves: list[torch.Tensor], inputs: tuple[Any, ...]) -> torch.Tensor | None:
     """The [batch, tokens] ids of a language model's sample (its first output is logits
-    [batch, tokens, vocabulary]), or None for any other model."""
+    [batch, tokens, vocabulary] over a vocabulary that holds every id), or None for any other
+    model - a token tagger's [batch, tokens, labels] scores included: its labels are not its ids."""
     ids = next((t for t in inputs if not t.is_floating_point() and t.dim() == 2), None)
     first = leaves[0]
-    if ids is not None and first.dim() == 3 and first.shape[:2] == ids.shape and first.shape[1] > 1:
-        return ids
-    return None
+    if ids is None or first.dim() != 3 or first.shape[:2] != ids.shape or first.shape[1] < 2:
+        return None
+    return ids if int(ids.min()) >= 0 and int(ids.max()) < first.shape[-1] else None
 
 
 def _divergence(output: Any, reference: Any, inputs: tuple[Any, ...]) -> torch.Tensor:
