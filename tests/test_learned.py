@@ -664,6 +664,13 @@ def test_exact_gradients_reach_the_fisher_pass_from_the_cli_and_recipes(
     assert len(list((tmp_path / "cache").glob("*.fisher"))) == 2
     refused = coreopt("palettize", SAMPLES / "mlp.pt2", "--exact-gradients", "-o", tmp_path / "n.pt2")
     assert refused.exit_code == 2 and "--exact-gradients" in refused.stderr
+    gptq = coreopt("quantize", SAMPLES / "mlp.pt2", "--dtype", "int4", "--method", "gptq", "--calibration", "random",
+                   "--exact-gradients", "-o", tmp_path / "g.pt2")  # fmt: skip
+    assert (
+        gptq.exit_code == 2
+        and "from gradients" in " ".join(gptq.stderr.split())
+        and not (tmp_path / "g.pt2").exists()
+    )
     step = Compress(config=PalettizeConfig(method="sensitive"), calibration="random", exact_gradients=True)
     assert (
         Compress.from_dict(step.to_dict()) == step

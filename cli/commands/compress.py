@@ -175,16 +175,25 @@ def kmeans_kernels(enabled: bool) -> None:
 
 
 def _learning_checks(config_type: type, values: dict[str, Any]) -> None:
-    """--device and --calibration-program serve methods that learn from data, with --calibration."""
+    """--device, --calibration-program and --exact-gradients serve methods that learn from data (the
+    last: from gradients), with --calibration."""
     from coreai_opt.compression import algorithm_named
+    from coreai_opt.weights import Needs
 
     method = values["method"].value if hasattr(values["method"], "value") else values["method"]
     for key, flag in (("device", "--device"), ("calibration_program", "--calibration-program"),
                       ("exact_gradients", "--exact-gradients")):  # fmt: skip
         if values.get(key) in (None, False):
             continue
-        if algorithm_named(config_type, method).data_free:
+        algorithm = algorithm_named(config_type, method)
+        if algorithm.data_free:
             raise typer.BadParameter(f"{flag} serves a --method that learns from data", param_hint=flag)
+        if key == "exact_gradients" and algorithm.needs is not Needs.GRADIENT_SQUARES:
+            raise typer.BadParameter(
+                f"{flag} serves a --method that learns from gradients (palettize --method sensitive); "
+                f"--method {method} takes none",
+                param_hint=flag,
+            )
         if values["calibration"] is None:
             raise typer.BadParameter(f"{flag} comes with --calibration", param_hint=flag)
 
