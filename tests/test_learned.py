@@ -714,7 +714,7 @@ def _column_grid(
 def test_the_fused_block_kernel_holds_and_rounds_as_the_torch_loop(
     layer: dict[str, torch.Tensor], name: str
 ) -> None:
-    """GPTQ's one-kernel block (Triton's interpreter here; bench/learned_device.py on a GPU) gives
+    """GPTQ's one-kernel block (on a GPU where there is one, else in Triton's interpreter) gives
     the torch loop's float32 held values and float64 scaled errors, so the same rounded values,
     on every kind of grid: integers with constant and per-element bounds, float elements under
     power-of-two and float scales, look-up tables. The columns hold exact half steps, values
@@ -732,19 +732,36 @@ def test_the_fused_block_kernel_holds_and_rounds_as_the_torch_loop(
     probe[:, 0:8] = (torch.arange(-4, 4).double() + 0.5) * steps[:, 0:8]  # exact half steps
     probe[:, 8:12] *= 40  # far beyond every grid
     probe[:3, 12:16] = 0.0
+    probe[:3, 32] = -0.0  # a block's first column: rounded as read, its sign kept
+    probe[5, 40] = torch.nan  # a NaN weight: its row NaN from there on, as the loop has it
     if grid.table is not None:  # halfway between a row's two first entries
         probe[:, 0] = (grid.table[:, 0] + grid.table[:, 1]) / 2
     gram = layer["gram"][:COLUMNS, :COLUMNS]
     order = torch.arange(COLUMNS)
     upper = inverse_cholesky(gram).contiguous()
     held = {kind: torch.zeros(rows, COLUMNS) for kind in ("loop", "kernel")}
+    gpu = torch.device("cuda") if torch.cuda.is_available() else None  # the real kernel, on a GPU
+    there = (lambda t: t.to(gpu)) if gpu else (lambda t: t)
+    on_device = [there(t) for t in (probe, upper, order, held["kernel"])]
     for a, b in ((0, 32), (32, 56), (56, 64)):  # a full block, then two partial ones
         loop = _solve_columns(probe, a, b, upper, order.tolist(), grid, held["loop"])
-        errors = torch.empty(rows, width, dtype=torch.float64)
-        fused = solve_block(probe, a, b, upper, order, grid.contiguous(), held["kernel"], errors)
-        assert torch.equal(fused, loop), (a, (fused - loop).abs().max())
-        assert fused.abs().amax() > 0
-    assert torch.equal(held["kernel"], held["loop"])
+        errors = there(torch.empty(rows, width, dtype=torch.float64))
+        w, u, o, kept = on_device
+        fused = solve_block(w, a, b, u, o, grid.contiguous()._each(there), kept, errors).cpu()
+        assert _same_bits(fused, loop), (a, (fused - loop).abs().max())
+        assert fused.nan_to_num().abs().amax() > 0
+    held["kernel"] = on_device[3].cpu()
+    assert _same_bits(held["kernel"], held["loop"]) and held["loop"][5].isnan().any()
+    assert torch.signbit(held["kernel"][:3, 32]).all()
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (the sign of zero included), NaN where the other is NaN."""
+    nan = a.isnan()
+    if not torch.equal(nan, b.isnan()):
+        return False
+    bits = torch.int64 if a.dtype == torch.float64 else torch.int32
+    return torch.equal(a[~nan].view(bits), b[~nan].view(bits))
 
 
 def test_gptq_with_the_fused_kernel_stores_the_same_codes(

@@ -273,7 +273,7 @@ def _onto_float_grid(t: torch.Tensor, mbits: int, emin: int, largest: float) -> 
     """t (float64) rounded to nearest, ties to even, on a float element grid of `mbits` mantissa
     bits and lowest normal exponent `emin` (subnormals below it), saturated at +-`largest`: the
     step of t's binade is a power of two read off its exponent field, so t / step is exact and one
-    round decides (`_gptq_kernel._onto_float_grid` is the same arithmetic, but for -0's sign)."""
+    round decides (`_gptq_kernel._onto_float_grid` is the same arithmetic)."""
     magnitude = t.abs()
     field = (magnitude.view(torch.int64) >> 52) & 0x7FF
     exponent = torch.clamp_min(field - 1023, emin)

@@ -33,7 +33,15 @@ def _rint(x):
     magnitude = tl.abs(x)
     rounded = (magnitude + 4503599627370496.0) - 4503599627370496.0  # 2**52: exact in any float
     rounded = tl.where(magnitude < 4503599627370496.0, rounded, magnitude)
-    return tl.where(x < 0, -rounded, rounded)
+    return _signed(rounded, x)
+
+
+@triton.jit
+def _signed(magnitude, x):
+    """magnitude (float64, sign bit clear) with x's sign bit: copysign, so -0 stays -0 as
+    torch.round and tcast keep it. Not -magnitude: Triton negates as 0 - x, which gives +0."""
+    sign = (x.to(tl.int64, bitcast=True) >> 63) << 63
+    return (magnitude.to(tl.int64, bitcast=True) | sign).to(tl.float64, bitcast=True)
 
 
 @triton.jit
@@ -46,7 +54,7 @@ def _onto_float_grid(t, MBITS: tl.constexpr, EMIN: tl.constexpr, LARGEST: tl.con
     exponent = tl.maximum(field - 1023, EMIN)
     step = ((exponent - MBITS + 1023) << 52).to(tl.float64, bitcast=True)
     rounded = tl.minimum(_rint(magnitude / step) * step, LARGEST)
-    return tl.where(t < 0, -rounded, rounded)
+    return _signed(rounded, t)
 
 
 @triton.jit
@@ -69,7 +77,10 @@ def _solve_block(
     for i in range(0, width):
         at = start + i
         here = c[None, :] == i
-        column = tl.sum(tl.where(here, tile, -0.0), axis=1).to(tl.float32)  # x + -0 is x: exact
+        # the column's bits summed with zeros: its value exactly, -0 and NaN included (a float sum
+        # from a +0 start turns -0 into +0)
+        bits = tl.sum(tl.where(here, tile.to(tl.int64, bitcast=True), 0), axis=1)
+        column = bits.to(tl.float64, bitcast=True).to(tl.float32)
         tl.store(held_ptr + r * columns + at, column, mask=live)
         v = column.to(tl.float64)
         j = tl.load(order_ptr + at)
@@ -91,7 +102,7 @@ def _solve_block(
                     hi = tl.load(high_ptr + r * columns + j, mask=live, other=0.0).to(tl.float64)
                 else:
                     lo, hi = low, high
-                q = tl.minimum(tl.maximum(_rint(v / s), lo), hi) * s
+                q = tl.minimum(tl.maximum(_rint(v / s), lo), hi) * s  # NaN v: its error NaN all the same
             else:
                 q = (_onto_float_grid(v / s, MBITS, EMIN, LARGEST) * s).to(tl.float32).to(tl.float64)
         pivot = tl.load(upper_ptr + at * columns + at)
