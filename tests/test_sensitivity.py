@@ -178,7 +178,7 @@ def test_a_factored_heads_scores_are_those_of_its_logits(scale: float, peaked: b
     the factors are small multiples of a power of two, so both see the very same d."""
     import torch
 
-    from coreai_opt.evaluation._deltas import HeadDelta
+    from coreai_opt.evaluation._deltas import FactoredChange
     from coreai_opt.evaluation._scores import Reference
     from coreai_opt.evaluation._tokens import Windows
 
@@ -196,14 +196,14 @@ def test_a_factored_heads_scores_are_those_of_its_logits(scale: float, peaked: b
     held = Reference(reference, ids, batch, windows, first=1)
     held.COLUMNS = 64  # several pieces a row, the last one short
     expected = held.against(reference + change)
-    kl, nll, agree = held.against_head(HeadDelta([(left, right)], 1.0))
+    kl, nll, agree = held.against_head(FactoredChange([(left, right)], 1.0))
     assert kl == pytest.approx(expected[0], rel=1e-4, abs=1e-7)
     assert nll == pytest.approx(expected[1], rel=1e-6)
     assert agree == expected[2]
     assert (scale < 1) == (float(change.amax()) < Reference.FAR)  # the large scale goes past FAR
-    two = HeadDelta([(left, right), (left, right)], 0.5)  # two terms, halved: the same change
+    two = FactoredChange([(left, right), (left, right)], 0.5)  # two terms, halved: the same change
     assert held.against_head(two) == pytest.approx((kl, nll, agree), rel=1e-6)
-    assert held.against_head(HeadDelta([], 1.0)) == (0.0, held.nll, len(held.targets))
+    assert held.against_head(FactoredChange([], 1.0)) == (0.0, held.nll, len(held.targets))
 
 
 def test_difference_products_never_write_the_reference() -> None:
@@ -268,7 +268,45 @@ def test_the_estimate_is_per_token_whatever_the_number_of_samples(exported, tmp_
         text = tmp_path / f"text{times}.txt"
         text.write_text(" ".join(words * times), encoding="utf-8")
         rows = [WeightSensitivity(name, (), 0, 0) for name in trials]
-        _estimate(ep, rows, trials, (text, model_tokenizer(exported["ref"]), None), True)
+        _estimate(
+            ep, rows, trials, text, tokenizer=model_tokenizer(exported["ref"]), max_tokens=None, exact=True
+        )
         found.append([r.estimate for r in rows])
     assert all(e is not None and e > 0 for e in found[0])
     assert found[1] == pytest.approx(found[0], rel=1e-5)
+
+
+def test_difference_products_take_each_batchs_activations_and_stay_off_where_they_cannot() -> None:
+    """An activation x activation product whose right operand is a value from before the cut:
+    each batch's own (no bfloat16 copy kept across batches, which only a weight's may be);
+    16-bit products recorded as nothing (they run as they are); a graph with an in-place op left
+    to exact trials."""
+    import torch
+    from torch import fx
+
+    from coreai_opt.evaluation._deltas import DeltaProducts
+
+    aten = torch.ops.aten
+    graph = fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    mm = graph.call_function(aten.mm.default, (x, y))
+    graph.output(mm)
+    deltas = DeltaProducts(list(graph.nodes))
+    assert DeltaProducts.applies(list(graph.nodes))
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(2):  # two batches
+        a, b = torch.randn(4, 6, generator=generator), torch.randn(6, 5, generator=generator)
+        deltas.clear()
+        deltas.record(mm, (a, b), {}, a @ b)
+        moved = a + 1e-2 * torch.randn(4, 6, generator=generator)
+        got = deltas.product(mm, (moved, b), {})
+        change = moved @ b - a @ b
+        assert float((got - moved @ b).abs().max()) < 2e-2 * float(change.abs().max())
+    assert deltas.recorded
+    half = DeltaProducts(list(graph.nodes))
+    a16, b16 = torch.randn(4, 6).half(), torch.randn(6, 5).half()
+    half.record(mm, (a16, b16), {}, a16 @ b16)
+    assert not half.recorded and half.product(mm, (a16 + 1, b16), {}) is None
+    with graph.inserting_before(graph.output_node()):
+        graph.call_function(aten.add_.Tensor, (x, y))
+    assert not DeltaProducts.applies(list(graph.nodes))

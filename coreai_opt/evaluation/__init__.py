@@ -10,6 +10,7 @@ from ._sensitivity import (
     WeightSensitivity,
     spearman,
     trial_divergences,
+    trial_products,
     weight_sensitivity,
 )
 from ._text import TextEvaluation, TextScore, evaluate_text
@@ -28,5 +29,6 @@ __all__ = [
     "spearman",
     "text_token_ids",
     "trial_divergences",
+    "trial_products",
     "weight_sensitivity",
 ]

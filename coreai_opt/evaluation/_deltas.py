@@ -8,7 +8,9 @@ a'b' - ab = (a' - a) b' + a (b' - b), and those may be taken in bfloat16: roundi
 most of a trial's arithmetic, run at 3-5x float32's speed on CPUs with bfloat16 instructions
 (`coreai_opt._cpu.native_bfloat16`). Taking the trial's products in bfloat16 outright would
 add rounding noise of ~2^-8 of the values themselves, which swamps the least sensitive weights.
-Everything but the float32 `mm` / `addmm` products runs as the program has it.
+Everything but the float32 `mm` / `addmm` products runs as the program has it; a program with
+in-place ops is left to exact trials (`applies`): a trial hands the reference's own tensors on
+where nothing changed, and an in-place op would write them.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from coreai_opt._aten import aten
+
 if TYPE_CHECKING:
     from torch.fx import Node
 
-_MM, _ADDMM = torch.ops.aten.mm.default, torch.ops.aten.addmm.default
+_MM, _ADDMM = aten.mm.default, aten.addmm.default
+_RESHAPES = frozenset({aten.view, aten.reshape, aten._unsafe_view})  # rows kept in row-major order
 
 
 class DeltaProducts:
@@ -31,17 +36,42 @@ class DeltaProducts:
         self.sources = _constant_sources(nodes)
         self.products = {n for n in nodes if n.op == "call_function" and n.target in (_MM, _ADDMM)}
         self.reference: dict[Node, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
-        self.narrow: dict[Node, torch.Tensor] = {}  # bfloat16 copies of unchanged constant operands
+        self.narrow: dict[Node, torch.Tensor] = {}  # bfloat16 copies of constant operands
         self.swapped: str | None = None
+        self.recorded = False  # whether any product was (float32): what a result reports
+
+    @staticmethod
+    def applies(nodes: list[Node]) -> bool:
+        """Whether the graph has no in-place op (see the module)."""
+        schemas = (getattr(n.target, "_schema", None) for n in nodes if n.op == "call_function")
+        return not any(schema is not None and schema.is_mutable for schema in schemas)
 
     def clear(self) -> None:
         """A new batch: the last one's reference values let go."""
         self.reference.clear()
 
+    def release(self) -> None:
+        """The measurement done: the recorded values and the bfloat16 copies let go."""
+        self.reference.clear()
+        self.narrow.clear()
+
+    def head(self, output: Node, shape: tuple[int, ...]) -> Node | None:
+        """The product whose [batch * tokens, vocabulary] output the program's first output
+        (logits of `shape`) is through reshapes alone: a trial leaves its change factored for the
+        scorer (`Reference.against_head`). None where there is no such product."""
+        node = next((n for n in torch.utils._pytree.tree_leaves(output.args[0]) if hasattr(n, "op")), None)
+        while node is not None and getattr(node.target, "overloadpacket", None) in _RESHAPES:
+            node = node.args[0]
+        value = getattr(node, "meta", {}).get("val")
+        batch, tokens, vocabulary = shape
+        flat = value is not None and tuple(value.shape) == (batch * tokens, vocabulary)
+        return node if flat and node in self.products else None
+
     def record(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         tensors = (*args, out)
         if all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in tensors):
             self.reference[node] = (tuple(args), out)
+            self.recorded = True
 
     def product(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
         """The trial's value of `node` (a product the reference recorded), None for the caller to
@@ -55,7 +85,7 @@ class DeltaProducts:
             out = torch.add(out, term, alpha=found.alpha) if i == 0 else out.add_(term, alpha=found.alpha)
         return out
 
-    def factored(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HeadDelta | None:
+    def factored(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FactoredChange | None:
         """The trial's change to `node`'s output as bfloat16 factors; None as in `product`."""
         found = self.reference.get(node)
         if found is None or any(not isinstance(a, torch.Tensor) or a.dtype != torch.float32 for a in args):
@@ -75,7 +105,7 @@ class DeltaProducts:
             terms.append(((a - a_ref).bfloat16(), right))
         if changed[1]:
             terms.append((a_ref.bfloat16(), (b - b_ref).bfloat16()))
-        return HeadDelta(terms, alpha)
+        return FactoredChange(terms, alpha)
 
     def _unchanged(self, operand: Any, value: Any, reference: Any) -> bool:
         """A constant not derived from the swapped weight, or the reference's own tensor (a value
@@ -86,6 +116,10 @@ class DeltaProducts:
         return value is reference
 
     def _narrowed(self, operand: Node, value: torch.Tensor) -> torch.Tensor:
+        """`value` in bfloat16, kept for a constant operand (a weight's view: the same in every
+        batch and trial); an activation's is taken anew."""
+        if operand not in self.sources:
+            return value.bfloat16()
         found = self.narrow.get(operand)
         if found is None:
             found = self.narrow[operand] = value.bfloat16()
@@ -103,15 +137,15 @@ def _constant_sources(nodes: list[Node]) -> dict[Node, frozenset[str]]:
     return sources
 
 
-class HeadDelta:
+class FactoredChange:
     """A trial's change to a product's output, alpha * sum(left @ right) over bfloat16 terms,
-    kept as its factors: the scorer multiplies the logits' change out a piece at a time."""
+    kept as its factors: `product` multiplies it out, the scorer the logits' a piece at a time."""
 
     def __init__(self, terms: list[tuple[torch.Tensor, torch.Tensor]], alpha: float) -> None:
         self.terms, self.alpha = terms, alpha
 
-    def rows(self, index: torch.Tensor) -> HeadDelta:
-        return HeadDelta([(left[index], right) for left, right in self.terms], self.alpha)
+    def rows(self, index: torch.Tensor) -> FactoredChange:
+        return FactoredChange([(left[index], right) for left, right in self.terms], self.alpha)
 
     def columns(self, columns: slice) -> torch.Tensor:
         """The change's columns, float32 (a change of at least one term)."""

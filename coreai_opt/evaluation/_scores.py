@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from ._deltas import HeadDelta
+    from ._deltas import FactoredChange
     from ._tokens import Windows
 
 
@@ -58,7 +58,7 @@ class Reference:
                 kl, nll, agree = kl + found[0], nll + found[1], agree + found[2]
         return kl, nll, agree
 
-    def against_head(self, head: HeadDelta) -> tuple[float, float, int]:
+    def against_head(self, head: FactoredChange) -> tuple[float, float, int]:
         """`against` for logits z_ref + d with d given as its factors (the trial's change to the
         head's operands, `_deltas`): d is multiplied out COLUMNS of the vocabulary at a time and
         scored there, in cache, so no [rows, vocabulary] tensor is written or read but p - on a

@@ -30,8 +30,6 @@ from coreai_opt.io import ModelFileError, load_pt2, require_existing
 from ._text import Progress, _Counter
 from ._tokens import Windows, token_stream, window_batches
 
-_RESHAPES = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
-
 if TYPE_CHECKING:
     import torch
     from torch.fx import GraphModule, Node
@@ -119,10 +117,10 @@ def weight_sensitivity(
     counter = _Counter(progress, batches * (1 + len(trials)))
     rows, ppl = runner.measure(ids, windows, trials, counter)
     result = SensitivityResult(path, config.to_dict(), source, windows, ppl, rows, skipped)
-    result.products = "bfloat16 differences" if runner.deltas is not None else "exact"
+    result.products = "bfloat16 differences" if runner.deltas and runner.deltas.recorded else "exact"
     if estimate and text is not None:
         begun = time.perf_counter()
-        _estimate(ep, rows, trials, (text, found, max_tokens), exact_products)
+        _estimate(ep, rows, trials, text, tokenizer=found, max_tokens=max_tokens, exact=exact_products)
         result.estimate_seconds = time.perf_counter() - begun
         result.rank_correlation = spearman([r.kl_mean for r in rows], [r.estimate or 0.0 for r in rows])
     rows.sort(key=lambda r: -r.kl_mean)
@@ -194,13 +192,16 @@ class _Resumable:
         if not ints or len(shapes[0]) != 2:
             raise ModelFileError(path, "takes no [batch, tokens] ids: not a language model")
         self.placeholders = placeholders
+        differences = differences and DeltaProducts.applies(self.nodes)
         self.deltas = DeltaProducts(self.nodes) if differences else None
         self.batch, self.length = tuple(ints[0].meta["val"].shape)
         if self._first_output_shape()[:2] != (self.batch, self.length):
             raise ModelFileError(
                 path, "returns no [batch, tokens, vocabulary] logits first: not a language model"
             )
-        self.head = self._head()
+        self.head = (
+            None if self.deltas is None else self.deltas.head(self.nodes[-1], self._first_output_shape())
+        )
 
     def _first_output_shape(self) -> tuple[int, ...]:
         import torch
@@ -211,23 +212,6 @@ class _Resumable:
         ]
         first = next((v for v in leaves if isinstance(v, torch.Tensor)), None)
         return tuple(first.shape) if first is not None and first.dim() == 3 else ()
-
-    def _head(self) -> Node | None:
-        """The product whose [batch * tokens, vocabulary] output the logits are, through reshapes
-        alone: a trial with bfloat16 differences leaves it factored for the scorer
-        (`Reference.against_head`). None without differences or such a product."""
-        import torch
-
-        if self.deltas is None:
-            return None
-        output = self.nodes[-1]
-        node = next((n for n in torch.utils._pytree.tree_leaves(output.args[0]) if hasattr(n, "op")), None)
-        while node is not None and node.op == "call_function" and str(node.target) in _RESHAPES:
-            node = node.args[0]
-        value = getattr(node, "meta", {}).get("val")
-        batch, tokens, vocabulary = self._first_output_shape()
-        flat = value is not None and tuple(value.shape) == (batch * tokens, vocabulary)
-        return node if flat and node in self.deltas.products else None
 
     def cut(self, name: str) -> tuple[int, Node]:
         node = self.attrs.get(name)
@@ -330,21 +314,28 @@ class _Resumable:
                     total[1] += nll
                     total[2] += agree
                     counter.step(name)
+        if self.deltas is not None:
+            self.deltas.release()  # before the estimate's calibration: ~1 GB a batch, the bf16 weights
         return sums, ref_nll
 
 
-def _differences(exact_products: bool) -> bool:
-    """Whether trials take their products as bfloat16 differences: where the CPU has bfloat16
-    instructions, unless asked not to."""
+def trial_products(exact_products: bool = False) -> str:
+    """How this machine's trials take their float32 matrix products: "bfloat16 differences" where
+    the CPU has bfloat16 instructions (unless `exact_products`), else "exact" - what measured
+    trials are cached under (`optimize`), since the two differ by ~0.1-0.3% of a KL."""
     from coreai_opt._cpu import native_bfloat16
 
-    return not exact_products and native_bfloat16()
+    return "bfloat16 differences" if not exact_products and native_bfloat16() else "exact"
+
+
+def _differences(exact_products: bool) -> bool:
+    return trial_products(exact_products) != "exact"
 
 
 def _factored(value: Any) -> bool:
-    from ._deltas import HeadDelta
+    from ._deltas import FactoredChange
 
-    return isinstance(value, HeadDelta)
+    return isinstance(value, FactoredChange)
 
 
 class NotALanguageModel(ValueError):
@@ -378,20 +369,22 @@ def _estimate(
     ep: Any,
     rows: list[WeightSensitivity],
     trials: dict[str, Any],
-    source: tuple[Any, Any, int | None],
+    text: Any,
+    *,
+    tokenizer: Any,
+    max_tokens: int | None,
     exact: bool,
 ) -> None:
     """Each row's 1/2 sum(F dW^2) per token, F the squared gradients of a sample's next-token
-    loss on `source` (text, tokenizer, most tokens), a mean over the samples: divided by the
-    tokens a sample counts, not by all of them (which made the estimate shrink as the text grew)."""
+    loss on the text, a mean over the samples: divided by the tokens a sample counts, not by all
+    of them (which made the estimate shrink as the text grew)."""
     from coreai_opt.calibration import Samples, calibrate
     from coreai_opt.weights import Needs
 
-    text, tokenizer, max_tokens = source
     samples = Samples.of(text, tokens=max_tokens, tokenizer=tokenizer)
     calibration = calibrate(ep, samples, cache=False, exact_gradients=exact)
     found = calibration.statistics(list(trials), Needs.GRADIENT_SQUARES)
-    count = max(len(calibration.inputs), 1)
+    count = max(calibration.sample_count, 1)
     weights = {n: p for n, p in ep.module().named_parameters()} | dict(ep.module().named_buffers())
     for row in rows:
         stats = found[row.name]

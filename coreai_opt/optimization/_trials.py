@@ -28,7 +28,7 @@ Progress = Callable[[int, int, str], None]
 ANCHORS = 2  # measured choices a weight
 _PIECE_BYTES = 256 << 20  # decoded weights swapped in per pass over the tokens
 _FLOOR = 1e-12  # a measured KL at or below it is read as this (a ratio needs a positive one)
-_VERSION = "v1"  # of the trial's measurement (a change re-measures instead of reading old files)
+_VERSION = "v2"  # of the trial's measurement (a change re-measures instead of reading old files)
 
 
 def anchors(table: Any) -> list[list[int]]:
@@ -75,14 +75,16 @@ def measure_anchors(
     tokens (whole windows, at least one, at most the calibration's) and correct `table.damage` by
     them; a program that is not a language model keeps the estimate (`cost_table` never calls it
     for random calibration samples)."""
-    from coreai_opt.evaluation import NotALanguageModel
+    from coreai_opt.evaluation import NotALanguageModel, trial_products
 
     by_choice: dict[int, list[str]] = {}
     for w, columns in enumerate(anchors(table)):
         for k in columns:
             by_choice.setdefault(k, []).append(table.names[w])
+    mode = "bf16" if trial_products() != "exact" else "exact"  # the two measure ~0.1-0.3% apart
     files = {
-        k: _cache.folder() / f"{keys[table.choices[k]]}.trials-{_VERSION}-{tokens}.json" for k in by_choice
+        k: _cache.folder() / f"{keys[table.choices[k]]}.trials-{_VERSION}-{mode}-{tokens}.json"
+        for k in by_choice
     }
     entries = {k: _cache.read(path) or {} for k, path in files.items()}
     if any(e.get("language") is False for e in entries.values()):
