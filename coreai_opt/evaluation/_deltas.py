@@ -22,7 +22,7 @@ import torch
 from coreai_opt._aten import aten
 
 if TYPE_CHECKING:
-    from torch.fx import Node
+    from torch.fx import Graph, Node
 
 _MM, _ADDMM = aten.mm.default, aten.addmm.default
 _RESHAPES = frozenset({aten.view, aten.reshape, aten._unsafe_view})  # rows kept in row-major order
@@ -30,21 +30,38 @@ _RESHAPES = frozenset({aten.view, aten.reshape, aten._unsafe_view})  # rows kept
 
 class DeltaProducts:
     """The reference's operands and outputs of each float32 product for one batch (`record`),
-    then a trial's product read off them (`product`) with `swapped` the trial's weight."""
+    then a trial's product read off them (`product`) once `swap` named the trial's weight."""
 
-    def __init__(self, nodes: list[Node]) -> None:
-        self.sources = _constant_sources(nodes)
+    def __init__(self, graph: Graph) -> None:
+        from coreai_opt.calibration._graph import state_only
+
+        nodes = list(graph.nodes)
+        self.state = state_only(graph)  # computed from weights alone: the same in every batch
+        self.attrs: dict[str, list[Node]] = {}
+        for node in nodes:
+            if node.op == "get_attr":
+                self.attrs.setdefault(str(node.target), []).append(node)
         self.products = {n for n in nodes if n.op == "call_function" and n.target in (_MM, _ADDMM)}
         self.reference: dict[Node, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
-        self.narrow: dict[Node, torch.Tensor] = {}  # bfloat16 copies of constant operands
-        self.swapped: str | None = None
+        self.narrow: dict[Node, torch.Tensor] = {}  # bfloat16 copies of weights' operands
+        self.moved: set[Node] = set()  # the swapped weight's reads and what is computed from them alone
         self.recorded = False  # whether any product was (float32): what a result reports
 
     @staticmethod
-    def applies(nodes: list[Node]) -> bool:
+    def applies(graph: Graph) -> bool:
         """Whether the graph has no in-place op (see the module)."""
-        schemas = (getattr(n.target, "_schema", None) for n in nodes if n.op == "call_function")
+        schemas = (getattr(n.target, "_schema", None) for n in graph.nodes if n.op == "call_function")
         return not any(schema is not None and schema.is_mutable for schema in schemas)
+
+    def swap(self, name: str | None) -> None:
+        """A trial of weight `name` (None: of none)."""
+        self.moved = set(self.attrs.get(name, [])) if name is not None else set()
+        frontier = list(self.moved)
+        while frontier:
+            for user in frontier.pop().users:
+                if user in self.state and user not in self.moved:
+                    self.moved.add(user)
+                    frontier.append(user)
 
     def clear(self) -> None:
         """A new batch: the last one's reference values let go."""
@@ -67,7 +84,7 @@ class DeltaProducts:
         flat = value is not None and tuple(value.shape) == (batch * tokens, vocabulary)
         return node if flat and node in self.products else None
 
-    def record(self, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+    def record(self, node: Node, args: tuple[Any, ...], out: Any) -> None:
         tensors = (*args, out)
         if all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in tensors):
             self.reference[node] = (tuple(args), out)
@@ -108,33 +125,21 @@ class DeltaProducts:
         return FactoredChange(terms, alpha)
 
     def _unchanged(self, operand: Any, value: Any, reference: Any) -> bool:
-        """A constant not derived from the swapped weight, or the reference's own tensor (a value
-        computed before the trial's cut)."""
-        sources = self.sources.get(operand) if hasattr(operand, "op") else None
-        if sources is not None:
-            return self.swapped not in sources
+        """Computed from weights alone but not from the swapped one, or the reference's own tensor
+        (a value computed before the trial's cut)."""
+        if operand in self.state:
+            return operand not in self.moved
         return value is reference
 
     def _narrowed(self, operand: Node, value: torch.Tensor) -> torch.Tensor:
         """`value` in bfloat16, kept for a constant operand (a weight's view: the same in every
         batch and trial); an activation's is taken anew."""
-        if operand not in self.sources:
+        if operand not in self.state:
             return value.bfloat16()
         found = self.narrow.get(operand)
         if found is None:
             found = self.narrow[operand] = value.bfloat16()
         return found
-
-
-def _constant_sources(nodes: list[Node]) -> dict[Node, frozenset[str]]:
-    """node -> the weights (get_attr targets) a node computed from weights alone derives from."""
-    sources: dict[Node, frozenset[str]] = {}
-    for node in nodes:
-        if node.op == "get_attr":
-            sources[node] = frozenset({str(node.target)})
-        elif node.op == "call_function" and all(n in sources for n in node.all_input_nodes):
-            sources[node] = frozenset().union(*(sources[n] for n in node.all_input_nodes))
-    return sources
 
 
 class FactoredChange:

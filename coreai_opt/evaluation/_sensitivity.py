@@ -192,8 +192,8 @@ class _Resumable:
         if not ints or len(shapes[0]) != 2:
             raise ModelFileError(path, "takes no [batch, tokens] ids: not a language model")
         self.placeholders = placeholders
-        differences = differences and DeltaProducts.applies(self.nodes)
-        self.deltas = DeltaProducts(self.nodes) if differences else None
+        differences = differences and DeltaProducts.applies(self.gm.graph)
+        self.deltas = DeltaProducts(self.gm.graph) if differences else None
         self.batch, self.length = tuple(ints[0].meta["val"].shape)
         if self._first_output_shape()[:2] != (self.batch, self.length):
             raise ModelFileError(
@@ -247,7 +247,7 @@ class _Resumable:
         args, kwargs = self.interpreter.fetch_args_kwargs_from_env(node)
         if reference:
             out = node.target(*args, **kwargs)
-            deltas.record(node, args, kwargs, out)
+            deltas.record(node, args, out)
             return out
         method = deltas.factored if node is self.head else deltas.product
         found = method(node, args, kwargs)
@@ -306,7 +306,7 @@ class _Resumable:
                     env = dict(saved[cut])
                     env[attr] = decoded[name].to(env[attr].dtype) if attr in env else decoded[name]
                     if self.deltas is not None:
-                        self.deltas.swapped = name
+                        self.deltas.swap(name)
                     out, _ = self._run(env, cut)
                     kl, nll, agree = self._scores(ref, out)
                     total = sums[name]
