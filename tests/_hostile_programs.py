@@ -271,6 +271,143 @@ def higher_order(dest: Path, marker: Path) -> Path:
     return _edit_program(SAMPLES / "mlp.pt2", dest, edit)
 
 
+def _full(
+    name: str, sizes: list[int], fill: Document, dtype: int = 7
+) -> tuple[Document, dict[str, Document]]:
+    node = _node("torch.ops.aten.full.default", name, [
+        _arg("size", {"as_ints": sizes}), _arg("fill_value", fill), _arg("dtype", {"as_scalar_type": dtype}, 2),
+    ], [{"as_tensor": {"name": name}}])  # fmt: skip
+    return node, {name: _tensor_meta(sizes, dtype)}
+
+
+def gradient_op_writes_heap(dest: Path, marker: Path) -> Path:
+    """`max_pool2d_with_indices_backward` scattering into an 8x8 gradient at indices of 2**33 that
+    `aten.full` makes: a heap write at an offset the file chooses (SIGSEGV under plain torch)."""
+
+    def edit(document: Document) -> None:
+        _append(document, *_full("where", [1, 1, 4, 4], {"as_int": 1 << 33}, dtype=5))
+        _append(document, *_full("grad", [1, 1, 4, 4], {"as_float": 1.0}))
+        _append(document, *_full("image", [1, 1, 8, 8], {"as_float": 1.0}))
+        _append(document, _node("torch.ops.aten.max_pool2d_with_indices_backward.default", "scattered", [
+            _arg("grad_output", {"as_tensor": {"name": "grad"}}), _arg("self", {"as_tensor": {"name": "image"}}),
+            _arg("kernel_size", {"as_ints": [2, 2]}), _arg("stride", {"as_ints": [2, 2]}),
+            _arg("padding", {"as_ints": [0, 0]}), _arg("dilation", {"as_ints": [1, 1]}),
+            _arg("ceil_mode", {"as_bool": False}), _arg("indices", {"as_tensor": {"name": "where"}}),
+        ], [{"as_tensor": {"name": "scattered"}}]), {"scattered": _tensor_meta([1, 1, 8, 8])})  # fmt: skip
+        _use_in_output(document, "scattered")
+
+    return _edit_program(SAMPLES / "mlp.pt2", dest, edit)
+
+
+def dtype_as_integer(dest: Path, marker: Path) -> Path:
+    """`to.dtype(x, -1)`: torch's dispatcher takes an integer for a dtype and reads its type table
+    out of bounds."""
+
+    def edit(document: Document) -> None:
+        _append(document, _node("torch.ops.aten.to.dtype", "retyped", [
+            _arg("self", {"as_tensor": {"name": "x"}}), _arg("dtype", {"as_int": -1}),
+        ], [{"as_tensor": {"name": "retyped"}}]), {"retyped": _tensor_meta([4, 64])})  # fmt: skip
+        _use_in_output(document, "retyped")
+
+    return _edit_program(SAMPLES / "mlp.pt2", dest, edit)
+
+
+def doubling_cats(dest: Path, marker: Path) -> Path:
+    """40 chained `cat([t, t])` declared as 4 elements each: 2**40 times the input when run."""
+
+    def edit(document: Document) -> None:
+        previous = "x"
+        for index in range(40):
+            name = f"doubled_{index}"
+            _append(document, _node("torch.ops.aten.cat.default", name, [
+                _arg("tensors", {"as_tensors": [{"name": previous}, {"name": previous}]}), _arg("dim", {"as_int": 0}),
+            ], [{"as_tensor": {"name": name}}]), {name: _tensor_meta([4])})  # fmt: skip
+            previous = name
+        _use_in_output(document, previous)
+
+    return _edit_program(SAMPLES / "mlp.pt2", dest, edit)
+
+
+def value_as_size(dest: Path, marker: Path) -> Path:
+    """`_local_scalar_dense` of a stored tensor fed to `full` as its size: an allocation the
+    weights choose."""
+
+    def edit(document: Document) -> None:
+        _append(document, _node("torch.ops.aten._local_scalar_dense.default", "count", [
+            _arg("self", {"as_tensor": {"name": "p_fc1_bias"}}),
+        ], [{"as_sym_int": {"as_name": "count"}}]), {})  # fmt: skip
+        _graph(document)["sym_int_values"] = {"count": {"as_int": 4}}
+        _append(document, _node("torch.ops.aten.full.default", "sized", [
+            _arg("size", {"as_sym_ints": [{"as_name": "count"}]}), _arg("fill_value", {"as_float": 1.0}),
+        ], [{"as_tensor": {"name": "sized"}}]), {"sized": _tensor_meta([4])})  # fmt: skip
+        _use_in_output(document, "sized")
+
+    return _edit_program(SAMPLES / "mlp.pt2", dest, edit)
+
+
+def short_bias(dest: Path, marker: Path) -> Path:
+    """A batch norm over 64 channels given a bias of none: its kernel reads past the bias."""
+
+    def edit(document: Document) -> None:
+        _append(document, *_full("stats", [64], {"as_float": 1.0}))
+        _append(document, *_full("empty_bias", [0], {"as_float": 0.0}))
+        _append(document, _node("torch.ops.aten._native_batch_norm_legit_no_training.default", "batch_norm", [
+            _arg("input", {"as_tensor": {"name": "x"}}), _arg("weight", {"as_none": True}),
+            _arg("bias", {"as_tensor": {"name": "empty_bias"}}), _arg("running_mean", {"as_tensor": {"name": "stats"}}),
+            _arg("running_var", {"as_tensor": {"name": "stats"}}), _arg("momentum", {"as_float": 0.1}),
+            _arg("eps", {"as_float": 1e-5}),
+        ], [{"as_tensor": {"name": "normed"}}, {"as_tensor": {"name": "kept_mean"}},
+            {"as_tensor": {"name": "kept_var"}}]),
+            {"normed": _tensor_meta([4, 64]), "kept_mean": _tensor_meta([0]), "kept_var": _tensor_meta([0])})  # fmt: skip
+        _use_in_output(document, "normed")
+
+    return _edit_program(SAMPLES / "mlp.pt2", dest, edit)
+
+
+def sparse_layout(dest: Path, marker: Path) -> Path:
+    def edit(document: Document) -> None:
+        node, meta = _full("sparse", [4], {"as_float": 1.0})
+        node["inputs"].append(_arg("layout", {"as_layout": 1}, 2))
+        _append(document, node, meta)
+        _use_in_output(document, "sparse")
+
+    return _edit_program(SAMPLES / "mlp.pt2", dest, edit)
+
+
+def upsampled(dest: Path, marker: Path) -> Path:
+    """`upsample_nearest2d.vec` scaled 2**20 both ways, declared at its input's size."""
+
+    def edit(document: Document) -> None:
+        _append(document, *_full("picture", [1, 1, 8, 8], {"as_float": 1.0}))
+        _append(document, _node("torch.ops.aten.upsample_nearest2d.vec", "enlarged", [
+            _arg("input", {"as_tensor": {"name": "picture"}}), _arg("output_size", {"as_none": True}),
+            _arg("scale_factors", {"as_floats": [1048576.0, 1048576.0]}),
+        ], [{"as_tensor": {"name": "enlarged"}}]), {"enlarged": _tensor_meta([1, 1, 8, 8])})  # fmt: skip
+        _use_in_output(document, "enlarged")
+
+    return _edit_program(SAMPLES / "mlp.pt2", dest, edit)
+
+
+def _size_expression(text: str) -> Callable[[Path, Path], Path]:
+    def make(dest: Path, marker: Path) -> Path:
+        expr = {"as_expr": {"expr_str": text, "hint": {"as_int": 4}}}
+        return _edit_program(SAMPLES / "mlp.pt2", dest, lambda d: _first_size(d, expr))
+
+    return make
+
+
+def deep_weight(dest: Path, marker: Path) -> Path:
+    """A weight stored with 65 dimensions of one element."""
+
+    def meta(tensor: Document) -> None:
+        tensor.update(_tensor_meta([1] * 63 + [128, 64]))
+
+    def program(document: Document) -> None:
+        _graph(document)["tensor_values"]["p_fc1_weight"] = _tensor_meta([1] * 63 + [128, 64])
+
+    return _weight_meta(dest, meta, program)
+
+
 # name -> (builder, the text the refusal must contain)
 VECTORS: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "name-runs-code": (name_runs_code, "is not a Python identifier"),
@@ -292,7 +429,26 @@ VECTORS: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "foreign-namespace": (foreign_namespace, "not an ATen or coreai-torch operator"),
     "training-dialect": (training_dialect, "training-dialect program"),
     "higher-order": (higher_order, "higher-order operator"),
+    "gradient-op-writes-heap": (gradient_op_writes_heap, "a gradient op"),
+    "dtype-as-integer": (dtype_as_integer, "passes 'dtype' as int, where the operator takes ScalarType"),
+    "doubling-cats": (
+        doubling_cats,
+        "node doubled_0 (aten.cat.default) computes float32[8, 64] but declares float32[4]",
+    ),
+    "value-as-size": (value_as_size, "into a number the audit cannot bound"),
+    "short-bias": (
+        short_bias,
+        "node batch_norm (aten._native_batch_norm_legit_no_training.default) fails on the shapes",
+    ),
+    "sparse-layout": (sparse_layout, "layout other than strided"),
+    "upsampled": (upsampled, "computes float32[1, 1, 8388608, 8388608] but declares float32[1, 1, 8, 8]"),
+    "size-divides-by-zero": (_size_expression("FloorDiv(Symbol('s0'), Integer(0))"), "division by zero"),
+    "size-by-condition": (_size_expression("Piecewise((s0, Eq(s0, 4)), (8, True))"), "call of 'Piecewise'"),
+    "size-complex-infinity": (_size_expression("s0 + zoo"), "name 'zoo'"),
+    "deep-weight": (deep_weight, "65 dimensions (at most 16)"),
 }
+# Vectors that crash a process that loads and runs them with plain torch (a signal, not an error).
+NATIVE_CRASHES = ("gradient-op-writes-heap",)
 # Vectors that fire under plain `torch.export.load` and a run of the program (of the others, some
 # hang, abort or allocate gigabytes there and are not run live; torch itself stops some before
 # they run - the forward argument name fails to compile in torch 2.13, its verifier refuses the

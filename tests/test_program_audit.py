@@ -19,7 +19,14 @@ import pytest
 import torch
 
 from coreai_opt.io import ModelFileError, load_pt2
-from coreai_opt.io._allowlist import ATEN_OPS, COREAI_OPS, SYMBOLIC_TARGETS, schema_problem
+from coreai_opt.io._allowlist import (
+    ATEN_OPS,
+    COREAI_OPS,
+    GRADIENT_SUFFIX,
+    SYMBOLIC_TARGETS,
+    WITHHELD,
+    schema_problem,
+)
 from coreai_opt.io._expressions import guard_problem, sympy_problem
 from coreai_opt.io._program_audit import FLOOR_ELEMENTS, name_problem, path_problem, program_problem
 
@@ -85,6 +92,15 @@ def test_the_live_vectors_run_their_payload_under_plain_torch(tmp_path: Path) ->
     assert SECRET[:4] in Path(str(files["from-file-reads"][0]) + ".outputs").read_bytes()
 
 
+@pytest.mark.parametrize("vector", hp.NATIVE_CRASHES)
+def test_the_memory_vectors_kill_a_process_that_runs_them_under_plain_torch(vector: str, tmp_path: Path) -> None:
+    """What the allowlist and the shape check keep out is real: plain torch dies of a signal."""
+    source, _ = _make(vector, tmp_path)
+    script = "import sys, torch; torch.export.load(sys.argv[1]).module()(torch.randn(4, 64))"
+    run = subprocess.run([sys.executable, "-c", script, str(source)], capture_output=True, timeout=300)
+    assert run.returncode < 0, run.stderr[-400:]  # killed by a signal (SIGSEGV, SIGABRT), no exception
+
+
 @pytest.mark.parametrize("command", ["inspect", "cast", "convert"])
 @pytest.mark.parametrize("vector", sorted(hp.VECTORS))
 def test_every_hostile_program_is_refused_by_every_pt2_command(
@@ -129,7 +145,8 @@ def test_trust_pickle_is_the_only_way_around_the_check(tmp_path: Path) -> None:
 
 def _derived_allowlist() -> set[str]:
     """The list `_allowlist.ATEN_OPS` states, derived again: core-tagged ops, those coreai-torch
-    lowers or keeps whole, the shape assertions; less any a file must not call."""
+    lowers or keeps whole, the shape assertions; less any a file must not call (mutating, files,
+    uninitialised memory, gradients, values become sizes, complex numbers)."""
     from coreai_torch._aten_to_core import _aten_to_core_resolver
     from coreai_torch._decomp import _COMPOSITE_OPS
 
@@ -149,7 +166,12 @@ def _derived_allowlist() -> set[str]:
     for name in names:
         packet_name, overload = name.split(".")
         op = getattr(getattr(torch.ops.aten, packet_name, None), overload, None)
-        if op is not None and schema_problem(op._schema) is None and not packet_name.startswith("empty"):
+        withheld = (
+            packet_name.startswith("empty")
+            or packet_name.endswith(GRADIENT_SUFFIX)
+            or packet_name in WITHHELD
+        )
+        if op is not None and schema_problem(op._schema) is None and not withheld:
             allowed.add(name)
     return allowed
 
@@ -157,6 +179,8 @@ def _derived_allowlist() -> set[str]:
 def test_the_allowlist_is_what_torch_and_coreai_torch_say() -> None:
     assert set(ATEN_OPS) == _derived_allowlist()
     assert "from_file.default" not in ATEN_OPS and "copy_.default" not in ATEN_OPS
+    assert "max_pool2d_with_indices_backward.default" not in ATEN_OPS
+    assert "_local_scalar_dense.default" not in ATEN_OPS
     from coreai_opt._export._ops import register_coreai_ops
 
     ops = register_coreai_ops()
@@ -211,6 +235,12 @@ HOSTILE_EXPRESSIONS = {
     "Mul(" + ", ".join(["Symbol('s0')"] * 20) + ")": "can exceed 2**1024",
     "__import__('os').system('x')": "call of",
     "x" * 5000: "longer than any shape expression",
+    "s0 // 0": "division by zero",
+    "FloorDiv(Symbol('s0'), Integer(0))": "division by zero",
+    "Mod(s0, 0.0)": "division by zero",
+    "Piecewise((s0, Eq(s0, 1)), (2, True))": "call of 'Piecewise'",
+    "s0 + zoo": "name 'zoo'",
+    "s0*I": "name 'I'",
 }
 
 

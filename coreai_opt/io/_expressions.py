@@ -29,13 +29,21 @@ SYMPY_CALLS = frozenset(
         "Symbol", "Dummy", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "Mod", "Min", "Max",
         "Abs", "floor", "ceiling", "sqrt", "Equality", "Unequality", "StrictLessThan", "LessThan",
         "StrictGreaterThan", "GreaterThan", "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "And", "Or", "Not",
-        "Xor", "Piecewise", "ExprCondPair", "ITE", "FloorDiv", "ModularIndexing", "Where", "PythonMod",
+        "Xor", "FloorDiv", "ModularIndexing", "PythonMod",
         "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv", "LShift", "RShift", "PowByNatural", "FloatPow",
         "FloatTrueDiv", "IntTrueDiv", "IsNonOverlappingAndDenseIndicator", "TruncToFloat", "TruncToInt",
         "RoundToInt", "RoundDecimal", "ToFloat", "Identity", "OpaqueUnaryFn_sqrt",
     }
 )  # fmt: skip
-SYMPY_CONSTANTS = frozenset({"oo", "zoo", "nan", "pi", "E", "I", "true", "false", "True", "False"})
+# No `zoo` (complex infinity), `I` or `nan`: no size is complex or undefined. No `Piecewise`,
+# `ITE` or `Where` above: a size chosen by a condition is nothing export writes, and torch's shape
+# environment fails on one with an assertion.
+SYMPY_CONSTANTS = frozenset({"oo", "pi", "E", "true", "false", "True", "False"})
+# Calls that divide by their second argument, and the operators that do.
+_DIVIDING_CALLS = frozenset(
+    {"FloorDiv", "Mod", "PythonMod", "CleanDiv", "CeilDiv", "IntTrueDiv", "FloatTrueDiv", "ModularIndexing"}
+)
+_DIVIDING_OPERATORS = (ast.Div, ast.FloorDiv, ast.Mod)
 _SYMBOL = re.compile(r"[a-z]+[0-9]+\Z")  # torch's shape symbols: s0, u3, zuf1, ...
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\Z|[-+]?(?:inf|nan)\Z", re.IGNORECASE)
@@ -233,6 +241,9 @@ def sympy_problem(text: str) -> str | None:
                 return problem
             continue
         return f"{type(node).__name__} syntax"
+    problem = _zero_divisor(tree)
+    if problem:
+        return problem
     # strings may only be the first argument of Symbol/Float/...: checked per call; any other
     # string (an operand of arithmetic, say) is refused here
     called_strings = {id(call.args[0]) for call in ast.walk(tree) if isinstance(call, ast.Call) and call.args}
@@ -240,6 +251,38 @@ def sympy_problem(text: str) -> str | None:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in called_strings:
             return f"string {node.value!r}"
     return _bits_problem(tree, _sympy_leaf_bits)
+
+
+def _is_zero(node: ast.AST) -> bool:
+    """A literal zero: `0`, `0.0`, `Integer(0)`, `Float('0')`."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("Integer", "Float")
+    ):
+        node = node.args[0] if len(node.args) == 1 else node
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
+        try:
+            return float(node.value) == 0.0
+        except ValueError:
+            return False
+    return False
+
+
+def _zero_divisor(tree: ast.AST) -> str | None:
+    """A division by a literal zero: sympy makes it complex infinity (or raises), which no size is."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, _DIVIDING_OPERATORS) and _is_zero(node.right):
+            return "division by zero"
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _DIVIDING_CALLS
+            and len(node.args) >= 2
+            and _is_zero(node.args[1])
+        ):
+            return "division by zero"
+    return None
 
 
 def _call_problem(node: ast.Call) -> str | None:

@@ -10,7 +10,8 @@ plain JSON and accepts it only when
   and indices, for parameter and module paths), and no free text carries a character that ends a
   line of Python (stack traces are pasted into comments);
 - every node calls an allowed operator (`_allowlist`) with arguments of plain kinds (no graphs,
-  custom objects, operators or nested structures) and known tensor names;
+  custom objects, operators or nested structures), each of the kind its schema's type takes
+  (`_signatures`: no integer where a dtype belongs), and known tensor names;
 - the signature declares nothing but inputs, parameters, buffers, constants and outputs, with
   mutations only of declared buffers and inputs (the training dialect, tokens and custom objects
   are refused);
@@ -31,8 +32,9 @@ from collections.abc import Iterable, Iterator
 from functools import cache
 from typing import Any, NoReturn
 
-from ._allowlist import STRING_ARGUMENTS, operator_problem
+from ._allowlist import STRING_ARGUMENTS, is_symbolic, operator_problem
 from ._expressions import sympy_problem
+from ._signatures import arguments_problem
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _PATH_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z|[0-9]+\Z")
@@ -41,6 +43,9 @@ _RESERVED = frozenset({"self", "torch", "device", "inf", "nan", "NoneType", "fx_
 MAX_NAME = 256
 MAX_TEXT = 1 << 16  # a stack trace or metadata string
 MAX_JSON_DEPTH = 64
+# Dimensions of any tensor a program declares or stores: programs use 6 or fewer; torch's kernels
+# stop at 64, some with an assertion rather than an error.
+MAX_RANK = 16
 # Whatever a model stores, a program may hold tensors of this many elements (a small model's
 # attention scores over a long sequence); beyond it, a tensor may be at most this many times the
 # largest stored tensor.
@@ -315,8 +320,10 @@ class _Audit:
             _refuse("the graph holds custom (pickled) objects")
 
     def _declared_elements(self, sizes: Any, what: str) -> int | None:
-        if not isinstance(sizes, list) or len(sizes) > 64:
+        if not isinstance(sizes, list):
             _refuse(f"{what} has no list of sizes")
+        if len(sizes) > MAX_RANK:
+            _refuse(f"{what} has {len(sizes)} dimensions (at most {MAX_RANK})")
         count: int | None = 1
         for size in sizes:
             kind, value = _union(size, f"a size of {what}")
@@ -377,6 +384,9 @@ class _Audit:
             given[argument] = self._argument(named.get("arg"), f"{label} argument {argument}")
             if given[argument][0] == "as_string" and argument not in STRING_ARGUMENTS:
                 _refuse(f"{label} argument {argument} is a string the operator does not take")
+        problem = None if is_symbolic(target) else arguments_problem(target, given)
+        if problem:
+            _refuse(f"{label} ({_shown(target, 80)}) {problem}")
         self._sizes(target, given, label)
         self._dims(target, given, label)
         for index, output in enumerate(outputs):

@@ -17,7 +17,8 @@ evaluates the program's shape strings with sympy. `Pt2Archive` reads the same la
   (`_treespec`): no library a file names is imported;
 - the program itself is checked as data (`_program_audit`: names that reach generated Python,
   an operator allowlist, declared sizes against a budget from what the file stores, shape
-  expressions and guards) before torch's deserializer runs;
+  expressions and guards) before torch's deserializer runs, and once deserialized it is run on
+  fake tensors: every node must compute what it declares, within the same budget (`_shapes`);
 - a stored tensor's dtype must be a Core AI element type and its shape must fit its record's
   bytes (no expanded view of a few bytes that becomes gigabytes when a pass copies it).
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 from ._errors import CorruptArchiveError, UnsafeArchiveError
 from ._expressions import guards_problem
 from ._pickles import UnreadablePickle, forbidden_globals, torch_save_globals
-from ._program_audit import dtype_problem, path_problem, program_problem
+from ._program_audit import MAX_RANK, dtype_problem, path_problem, program_problem, size_budget
+from ._shapes import shapes_problem
 from ._treespec import FLATTENED_META, flatten_unknown_outputs
 from ._zip import ZipEntry, audit_zip, read_entry
 
@@ -52,11 +55,24 @@ LEGACY_STATE = (f"{WEIGHTS_DIR}{MODEL}.pt", f"{CONSTANTS_DIR}{MODEL}.pt")
 ARCHIVE_VERSION = ("archive_version", "0")
 COMPILED_DIRS = ("data/aotinductor/", "data/executorch/", "data/mtia")
 TENSOR_CONSTANT, CUSTOM_OBJECT, OPAQUE_OBJECT = "tensor_", "custom_obj_", "opaque_obj_"
-MAX_JSON_BYTES = 1 << 30
+# What the JSON inside may inflate to: SmolLM2's 2,800-node program is 6 MB of model.json (stack
+# traces included), a config a few hundred bytes a tensor; each is read and parsed once.
+MAX_PROGRAM_JSON = 64 << 20
+MAX_CONFIG_JSON = 16 << 20
+# Every entry torch.export.save writes, as a pattern of its name under the archive's root: anything
+# else is refused before a byte of it is inflated (the compiled-code and pickle entries named here are
+# refused by `audit` with their own message).
+_KNOWN_ENTRY = re.compile(
+    r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
+    rf"|{re.escape(MODEL_JSON)}|{re.escape(SAMPLE_INPUTS)}|extra/[^/]+"
+    r"|data/weights/(weight_\d+|model_weights_config\.json|model\.pt)"
+    r"|data/constants/((tensor|custom_obj|opaque_obj)_\d+|model_constants_config\.json|model\.pt)"
+    r"|data/(aotinductor|executorch|mtia)/.*)\Z"
+)
 TRUST_HINT = "load it with --trust-pickle (trust_pickle=True) only if you made it yourself"
 
 
-COREAI_OP_MARKER = b"torch.ops.coreai."  # how model.json names a call of a coreai-torch op
+COREAI_OP_PREFIX = "torch.ops.coreai."  # how model.json names a call of a coreai-torch op
 
 
 @dataclass(frozen=True)
@@ -87,6 +103,10 @@ class Pt2Archive:
         self.entries: dict[str, ZipEntry] = {name[len(self.root) :]: e for name, e in entries.items()}
         if MODEL_JSON not in self.entries:
             raise CorruptArchiveError(path, "zip archive holds no torch.export program")
+        for name in self.entries:
+            if not _KNOWN_ENTRY.match(name):
+                raise CorruptArchiveError(path, f"holds {name[:80]!r}, an entry torch.export does not write")
+        self._parsed: dict[str, Any] = {}
 
     # ----- raw access ---------------------------------------------------------------------------
 
@@ -94,12 +114,20 @@ class Pt2Archive:
         return read_entry(self.path, self.root + name, self.path)
 
     def read_json(self, name: str) -> Any:
-        if self.entries[name].size > MAX_JSON_BYTES:
-            raise CorruptArchiveError(self.path, f"{name} is larger than any torch.export config")
+        """A JSON entry parsed, once: its size is bounded before it is inflated."""
+        if name in self._parsed:
+            return self._parsed[name]
+        limit = MAX_PROGRAM_JSON if name == MODEL_JSON else MAX_CONFIG_JSON
+        if self.entries[name].size > limit:
+            raise CorruptArchiveError(
+                self.path, f"{name} inflates to {self.entries[name].size:,} bytes, more than any program "
+                f"of this kind ({limit:,})"
+            )  # fmt: skip
         try:
-            return json.loads(self.read(name))
+            self._parsed[name] = json.loads(self.read(name))
         except (ValueError, RecursionError) as exc:
-            raise CorruptArchiveError(self.path, f"{name} is not valid JSON ({exc})") from None
+            raise CorruptArchiveError(self.path, f"{name} is not valid JSON ({_line(exc)})") from None
+        return self._parsed[name]
 
     def record_bytes(self, name: str) -> torch.Tensor:
         """A record's bytes as a uint8 tensor: a copy-on-write map of a stored entry, else read.
@@ -203,7 +231,9 @@ class Pt2Archive:
             stored.append(self._stored_elements(payload))
         if SAMPLE_INPUTS in self.entries and self.entries[SAMPLE_INPUTS].size:
             self._refuse_pickle(SAMPLE_INPUTS, "sample inputs")
+        self.register_custom_ops()  # their schemas, for the arguments' check
         document = self.read_json(MODEL_JSON)
+        self.budget = size_budget(stored)
         problem = program_problem(document, stored) or guards_problem(document)
         if problem:
             raise UnsafeArchiveError(self.path, f"{MODEL_JSON}: {problem}; {TRUST_HINT}")
@@ -285,7 +315,13 @@ class Pt2Archive:
     def register_custom_ops(self) -> None:
         """Define coreai-torch's compression ops if the program calls them (compressed weights):
         torch cannot deserialize a call of an op this process does not know."""
-        if COREAI_OP_MARKER in self.read(MODEL_JSON):
+        document = self.read_json(MODEL_JSON)
+        graph = document.get("graph_module", {}).get("graph", {}) if isinstance(document, dict) else {}
+        nodes = graph.get("nodes") if isinstance(graph, dict) else None
+        if isinstance(nodes, list) and any(
+            isinstance(node, dict) and str(node.get("target", "")).startswith(COREAI_OP_PREFIX)
+            for node in nodes
+        ):
             from coreai_opt._export._ops import register_coreai_ops
 
             register_coreai_ops()
@@ -307,6 +343,9 @@ class Pt2Archive:
             raise CorruptArchiveError(
                 self.path, f"cannot read the torch.export program ({_line(exc)})"
             ) from None
+        problem = shapes_problem(program, self.budget)
+        if problem:
+            raise UnsafeArchiveError(self.path, f"{MODEL_JSON}: {problem}; {TRUST_HINT}")
         if flattened:
             program.graph_module.meta[FLATTENED_META] = flattened
         return program
@@ -334,6 +373,8 @@ def _tensor_layout(meta: dict[str, Any]) -> tuple[Any, tuple[int, ...], tuple[in
         (offset,) = ints([meta["storage_offset"]])
         if len(size) != len(stride):
             raise ValueError("sizes and strides differ in length")
+        if len(size) > MAX_RANK:
+            raise ValueError(f"{len(size)} dimensions (at most {MAX_RANK})")
         if math.prod(size) >= 1 << 62:
             raise ValueError("more elements than any tensor holds")
     except (KeyError, ValueError, TypeError) as exc:

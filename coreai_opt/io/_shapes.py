@@ -1,0 +1,198 @@
+"""The shapes a program computes, held to the shapes it declares, before anything runs it.
+
+The audit (`_program_audit`) bounds what a file declares; what its ops compute is another matter:
+forty chained `cat([t, t])` declared as `[4]` ask for 2**42 elements when run, and a kernel handed
+arguments whose shapes disagree (a batch norm's bias of 0 channels for 3) reads past its buffers.
+So the program is first run on fake tensors (shapes and dtypes, no data: each op's meta kernel,
+which checks what its real kernel would assume), from the stored weights' own shapes and the
+inputs' declared shapes, and every value it computes must equal what the file declares for it
+and hold at most `budget` elements. A size that depends on data (`nonzero`) must be bounded too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ._errors import one_line
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+    from torch.fx import Node
+
+_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes")
+
+
+class _Mismatch(Exception):
+    """Raised inside the walk; `shapes_problem` returns its text."""
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Fake tensors log a traceback for every kernel that refuses its shapes: the refusal is ours
+    to report, in one line."""
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def shapes_problem(program: ExportedProgram, budget: int) -> str | None:
+    """Why running `program` would compute a value other than the one it declares, or one of over
+    `budget` elements, as one line naming the node; None when every node keeps to its declaration."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    stored = _stored(program)
+    values: dict[Node, Any] = {}
+    try:
+        with _quiet():
+            for node in program.graph.nodes:
+                if node.op == "placeholder":
+                    values[node] = _placeholder(node, stored.get(node.name), mode, budget)
+                elif node.op == "call_function":
+                    values[node] = _call(node, values, mode, budget)
+    except _Mismatch as mismatch:
+        return str(mismatch)
+    return None
+
+
+def _stored(program: ExportedProgram) -> dict[str, torch.Tensor]:
+    """Placeholder name -> the tensor the file stores for it (weights, buffers, constants)."""
+    signature, found = program.graph_signature, {}
+    tables = (
+        (signature.inputs_to_parameters, program.state_dict),
+        (signature.inputs_to_buffers, program.state_dict),
+        (signature.inputs_to_lifted_tensor_constants, program.constants),
+    )
+    for names, table in tables:
+        for placeholder, target in names.items():
+            if target in table:
+                found[placeholder] = table[target]
+    return found
+
+
+def _concrete(size: Any) -> int | None:
+    """A declared size as a number (a symbolic one at its hint), or None where it has none."""
+    if isinstance(size, int):
+        return size
+    hint = getattr(getattr(size, "node", None), "hint", None)
+    return hint if isinstance(hint, int) else None
+
+
+def _placeholder(node: Node, stored: torch.Tensor | None, mode: Any, budget: int) -> Any:
+    """A fake input: a stored tensor's own shape (which must be the one declared), else the
+    declared shape at its hints."""
+    import torch
+
+    declared = node.meta.get("val")
+    if not isinstance(declared, torch.Tensor):
+        return declared  # a symbolic size or a constant: used as declared
+    shape = [_concrete(size) for size in declared.shape]
+    if stored is not None:
+        if list(stored.shape) != shape or stored.dtype != declared.dtype:
+            raise _Mismatch(
+                f"input {node.name} is stored as {_shape(stored)} but declared {_shape(declared)}"
+            )
+    elif any(size is None for size in shape):
+        raise _Mismatch(f"input {node.name} declares a size with no value to check the program at")
+    _within(node, shape, budget)
+    with mode:
+        return torch.empty(shape, dtype=declared.dtype, device=declared.device)
+
+
+def _call(node: Node, values: dict[Node, Any], mode: Any, budget: int) -> Any:
+    import torch
+    from torch.fx.node import map_arg
+
+    args, kwargs = map_arg((node.args, node.kwargs), lambda used: values[used])
+    try:
+        with mode:
+            computed = node.target(*args, **kwargs)
+    except Exception as exc:  # a meta kernel refusing its arguments, any type
+        raise _Mismatch(
+            f"node {node.name} ({_op(node)}) fails on the shapes it is given ({one_line(exc, 160)})"
+        ) from None
+    leaves = torch.utils._pytree.tree_leaves(computed)
+    declared = torch.utils._pytree.tree_leaves(node.meta.get("val"))
+    if len(leaves) != len(declared):
+        raise _Mismatch(
+            f"node {node.name} ({_op(node)}) computes {len(leaves)} values but declares {len(declared)}"
+        )
+    for value, claim in zip(leaves, declared, strict=True):
+        _held(node, value, claim, mode, budget)
+    return computed
+
+
+def _held(node: Node, value: Any, claim: Any, mode: Any, budget: int) -> None:
+    """One computed value against its declaration: the same dtype and sizes, within the budget."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        number, declared = _concrete(value), _concrete(claim)
+        if number is not None and declared is not None and number != declared:
+            raise _Mismatch(f"node {node.name} ({_op(node)}) computes {number} but declares {declared}")
+        return
+    if not isinstance(claim, torch.Tensor) or claim.dtype != value.dtype or claim.dim() != value.dim():
+        raise _Mismatch(
+            f"node {node.name} ({_op(node)}) computes {_shape(value)} but declares {_shape(claim)}"
+        )
+    sizes = []
+    for size, declared in zip(value.shape, claim.shape, strict=True):
+        number = _concrete(size)
+        if number is None:  # a size from data: its bound, against a declaration that is no number
+            if _concrete(declared) is not None:
+                raise _Mismatch(
+                    f"node {node.name} ({_op(node)}) computes a size from data where it declares one"
+                )
+            number = _upper(size, mode)
+        elif _concrete(declared) != number:
+            raise _Mismatch(
+                f"node {node.name} ({_op(node)}) computes {_shape(value)} but declares {_shape(claim)}"
+            )
+        sizes.append(number)
+    _within(node, sizes, budget)
+
+
+def _upper(size: Any, mode: Any) -> int:
+    """The largest value a size computed from data can take (a bound the shape environment
+    proves: `nonzero` of n elements has at most n rows), or an unbounded marker."""
+    bound = mode.shape_env.bound_sympy(size.node.expr).upper
+    return int(bound) if getattr(bound, "is_finite", False) else 1 << 62
+
+
+def _within(node: Node, sizes: list[int | None], budget: int) -> None:
+    elements = math.prod(max(size or 0, 0) for size in sizes)
+    if elements > budget:
+        raise _Mismatch(
+            f"node {node.name} ({_op(node)}) computes a tensor of {elements:,} elements "
+            f"(at most {budget:,} here)"
+        )
+
+
+def _op(node: Node) -> str:
+    target = node.target
+    return (
+        getattr(target, "__name__", "")
+        if callable(target) and not hasattr(target, "_schema")
+        else str(target)
+    )
+
+
+def _shape(value: Any) -> str:
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return "no tensor"
+    sizes = ", ".join(str(_concrete(size) if _concrete(size) is not None else "?") for size in value.shape)
+    return f"{str(value.dtype).removeprefix('torch.')}[{sizes}]"
