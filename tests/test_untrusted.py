@@ -163,6 +163,37 @@ def test_zip_level_attacks_get_their_own_message(kind: str, tmp_path: Path) -> N
         load_pt2(path)
 
 
+def test_a_program_json_inflating_past_any_real_one_is_refused_unread(tmp_path: Path) -> None:
+    """A 0.1 MB file whose model.json inflates to 65 MiB (whitespace): refused from the zip's
+    directory, before a byte is inflated, in well under a second."""
+    import time
+    import zipfile
+
+    root, members = h._pt2_members(h.SAMPLES / "mlp.pt2")
+    members[h.MODEL_JSON] = members[h.MODEL_JSON] + b" " * (65 << 20)
+    bomb = tmp_path / "bomb.pt2"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(root + name, data)
+    assert bomb.stat().st_size < 1 << 20
+    start = time.perf_counter()
+    with pytest.raises(CorruptArchiveError, match=r"models/model.json inflates to 68,1\d\d,\d\d\d bytes"):
+        load_pt2(bomb)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize(
+    "entry", ["extra2/x", "models/other.json", "data/weights/notes.txt", "xl_model_weights/a"]
+)
+def test_an_entry_torch_export_does_not_write_is_refused(entry: str, tmp_path: Path) -> None:
+    root, members = h._pt2_members(h.SAMPLES / "mlp.pt2")
+    path = h.write_pt2(tmp_path / "model.pt2", root, members | {entry: b"x" * 100})
+    with pytest.raises(
+        CorruptArchiveError, match=f"holds '{re.escape(entry)}', an entry torch.export does not write"
+    ):
+        load_pt2(path)
+
+
 def _rng_choosing(kind: str) -> random.Random:
     """A generator whose second choice (after the sample) is the zip attack `kind`."""
     kinds = ["encrypted", "method", "bomb", "traversal", "duplicate", "absolute", "directory"]
