@@ -38,7 +38,7 @@ from ._pickles import UnreadablePickle, forbidden_globals, torch_save_globals
 from ._program_audit import MAX_RANK, dtype_problem, path_problem, program_problem, size_budget
 from ._shapes import shapes_problem
 from ._treespec import FLATTENED_META, flatten_unknown_outputs
-from ._zip import ZipEntry, audit_zip, read_entry
+from ._zip import ZipEntry, audit_zip, read_entry, verify_zip
 
 if TYPE_CHECKING:
     import torch
@@ -91,7 +91,7 @@ class Pt2Archive:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        entries = audit_zip(path, path)
+        entries = audit_zip(path, path, verify=False)
         roots = {name.split("/", 1)[0] for name in entries}
         if len(roots) != 1 or any("/" not in name for name in entries):
             if "serialized_exported_program.json" in entries:
@@ -103,9 +103,12 @@ class Pt2Archive:
         self.entries: dict[str, ZipEntry] = {name[len(self.root) :]: e for name, e in entries.items()}
         if MODEL_JSON not in self.entries:
             raise CorruptArchiveError(path, "zip archive holds no torch.export program")
-        for name in self.entries:
+        for name, entry in self.entries.items():
             if not _KNOWN_ENTRY.match(name):
                 raise CorruptArchiveError(path, f"holds {name[:80]!r}, an entry torch.export does not write")
+            if name.endswith(".json"):
+                self._bounded(name, entry)
+        verify_zip(path, path)  # every entry inflated once, now that none can be a bomb
         self._parsed: dict[str, Any] = {}
 
     # ----- raw access ---------------------------------------------------------------------------
@@ -113,16 +116,19 @@ class Pt2Archive:
     def read(self, name: str) -> bytes:
         return read_entry(self.path, self.root + name, self.path)
 
+    def _bounded(self, name: str, entry: ZipEntry) -> None:
+        limit = MAX_PROGRAM_JSON if name == MODEL_JSON else MAX_CONFIG_JSON
+        if entry.size > limit:
+            raise CorruptArchiveError(
+                self.path, f"{name} inflates to {entry.size:,} bytes, more than any program of this kind "
+                f"({limit:,})"
+            )  # fmt: skip
+
     def read_json(self, name: str) -> Any:
         """A JSON entry parsed, once: its size is bounded before it is inflated."""
         if name in self._parsed:
             return self._parsed[name]
-        limit = MAX_PROGRAM_JSON if name == MODEL_JSON else MAX_CONFIG_JSON
-        if self.entries[name].size > limit:
-            raise CorruptArchiveError(
-                self.path, f"{name} inflates to {self.entries[name].size:,} bytes, more than any program "
-                f"of this kind ({limit:,})"
-            )  # fmt: skip
+        self._bounded(name, self.entries[name])
         try:
             self._parsed[name] = json.loads(self.read(name))
         except (ValueError, RecursionError) as exc:

@@ -8,10 +8,12 @@ bytes lie so that they can be mapped instead of read.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import struct
 import zipfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -104,8 +106,39 @@ def audit_zip(source: Path | IO[bytes], label: Path, *, verify: bool = True) -> 
     """Every entry of a zip archive by name, after refusing anything unsafe or damaged.
 
     `source` is a path or a seekable binary stream (a zip nested in another); errors name
-    `label`. With `verify`, every entry is read once so CRC and size damage surface here.
+    `label`. With `verify`, every entry is read once so CRC and size damage surface here; a caller
+    that refuses entries by name or size first passes `verify=False` and calls `verify_zip` after.
     """
+    with _opened(source, label) as (handle, archive, archive_size):
+        entries: dict[str, ZipEntry] = {}
+        for info in archive.infolist():
+            problem = _entry_problem(info, archive_size)
+            if problem is None and info.filename in entries:
+                problem = f"entry {info.filename} appears twice"
+            if problem is not None:
+                raise CorruptArchiveError(label, problem)
+            offset = _data_offset(handle, info, archive_size)
+            stored = info.compress_type == zipfile.ZIP_STORED
+            entries[info.filename] = ZipEntry(info.filename, info.file_size, stored, offset)
+    if verify:
+        verify_zip(source, label)
+    return entries
+
+
+def verify_zip(source: Path | IO[bytes], label: Path) -> None:
+    """Read every entry of an audited archive once: CRC-32 and size damage surface here."""
+    with _opened(source, label) as (_, archive, _):
+        for info in archive.infolist():
+            try:
+                _verify_entry(archive, info)
+            except ZIP_ERRORS as exc:
+                detail = "bad CRC-32" if "CRC" in str(exc) else _first_line(exc)
+                raise CorruptArchiveError(label, f"damaged zip entry {info.filename} ({detail})") from None
+
+
+@contextlib.contextmanager
+def _opened(source: Path | IO[bytes], label: Path) -> Iterator[tuple[IO[bytes], zipfile.ZipFile, int]]:
+    """(handle, zip, archive bytes) of a path or stream; zipfile's errors as one typed line."""
     opened = open(source, "rb") if isinstance(source, Path) else None  # noqa: SIM115
     handle = opened if opened is not None else source
     assert not isinstance(handle, Path)
@@ -113,27 +146,8 @@ def audit_zip(source: Path | IO[bytes], label: Path, *, verify: bool = True) -> 
         handle.seek(0, 2)
         archive_size = handle.tell()
         handle.seek(0)
-        entries: dict[str, ZipEntry] = {}
         with zipfile.ZipFile(handle) as archive:
-            for info in archive.infolist():
-                problem = _entry_problem(info, archive_size)
-                if problem is None and info.filename in entries:
-                    problem = f"entry {info.filename} appears twice"
-                if problem is not None:
-                    raise CorruptArchiveError(label, problem)
-                offset = _data_offset(handle, info, archive_size)
-                stored = info.compress_type == zipfile.ZIP_STORED
-                entries[info.filename] = ZipEntry(info.filename, info.file_size, stored, offset)
-            if verify:
-                for info in archive.infolist():
-                    try:
-                        _verify_entry(archive, info)
-                    except ZIP_ERRORS as exc:
-                        detail = "bad CRC-32" if "CRC" in str(exc) else _first_line(exc)
-                        raise CorruptArchiveError(
-                            label, f"damaged zip entry {info.filename} ({detail})"
-                        ) from None
-        return entries
+            yield handle, archive, archive_size
     except CorruptArchiveError:
         raise
     except ZIP_ERRORS as exc:
