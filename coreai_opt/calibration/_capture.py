@@ -19,13 +19,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
+import re
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._cache import user_cache
+from coreai_opt._cache import cache_folder_for, plain_name, user_cache
 from coreai_opt.weights import Consumer, Needs, Statistics
 
 from ._graph import call, state_only, state_value
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
 CACHE_ENV = "COREOPT_CACHE"
+_WITHOUT = "statistics are taken afresh and not stored"  # what a refused cache folder costs
+_SQUARES_FILE = re.compile(r"\d{5,}\.f32")  # a Fisher pass's file a weight (`_FisherStore.saving`)
 # Raised when what statistics a name gets changes (3: an embedding's twin head, `_twins`).
 _STATISTICS_VERSION = "3"
 
@@ -447,14 +452,15 @@ class ProgramCalibration:
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
     def _load(self, key: str, names: Sequence[str]) -> dict[str, Statistics] | None:
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        path = cache_folder() / f"{key}.safetensors"
-        if not path.is_file():
+        folder = _usable_folder(create=False)
+        if folder is None or not (folder / f"{key}.safetensors").is_file():
             return None
         try:
-            tensors = load_file(str(path))
-            rows = json.loads((cache_folder() / f"{key}.json").read_text())
+            tensors = load_file(str(folder / f"{key}.safetensors"))  # each tensor's bytes fit its shape
+            rows = _json_object(folder / f"{key}.json")
             here = {key: value.to(self.device) for key, value in tensors.items()}
             return {
                 name: Statistics(
@@ -465,13 +471,13 @@ class ProgramCalibration:
                 )
                 for name in names
             }
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError, SafetensorError):
             return None  # a damaged cache entry is recomputed
 
     def _store(self, key: str, found: dict[str, Statistics]) -> None:
         from safetensors.torch import save_file
 
-        from coreai_opt.io import write_atomically
+        from coreai_opt.io import ModelFileError, write_atomically
 
         tensors = {}
         for name, statistics in found.items():
@@ -479,13 +485,14 @@ class ProgramCalibration:
                 value = getattr(statistics, field)
                 if value is not None:
                     tensors[f"{name}/{field}"] = value.contiguous().cpu()
-        folder = cache_folder()
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = _usable_folder(create=True)
+            if folder is None:
+                return
             write_atomically(folder / f"{key}.safetensors", lambda tmp: save_file(tensors, str(tmp)))
             text = json.dumps({name: s.rows for name, s in found.items()})
             write_atomically(folder / f"{key}.json", lambda tmp: tmp.write_text(text))
-        except OSError:
+        except (OSError, ModelFileError):
             pass  # a cache that cannot be written only costs time
 
 
@@ -498,31 +505,39 @@ class _FisherStore:
     the pass is done."""
 
     def __init__(self, key: str) -> None:
-        self.folder = cache_folder() / f"{key}.fisher"
+        self.name = f"{key}.fisher"
 
     def load(self, names: Sequence[str], device: torch.device) -> Iterator[tuple[str, Statistics]] | None:
         """The stored weights' statistics, read one at a time; None unless all of `names` are
         stored whole (a damaged entry is recomputed)."""
-        import math
-
+        root = _usable_folder(create=False)
+        folder = root / self.name if root is not None else None
+        if folder is None or cache_folder_for(folder, create=False, without=_WITHOUT) is None:
+            return None
         try:
-            entries = json.loads((self.folder / "index.json").read_text())["weights"]
-            if sorted(str(entry[0]) for entry in entries) != sorted(names):
+            entries = _fisher_entries(_json_object(folder / "index.json"))
+            if entries is None or sorted(entry[0] for entry in entries) != sorted(names):
                 return None
             for _, file, _, shape in entries:
-                if (self.folder / str(file)).stat().st_size != 4 * math.prod(int(n) for n in shape):
+                found = os.lstat(folder / file)
+                if not stat.S_ISREG(found.st_mode) or found.st_size != 4 * math.prod(shape):
                     return None
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError):
             return None
-        return self._read(entries, device)
+        return self._read(folder, entries, device)
 
-    def _read(self, entries: list[list[Any]], device: torch.device) -> Iterator[tuple[str, Statistics]]:
+    def _read(
+        self, folder: Path, entries: list[tuple[str, str, int, list[int]]], device: torch.device
+    ) -> Iterator[tuple[str, Statistics]]:
         import numpy as np
         import torch
 
         for name, file, rows, shape in entries:
-            values = np.fromfile(self.folder / file, dtype="<f4").reshape([int(n) for n in shape])
-            yield name, Statistics(int(rows), gradient_squares=torch.from_numpy(values).to(device))
+            count = math.prod(shape)
+            values = np.fromfile(folder / file, dtype="<f4", count=count)
+            if values.size != count:
+                raise OSError(f"{folder / file} was cut short while being read")
+            yield name, Statistics(rows, gradient_squares=torch.from_numpy(values.reshape(shape)).to(device))
 
     def saving(self, passing: Iterator[tuple[str, Statistics]]) -> Iterator[tuple[str, Statistics]]:
         """`passing`, each weight written as it goes by; stored once the pass is done (a cache
@@ -531,9 +546,11 @@ class _FisherStore:
         import tempfile
 
         try:
-            self.folder.parent.mkdir(parents=True, exist_ok=True)
-            temporary = Path(tempfile.mkdtemp(prefix=f".{self.folder.name}-", dir=self.folder.parent))
+            root = _usable_folder(create=True)
+            temporary = Path(tempfile.mkdtemp(prefix=f".{self.name}-", dir=root)) if root else None
         except OSError:
+            root = temporary = None
+        if root is None or temporary is None:  # not ours alone, or not writable: only costs time
             yield from passing
             return
         entries: list[list[Any]] | None = []
@@ -541,7 +558,7 @@ class _FisherStore:
             for name, statistics in passing:
                 squares = statistics.gradient_squares
                 if entries is not None and squares is not None:
-                    file = f"{len(entries):05d}.f32"
+                    file = f"{len(entries):05d}.f32"  # what _SQUARES_FILE reads back
                     try:
                         squares.float().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(
                             temporary / file
@@ -553,11 +570,54 @@ class _FisherStore:
             if entries is not None:
                 try:
                     (temporary / "index.json").write_text(json.dumps({"weights": entries}))
-                    temporary.rename(self.folder)
+                    temporary.rename(root / self.name)
                 except OSError:
                     pass  # another run stored the same pass first, or the disk is full
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _fisher_entries(index: dict[str, Any]) -> list[tuple[str, str, int, list[int]]] | None:
+    """The Fisher index's entries, each [name, file, rows, shape] as `_FisherStore` writes them;
+    None (a miss) for anything else - a file named by a path, above all, is never read."""
+    entries = index.get("weights")
+    if not isinstance(entries, list):
+        return None
+    found = []
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) != 4:
+            return None
+        name, file, rows, shape = entry
+        file = plain_name(file, _SQUARES_FILE)
+        if not isinstance(name, str) or file is None or not _count(rows):
+            return None
+        if not isinstance(shape, list) or not all(_count(n) for n in shape):
+            return None
+        found.append((name, file, rows, shape))
+    return found
+
+
+def _count(value: object) -> bool:
+    """A whole number of rows or elements (JSON's true is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A cache file's JSON object; ValueError for anything else (nesting too deep for the parser
+    included), which its reader takes as a miss."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError as exc:
+        raise ValueError(f"{path} is nested too deeply") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds no JSON object")
+    return data
+
+
+def _usable_folder(*, create: bool) -> Path | None:
+    """The cache folder when it keeps the rule of every cache folder (`coreai_opt._cache`), else
+    None: statistics another user planted would shape the compressed model."""
+    return cache_folder_for(cache_folder(), create=create, without=_WITHOUT)
 
 
 def cache_folder() -> Path:

@@ -1,21 +1,47 @@
 """numba kernels of the exact 1-D k-means (see _kmeans). Imported only when palettizing: numba
 compiles them on first call and caches the machine code on disk, in ~/.cache/coreopt/numba (never
 beside the source: an installed package's folder may be read-only, and a checkout stays clean)
-unless NUMBA_CACHE_DIR says where."""
+unless NUMBA_CACHE_DIR says where. numba's cache files are pickles it loads, so the disk cache is
+used only where both that folder and the subfolder numba keeps these kernels in keep the rule of
+every cache folder (`coreai_opt._cache`); elsewhere the kernels compile afresh, with one warning."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import numba
 import numpy as np
 
-from coreai_opt._cache import user_cache
+from coreai_opt._cache import cache_folder_for, user_cache, warn_unused
 
-if not os.environ.get("NUMBA_CACHE_DIR"):
-    numba.config.CACHE_DIR = str(user_cache("numba"))  # read when a kernel is made
-jit = numba.njit(cache=True, nogil=True, error_model="numpy")  # numpy model: no zero-divisor checks
+_WITHOUT = "the k-means kernels compile afresh (about 15 s) and are not stored"
+
+
+def _disk_cache() -> bool:
+    """Whether numba may keep these kernels on disk: its folder (`CACHE_DIR`, read when a kernel
+    is made) and the subfolder it reads them from keep the rule and can be written - where they
+    cannot, numba would look for a cache beside the source or in ~/.cache/numba instead."""
+    from numba.core.caching import UserProvidedCacheLocator
+
+    numba.config.CACHE_DIR = os.environ.get("NUMBA_CACHE_DIR") or str(user_cache("numba"))
+    root = Path(numba.config.CACHE_DIR)
+    kernels = root / UserProvidedCacheLocator.get_suitable_cache_subpath(__file__)
+    try:
+        for folder in (root, kernels):
+            if cache_folder_for(folder, create=True, without=_WITHOUT) is None:
+                return False
+    except OSError as exc:
+        warn_unused(root, f"it cannot be made ({exc.strerror})", _WITHOUT)
+        return False
+    if not os.access(kernels, os.W_OK | os.X_OK):
+        warn_unused(kernels, "it cannot be written", _WITHOUT)
+        return False
+    return True
+
+
+jit = numba.njit(cache=_disk_cache(), nogil=True, error_model="numpy")  # numpy model: no zero-divisor checks
 
 
 @jit

@@ -13,7 +13,8 @@ The record is a folder of empty files named by the SHA-256 of such a key: nothin
 read or parsed, only looked up. It lives in ~/.cache/coreopt/checked-assets, or in the folder
 `COREOPT_CHECKED_ASSETS` names; `COREOPT_CHECKED_ASSETS=off` checks every asset in every process.
 A folder that another user owns or may write to is not trusted (an entry planted there would
-switch the check off) and is neither read nor written.
+switch the check off) and is neither read nor written: the rule of every cache folder
+(`coreai_opt._cache`), with its one warning line.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import contextlib
 import functools
 import hashlib
 import os
-import stat
 from pathlib import Path
 
-from coreai_opt._cache import user_cache
+from coreai_opt._cache import cache_folder_for, user_cache
 
 RECORD_ENV = "COREOPT_CHECKED_ASSETS"
+_WITHOUT = "every .aimodel from elsewhere is checked in a worker"  # what a refused record costs
 # Raised whenever the worker's check changes what it covers, so older entries stop counting.
 _CHECK_VERSION = "1"
 _MAX_ENTRIES = 4096
@@ -66,20 +67,10 @@ def _coreai_version() -> str:
         return "unknown"
 
 
-def _trusted(folder: Path) -> bool:
-    """Ours alone: owned by this user, written by nobody else."""
-    try:
-        found = folder.stat()
-    except OSError:
-        return False
-    owner = os.getuid() if hasattr(os, "getuid") else found.st_uid
-    return stat.S_ISDIR(found.st_mode) and found.st_uid == owner and not found.st_mode & 0o022
-
-
 def was_checked(key: tuple[object, ...]) -> bool:
     """Whether an asset with this key passed the check (or was written by coreopt) before."""
     folder, name = record_folder(), _entry_name(key)
-    if folder is None or name is None or not _trusted(folder):
+    if folder is None or name is None or cache_folder_for(folder, create=False, without=_WITHOUT) is None:
         return False
     return (folder / name).is_file()
 
@@ -90,8 +81,7 @@ def remember(key: tuple[object, ...]) -> None:
     if folder is None or name is None:
         return
     with contextlib.suppress(OSError):
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not _trusted(folder):
+        if cache_folder_for(folder, create=True, without=_WITHOUT) is None:
             return
         with contextlib.suppress(FileExistsError):
             os.close(os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

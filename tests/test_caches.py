@@ -1,0 +1,359 @@
+"""Caches are not trusted blindly: a cache folder is used only when it is a folder owned by this user
+that nobody else may write (else the work is done afresh, with one warning line on stderr); an
+index names plain files of its own folder; a damaged entry is a miss; numba's pickled kernels are
+never loaded from a folder that fails the rule."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from coreai_opt._cache import cache_folder_for, folder_problem
+from coreai_opt.calibration import Samples, calibrate
+from coreai_opt.io import load_pt2
+from coreai_opt.weights import Needs
+from tests.conftest import ROOT, SAMPLES
+
+MLP_WEIGHTS = ["fc1.weight", "fc2.weight", "fc3.weight"]
+
+
+def _samples(tmp_path: Path) -> Samples:
+    path = tmp_path / "x.safetensors"
+    save_file({"x": torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(1))}, str(path))
+    return Samples.of(path)
+
+
+def _gram(samples: Samples, cache: bool = True) -> dict[str, torch.Tensor]:
+    found = calibrate(load_pt2(SAMPLES / "mlp.pt2"), samples, cache=cache).statistics(
+        MLP_WEIGHTS, Needs.INPUT_GRAM
+    )
+    return {name: s.gram for name, s in found.items()}
+
+
+def _squares(samples: Samples, cache: bool = True) -> dict[str, torch.Tensor]:
+    found = calibrate(load_pt2(SAMPLES / "mlp.pt2"), samples, cache=cache).statistics(
+        MLP_WEIGHTS, Needs.GRADIENT_SQUARES
+    )
+    return {name: s.gradient_squares for name, s in found.items()}
+
+
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _warnings(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("warning: cache folder")]
+
+
+# ----- the rule ----------------------------------------------------------------------------------
+
+
+def test_the_rule_takes_only_a_folder_of_this_users_that_nobody_else_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o700)
+    assert folder_problem(ours) is None
+    (tmp_path / "link").symlink_to(ours)
+    (tmp_path / "file").write_text("")
+    assert folder_problem(tmp_path / "link") == "it is a symbolic link"
+    assert folder_problem(tmp_path / "file") == "it is not a folder"
+    assert folder_problem(tmp_path / "missing") == "it does not exist"
+    for mode in (0o777, 0o770, 0o702):
+        ours.chmod(mode)
+        assert folder_problem(ours) == f"others may write to it (mode {mode:04o})"
+    ours.chmod(0o755)  # others may read: nothing they could plant
+    assert folder_problem(ours) is None
+    uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: uid + 1)
+    assert folder_problem(ours) == f"it is owned by user {uid}, not by this one ({uid + 1})"
+
+
+def test_cache_folders_and_their_parents_are_made_private_and_a_bad_one_is_named_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    made = cache_folder_for(tmp_path / "a" / "b" / "c", create=True)
+    assert made == tmp_path / "a" / "b" / "c"
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", made):
+        assert folder.stat().st_mode & 0o777 == 0o700
+    assert cache_folder_for(tmp_path / "none", create=False) is None and not (tmp_path / "none").exists()
+    made.chmod(0o777)
+    assert cache_folder_for(made, create=True, without="done afresh") is None
+    assert cache_folder_for(made, create=False, without="done afresh") is None
+    assert _warnings(capsys.readouterr().err) == [
+        f"warning: cache folder {made} is not used: others may write to it (mode 0777); done afresh"
+    ]
+
+
+# ----- calibration statistics ---------------------------------------------------------------------
+
+
+def _poisoned_statistics(folder: Path) -> None:
+    """Every stored statistic doubled, in place (a planted file with the right name)."""
+    for path in folder.glob("*.safetensors"):
+        save_file({k: 2 * v for k, v in load_file(str(path)).items()}, str(path))
+
+
+def _refused(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: Path) -> tuple[Path, str]:
+    """A cache folder holding `planted`'s files that fails the rule as `kind` says, and why."""
+    if kind == "link":
+        (tmp_path / "link").symlink_to(planted)
+        return tmp_path / "link", "it is a symbolic link"
+    folder = tmp_path / kind
+    shutil.copytree(planted, folder)
+    if kind == "stranger":
+        uid = os.getuid()
+        monkeypatch.setattr(os, "getuid", lambda: uid + 1)
+        return folder, f"it is owned by user {uid}, not by this one ({uid + 1})"
+    mode = {"shared": 0o777, "group": 0o770}[kind]
+    folder.chmod(mode)
+    return folder, f"others may write to it (mode {mode:04o})"
+
+
+@pytest.mark.parametrize("kind", ["shared", "group", "link", "stranger"])
+def test_statistics_planted_in_a_folder_that_fails_the_rule_are_never_read(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The planted files are where the cache looks (a checked folder holding them is read: the
+    doubled values come back); in a folder that fails the rule they are not, the statistics equal
+    the uncached ones bit for bit, nothing is stored there, and one line says why."""
+    samples = _samples(tmp_path)
+    fresh = _gram(samples, cache=False)
+    checked = tmp_path / "checked"
+    monkeypatch.setenv("COREOPT_CACHE", str(checked))
+    assert _equal(_gram(samples), fresh)
+    _poisoned_statistics(checked)
+    assert _equal(_gram(samples), {k: 2 * v for k, v in fresh.items()})  # a checked folder is read
+    capsys.readouterr()
+    folder, why = _refused(kind, tmp_path, monkeypatch, checked)
+    before = sorted(p.name for p in folder.iterdir())
+    monkeypatch.setenv("COREOPT_CACHE", str(folder))
+    assert _equal(_gram(samples), fresh)
+    assert _equal(_squares(samples), _squares(samples, cache=False))  # the Fisher pass's store too
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert _warnings(capsys.readouterr().err) == [
+        f"warning: cache folder {folder} is not used: {why}; statistics are taken afresh and not stored"
+    ]
+
+
+@pytest.mark.parametrize("damage", ["header", "short", "rows deep", "rows list"])
+def test_a_damaged_statistics_entry_is_a_miss(
+    damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    samples = _samples(tmp_path)
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    first = _gram(samples)
+    (stored,) = (tmp_path / "cache").glob("*.safetensors")
+    rows = stored.with_suffix(".json")
+    if damage == "header":
+        stored.write_bytes(b"\xff" * 16)
+    elif damage == "short":
+        stored.write_bytes(stored.read_bytes()[:-8])
+    elif damage == "rows deep":
+        rows.write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        rows.write_text("[8, 8, 8]")
+    assert _equal(_gram(samples), first)
+
+
+# ----- the Fisher pass's index ------------------------------------------------------------------
+
+
+def _stored_fisher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Samples, dict[str, Any], Path]:
+    """Squared gradients stored in a checked cache: the samples, the values and the pass's folder."""
+    samples = _samples(tmp_path)
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    first = _squares(samples)
+    (stored,) = (tmp_path / "cache").glob("*.fisher")
+    return samples, first, stored
+
+
+def _recomputed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from coreai_opt.calibration._fisher import SegmentedBackward
+
+    runs: list[int] = []
+    real_run = SegmentedBackward.run
+    monkeypatch.setattr(SegmentedBackward, "run", lambda self, *a: runs.append(1) or real_run(self, *a))
+    return runs
+
+
+def test_a_stored_fisher_pass_is_read_from_its_own_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checked folder still caches: the second run reads the files its index names (a file
+    changed in place, the same size, comes back as it now is)."""
+    samples, _, stored = _stored_fisher(tmp_path, monkeypatch)
+    index = json.loads((stored / "index.json").read_text())["weights"]
+    name, file, _, shape = index[0]
+    (stored / file).write_bytes(torch.full(shape, 7.0).numpy().astype("<f4").tobytes())
+    runs = _recomputed(monkeypatch)
+    again = _squares(samples)
+    assert not runs and torch.equal(again[name], torch.full(shape, 7.0))
+
+
+@pytest.mark.parametrize(
+    "entry", ["absolute", "parent", "nested", "not a name", "short", "long", "deep", "shape"]
+)
+def test_a_fisher_index_naming_anything_but_its_own_plain_files_is_a_miss(
+    entry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An index entry naming a file elsewhere (of exactly the size its shape asks for, holding
+    other values) is never read: the pass runs again and its values are the true ones."""
+    samples, first, stored = _stored_fisher(tmp_path, monkeypatch)
+    path = stored / "index.json"
+    index = json.loads(path.read_text())
+    _, file, _, shape = index["weights"][0]
+    size = 4 * torch.Size(shape).numel()
+    outside = tmp_path / "outside.f32"
+    outside.write_bytes(torch.full(shape, 7.0).numpy().astype("<f4").tobytes())
+    (stored / "sub").mkdir()
+    shutil.copy(outside, stored / "sub" / file)
+    changed = {
+        "absolute": str(outside), "parent": "../../outside.f32", "nested": f"sub/{file}", "not a name": 5,
+    }  # fmt: skip
+    if entry in changed:
+        index["weights"][0][1] = changed[entry]
+    elif entry == "short":
+        (stored / file).write_bytes(b"\0" * (size - 4))
+    elif entry == "long":
+        (stored / file).write_bytes(b"\0" * (size + 4))
+    elif entry == "shape":
+        index["weights"][0][3] = [-1, -size // 4]
+    path.write_text("[" * 100_000 + "]" * 100_000 if entry == "deep" else json.dumps(index))
+    runs = _recomputed(monkeypatch)
+    assert _equal(_squares(samples), first) and runs == [1]
+
+
+# ----- optimize's cache -------------------------------------------------------------------------
+
+
+def test_optimizes_cache_reads_and_writes_only_its_own_names_in_checked_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from coreai_opt.optimization import _cache
+
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    column = _cache.folder() / f"{'ab' * 16}.json"
+    trials = _cache.folder() / f"{'cd' * 16}.trials-v2-bf16-64.json"
+    _cache.write(column, {"weights": {}})
+    _cache.write(trials, {"tokens": 64})
+    assert _cache.folder().stat().st_mode & 0o777 == 0o700
+    assert _cache.read(column) == {"weights": {}} and _cache.read(trials) == {"tokens": 64}
+    (_cache.folder() / "passwd").write_text("{}")
+    assert _cache.read(_cache.folder() / "passwd") is None
+    column.write_text("[" * 100_000 + "]" * 100_000)
+    assert _cache.read(column) is None
+    capsys.readouterr()
+    _cache.folder().chmod(0o777)
+    assert _cache.read(trials) is None
+    _cache.write(column, {"weights": {}})
+    assert column.read_text().startswith("[[")  # not written
+    assert _warnings(capsys.readouterr().err) == [
+        f"warning: cache folder {_cache.folder()} is not used: others may write to it (mode 0777); "
+        "every cost is measured afresh and not stored"
+    ]
+
+
+# ----- the checked-assets record ----------------------------------------------------------------
+
+
+def test_a_checked_assets_record_others_may_write_is_named_and_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from coreai_opt.io._checked import RECORD_ENV, remember, was_checked
+
+    record = tmp_path / "record"
+    monkeypatch.setenv(RECORD_ENV, str(record))
+    key = ((1, 2, 3, 4, 5), "asset")
+    remember(key)
+    assert was_checked(key) and record.stat().st_mode & 0o777 == 0o700
+    record.chmod(0o777)
+    assert not was_checked(key)
+    assert _warnings(capsys.readouterr().err) == [
+        f"warning: cache folder {record} is not used: others may write to it (mode 0777); "
+        "every .aimodel from elsewhere is checked in a worker"
+    ]
+
+
+# ----- numba's kernel cache ---------------------------------------------------------------------
+
+_KERNEL_RUN = textwrap.dedent(
+    """
+    import numpy as np
+    from numba.core.caching import NullCache
+    import coreai_opt.compression._kmeans_kernels as kernels
+
+    dispatchers = [v for v in vars(kernels).values() if hasattr(v, "py_func")]
+    print("cached" if not any(isinstance(d._cache, NullCache) for d in dispatchers) else "uncached")
+    points = np.arange(5.0)
+    assert kernels.run_cost(points, points, points, 0, 2) == 0.0
+    """
+)
+
+
+def _run_kernel(cache: Path) -> subprocess.CompletedProcess[str]:
+    """A new process (numba decides about its disk cache when the kernels are made) running one
+    kernel with `cache` as NUMBA_CACHE_DIR."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    return subprocess.run(
+        [sys.executable, "-c", _KERNEL_RUN],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+
+
+class _Fires:
+    """Unpickling this creates `marker` (as a planted payload would run a command)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.marker), "w"))
+
+
+def _plant_kernel_index(cache: Path, payload: bytes) -> None:
+    """`payload` where numba looks for run_cost's index under `cache` (its own naming)."""
+    from numba.core.caching import UserProvidedCacheLocator
+
+    from coreai_opt.compression import _kmeans_kernels as kernels
+
+    folder = cache / UserProvidedCacheLocator.get_suitable_cache_subpath(kernels.__file__)
+    folder.mkdir(mode=0o700, parents=True)
+    line = kernels.run_cost.py_func.__code__.co_firstlineno
+    version = f"py{sys.version_info.major}{sys.version_info.minor}{sys.abiflags}"
+    (folder / f"_kmeans_kernels.run_cost-{line}.{version}.nbi").write_bytes(payload)
+
+
+def test_numba_never_unpickles_kernels_from_a_folder_that_fails_the_rule(tmp_path: Path) -> None:
+    """A pickle planted as numba's index (.nbi) in a 0777 NUMBA_CACHE_DIR is not loaded: the kernels
+    compile without the disk cache and one line says so. The same plant in a checked folder is
+    loaded - so it sits where numba looks, and a checked folder is still read."""
+    marker = tmp_path / "fired"
+    shared, checked = tmp_path / "shared", tmp_path / "checked"
+    for cache in (shared, checked):
+        _plant_kernel_index(cache, pickle.dumps(_Fires(marker)))
+    shared.chmod(0o777)
+    refused = _run_kernel(shared)
+    assert refused.stdout.split() == ["uncached"] and not marker.exists()
+    assert _warnings(refused.stderr) == [
+        f"warning: cache folder {shared} is not used: others may write to it (mode 0777); "
+        "the k-means kernels compile afresh (about 15 s) and are not stored"
+    ]
+    read = _run_kernel(checked)
+    assert read.stdout.split() == ["cached"] and not _warnings(read.stderr) and marker.exists()
