@@ -137,3 +137,157 @@ def test_a_bad_recipe_is_one_line(text: str, problem: str, tmp_path: Path, coreo
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and problem in lines[0], result.stderr
     assert "Traceback" not in result.stderr and sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def _refused(coreopt, recipe: Path) -> str:  # type: ignore[no-untyped-def]
+    """`coreopt apply` on a bad recipe: exit 1, one stderr line naming the recipe, nothing written;
+    the problem that line gives."""
+    out = recipe.parent / "out.pt2"
+    result = coreopt("apply", recipe, SAMPLES / "mlp.pt2", "-o", out)
+    assert result.exit_code == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"error: {recipe}: "), result.stderr
+    assert not out.exists() and sorted(p.name for p in recipe.parent.iterdir()) == [recipe.name]
+    return result.stderr[len(f"error: {recipe}: ") : -1]
+
+
+def test_a_recipe_of_more_steps_than_any_real_one_is_refused_before_a_step_is_read(
+    tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    from coreai_opt.recipes._values import MAX_STEPS
+
+    steps = [{"budget": {"max_bytes": 10**9}}] * MAX_STEPS
+    path = tmp_path / "ok" / "r.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"steps": steps}))
+    applied = coreopt("apply", path, SAMPLES / "mlp.pt2", "-o", path.parent / "out.pt2", "--json")
+    assert applied.exit_code == 0 and len(json.loads(applied.stdout)["steps"]) == MAX_STEPS, applied.stderr
+    hostile = tmp_path / "hostile" / "r.json"  # 2,000 steps in 80 KB; the last one not even a step
+    hostile.parent.mkdir()
+    hostile.write_text(json.dumps({"steps": [{"budget": {"max_bytes": 10**9}}] * 1999 + ["smash"]}))
+    assert _refused(coreopt, hostile) == f"a recipe has at most {MAX_STEPS} steps, not 2000"
+    with pytest.raises(ConfigError, match=f"at most {MAX_STEPS} steps, not {MAX_STEPS + 1}"):
+        Recipe((Convert(),) * (MAX_STEPS + 1))
+
+
+@pytest.mark.parametrize(
+    "name, text, problem",
+    [
+        ("r.json", '{"steps": [{"budget": {"max_bytes": 1e400}}]}',
+         "steps[0].budget.max_bytes: numbers are finite, not inf"),
+        ("r.yaml", "steps: [{budget: {max_bytes: 1e400}}]",  # YAML 1.1 reads 1e400 as a string
+         "step 1 (budget): max_bytes must be an integer, not '1e400'"),
+        ("r.yaml", "steps: [{budget: {max_bytes: true}}]", "step 1 (budget): max_bytes must be an integer, not True"),
+        ("r.yaml", "steps: [{budget: {max_bytes: -1}}]", "step 1 (budget): max_bytes must be 0 or more, not -1"),
+        ("r.yaml", "steps: [{budget: {}}]", "step 1 (budget): a budget step needs max_bytes"),
+        ("r.json", '{"steps": [{"budget": {"max_bytes": 100000000000000000000}}]}',
+         "steps[0].budget.max_bytes: integers fit in 64 bits, not 100000000000000000000"),
+        ("r.yaml", "steps: [{cast: {ignored_ops: aten.exp.default}}]",
+         "step 1 (cast): ignored_ops must be a list, not 'aten.exp.default'"),
+        ("r.yaml", "steps: [{cast: {check: 'no'}}]", "step 1 (cast): check must be true or false, not 'no'"),
+        ("r.yaml", "steps: [{cast: {seed: -1}}]", "step 1 (cast): seed must be 0 or more, not -1"),
+        ("r.yaml", "steps: [{cast: {inputs: 7}}]", "step 1 (cast): inputs must be a string, not 7"),
+        ("r.yaml", "steps: [{compress: {config: {kind: palettize, n_bits: 4.0}}}]",
+         "step 1 (compress): config.n_bits must be an integer, not 4.0"),
+        ("r.yaml", "steps: [{compress: {config: {kind: palettize, overrides: [{pattern: 'a*', skip: 'no'}]}}}]",
+         "step 1 (compress): config.overrides[0].skip must be true or false, not 'no'"),
+        ("r.yaml", "steps: [{compress: {config: {kind: palettize, overrides: [{pattern: 'a*', n_bits: 8.5}]}}}]",
+         "step 1 (compress): config.overrides[0].n_bits must be an integer, not 8.5"),
+        ("r.yaml", "steps: [{compress: {config: {kind: sparsify, n_m_ratio: [2, 4, 8]}}}]",
+         "step 1 (compress): config.n_m_ratio must be a list of 2 items, not [2, 4, 8]"),
+        ("r.yaml", "steps: [{compress: {config: {kind: sparsify, target_sparsity: .nan}}}]",
+         "steps[0].compress.config.target_sparsity: numbers are finite, not nan"),
+        ("r.yaml", "steps: [{compress: {config: {kind: quantize, version: true}}}]",
+         "step 1 (compress): config.version must be an integer, not True"),
+        ("r.yaml", "steps: [{compress: {config: {kind: [quantize]}}}]",
+         "step 1 (compress): config.kind must be one of quantize, palettize, sparsify, not ['quantize']"),
+        ("r.yaml", "steps: [{compress: {config: {kind: quantize}, calibration_samples: 0}}]",
+         "step 1 (compress): calibration_samples must be 1 or more, not 0"),
+        ("r.yaml", "steps: [{quantize_activations: {calibration: random, activations: 5}}]",
+         "step 1 (quantize_activations): activations must be a mapping of options, not 5"),
+        ("r.yaml", "steps: [{quantize_activations: {calibration: random, activations: {percentil: 99}}}]",
+         "step 1 (quantize_activations): activations: ActivationConfig has no option 'percentil'"),
+        ("r.yaml", "steps: [{quantize_activations: {calibration: random, weights: {kind: quantize, block_size: '32'}}}]",
+         "step 1 (quantize_activations): weights.block_size must be an integer, not '32'"),
+        ("r.yaml", "steps: [{quantize_activations: {calibration: random, config: {}}}]",
+         "step 1 (quantize_activations): a quantize_activations step has no option 'config'"),
+        ("r.yaml", "steps: [{quantize_activations: {}}]",
+         "step 1 (quantize_activations): a quantize_activations step needs calibration"),
+        ("r.yaml", "steps: [{convert: {1: x, a: y}}]", "steps[0].convert: keys are strings of at most 4096 characters, not 1"),
+        ("r.yaml", "steps: [{convert: {}}]\nwhen: 2024-01-01", "when: a recipe holds no date values"),
+        ("r.yaml", "version: true\nsteps: [{convert: {}}]", "recipe version True is not 1"),
+        ("r.json", '{"steps": [{"cast": {"inputs": "' + "x" * 5000 + '"}}]}',
+         "steps[0].cast.inputs: at most 4096 characters, not 5000"),
+    ],
+)  # fmt: skip
+def test_every_value_of_every_step_is_type_checked_when_read(
+    name: str, text: str, problem: str, tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / name
+    path.write_text(text)
+    assert _refused(coreopt, path) == problem
+
+
+def test_steps_made_in_python_are_checked_too() -> None:
+    for make, problem in [
+        (lambda: Budget(max_bytes=float("inf")), "max_bytes must be an integer, not inf"),
+        (lambda: Cast(ignored_ops="aten.exp.default"), "ignored_ops must be a list, not 'aten.exp.default'"),
+        (lambda: Compress(config=QuantizeConfig(), calibration_tokens=True),
+         "calibration_tokens must be an integer, not True"),
+        (lambda: Compress(config={"kind": "quantize"}),
+         "config must be a QuantizeConfig or a PalettizeConfig or a SparsifyConfig, not {'kind': 'quantize'}"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            make()
+        assert str(refused.value) == problem
+
+
+@pytest.mark.parametrize(
+    "name, text, problem",
+    [
+        ("r.json", "[" * 100_000 + "]" * 100_000, "not a readable recipe (nested too deeply)"),
+        ("r.yaml", "steps: " + "[" * 40 + "]" * 40, "line 1: a recipe nests at most 16 levels deep"),
+        ("r.yaml", "a: &a [*a]\nsteps: [{convert: {}}]", "a" + "[0]" * 16 + ": a recipe nests at most 16 levels deep"),
+    ],
+)  # fmt: skip
+def test_a_recipe_nested_deep_is_one_line(
+    name: str, text: str, problem: str, tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / name
+    path.write_text(text)
+    assert _refused(coreopt, path) == problem
+
+
+def test_a_yaml_recipe_nested_100000_deep_is_one_line(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "r.yaml"
+    path.write_text("steps: " + "[" * 100_000 + "]" * 100_000)
+    problem = _refused(coreopt, path)  # libyaml's own limit (1,000) or ours, whichever reader runs
+    assert "nest" in problem and "Recursion" not in problem, problem
+
+
+def test_yaml_aliases_cannot_multiply_a_small_recipe(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    """Five levels of 16 aliases each: a few hundred bytes that are a million values once expanded."""
+    lines = ["a0: &a0 [" + ", ".join(["1"] * 16) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 16) + "]" for i in range(1, 5)]
+    path = tmp_path / "r.yaml"
+    path.write_text("\n".join([*lines, "steps: [{convert: {}}]"]))
+    assert (
+        _refused(coreopt, path)
+        == "a recipe holds at most 262144 values (an alias counts each time it is used)"
+    )
+
+
+def test_a_recipe_file_larger_than_any_real_one_is_not_read(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    from coreai_opt.recipes._values import MAX_FILE_BYTES
+
+    path = tmp_path / "r.json"
+    path.write_text('{"steps": [{"convert": {}}]}' + " " * MAX_FILE_BYTES)  # valid JSON, padded
+    assert _refused(coreopt, path) == "a recipe file is at most 4 MiB; this one is larger"
+
+
+def test_yaml_recipes_are_read_with_a_safe_loader(tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path.parent / f"{tmp_path.name}-pwned"
+    path = tmp_path / "r.yaml"
+    path.write_text(f'steps: [{{cast: {{to: !!python/object/apply:os.system ["touch {marker}"]}}}}]')
+    problem = _refused(coreopt, path)
+    assert problem.startswith("not a readable recipe (could not determine a constructor for the tag")
+    assert not marker.exists()

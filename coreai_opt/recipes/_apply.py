@@ -83,6 +83,7 @@ class _Run:
     executor: Any
     allow_empty: bool
     progress: Progress | None
+    sidecars: Any  # `models.Sidecars` read before the load: a bad one fails before anything is written
 
 
 def apply_recipe(
@@ -107,7 +108,9 @@ def apply_recipe(
     out = Path(output) if output is not None else default_output(source, recipe)
     model_format(out, (produced or kind,))
     check_output(out, force=force, inputs=(source,))
-    run = _Run(source, out, force, trust_pickle, executor, allow_empty, progress)
+    from coreai_opt.models import read_sidecars
+
+    run = _Run(source, out, force, trust_pickle, executor, allow_empty, progress, read_sidecars(source))
     _check_steps(recipe, run)
     program = (
         load_aimodel(source) if kind is ModelFormat.AIMODEL else load_pt2(source, trust_pickle=trust_pickle)
@@ -147,13 +150,13 @@ def _check_steps(recipe: Recipe, run: _Run) -> None:
 
 
 def _save(program: Any, out: Path, run: _Run) -> None:
-    from coreai_opt.models import copy_sidecars
+    from coreai_opt.models import write_sidecars
 
     if model_format(out) is ModelFormat.AIMODEL:
         save_aimodel(program, out, force=run.force, inputs=(run.source,))
     else:
         save_pt2(program, out, force=run.force, inputs=(run.source,))
-    copy_sidecars(run.source, out)  # what `coreopt export` said of the model, and its tokenizer
+    write_sidecars(run.sidecars, run.source, out)  # what `coreopt export` said of the model, its tokenizer
 
 
 StepOutcome = tuple[Any, StepResult, str | None]  # (the program after, the step's record, a failed check)

@@ -9,7 +9,9 @@
       - convert: {}
 
 `coreopt apply RECIPE MODEL -o OUT` runs one; every `coreopt quantize|palettize|sparsify|cast|convert`
-is a recipe of one step, and `coreopt optimize` writes the recipe it found.
+is a recipe of one step, and `coreopt optimize` writes the recipe it found. Recipes come from other
+people: a file is read within the bounds of `_values` (its size, steps, values, depth) and every
+value type-checked before any step is built.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from coreai_opt._errors import ConfigError
-from coreai_opt.io import ModelFileError, write_atomically
+from coreai_opt.io import ModelFileError, one_line, write_atomically
 
 from ._steps import STEP_TYPES, Step
+from ._values import MAX_FILE_BYTES, MAX_STEPS, check_document, read_yaml
 
 RECIPE_VERSION = 1
 _YAML = (".yaml", ".yml")
@@ -34,8 +37,7 @@ class Recipe:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))
-        if not self.steps:
-            raise ConfigError("a recipe needs at least one step", "steps")
+        _check_count(len(self.steps))
         for step in self.steps:
             if type(step) not in STEP_TYPES.values():
                 raise ConfigError(f"a recipe's steps are compress, quantize_activations, cast, convert or "
@@ -46,47 +48,27 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, data: Any) -> Recipe:
+        """A recipe from plain data: the step count and the document's bounds checked before any
+        step is built, then each step's values (an error names the step)."""
         if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
             raise ConfigError("a recipe is a mapping with a list of steps", "steps")
-        if data.get("version", RECIPE_VERSION) != RECIPE_VERSION:
-            raise ConfigError(f"recipe version {data.get('version')!r} is not {RECIPE_VERSION}", "version")
+        _check_count(len(data["steps"]))
+        check_document(data)
+        version = data.get("version", RECIPE_VERSION)
+        if type(version) is not int or version != RECIPE_VERSION:
+            raise ConfigError(f"recipe version {version!r} is not {RECIPE_VERSION}", "version")
         unknown = sorted(set(data) - {"version", "steps"})
         if unknown:
             raise ConfigError(f"a recipe has no field {unknown[0]!r}", unknown[0])
-        steps = []
-        for entry in data["steps"]:
-            if not isinstance(entry, dict) or len(entry) != 1:
-                raise ConfigError(
-                    f"a recipe step is one of {', '.join(STEP_TYPES)} with its options", "steps"
-                )
-            ((kind, options),) = entry.items()
-            if kind not in STEP_TYPES:
-                raise ConfigError(f"unknown recipe step {kind!r}; steps are {', '.join(STEP_TYPES)}", "steps")
-            steps.append(STEP_TYPES[kind].from_dict(options if options is not None else {}))
-        return cls(tuple(steps))
+        return cls(tuple(_step(number, entry) for number, entry in enumerate(data["steps"], 1)))
 
     @classmethod
     def load(cls, path: Path | str) -> Recipe:
-        """A recipe file (JSON, or YAML by its suffix); a bad file raises a one-line error."""
+        """A recipe file (JSON, or YAML by its suffix); a bad file raises a one-line error naming it."""
         path = Path(path)
         if not path.is_file():
             raise ModelFileError(path, "no such recipe file")
-        try:
-            text = path.read_text(encoding="utf-8")
-            if path.suffix in _YAML:
-                import yaml
-
-                data = yaml.safe_load(text)
-            else:
-                data = json.loads(text)
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise ModelFileError(
-                path, f"not a readable recipe ({' '.join(str(exc).split())[:200]})"
-            ) from None
-        except Exception as exc:  # yaml's own errors
-            raise ModelFileError(
-                path, f"not a readable recipe ({' '.join(str(exc).split())[:200]})"
-            ) from None
+        data = _parse(path, _read(path))
         try:
             return cls.from_dict(data)
         except ConfigError as exc:
@@ -103,3 +85,55 @@ class Recipe:
             text = json.dumps(self.to_dict(), indent=2) + "\n"
         write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
         return path
+
+
+def _check_count(count: int) -> None:
+    """A recipe made in Python or read from a file: its step count (MAX_STEPS says why the bound)."""
+    if count < 1:
+        raise ConfigError("a recipe needs at least one step", "steps")
+    if count > MAX_STEPS:
+        raise ConfigError(f"a recipe has at most {MAX_STEPS} steps, not {count}", "steps")
+
+
+def _step(number: int, entry: Any) -> Step:
+    """Step `number` (from 1) of a recipe's plain data; an error says which step."""
+    if not isinstance(entry, dict) or len(entry) != 1:
+        raise ConfigError(
+            f"step {number}: a recipe step is one of {', '.join(STEP_TYPES)} with its options", "steps"
+        )
+    ((kind, options),) = entry.items()
+    if kind not in STEP_TYPES:
+        raise ConfigError(
+            f"step {number}: unknown recipe step {kind!r}; steps are {', '.join(STEP_TYPES)}", "steps"
+        )
+    try:
+        return STEP_TYPES[kind].from_dict(options if options is not None else {})  # type: ignore[no-any-return]
+    except ConfigError as exc:
+        raise ConfigError(f"step {number} ({kind}): {exc}", *exc.fields) from None
+
+
+def _read(path: Path) -> str:
+    """The file's text, read no further than MAX_FILE_BYTES (its stated size is not trusted: a /proc
+    file says 0)."""
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_FILE_BYTES + 1)
+        if len(raw) > MAX_FILE_BYTES:
+            raise ModelFileError(
+                path, f"a recipe file is at most {MAX_FILE_BYTES >> 20} MiB; this one is larger"
+            )
+        return raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelFileError(path, f"not a readable recipe ({one_line(exc, 200)})") from None
+
+
+def _parse(path: Path, text: str) -> Any:
+    """The document a recipe file holds, as plain data (YAML's safe loader: never a Python object)."""
+    try:
+        return read_yaml(text) if path.suffix in _YAML else json.loads(text)
+    except ConfigError as exc:  # past a bound
+        raise ModelFileError(path, str(exc)) from None
+    except RecursionError:  # lists or mappings nested thousands deep
+        raise ModelFileError(path, "not a readable recipe (nested too deeply)") from None
+    except Exception as exc:  # json's ValueError, yaml's own errors
+        raise ModelFileError(path, f"not a readable recipe ({one_line(exc, 200)})") from None

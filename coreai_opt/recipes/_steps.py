@@ -6,23 +6,30 @@
 - `Cast`: the 16-bit casts of a `.pt2`, checked against the program before it;
 - `Convert`: a `.pt2` to a Core AI program;
 - `Budget`: a check the program must pass here (its stored bytes), or the recipe fails.
+
+Every field is type-checked against its annotation when a step is made (`_values`), and a step
+read from plain data checks its nested configs' values the same way before they are built.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import typing
+from dataclasses import dataclass, field
 from typing import Any
 
 from coreai_opt._errors import ConfigError
-from coreai_opt.compression import Config, config_from_dict
+from coreai_opt.compression import Config, QuantizeConfig
+
+from ._values import check_fields, check_record, least, shown
 
 
 @dataclass(frozen=True, kw_only=True)
 class Compress:
     config: Config
     calibration: str | None = None  # samples: a safetensors file or folder, a text file, or "random"
-    calibration_samples: int | None = None
-    calibration_tokens: int | None = None
+    calibration_samples: int | None = field(default=None, metadata=least(1))
+    calibration_tokens: int | None = field(default=None, metadata=least(1))
     calibration_program: str | None = None  # an .aimodel's .pt2 source: statistics found by weight name
     device: str | None = None  # where calibration runs and GPTQ / SparseGPT solve (None: the CPU)
     exact_gradients: bool = False  # the Fisher pass in the program's dtypes (not bfloat16 products)
@@ -30,8 +37,7 @@ class Compress:
     KIND = "compress"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.exact_gradients, bool):
-            raise ConfigError("exact_gradients is true or false", "exact_gradients")
+        check_record(self)
 
     def tag(self) -> str:
         return str(self.config.tag)
@@ -53,17 +59,25 @@ class Compress:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Compress:
-        return cls(config=config_from_dict(data.get("config")), **_only(data, cls, ("config",)))
+        values = _only(data, cls, ("config",), built=("config",))
+        return cls(config=_config(data.get("config"), "config", typing.get_args(Config)), **values)
 
 
 @dataclass(frozen=True, kw_only=True)
 class QuantizeActivations:
     config: Any  # a quantization.QuantizerConfig
     calibration: str
-    calibration_samples: int = 32
-    seed: int = 0
+    calibration_samples: int = field(default=32, metadata=least(1))
+    seed: int = field(default=0, metadata=least(0))
 
     KIND = "quantize_activations"
+
+    def __post_init__(self) -> None:
+        from coreai_opt.quantization import QuantizerConfig
+
+        check_record(self)
+        if not isinstance(self.config, QuantizerConfig):
+            raise ConfigError(f"config must be a QuantizerConfig, not {type(self.config).__name__}", "config")
 
     def tag(self) -> str:
         op = self.config.global_config
@@ -85,16 +99,15 @@ class QuantizeActivations:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantizeActivations:
-        from coreai_opt.compression import QuantizeConfig
-        from coreai_opt.quantization import ActivationConfig, OpConfig, QuantizerConfig
+        from coreai_opt.quantization import OpConfig, QuantizerConfig
 
-        weights = data.get("weights")
-        acts = data.get("activations")
+        values = _only(data, cls, ("weights", "activations"), built=("config",))
+        weights, acts = data.get("weights"), data.get("activations")
         op = OpConfig(
-            weights=QuantizeConfig.from_dict(weights) if weights is not None else None,
-            activations=ActivationConfig(**acts) if isinstance(acts, dict) else None,
+            weights=None if weights is None else _weights(weights),
+            activations=None if acts is None else _activations(acts),
         )
-        return cls(config=QuantizerConfig(op), **_only(data, cls, ("weights", "activations")))
+        return cls(config=QuantizerConfig(op), **values)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,7 +116,7 @@ class Cast:
     ignored_ops: tuple[str, ...] = ()
     check: bool = True
     inputs: str | None = None  # a safetensors file of example inputs for the check
-    seed: int = 0
+    seed: int = field(default=0, metadata=least(0))
     keep_failed: bool = False  # a program that fails its check still goes on (the run fails at the end)
 
     KIND = "cast"
@@ -111,6 +124,7 @@ class Cast:
     def __post_init__(self) -> None:
         from coreai_opt.casting import CastTarget
 
+        check_record(self)
         try:
             CastTarget(self.to)
         except ValueError:
@@ -150,9 +164,12 @@ class Convert:
 class Budget:
     """The program's stored weight bytes must not exceed `max_bytes` at this point."""
 
-    max_bytes: int | None = None
+    max_bytes: int = field(metadata=least(0))
 
     KIND = "budget"
+
+    def __post_init__(self) -> None:
+        check_record(self)
 
     def tag(self) -> str:
         return ""
@@ -169,17 +186,56 @@ Step = Compress | QuantizeActivations | Cast | Convert | Budget
 STEP_TYPES: dict[str, type] = {s.KIND: s for s in (Compress, QuantizeActivations, Cast, Convert, Budget)}
 
 
-def _only(data: Any, step: type, taken: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The step's own fields of `data`, refusing any other key (naming it)."""
-    import dataclasses
-
+def _only(data: Any, step: type, taken: tuple[str, ...] = (), built: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The options of `data` a step takes as they are: its fields, less those the caller `built`
+    and the keys it has `taken` to read itself; any other key, or a required one missing, refused."""
     if not isinstance(data, dict):
         raise ConfigError(f"a {step.KIND} step is a mapping, not {type(data).__name__}", step.KIND)  # type: ignore[attr-defined]
-    names = {f.name for f in dataclasses.fields(step)}
-    unknown = sorted(set(data) - names - set(taken))
+    fields = [f for f in dataclasses.fields(step) if f.name not in built]
+    unknown = sorted(set(data) - {f.name for f in fields} - set(taken))
     if unknown:
         raise ConfigError(f"a {step.KIND} step has no option {unknown[0]!r}", unknown[0])  # type: ignore[attr-defined]
-    values = {k: v for k, v in data.items() if k not in taken}
-    if "ignored_ops" in values and isinstance(values["ignored_ops"], list):
-        values["ignored_ops"] = tuple(values["ignored_ops"])
-    return values
+    missing = [f.name for f in fields if f.name not in data and f.name not in taken and _required(f)]
+    if missing:
+        raise ConfigError(f"a {step.KIND} step needs {missing[0]}", missing[0])  # type: ignore[attr-defined]
+    return {k: v for k, v in data.items() if k not in taken}
+
+
+def _required(spec: dataclasses.Field[Any]) -> bool:
+    return spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+
+
+def _mapping(data: Any, name: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{name} must be a mapping of options, not {shown(data)}", name)
+    return data
+
+
+def _config(data: Any, name: str, kinds: tuple[type, ...]) -> Config:
+    """A config from plain data (`to_dict`'s form: its kind, version and options), every value
+    type-checked before the config reads it."""
+    by_kind = {kind.KIND: kind for kind in kinds}
+    kind = _mapping(data, name).get("kind")
+    if not isinstance(kind, str) or kind not in by_kind:
+        raise ConfigError(f"{name}.kind must be one of {', '.join(by_kind)}, not {shown(kind)}", "kind")
+    if type(data.get("version", 1)) is not int:  # the config compares it: `true == 1`
+        raise ConfigError(f"{name}.version must be an integer, not {shown(data['version'])}", "version")
+    check_fields(by_kind[kind], data, f"{name}.")
+    return by_kind[kind].from_dict(data)  # type: ignore[no-any-return]
+
+
+def _weights(data: Any) -> QuantizeConfig:
+    """W8A8's weight config from plain data (`to_dict`'s form; its kind may be left out)."""
+    return _config({"kind": QuantizeConfig.KIND, **_mapping(data, "weights")}, "weights", (QuantizeConfig,))  # type: ignore[return-value]
+
+
+def _activations(data: Any) -> Any:
+    """A quantization.ActivationConfig from plain data (other keys refused, values type-checked)."""
+    from coreai_opt.quantization import ActivationConfig
+
+    data = _mapping(data, "activations")
+    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(ActivationConfig)})
+    if unknown:
+        raise ConfigError(f"activations: ActivationConfig has no option {unknown[0]!r}", unknown[0])
+    check_fields(ActivationConfig, data, "activations.")
+    return ActivationConfig(**data)
