@@ -79,6 +79,12 @@ _GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self
 
 def llama_gguf(path: Path) -> Path:
     """The tiny LLaMA as a float32 GGUF file (llama.cpp's tensor names and metadata keys)."""
+    return llama_gguf_variant(path)
+
+
+def llama_gguf_variant(path: Path, *, drop: tuple[str, ...] = (), block_count: int | None = None) -> Path:
+    """`llama_gguf` without the tensors named in `drop` (llama.cpp's names), stating `block_count`
+    layers when given (a hostile file's claims)."""
     import gguf
 
     model = tiny_model("llama")
@@ -87,7 +93,7 @@ def llama_gguf(path: Path) -> Path:
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_block_count(config.num_hidden_layers)
+    writer.add_block_count(config.num_hidden_layers if block_count is None else block_count)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(1e-6)
@@ -98,12 +104,31 @@ def llama_gguf(path: Path) -> Path:
     for i in range(config.num_hidden_layers):
         names |= {f"model.layers.{i}.{k}.weight": f"blk.{i}.{v}.weight" for k, v in _GGUF_NAMES.items()}
     for name, tensor in model.state_dict().items():
-        writer.add_tensor(names[name], tensor.numpy().astype(np.float32))
+        if names[name] not in drop:
+            writer.add_tensor(names[name], tensor.numpy().astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def hf_cache_snapshot(folder: Path, cache: Path, repository: str = "models--tiny--llama") -> Path:
+    """`folder` laid out as the Hugging Face cache keeps a download: each file a blob named by its
+    hash in `cache/repository/blobs`, linked from `cache/repository/snapshots/<revision>/` by a
+    relative link (`../../blobs/<hash>`). The snapshot folder."""
+    import hashlib
+    import os
+
+    blobs = cache / repository / "blobs"
+    snapshot = cache / repository / "snapshots" / ("0" * 40)
+    blobs.mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True)
+    for file in sorted(folder.iterdir()):
+        digest = hashlib.sha256(file.read_bytes()).hexdigest()
+        (blobs / digest).write_bytes(file.read_bytes())
+        os.symlink(f"../../blobs/{digest}", snapshot / file.name)
+    return snapshot
 
 
 def exported_llama(root: Path) -> dict[str, Path]:

@@ -129,7 +129,7 @@ def _bad_source(kind: str, tmp_path: Path) -> tuple[Path, str]:
     if kind == "broken-weights":
         (folder / "config.json").write_text(json.dumps(config))
         (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
-        return folder, "transformers could not load it"
+        return folder, "not a readable safetensors file"
     if kind == "not-gguf":
         path = tmp_path / "model.gguf"
         path.write_bytes(b"GGML" + bytes(60))

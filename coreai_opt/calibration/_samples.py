@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,8 +139,10 @@ class Samples:
             for file in files:
                 digest.update(file.name.encode())
                 digest.update(hashlib.sha256(file.read_bytes()).digest())
-        if self.tokenizer is not None:
-            digest.update(_tokenizer_file(self.tokenizer).read_bytes())
+        if self.tokenizer is not None:  # as parsed: read from its folder only, as `text_tokens` reads it
+            from coreai_opt.models import read_tokenizer
+
+            digest.update(read_tokenizer(_tokenizer_file(self.tokenizer)).to_str().encode())
         return digest.hexdigest()
 
 
@@ -153,17 +156,12 @@ def text_tokens(path: Path, tokenizer: Path | None) -> list[int]:
         raise ConfigError(
             "text samples need the model's tokenizer (a tokenizer.json or its folder)", "tokenizer"
         )
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise ImportError("text samples need the tokenizers package: pip install tokenizers") from None
+    from coreai_opt.models import read_tokenizer
+
     file = _tokenizer_file(tokenizer)
-    if not file.is_file():
+    if not os.path.lexists(file):
         raise ModelFileError(file, "no such tokenizer file")
-    try:
-        coder = Tokenizer.from_file(str(file))
-    except Exception as exc:  # the tokenizers library raises its own exception types
-        raise ModelFileError(file, f"not a readable tokenizer ({' '.join(str(exc).split())[:200]})") from None
+    coder = read_tokenizer(file)  # from the folder it sits in only (a link out of it is refused), parsed
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -21,7 +21,7 @@ from ._errors import (
     UnwritableOutputError,
     one_line,
 )
-from ._paths import ModelFormat, check_output, model_format, require_existing, write_atomically
+from ._paths import ModelFormat, check_links, check_output, model_format, require_existing, write_atomically
 
 if TYPE_CHECKING:
     from coreai.authoring import AIProgram
@@ -51,6 +51,7 @@ def _check_files(path: Path) -> tuple[dict[str, Any], str, str]:
     model_format(path, (ModelFormat.AIMODEL,))
     if not path.is_dir():
         raise IncompleteAssetError(path, "an .aimodel asset must be a directory")
+    check_links(path)  # coreai-core opens the asset's files by name: none may lead out of it
     for name in (BYTECODE_FILE, METADATA_FILE, HASH_FILE):
         if not (path / name).is_file():
             raise IncompleteAssetError(path, f"asset has no {name}")

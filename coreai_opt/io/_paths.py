@@ -6,12 +6,14 @@ import contextlib
 import enum
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ._errors import (
     MissingPathError,
+    ModelFileError,
     OutputExistsError,
     SameAsInputError,
     UnwritableOutputError,
@@ -128,3 +130,88 @@ def write_atomically(path: Path, writer: Callable[[Path], None]) -> None:
     """Call `writer(tmp)` and move its output onto `path` atomically."""
     with atomic_output(path) as tmp:
         writer(tmp)
+
+
+# A Hugging Face cache keeps a repository as models--ORG--NAME/{snapshots/<revision>/, blobs/}: a
+# snapshot's files are links to ../../blobs/<hash>.
+_HF_REPOSITORY = "models--"
+_HF_SNAPSHOTS = "snapshots"
+_HF_BLOBS = "blobs"
+_FOLDER_ENTRIES = 10_000  # entries `check_links` looks at in one folder tree, at most
+
+
+def _hf_blobs(folder: str) -> str | None:
+    """The `blobs` folder of the Hugging Face cache repository whose snapshot holds `folder`."""
+    parts = Path(folder).parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == _HF_SNAPSHOTS and parts[i - 1].startswith(_HF_REPOSITORY):
+            return str(Path(*parts[:i], _HF_BLOBS))
+    return None
+
+
+def resolve_in_folder(path: Path | str, folder: Path | str | None = None) -> Path:
+    """Where `path` leads, when that is inside `folder` (default: the folder `path` sits in), every
+    link followed; `ModelFileError` naming `path` otherwise. A model's files are read only from its
+    own folder, so a link planted in a downloaded model (to ~/.ssh/id_ed25519) is never read or
+    copied beside an output. The one exception: a file of a Hugging Face cache snapshot may lead
+    to a file in its own repository's blobs folder, as the cache links it."""
+    path = Path(path)
+    home = os.path.realpath(folder if folder is not None else path.parent)
+    target = os.path.realpath(path)
+    if os.path.commonpath((home, target)) == home:
+        return Path(target)
+    blobs = _hf_blobs(home)
+    if blobs is not None and os.path.dirname(target) == blobs:
+        return Path(target)
+    raise ModelFileError(
+        path, "is a link to a file outside its folder; coreopt reads only the folder's own files"
+    )
+
+
+def read_in_folder(
+    path: Path | str, folder: Path | str | None = None, *, limit: int, whole: bool = True
+) -> bytes:
+    """The bytes of a regular file that belongs to `folder` (see `resolve_in_folder`), at most
+    `limit`: a larger file is refused (`whole`), or only its first `limit` bytes read. The file is
+    opened without following a link (one swapped in after the check fails) and never blocks on a
+    FIFO or a device."""
+    path = Path(path)
+    target = resolve_in_folder(path, folder)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(target, flags)
+    except FileNotFoundError:
+        raise MissingPathError(path) from None
+    except OSError as exc:
+        raise ModelFileError(path, f"cannot be opened ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ModelFileError(path, "is not a regular file")
+        if whole and info.st_size > limit:
+            raise ModelFileError(path, f"is larger than the {limit} bytes such a file may hold")
+        data = handle.read(limit + 1 if whole else limit)
+    if len(data) > limit:
+        raise ModelFileError(path, f"is larger than the {limit} bytes such a file may hold")
+    return data
+
+
+def check_links(folder: Path | str, *, limit: int = _FOLDER_ENTRIES, hidden: bool = True) -> None:
+    """Refuse a folder tree holding a link that leads outside it (`resolve_in_folder`'s rule) or
+    anything but files and folders (a FIFO blocks whoever opens it), before anything reads the
+    folder: a library that opens its files by name (transformers, coreai-core) would follow it. At
+    most `limit` entries are looked at (more: refused); links to folders are not descended, and
+    with `hidden=False` neither are hidden folders (a git clone's .git, which no reader opens)."""
+    folder = Path(folder)
+    pending, seen = [folder], 0
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                seen += 1
+                if seen > limit:
+                    raise ModelFileError(folder, f"holds more than {limit} files and folders")
+                target = resolve_in_folder(entry.path, folder) if entry.is_symlink() else Path(entry.path)
+                if not (target.is_file() or target.is_dir() or not target.exists()):
+                    raise ModelFileError(entry.path, "is not a regular file or a folder")
+                if entry.is_dir(follow_symlinks=False) and (hidden or not entry.name.startswith(".")):
+                    pending.append(Path(entry.path))

@@ -5,7 +5,18 @@ beside the program (`model_info`, `model_tokenizer`) for the commands that follo
 from ._exporter import ExportedModel, export_model
 from ._families import FAMILIES, Family, ModelKind, supported
 from ._files import ExportFileResult, export_file
-from ._sidecar import ModelInfo, copy_sidecars, info_path, model_info, model_tokenizer, tokenizer_path
+from ._sidecar import (
+    ModelInfo,
+    Sidecars,
+    copy_sidecars,
+    info_path,
+    model_info,
+    model_tokenizer,
+    read_sidecars,
+    read_tokenizer,
+    tokenizer_path,
+    write_sidecars,
+)
 from ._source import ModelSource, open_source
 
 __all__ = [
@@ -16,6 +27,7 @@ __all__ = [
     "ModelInfo",
     "ModelKind",
     "ModelSource",
+    "Sidecars",
     "copy_sidecars",
     "export_file",
     "export_model",
@@ -23,6 +35,9 @@ __all__ = [
     "model_info",
     "model_tokenizer",
     "open_source",
+    "read_sidecars",
+    "read_tokenizer",
     "supported",
     "tokenizer_path",
+    "write_sidecars",
 ]

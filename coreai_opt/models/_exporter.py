@@ -1,7 +1,9 @@
 """`torch.export` of a Hugging Face model at a fixed batch and sequence length, for Core AI.
 
 The model is loaded by transformers from the checked source only (local files, safetensors or
-GGUF, no remote code), in float32, and exported with coreai-torch's decompositions - the form
+GGUF, no remote code), in float32, with the config transformers makes of the source checked
+against the stored weights first and every parameter loaded from them (none left randomly
+initialised), and exported with coreai-torch's decompositions - the form
 every coreopt pass and the converter take. Weights keep their Hugging Face names (what
 `--override` and the reports use): the model's own class is given a forward that returns plain
 tensors (logits; or the last hidden state and pooled output) instead of wrapping it in a module
@@ -13,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +26,8 @@ from coreai_opt._errors import ConfigError
 from coreai_opt.io import ModelFileError, one_line
 
 from ._families import ModelKind
-from ._sidecar import ModelInfo
+from ._sidecar import ModelInfo, read_tokenizer
+from ._sizes import check_sizes, stated_values
 from ._source import ModelSource, open_source
 
 if TYPE_CHECKING:
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
 _POSITIONS = ("max_position_embeddings", "n_positions")
+_SHOWN_MISSING = 3  # weights named when some are missing
 
 
 @dataclass
@@ -56,6 +62,7 @@ def export_model(source: Path | str, *, seq_len: int = 128, batch: int = 1, seed
             raise ConfigError(f"{name} must be an integer of at least {least}, not {value!r}", name)
     start = time.perf_counter()
     src = open_source(source)
+    tokenizer = _tokenizer(src)
     model = _load(src)
     _check_positions(src, model.config, seq_len)
     program = _export(src, model, seq_len, batch, seed)
@@ -65,7 +72,7 @@ def export_model(source: Path | str, *, seq_len: int = 128, batch: int = 1, seed
         getattr(model.config, "vocab_size", None), str(src.path), config,
     )  # fmt: skip
     parameters = sum(p.numel() for p in model.parameters())
-    return ExportedModel(program, info, _tokenizer(src), parameters, time.perf_counter() - start)
+    return ExportedModel(program, info, tokenizer, parameters, time.perf_counter() - start)
 
 
 @contextlib.contextmanager
@@ -83,6 +90,8 @@ def _quiet() -> Any:
 
 
 def _load(src: ModelSource) -> Any:
+    """The model, built from the config transformers makes of the source once that config's sizes
+    are the stored weights' (`check_sizes`), every parameter loaded from the source."""
     import torch
 
     try:
@@ -94,14 +103,32 @@ def _load(src: ModelSource) -> Any:
         if src.family.kind is ModelKind.CAUSAL_LM
         else transformers.AutoModel
     )
-    options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False, "dtype": torch.float32}
+    options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
     if src.gguf:
         options["gguf_file"] = src.path.name
-    else:
+    config = _transformers(src, lambda: transformers.AutoConfig.from_pretrained(str(src.folder), **options))
+    check_sizes(src.family, stated_values(src.family, config), src.stored, src.config_path)
+    options |= {"config": config, "dtype": torch.float32, "output_loading_info": True}
+    if not src.gguf:
         options["use_safetensors"] = True
+    pooler = src.family.shapes.pooler
+    if pooler is not None and src.stored.find(pooler) is None:
+        options["add_pooling_layer"] = False  # the checkpoint has none: export the encoder without one
+    model, loading = _transformers(src, lambda: auto.from_pretrained(str(src.folder), **options))
+    missing = sorted(loading.get("missing_keys", ()))
+    if missing:
+        named = ", ".join(missing[:_SHOWN_MISSING]) + (", ..." if len(missing) > _SHOWN_MISSING else "")
+        raise ModelFileError(
+            src.stored.path, f"lacks {len(missing)} weight(s) the model needs ({named}); they would be random"
+        )
+    return model.eval()
+
+
+def _transformers(src: ModelSource, call: Callable[[], Any]) -> Any:
+    """`call()` (a transformers loader), its failure one line naming the source."""
     try:
         with _quiet():
-            model = auto.from_pretrained(str(src.folder), **options)
+            return call()
     except ImportError:
         raise
     except Exception as exc:  # transformers raises many types for a malformed folder or file
@@ -109,7 +136,6 @@ def _load(src: ModelSource) -> Any:
         if "accelerate" in text and "pip install" in text:
             raise ImportError("GGUF models need accelerate: pip install 'coreopt[hf]'") from None
         raise ModelFileError(src.path, f"transformers could not load it ({text})") from None
-    return model.eval()
 
 
 def _check_positions(src: ModelSource, config: Any, seq_len: int) -> None:
@@ -162,11 +188,12 @@ def _export(src: ModelSource, model: Any, seq_len: int, batch: int, seed: int) -
 
 
 def _tokenizer(src: ModelSource) -> str | None:
-    """The model's tokenizer as `tokenizer.json` text: the folder's own file, else what
-    transformers builds from the folder or the GGUF metadata; None when there is none."""
+    """The model's tokenizer as `tokenizer.json` text, as parsed: the folder's own file (one that
+    does not parse is refused - a model published without its tokenizer is a surprise found too
+    late), else what transformers builds from the folder or the GGUF metadata; None when there is none."""
     own = src.folder / "tokenizer.json"
-    if not src.gguf and own.is_file():
-        return own.read_text(encoding="utf-8")
+    if not src.gguf and os.path.lexists(own):
+        return read_tokenizer(own, src.folder).to_str()
     try:
         import transformers
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coreai_opt.io import ModelFileError, ModelFormat, check_output, model_format, save_pt2, write_atomically
+from coreai_opt.io import ModelFileError, ModelFormat, check_output, model_format, save_pt2
 
 from ._exporter import export_model
-from ._sidecar import ModelInfo, tokenizer_path, write_info
+from ._sidecar import ModelInfo, write_info, write_tokenizer
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,7 @@ def export_file(
     exported = export_model(source, seq_len=seq_len, batch=batch)
     save_pt2(exported.program, output, force=force, inputs=(source,))
     write_info(output, exported.info)
-    tokenizer = None
-    if exported.tokenizer is not None:
-        tokenizer = tokenizer_path(output)
-        text = exported.tokenizer
-        write_atomically(tokenizer, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    tokenizer = write_tokenizer(output, exported.tokenizer) if exported.tokenizer is not None else None
     return ExportFileResult(
         source, output, exported.info, exported.parameters, output.stat().st_size, tokenizer, exported.seconds
     )

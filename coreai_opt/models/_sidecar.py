@@ -4,25 +4,31 @@
 cast, convert, apply) copies them to its output, so `eval`, `sensitivity` and text calibration
 find the tokenizer and the model's kind from any program of the lineage. Sidecars work for both
 containers (an `.aimodel` is a folder whose files coreai owns) and are plain JSON.
+
+A sidecar is read only from the program's own folder (a link out of it is refused, never read or
+copied) and parsed before anything is written from it: a copy is what was parsed, never the bytes
+read, so nothing but a model description or a tokenizer travels with a program.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coreai_opt.io import ModelFileError, one_line, write_atomically
+from coreai_opt.io import ModelFileError, one_line, read_in_folder, resolve_in_folder, write_atomically
 
 from ._families import ModelKind
+from ._json import check_depth, read_json
 
 FORMAT = "coreopt-model"
 VERSION = 1
 _INFO_SUFFIX = ".model.json"
 _TOKENIZER_SUFFIX = ".tokenizer.json"
 _INFO_LIMIT = 8 << 20
+_TOKENIZER_LIMIT = 256 << 20  # bytes of a tokenizer.json (large vocabularies take tens of megabytes)
 
 
 @dataclass(frozen=True)
@@ -48,8 +54,12 @@ class ModelInfo:
     def from_dict(cls, data: Any, path: Path) -> ModelInfo:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ModelFileError(path, f"not a {FORMAT} file")
+        if any(isinstance(value, dict | list) for key, value in data.items() if key != "config"):
+            raise ModelFileError(path, "malformed model description (only its config holds objects or lists)")
         if data.get("version") != VERSION:
-            raise ModelFileError(path, f"version {data.get('version')!r} is not one this coreopt reads")
+            raise ModelFileError(
+                path, f"version {one_line(repr(data.get('version')), 40)} is not one this coreopt reads"
+            )
         try:
             kind = ModelKind(data["kind"])
             batch, seq_len, vocab = data["batch"], data["seq_len"], data.get("vocab_size")
@@ -59,9 +69,12 @@ class ModelInfo:
             config = data.get("config", {})
             if not isinstance(config, dict) or not isinstance(data["model_type"], str):
                 raise ValueError("model_type must be a string and config an object")
+            if not isinstance(data.get("source", ""), str):
+                raise ValueError("source must be a string")
         except (KeyError, ValueError) as exc:
             raise ModelFileError(path, f"malformed model description ({one_line(exc, 120)})") from None
-        return cls(kind, data["model_type"], batch, seq_len, vocab, str(data.get("source", "")), config)
+        check_depth(config, path, "its config")
+        return cls(kind, data["model_type"], batch, seq_len, vocab, data.get("source", ""), config)
 
 
 def _stem(program: Path) -> Path:
@@ -81,21 +94,52 @@ def tokenizer_path(program: Path | str) -> Path:
 def model_info(program: Path | str) -> ModelInfo | None:
     """The description `coreopt export` left beside a program, or None when there is none."""
     path = info_path(program)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
-    if path.stat().st_size > _INFO_LIMIT:
-        raise ModelFileError(path, "is too large for a model description")
+    return ModelInfo.from_dict(read_json(path, limit=_INFO_LIMIT), path)
+
+
+def read_tokenizer(path: Path | str, folder: Path | str | None = None) -> Any:
+    """A `tokenizer.json` of `folder` (default: the one it sits in), parsed by the tokenizers
+    package (a `tokenizers.Tokenizer`); a file that does not parse is refused in one line."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFileError(path, f"not a readable JSON file ({one_line(exc, 120)})") from None
-    return ModelInfo.from_dict(data, path)
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ImportError(
+            "reading a tokenizer needs the tokenizers package: pip install tokenizers"
+        ) from None
+    path = Path(path)
+    data = read_in_folder(path, folder, limit=_TOKENIZER_LIMIT)
+    try:
+        return Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as exc:  # the tokenizers library raises its own exception types
+        raise ModelFileError(path, f"not a readable tokenizer ({one_line(exc, 200)})") from None
 
 
 def model_tokenizer(program: Path | str) -> Path | None:
-    """The tokenizer.json saved beside a program, or None."""
+    """The tokenizer.json saved beside a program, or None; one that leads out of the program's
+    folder is refused here, before anything opens it."""
     path = tokenizer_path(program)
-    return path if path.is_file() else None
+    if not os.path.lexists(path):
+        return None
+    resolve_in_folder(path)
+    return path
+
+
+@dataclass(frozen=True)
+class Sidecars:
+    """A program's sidecars as parsed: its description, and its tokenizer as `tokenizer.json` text."""
+
+    info: ModelInfo | None
+    tokenizer: str | None
+
+
+def read_sidecars(program: Path | str) -> Sidecars:
+    """Read and parse the sidecars beside `program` (each may be absent); a harness that writes a
+    program from it can call this before any work, so a bad sidecar fails before anything is written."""
+    found = tokenizer_path(program)
+    tokenizer = read_tokenizer(found).to_str() if os.path.lexists(found) else None
+    return Sidecars(model_info(program), tokenizer)
 
 
 def write_info(program: Path, info: ModelInfo) -> None:
@@ -103,12 +147,30 @@ def write_info(program: Path, info: ModelInfo) -> None:
     write_atomically(info_path(program), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def write_tokenizer(program: Path, text: str) -> Path:
+    """`text` (a parsed tokenizer's `to_str()`) as the tokenizer sidecar of `program`."""
+    path = tokenizer_path(program)
+    write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    return path
+
+
 def copy_sidecars(source: Path | str, target: Path | str) -> list[Path]:
-    """Copy a program's sidecars to sit beside another program of its lineage; the copies made."""
-    copied = []
-    for place in (info_path, tokenizer_path):
-        found, into = place(source), place(target)
-        if found.is_file() and found.resolve() != into.resolve():
-            write_atomically(into, lambda tmp, found=found: shutil.copyfile(found, tmp))
-            copied.append(into)
-    return copied
+    """Give another program of `source`'s lineage its sidecars, as parsed (`read_sidecars`); the
+    files written."""
+    return write_sidecars(read_sidecars(source), source, target)
+
+
+def write_sidecars(sidecars: Sidecars, source: Path | str, target: Path | str) -> list[Path]:
+    """Write sidecars read from beside `source` (`read_sidecars`, before any work) beside `target`;
+    the files written."""
+    written = []
+    if sidecars.info is not None and _differ(info_path(source), info_path(target)):
+        write_info(Path(target), sidecars.info)
+        written.append(info_path(target))
+    if sidecars.tokenizer is not None and _differ(tokenizer_path(source), tokenizer_path(target)):
+        written.append(write_tokenizer(Path(target), sidecars.tokenizer))
+    return written
+
+
+def _differ(found: Path, into: Path) -> bool:
+    return found.resolve() != into.resolve()

@@ -3,36 +3,56 @@
 Nothing here reaches the network or runs code from the source: a folder must hold `config.json`
 and safetensors weights (pickled `*.bin` / `*.pt` weights are refused, never loaded), its
 config's family must be one coreopt exports (custom code in `auto_map` is not run), and a GGUF
-file's header is read by the `gguf` package (pure Python) before transformers sees it.
+file's header is read by the `gguf` package (pure Python) before transformers sees it. No file of
+the source may lead out of its folder (a link to ~/.ssh would otherwise be read, or copied beside
+the output), and the config's sizes must be those of the weights stored (`_sizes`).
 """
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coreai_opt.io import MissingPathError, ModelFileError, one_line
+from coreai_opt.io import (
+    MissingPathError,
+    ModelFileError,
+    check_links,
+    one_line,
+    read_in_folder,
+    resolve_in_folder,
+)
 
 from ._families import FAMILIES, GGUF_ARCHITECTURES, Family, supported
+from ._json import check_depth, read_json
+from ._sizes import check_sizes, gguf_values
+from ._stored import Stored, gguf_stored, safetensors_stored
 
 _PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 _CONFIG_LIMIT = 4 << 20  # bytes of config.json read at most
+_GGUF_MAGIC = b"GGUF"
 
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A checked source: where it is, which family it is, and its config as the file states it."""
+    """A checked source: where it is, which family it is, its config as the file states it, and
+    the weights it stores (names and shapes)."""
 
     path: Path
     family: Family
     gguf: bool
     config: dict[str, Any]  # config.json (a folder) or the GGUF metadata's architecture facts
+    stored: Stored
 
     @property
     def folder(self) -> Path:
         return self.path.parent if self.gguf else self.path
+
+    @property
+    def config_path(self) -> Path:
+        """The file that states the config: config.json, or the GGUF file."""
+        return self.path if self.gguf else self.path / "config.json"
 
 
 def open_source(path: Path | str) -> ModelSource:
@@ -48,15 +68,11 @@ def open_source(path: Path | str) -> ModelSource:
 
 
 def _folder(path: Path) -> ModelSource:
+    check_links(path, hidden=False)  # transformers opens the folder's files by name
     config_file = path / "config.json"
-    if not config_file.is_file():
+    if not os.path.lexists(config_file):
         raise ModelFileError(path, "holds no config.json: not a Hugging Face model folder")
-    if config_file.stat().st_size > _CONFIG_LIMIT:
-        raise ModelFileError(config_file, "is too large for a model config")
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFileError(config_file, f"not a readable JSON file ({one_line(exc, 120)})") from None
+    config = read_json(config_file, path, limit=_CONFIG_LIMIT)
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise ModelFileError(config_file, "names no model_type")
     family = FAMILIES.get(config["model_type"])
@@ -65,27 +81,29 @@ def _folder(path: Path) -> ModelSource:
             config_file,
             f"model_type {config['model_type'][:60]!r} is not one coreopt exports ({supported()})",
         )
-    if not any(path.glob("*.safetensors")):
+    check_depth(config, config_file, "the config")
+    stored = safetensors_stored(path)
+    if stored is None:
         pickled = sorted(p.name for pattern in _PICKLED for p in path.glob(pattern))
         if pickled:
             raise ModelFileError(
                 path, f"holds pickled weights only ({pickled[0]}); coreopt reads safetensors, which run no "
                 "code: save the model with safe_serialization=True"
             )  # fmt: skip
-        raise ModelFileError(path, "holds no *.safetensors weights")
-    return ModelSource(path, family, False, config)
+        raise ModelFileError(path, "holds no *.safetensors weights (model.safetensors or its shard index)")
+    check_sizes(family, config, stored, config_file)
+    return ModelSource(path, family, False, config, stored)
 
 
 def _gguf(path: Path) -> ModelSource:
-    with path.open("rb") as handle:
-        if handle.read(4) != b"GGUF":
-            raise ModelFileError(path, "not a GGUF file (no GGUF magic)")
+    if read_in_folder(path, limit=len(_GGUF_MAGIC), whole=False) != _GGUF_MAGIC:
+        raise ModelFileError(path, "not a GGUF file (no GGUF magic)")
     try:
         from gguf import GGUFReader
     except ImportError:
         raise ImportError("GGUF models need the gguf package: pip install 'coreopt[hf]'") from None
     try:
-        reader = GGUFReader(str(path))
+        reader = GGUFReader(str(resolve_in_folder(path)))  # the file just checked, not a link
         field = reader.get_field("general.architecture")
         arch = bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
     except Exception as exc:  # the gguf reader raises whatever numpy does on bad bytes
@@ -96,4 +114,7 @@ def _gguf(path: Path) -> ModelSource:
     if family is None:
         names = ", ".join(sorted(GGUF_ARCHITECTURES))
         raise ModelFileError(path, f"GGUF architecture {arch[:60]!r} is not one coreopt exports ({names})")
-    return ModelSource(path, family, True, {"model_type": family.model_type, "gguf_architecture": arch})
+    stored = gguf_stored(path, reader)
+    check_sizes(family, gguf_values(family, reader, arch), stored, path)
+    config = {"model_type": family.model_type, "gguf_architecture": arch}
+    return ModelSource(path, family, True, config, stored)

@@ -277,12 +277,13 @@ def optimize(
     evaluated."""
     from coreai_opt.calibration import Samples
     from coreai_opt.io import load_pt2
-    from coreai_opt.models import model_tokenizer
+    from coreai_opt.models import model_tokenizer, read_sidecars
 
     start = time.perf_counter()
     path = Path(program)
     require_existing(path)
     model_format(path, (ModelFormat.PT2,))
+    read_sidecars(path)  # a sidecar that cannot be copied fails now, not after the search
     note = say or (lambda _: None)
     picked = _usable(choices, note)
     if not dry_run and evaluation is None:
