@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from coreai_opt._errors import printable
+
 EXIT_OK = 0
 EXIT_USER_ERROR = 1  # bad input: a file, its contents, the environment
 EXIT_USAGE = 2  # bad options or option values (click's own code for usage errors)
@@ -23,16 +25,11 @@ console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 
-# What must never reach a terminal raw from a file: C0/C1 controls (ESC starts cursor moves,
-# colours, title changes), line and paragraph separators, bidi overrides, lone surrogates (they do
-# not encode).
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-
-
 def plain(text: object) -> str:
     """Text from a file as it may be printed: each unprintable character as its escape
-    (`\\x1b`, `\\ud800`), so a name cannot drive the terminal or fail to encode."""
-    return _UNPRINTABLE.sub(lambda match: ascii(match.group())[1:-1], str(text))
+    (`\\x1b`, `\\ud800`), so a name cannot drive the terminal or fail to encode - the library's
+    one rule (`coreai_opt.io.printable`), which its own warnings keep too."""
+    return printable(text)
 
 
 def shown(text: object) -> str:
@@ -107,6 +104,18 @@ def bad_parameter(
         for name, option in flags.items():
             message = re.sub(rf"(?<![\w-]){re.escape(name)}\b", option, message)
     return typer.BadParameter(message, param_hint=flag)
+
+
+def quiet_library_warnings() -> None:
+    """The deprecation notes torch and its kin print are for their callers, not for a user of
+    this command: a valid command's stderr is empty, a failing one's is one line."""
+    import warnings
+
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings(
+            "ignore", category=category, module=r"(torch|transformers|coreai_torch)(\.|$)"
+        )
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
 
 
 def run(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ import typer
 
 from coreai_opt import __version__
 
-from ._common import run, version_option
+from ._common import quiet_library_warnings, run, version_option
 from .commands import (
     apply,
     cast,
@@ -37,6 +37,7 @@ app = typer.Typer(
 @app.callback()
 def _root(version: bool = version_option("coreopt", __version__)) -> None:
     """Shrink PyTorch models for Apple's Core AI stack."""
+    quiet_library_warnings()
 
 
 for _command in (inspect, export, convert, cast, compress, compare, evaluate, sensitivity, optimize, apply):

@@ -82,14 +82,35 @@ def llama_gguf(path: Path) -> Path:
     return llama_gguf_variant(path)
 
 
-def llama_gguf_variant(path: Path, *, drop: tuple[str, ...] = (), block_count: int | None = None) -> Path:
+def _add_gguf_tokenizer(writer: Any) -> None:
+    """A byte-level BPE vocabulary of VOCAB tokens as llama.cpp stores one (`tokenizer.ggml.*`):
+    the 94 printable ASCII bytes but space, space itself, and "th" (from one merge)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    spelling = bytes_to_unicode()
+    tokens = [spelling[b] for b in range(33, 127)] + [spelling[32], "th"]
+    assert len(tokens) == VOCAB
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(["t h"])
+    writer.add_token_types([1] * VOCAB)  # 1: NORMAL
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+
+
+def llama_gguf_variant(
+    path: Path, *, drop: tuple[str, ...] = (), block_count: int | None = None, tokenizer: bool = False
+) -> Path:
     """`llama_gguf` without the tensors named in `drop` (llama.cpp's names), stating `block_count`
-    layers when given (a hostile file's claims)."""
+    layers when given (a hostile file's claims); with a byte-level BPE tokenizer in its metadata
+    when `tokenizer`."""
     import gguf
 
     model = tiny_model("llama")
     config = model.config
     writer = gguf.GGUFWriter(str(path), "llama")
+    if tokenizer:
+        _add_gguf_tokenizer(writer)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
@@ -113,21 +134,69 @@ def llama_gguf_variant(path: Path, *, drop: tuple[str, ...] = (), block_count: i
     return path
 
 
+_GPT2_GGUF_NAMES = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+                    "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}  # fmt: skip
+
+
+def gpt2_gguf(path: Path) -> Path:
+    """The tiny GPT-2 as a float32 GGUF file laid out as llama.cpp's converter writes one: its
+    Conv1D weights ([in, out]) transposed into linear ones ([out, in])."""
+    import gguf
+
+    model = tiny_model("gpt2")
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_context_length(config.n_positions)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_feed_forward_length(4 * config.n_embd)
+    writer.add_block_count(config.n_layer)
+    writer.add_head_count(config.n_head)
+    writer.add_layer_norm_eps(config.layer_norm_epsilon)
+    for name, tensor in model.state_dict().items():
+        name = name.removeprefix("transformer.")
+        if name.startswith("h."):
+            _, layer, rest = name.split(".", 2)
+            part, kind = rest.rsplit(".", 1)
+            if kind == "weight" and part in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+                tensor = tensor.T
+            name = f"blk.{layer}.{_GPT2_GGUF_NAMES[part]}.{kind}"
+        else:
+            name = {"wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
+                    "ln_f.weight": "output_norm.weight", "ln_f.bias": "output_norm.bias",
+                    "lm_head.weight": "output.weight"}[name]  # fmt: skip
+        writer.add_tensor(name, np.ascontiguousarray(tensor.numpy().astype(np.float32)))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def hf_hub_blobs(folder: Path, cache: Path, repository: str = "models--tiny--llama") -> dict[str, Path]:
+    """`folder`'s files copied into a Hugging Face hub cache's `cache/repository/blobs`, each named
+    by its hash; file name -> blob."""
+    import hashlib
+
+    blobs = cache / repository / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    found = {}
+    for file in sorted(folder.iterdir()):
+        blob = blobs / hashlib.sha256(file.read_bytes()).hexdigest()
+        blob.write_bytes(file.read_bytes())
+        found[file.name] = blob
+    return found
+
+
 def hf_cache_snapshot(folder: Path, cache: Path, repository: str = "models--tiny--llama") -> Path:
     """`folder` laid out as the Hugging Face cache keeps a download: each file a blob named by its
     hash in `cache/repository/blobs`, linked from `cache/repository/snapshots/<revision>/` by a
     relative link (`../../blobs/<hash>`). The snapshot folder."""
-    import hashlib
     import os
 
-    blobs = cache / repository / "blobs"
     snapshot = cache / repository / "snapshots" / ("0" * 40)
-    blobs.mkdir(parents=True, exist_ok=True)
     snapshot.mkdir(parents=True)
-    for file in sorted(folder.iterdir()):
-        digest = hashlib.sha256(file.read_bytes()).hexdigest()
-        (blobs / digest).write_bytes(file.read_bytes())
-        os.symlink(f"../../blobs/{digest}", snapshot / file.name)
+    for name, blob in hf_hub_blobs(folder, cache, repository).items():
+        os.symlink(f"../../blobs/{blob.name}", snapshot / name)
     return snapshot
 
 

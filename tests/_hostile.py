@@ -448,6 +448,49 @@ def commands(case: Case, scratch: Path) -> list[tuple[str, list[str], Path | Non
     ]
 
 
+PT2_COMMANDS = ("inspect", "cast", "convert", "quantize", "palettize", "sparsify", "compare", "eval",
+                "sensitivity", "apply", "optimize")  # fmt: skip
+
+
+def every_pt2_command(path: Path, scratch: Path) -> list[tuple[str, list[str], Path | None]]:
+    """(name, argv, output) of every coreopt command that reads a `.pt2`, each in its cheapest
+    form: what a hostile program must get through (tests/test_program_audit.py, bench/bad_inputs.py)."""
+    out = scratch / f"{path.stem}.out"
+    tokens = _token_ids(scratch)
+    recipe = scratch / "cast.recipe.json"
+    if not recipe.exists():
+        recipe.write_text(json.dumps({"version": 1, "steps": [{"cast": {}}]}))
+    file = str(path)
+    return [
+        ("inspect", ["inspect", file], None),
+        ("cast", ["cast", file, "-o", f"{out}.cast.pt2"], Path(f"{out}.cast.pt2")),
+        ("convert", ["convert", file, "-o", f"{out}.aimodel"], Path(f"{out}.aimodel")),
+        ("quantize", ["quantize", file, "-o", f"{out}.q.pt2"], Path(f"{out}.q.pt2")),
+        ("palettize", ["palettize", file, "--nbits", "2", "-o", f"{out}.p.pt2"], Path(f"{out}.p.pt2")),
+        ("sparsify", ["sparsify", file, "-o", f"{out}.s.pt2"], Path(f"{out}.s.pt2")),
+        ("compare", ["compare", str(SAMPLES / "mlp.pt2"), file], None),
+        ("eval", ["eval", file, str(SAMPLES / "mlp.pt2"), "--tokens", str(tokens)], None),
+        (
+            "sensitivity",
+            ["sensitivity", file, "--config", "quantize:dtype=int8", "--tokens", str(tokens)],
+            None,
+        ),
+        ("apply", ["apply", str(recipe), file, "-o", f"{out}.apply.pt2"], Path(f"{out}.apply.pt2")),
+        ("optimize", ["optimize", file, "--calibration", "random", "--target-bits", "8", "--dry-run"], None),
+    ]
+
+
+def _token_ids(scratch: Path) -> Path:
+    """A small safetensors file of token ids (what a language-model command reads beside the model)."""
+    path = scratch / "ids.safetensors"
+    if not path.exists():
+        import numpy as np
+        from safetensors.numpy import save_file
+
+        save_file({"input_ids": np.arange(64, dtype=np.int64).reshape(1, 64) % 10}, str(path))
+    return path
+
+
 def tree_digest(path: Path) -> str:
     digest = hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())

@@ -408,6 +408,77 @@ def deep_weight(dest: Path, marker: Path) -> Path:
     return _weight_meta(dest, meta, program)
 
 
+# ----- admitted ops fed hostile values --------------------------------------------------------------
+# Each program is well formed - its shapes are the ones its ops compute - and feeds one admitted op
+# that takes indices or sizes from tensor values constants that `aten.full` makes: far out of range,
+# negative, NaN. The loader cannot see values, so these load; every command that runs the program
+# must end in one line naming the node (its kernel refuses the value) and never in a signal.
+
+_HUGE = 1 << 33
+_INT64, _FLOAT32, _BOOL = 5, 7, 12
+
+
+def _tensor(name: str) -> Document:
+    return {"as_tensor": {"name": name}}
+
+
+def _valued_op(target: str, arguments: list[Document], out: list[int],
+               constants: list[tuple[str, list[int], Document, int]]) -> Callable[[Path, Path], Path]:  # fmt: skip
+    """A program that makes `constants` (name, sizes, fill, dtype) with `full` and calls `target`
+    on them and the user input `x` [4, 64], returning its float32 result of sizes `out`."""
+
+    def make(dest: Path, marker: Path) -> Path:
+        def edit(document: Document) -> None:
+            for name, sizes, fill, dtype in constants:
+                _append(document, *_full(name, sizes, fill, dtype))
+            _append(document, _node(target, "hostile", arguments, [_tensor("hostile")]),
+                    {"hostile": _tensor_meta(out)})  # fmt: skip
+            _use_in_output(document, "hostile")
+
+        return _edit_program(SAMPLES / "mlp.pt2", dest, edit)
+
+    return make
+
+
+_X = _arg("self", _tensor("x"))
+VALUED_OPS: dict[str, Callable[[Path, Path], Path]] = {
+    "gather-far": _valued_op("torch.ops.aten.gather.default",
+        [_X, _arg("dim", {"as_int": 1}), _arg("index", _tensor("far"))], [4, 8],
+        [("far", [4, 8], {"as_int": _HUGE}, _INT64)]),
+    "index-select-negative": _valued_op("torch.ops.aten.index_select.default",
+        [_X, _arg("dim", {"as_int": 0}), _arg("index", _tensor("below"))], [3, 64],
+        [("below", [3], {"as_int": -(1 << 40)}, _INT64)]),
+    "embedding-far": _valued_op("torch.ops.aten.embedding.default",
+        [_arg("weight", _tensor("x")), _arg("indices", _tensor("far"))], [5, 64],
+        [("far", [5], {"as_int": 1 << 62}, _INT64)]),
+    "index-far": _valued_op("torch.ops.aten.index.Tensor",
+        [_X, _arg("indices", {"as_optional_tensors": [_tensor("far")]})], [2, 64],
+        [("far", [2], {"as_int": _HUGE}, _INT64)]),
+    "index-put-far": _valued_op("torch.ops.aten.index_put.default",
+        [_X, _arg("indices", {"as_optional_tensors": [_tensor("far")]}), _arg("values", _tensor("ones"))], [4, 64],
+        [("far", [2], {"as_int": _HUGE}, _INT64), ("ones", [2, 64], {"as_float": 1.0}, _FLOAT32)]),
+    "scatter-far": _valued_op("torch.ops.aten.scatter.src",
+        [_X, _arg("dim", {"as_int": 1}), _arg("index", _tensor("far")), _arg("src", _tensor("ones"))], [4, 64],
+        [("far", [4, 8], {"as_int": _HUGE}, _INT64), ("ones", [4, 8], {"as_float": 1.0}, _FLOAT32)]),
+    "scatter-add-negative": _valued_op("torch.ops.aten.scatter_add.default",
+        [_X, _arg("dim", {"as_int": 0}), _arg("index", _tensor("below")), _arg("src", _tensor("ones"))], [4, 64],
+        [("below", [2, 64], {"as_int": -(1 << 40)}, _INT64), ("ones", [2, 64], {"as_float": 1.0}, _FLOAT32)]),
+    "scatter-reduce-far": _valued_op("torch.ops.aten.scatter_reduce.two",
+        [_X, _arg("dim", {"as_int": 1}), _arg("index", _tensor("far")), _arg("src", _tensor("ones")),
+         _arg("reduce", {"as_string": "sum"})], [4, 64],
+        [("far", [4, 8], {"as_int": 1 << 62}, _INT64), ("ones", [4, 8], {"as_float": 1.0}, _FLOAT32)]),
+    "masked-scatter-short": _valued_op("torch.ops.aten.masked_scatter.default",
+        [_X, _arg("mask", _tensor("every")), _arg("source", _tensor("one"))], [4, 64],
+        [("every", [4, 64], {"as_bool": True}, _BOOL), ("one", [1], {"as_float": 1.0}, _FLOAT32)]),
+    "grid-sampler-nan": _valued_op("torch.ops.aten.grid_sampler_2d.default",
+        [_arg("input", _tensor("image")), _arg("grid", _tensor("nowhere")), _arg("interpolation_mode", {"as_int": 1}),
+         _arg("padding_mode", {"as_int": 0}), _arg("align_corners", {"as_bool": False})], [1, 1, 4, 4],
+        [("image", [1, 1, 8, 8], {"as_float": 1.0}, _FLOAT32), ("nowhere", [1, 4, 4, 2], {"as_float": float("nan")}, _FLOAT32)]),
+}  # fmt: skip
+# The values the vectors above feed a kernel that checks them: what the command says.
+VALUED_REFUSALS = ("out of range", "out of bounds", "index", "number of elements", "masked_scatter")
+
+
 # name -> (builder, the text the refusal must contain)
 VECTORS: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "name-runs-code": (name_runs_code, "is not a Python identifier"),

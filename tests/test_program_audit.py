@@ -93,7 +93,9 @@ def test_the_live_vectors_run_their_payload_under_plain_torch(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("vector", hp.NATIVE_CRASHES)
-def test_the_memory_vectors_kill_a_process_that_runs_them_under_plain_torch(vector: str, tmp_path: Path) -> None:
+def test_the_memory_vectors_kill_a_process_that_runs_them_under_plain_torch(
+    vector: str, tmp_path: Path
+) -> None:
     """What the allowlist and the shape check keep out is real: plain torch dies of a signal."""
     source, _ = _make(vector, tmp_path)
     script = "import sys, torch; torch.export.load(sys.argv[1]).module()(torch.randn(4, 64))"
@@ -101,24 +103,61 @@ def test_the_memory_vectors_kill_a_process_that_runs_them_under_plain_torch(vect
     assert run.returncode < 0, run.stderr[-400:]  # killed by a signal (SIGSEGV, SIGABRT), no exception
 
 
-@pytest.mark.parametrize("command", ["inspect", "cast", "convert"])
+COMMANDS = h.PT2_COMMANDS
+
+
+def _run_command(command: str, source: Path, scratch: Path, coreopt):  # type: ignore[no-untyped-def]
+    """Run one of `every_pt2_command` on `source`; (result, what it may write, the listing before)."""
+    argv, output = next((a, o) for name, a, o in h.every_pt2_command(source, scratch) if name == command)
+    listing = sorted(p.name for p in scratch.iterdir())
+    return coreopt(*argv), output, listing
+
+
+def _one_line(result, source: Path) -> str:  # type: ignore[no-untyped-def]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(source) in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and "unexpected" not in result.stderr
+    assert re.search(r"[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]", result.stderr + result.stdout) is None
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("vector", sorted(hp.VECTORS))
 def test_every_hostile_program_is_refused_by_every_pt2_command(
     vector: str, command: str, tmp_path: Path, coreopt
 ) -> None:  # type: ignore[no-untyped-def]
+    """Each vector, through every command that reads a `.pt2`: exit 1, one line naming the file and
+    the problem, its payload never fired, the input unchanged, nothing written."""
     source, target = _make(vector, tmp_path)
     before = h.tree_digest(source)
-    listing = sorted(p.name for p in tmp_path.iterdir())
-    out = {"inspect": [], "cast": ["-o", tmp_path / "out.pt2"], "convert": ["-o", tmp_path / "out.aimodel"]}
-    result = coreopt(command, source, *out[command])
+    h.every_pt2_command(source, tmp_path)  # the recipe and token files the commands read
+    result, _, listing = _run_command(command, source, tmp_path, coreopt)
     assert result.exit_code == 1, result.stdout
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(source) in lines[0], result.stderr
-    assert hp.VECTORS[vector][1] in lines[0]
-    assert "Traceback" not in result.stderr and "unexpected" not in result.stderr
-    assert re.search(r"[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]", result.stderr + result.stdout) is None
+    assert hp.VECTORS[vector][1] in _one_line(result, source)
     assert not _touched(target)
     assert h.tree_digest(source) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == listing
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("vector", sorted(hp.VALUED_OPS))
+def test_an_admitted_op_fed_hostile_values_ends_in_one_line_in_every_command(
+    vector: str, command: str, tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """A well-formed program whose op gets indices far out of range: a command that never runs it
+    may succeed; one that runs it ends in one line naming the node - never in a signal."""
+    source = hp.VALUED_OPS[vector](tmp_path / f"{vector}.pt2", tmp_path / "unused")
+    h.every_pt2_command(source, tmp_path)
+    result, output, listing = _run_command(command, source, tmp_path, coreopt)
+    if result.exit_code == 0:
+        assert command not in ("cast", "compare"), result.stdout  # these run it: it cannot pass
+        assert output is None or output.exists()
+        return
+    assert result.exit_code == 1, result.stdout
+    line = _one_line(result, source)
+    if command in ("cast", "compare") and vector != "grid-sampler-nan":  # NaN coordinates read as 0s
+        assert "the program failed its first run, in a worker (node hostile" in line, line
+        assert any(word in line for word in hp.VALUED_REFUSALS), line
     assert sorted(p.name for p in tmp_path.iterdir()) == listing
 
 
@@ -181,7 +220,7 @@ def test_the_allowlist_is_what_torch_and_coreai_torch_say() -> None:
     assert "from_file.default" not in ATEN_OPS and "copy_.default" not in ATEN_OPS
     assert "max_pool2d_with_indices_backward.default" not in ATEN_OPS
     assert "_local_scalar_dense.default" not in ATEN_OPS
-    from coreai_opt._export._ops import register_coreai_ops
+    from coreai_opt._export import register_coreai_ops
 
     ops = register_coreai_ops()
     for qualified in COREAI_OPS:

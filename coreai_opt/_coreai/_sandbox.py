@@ -15,6 +15,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from coreai_opt._fork import enter_child, fork
+
 # Lines the runtime's native code logs on every function load; everything else is passed on.
 _CHATTER = (b"ODIE [default]: Loading function",)
 
@@ -108,40 +110,15 @@ class _Forked:
             os.kill(self.pid, signal.SIGKILL)
 
 
-_CAUGHT = frozenset(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP}
-
-
-def _fork() -> tuple[int, set[signal.Signals]]:
-    """`os.fork` with every catchable signal held until the child has set itself up (a Ctrl-C at
-    the fork must not raise in the child before it can leave): (pid, the mask to restore)."""
-    import warnings
-
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _CAUGHT)
-    try:
-        with warnings.catch_warnings():  # 3.12+: "multi-threaded, use of fork() may lead to
-            warnings.simplefilter("ignore", DeprecationWarning)  # deadlocks": see FORK's comment
-            pid = os.fork()
-    except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        raise
-    if pid:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    return pid, held
+_fork = fork  # a name of this module, so that tests can count the workers forked
 
 
 def _run_child(path: Path, requests: int, replies: int, log: int, mask: set[signal.Signals]) -> None:
     """The forked worker's whole life; it leaves through `os._exit` only."""
-    import gc
-
-    gc.freeze()  # the parent's objects are never collected here (no finalizer, flush or unlink)
     parents = (sys.stdin, sys.stdout, sys.stderr)  # kept alive, so never closed or flushed here
     code = 1
     try:
-        os.dup2(log, 1)  # native code that prints lands in the log, never on the parent's stdout
-        os.dup2(log, 2)
-        _close_all_but(0, 1, 2, requests, replies)  # the parent's files, pipes and sockets
-        _default_signal_handlers()
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        enter_child(mask, log, requests, replies)
         sys.stdout = sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115 (lives until _exit)
         sys.stdin = open(os.devnull)  # noqa: SIM115
         import faulthandler
@@ -162,26 +139,6 @@ def _run_child(path: Path, requests: int, replies: int, log: int, mask: set[sign
             sys.stderr.flush()
         del parents
         os._exit(code)
-
-
-def _close_all_but(*kept: int) -> None:
-    low = 0
-    for fd in sorted(set(kept)):
-        if fd > low:  # never an empty range: CPython 3.11 hears closerange(0, 0) as "close all"
-            os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, max(low, os.sysconf("SC_OPEN_MAX")))
-
-
-def _default_signal_handlers() -> None:
-    """The parent's Python signal handlers (and its event loop's wakeup fd) are not the child's."""
-    with contextlib.suppress(ValueError):  # set from the main thread only (the child's one thread)
-        signal.set_wakeup_fd(-1)
-        for number in _CAUGHT:
-            handler = signal.getsignal(number)
-            if callable(handler) and handler is not signal.default_int_handler:
-                signal.signal(number, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _spawned(path: Path, stderr: IO[bytes]) -> subprocess.Popen[bytes]:

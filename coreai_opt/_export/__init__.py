@@ -8,7 +8,10 @@ path writes. Everything here imports torch: load it on first use.
 
 from __future__ import annotations
 
-from ._ops import COREAI_OPS, coreai_decompositions, fold_decompression, is_decompression, register_coreai_ops
+from coreai_opt._custom_ops import register_coreai_ops
+
+from ._ops import COREAI_OPS, coreai_decompositions, fold_decompression, is_decompression
+from ._runnable import ready_to_run, runnable
 from ._weights import LUT_INDEX_BITS, ExportWeights
 
 __all__ = [
@@ -18,5 +21,7 @@ __all__ = [
     "coreai_decompositions",
     "fold_decompression",
     "is_decompression",
+    "ready_to_run",
     "register_coreai_ops",
+    "runnable",
 ]

@@ -25,16 +25,6 @@ SPARSE_TO_DENSE = "coreai::sparse_to_dense"
 COREAI_OPS = frozenset({LUT_TO_DENSE, SHIFT_SCALE, SPARSE_TO_DENSE})
 
 
-def register_coreai_ops() -> Any:
-    """Define coreai-torch's custom ops in this process (idempotent); returns `torch.ops.coreai`."""
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # coreai-torch warns about the torch version on import
-        import coreai_torch._compression.custom_layers  # noqa: F401  (defines the ops)
-    return torch.ops.coreai
-
-
 def coreai_decompositions() -> dict[Any, Any]:
     """coreai-torch's decomposition table (what `.pt2` programs for conversion are exported with)."""
     with warnings.catch_warnings():

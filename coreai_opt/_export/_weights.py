@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from coreai_opt._custom_ops import register_coreai_ops
 from coreai_opt._elements import ELEMENTS, Element, of_torch
 from coreai_opt.weights import (
     Candidate,
@@ -33,7 +34,7 @@ from coreai_opt.weights import (
 from coreai_opt.weights._decode import torch_values
 
 from ._edit import ProgramEdit
-from ._ops import is_decompression, register_coreai_ops
+from ._ops import is_decompression
 
 if TYPE_CHECKING:
     import torch

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from coreai_opt._cache import cache_folder_for, plain_name, user_cache
+from coreai_opt.io import read_json_object
 from coreai_opt.weights import Consumer, Needs, Statistics
 
 from ._graph import call, state_only, state_value
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
 
 CACHE_ENV = "COREOPT_CACHE"
 _WITHOUT = "statistics are taken afresh and not stored"  # what a refused cache folder costs
-_SQUARES_FILE = re.compile(r"\d{5,}\.f32")  # a Fisher pass's file a weight (`_FisherStore.saving`)
+_SQUARES_FILE = re.compile(r"\d{5,}\.f32")  # a Fisher pass's file a weight: what `_squares_file` makes
+_JSON_LIMIT = 64 << 20  # a cache's JSON entry (rows, a Fisher index): a few hundred bytes a weight
 # Raised when what statistics a name gets changes (3: an embedding's twin head, `_twins`).
 _STATISTICS_VERSION = "3"
 
@@ -210,13 +212,12 @@ class ProgramCalibration:
     ) -> None:
         import torch
 
-        from coreai_opt._export import fold_decompression
+        from coreai_opt._export import runnable
 
         self.samples = samples
         self.state = dict(program.state_dict)  # as exported (tied tensors under both names)
         self.device = torch.device(device or "cpu")
-        self.gm = program.module()
-        fold_decompression(self.gm)
+        self.gm = runnable(program)
         _place_factories(self.gm, self.device)
         self.gm.to(self.device)
         with torch.no_grad():
@@ -460,7 +461,9 @@ class ProgramCalibration:
             return None
         try:
             tensors = load_file(str(folder / f"{key}.safetensors"))  # each tensor's bytes fit its shape
-            rows = _json_object(folder / f"{key}.json")
+            rows = read_json_object(folder / f"{key}.json", limit=_JSON_LIMIT)
+            if rows is None:
+                return None
             here = {key: value.to(self.device) for key, value in tensors.items()}
             return {
                 name: Statistics(
@@ -511,11 +514,12 @@ class _FisherStore:
         """The stored weights' statistics, read one at a time; None unless all of `names` are
         stored whole (a damaged entry is recomputed)."""
         root = _usable_folder(create=False)
-        folder = root / self.name if root is not None else None
-        if folder is None or cache_folder_for(folder, create=False, without=_WITHOUT) is None:
+        folder = cache_folder_for(root / self.name, create=False, without=_WITHOUT) if root else None
+        if folder is None:
             return None
+        index = read_json_object(folder / "index.json", limit=_JSON_LIMIT)
+        entries = _fisher_entries(index) if index is not None else None
         try:
-            entries = _fisher_entries(_json_object(folder / "index.json"))
             if entries is None or sorted(entry[0] for entry in entries) != sorted(names):
                 return None
             for _, file, _, shape in entries:
@@ -558,7 +562,7 @@ class _FisherStore:
             for name, statistics in passing:
                 squares = statistics.gradient_squares
                 if entries is not None and squares is not None:
-                    file = f"{len(entries):05d}.f32"  # what _SQUARES_FILE reads back
+                    file = _squares_file(len(entries))
                     try:
                         squares.float().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(
                             temporary / file
@@ -602,16 +606,13 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _json_object(path: Path) -> dict[str, Any]:
-    """A cache file's JSON object; ValueError for anything else (nesting too deep for the parser
-    included), which its reader takes as a miss."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except RecursionError as exc:
-        raise ValueError(f"{path} is nested too deeply") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} holds no JSON object")
-    return data
+def _squares_file(number: int) -> str:
+    """The name of a Fisher pass's `number`th weight's file, as `_SQUARES_FILE` reads it back (an
+    index may name nothing else)."""
+    name = f"{number:05d}.f32"
+    if plain_name(name, _SQUARES_FILE) is None:
+        raise ValueError(f"{name} is no name a Fisher index may hold")
+    return name
 
 
 def _usable_folder(*, create: bool) -> Path | None:

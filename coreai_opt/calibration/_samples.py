@@ -139,15 +139,23 @@ class Samples:
             for file in files:
                 digest.update(file.name.encode())
                 digest.update(hashlib.sha256(file.read_bytes()).digest())
-        if self.tokenizer is not None:  # as parsed: read from its folder only, as `text_tokens` reads it
-            from coreai_opt.models import read_tokenizer
-
-            digest.update(read_tokenizer(_tokenizer_file(self.tokenizer)).to_str().encode())
+        if self.tokenizer is not None:  # as parsed, as `text_tokens` reads it
+            digest.update(_tokenizer(self.tokenizer).to_str().encode())
         return digest.hexdigest()
 
 
-def _tokenizer_file(path: Path) -> Path:
-    return path / "tokenizer.json" if path.is_dir() else path
+def _tokenizer(path: Path) -> Any:
+    """The tokenizer a user named - a tokenizer.json, or the one in a folder - parsed. The path
+    given is the user's own, links and all (an ollama or Hugging Face cache blob): it is followed
+    first, and only a folder's tokenizer.json must be the folder's own file (a link out of it is
+    refused, `read_tokenizer`)."""
+    from coreai_opt.models import read_tokenizer
+
+    real = Path(os.path.realpath(path))
+    file, folder = (path / "tokenizer.json", real) if real.is_dir() else (path, real.parent)
+    if not os.path.lexists(file):
+        raise ModelFileError(file, "no such tokenizer file")
+    return read_tokenizer(file, folder)
 
 
 def text_tokens(path: Path, tokenizer: Path | None) -> list[int]:
@@ -156,12 +164,7 @@ def text_tokens(path: Path, tokenizer: Path | None) -> list[int]:
         raise ConfigError(
             "text samples need the model's tokenizer (a tokenizer.json or its folder)", "tokenizer"
         )
-    from coreai_opt.models import read_tokenizer
-
-    file = _tokenizer_file(tokenizer)
-    if not os.path.lexists(file):
-        raise ModelFileError(file, "no such tokenizer file")
-    coder = read_tokenizer(file)  # from the folder it sits in only (a link out of it is refused), parsed
+    coder = _tokenizer(tokenizer)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -111,6 +111,9 @@ def compare_programs(
 ) -> CheckResult:
     """Run both programs (the cast one on inputs converted to its new input dtypes) and compare
     outputs; when the cast program's outputs hold inf/NaN the original's do not, name the ops."""
+    from coreai_opt._export import ready_to_run
+
+    ready_to_run(original)
     new_dtypes = [g.dtype_of(n) for n in user_inputs(cast)]
     with torch.no_grad():
         before = _leaves(original.module()(*inputs))

@@ -10,7 +10,7 @@ import numpy as np
 from coreai_opt._coreai._runtime import RunResult
 from coreai_opt._coreai._sandbox import TensorSpec
 from coreai_opt.inputs import InputRule, InputSpec, input_rules, user_input_nodes
-from coreai_opt.io import ModelFileError, load_pt2
+from coreai_opt.io import ModelFileError, load_pt2, running
 
 if TYPE_CHECKING:
     import torch
@@ -28,12 +28,11 @@ class ExportedSide:
     """A `.pt2` program ready to run: compressed weights decoded once, inputs by placeholder name."""
 
     def __init__(self, path: Path, trust_pickle: bool = False) -> None:
-        from coreai_opt._export import fold_decompression
+        from coreai_opt._export import runnable
 
         self.path = path
         self.program: ExportedProgram = load_pt2(path, trust_pickle=trust_pickle)
-        self.module = self.program.module()
-        fold_decompression(self.module)
+        self.module = runnable(self.program)
         users = user_input_nodes(self.program)
         self.dtypes = [n.meta["val"].dtype for n in users]
         self.inputs = tuple(
@@ -62,7 +61,7 @@ class ExportedSide:
                     self.path, f"input {spec.name} has shape {list(value.shape)}; it takes {list(spec.shape)}"
                 )
             args.append(torch.from_numpy(np.ascontiguousarray(value)).to(dtype))
-        with torch.no_grad():
+        with torch.no_grad(), running(self.path):
             leaves = [v for v in pytree.tree_leaves(self.module(*args)) if isinstance(v, torch.Tensor)]
         names = [
             s.arg.name for s in self.program.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"

@@ -1,13 +1,20 @@
-"""numba kernels of the exact 1-D k-means (see _kmeans). Imported only when palettizing: numba
-compiles them on first call and caches the machine code on disk, in ~/.cache/coreopt/numba (never
-beside the source: an installed package's folder may be read-only, and a checkout stays clean)
-unless NUMBA_CACHE_DIR says where. numba's cache files are pickles it loads, so the disk cache is
-used only where both that folder and the subfolder numba keeps these kernels in keep the rule of
-every cache folder (`coreai_opt._cache`); elsewhere the kernels compile afresh, with one warning."""
+"""numba kernels of the exact 1-D k-means (see _kmeans). Importing this module does no work: each
+name is a stand-in until a kernel is first called; then all are made at once (they call each other
+by name, so numba must find the made ones there), and numba compiles each on its first call. The
+machine code is cached on disk in ~/.cache/coreopt/numba (never beside the source: an installed
+package's folder may be read-only, and a checkout stays clean) unless NUMBA_CACHE_DIR says where.
+numba's cache files are pickles it loads, so the disk cache is used only where both that folder and
+the subfolder numba keeps these kernels in keep the rule of every cache folder
+(`coreai_opt._cache`); elsewhere the kernels compile afresh, with one warning when they are made.
+numba's own `CACHE_DIR` is set only while they are made (numba fixes each kernel's cache folder
+then), so no other numba code in the process is pointed at a folder checked, or refused, for these."""
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,34 +24,71 @@ import numpy as np
 from coreai_opt._cache import cache_folder_for, user_cache, warn_unused
 
 _WITHOUT = "the k-means kernels compile afresh (about 15 s) and are not stored"
+_SOURCES: dict[str, Callable[..., Any]] = {}  # every kernel's Python function, by name
+_made: dict[str, Any] = {}  # every kernel as numba made it, once the first was called
+_making = threading.Lock()
 
 
-def _disk_cache() -> bool:
-    """Whether numba may keep these kernels on disk: its folder (`CACHE_DIR`, read when a kernel
-    is made) and the subfolder it reads them from keep the rule and can be written - where they
-    cannot, numba would look for a cache beside the source or in ~/.cache/numba instead."""
+class _Kernel:
+    """A kernel's stand-in until the kernels are made; calls go to the made kernel."""
+
+    def __init__(self, py_func: Callable[..., Any]) -> None:
+        self.py_func = py_func
+        functools.update_wrapper(self, py_func)
+
+    def __call__(self, *args: Any) -> Any:
+        return (_made or _make())[self.py_func.__name__](*args)
+
+
+def _kernel(py_func: Callable[..., Any]) -> _Kernel:
+    """Register `py_func` as a kernel, made with the others on the first call of any of them."""
+    _SOURCES[py_func.__name__] = py_func
+    return _Kernel(py_func)
+
+
+def _make() -> dict[str, Any]:
+    """Every kernel, made by numba (nogil, so threads run them in parallel; numpy's error model: no
+    zero-divisor checks) with the disk cache where `_cache_folder` allows it; the made kernels take
+    their stand-ins' names in this module, which is where numba looks for the kernels one calls."""
+    with _making:
+        if not _made:
+            folder = _cache_folder()
+            previous = numba.config.CACHE_DIR
+            try:
+                if folder is not None:
+                    numba.config.CACHE_DIR = str(folder)
+                jit = numba.njit(cache=folder is not None, nogil=True, error_model="numpy")
+                made = {name: jit(py_func) for name, py_func in _SOURCES.items()}
+            finally:
+                numba.config.CACHE_DIR = previous
+            globals().update(made)
+            _made.update(made)
+    return _made
+
+
+def _cache_folder() -> Path | None:
+    """The folder numba may keep these kernels in (its `CACHE_DIR`), or None: it and the subfolder
+    numba reads them from must keep the rule and be writable - where they cannot, numba would look
+    for a cache beside the source or in ~/.cache/numba instead."""
     from numba.core.caching import UserProvidedCacheLocator
 
-    numba.config.CACHE_DIR = os.environ.get("NUMBA_CACHE_DIR") or str(user_cache("numba"))
-    root = Path(numba.config.CACHE_DIR)
-    kernels = root / UserProvidedCacheLocator.get_suitable_cache_subpath(__file__)
+    chosen = Path(os.environ.get("NUMBA_CACHE_DIR") or user_cache("numba"))
     try:
-        for folder in (root, kernels):
-            if cache_folder_for(folder, create=True, without=_WITHOUT) is None:
-                return False
+        root = cache_folder_for(chosen, create=True, without=_WITHOUT)
+        subpath = UserProvidedCacheLocator.get_suitable_cache_subpath(__file__)
+        kernels = cache_folder_for(root / subpath, create=True, without=_WITHOUT) if root else None
     except OSError as exc:
-        warn_unused(root, f"it cannot be made ({exc.strerror})", _WITHOUT)
-        return False
+        warn_unused(chosen, f"it cannot be made ({exc.strerror})", _WITHOUT)
+        return None
+    if root is None or kernels is None:
+        return None
     if not os.access(kernels, os.W_OK | os.X_OK):
         warn_unused(kernels, "it cannot be written", _WITHOUT)
-        return False
-    return True
+        return None
+    return root
 
 
-jit = numba.njit(cache=_disk_cache(), nogil=True, error_model="numpy")  # numpy model: no zero-divisor checks
-
-
-@jit
+@_kernel
 def prefix_sums(x: Any, w: Any, mean: float, reverse: bool, p0: Any, p1: Any, p2: Any) -> None:
     """Prefix sums of the weights, weighted deviations from `mean` and their squares; with
     `reverse`, of the mirrored points (-x read from the end), which are again ascending."""
@@ -57,7 +101,7 @@ def prefix_sums(x: Any, w: Any, mean: float, reverse: bool, p0: Any, p1: Any, p2
         p2[t + 1] = p2[t] + w[i] * d * d
 
 
-@jit
+@_kernel
 def run_cost(p0: Any, p1: Any, p2: Any, j: int, i: int) -> float:
     """Weighted squared error of points j..i (inclusive) about their weighted mean."""
     s = p1[i + 1] - p1[j]
@@ -65,7 +109,7 @@ def run_cost(p0: Any, p1: Any, p2: Any, j: int, i: int) -> float:
     return e if e > 0.0 else 0.0
 
 
-@jit
+@_kernel
 def lloyd_cost(x: Any, mean: float, p0: Any, p1: Any, p2: Any, k: int) -> float:
     """Squared error of a quick heuristic clustering (Lloyd's iterations from weight quantiles):
     an upper bound on the optimum that lets the dynamic programme drop hopeless states."""
@@ -110,7 +154,7 @@ def lloyd_cost(x: Any, mean: float, p0: Any, p1: Any, p2: Any, k: int) -> float:
     return total
 
 
-@jit
+@_kernel
 def layer(a: Any, cur: Any, arg: Any, p0: Any, p1: Any, p2: Any, r0: int, r1: int, c0: int, c1: int,
           lower: Any, limit: float, stack: Any) -> int:  # fmt: skip
     """Row minima of A[i][j] = a[j] + p2[i+1] - (p1[i+1]-p1[j])^2 / (p0[i+1]-p0[j]) for rows
@@ -161,7 +205,7 @@ def layer(a: Any, cur: Any, arg: Any, p0: Any, p1: Any, p2: Any, r0: int, r1: in
     return cut - 1
 
 
-@jit
+@_kernel
 def half(p0: Any, p1: Any, p2: Any, k: int, clusters: int, limit: float, split: Any, last: Any) -> int:
     """The first `clusters` layers of the dynamic programme over all n points (k in total):
     fills split[q][i] (first point of cluster q when it ends at i) and last[i] (the cost of
@@ -195,7 +239,7 @@ def half(p0: Any, p1: Any, p2: Any, k: int, clusters: int, limit: float, split: 
     return kept
 
 
-@jit
+@_kernel
 def one_group(x: Any, w: Any, k: int, upper: Any, centroid: Any) -> int:
     """Cluster one group; fills the upper point index and centroid of each cluster; returns
     the number of clusters (< k only when there are fewer than k points).
@@ -259,7 +303,7 @@ def one_group(x: Any, w: Any, k: int, upper: Any, centroid: Any) -> int:
     return k
 
 
-@jit
+@_kernel
 def groups(x: Any, w: Any, offsets: Any, k: int, first: int, last: int,
            uppers: Any, centroids: Any, found: Any) -> None:  # fmt: skip
     for g in range(first, last):
@@ -267,7 +311,7 @@ def groups(x: Any, w: Any, offsets: Any, k: int, first: int, last: int,
         found[g] = one_group(x[a:b], w[a:b], k, uppers[g], centroids[g])
 
 
-@jit
+@_kernel
 def runs(keys: Any, values: Any, x: Any, w: Any, bin_keys: Any, offsets: Any) -> int:
     """Run-length encode sorted rows: one bin per distinct key, with the mean of its values.
 
@@ -295,7 +339,7 @@ def runs(keys: Any, values: Any, x: Any, w: Any, bin_keys: Any, offsets: Any) ->
     return count
 
 
-@jit
+@_kernel
 def assign(keys: Any, bounds: Any, index: Any, first: int, last: int) -> None:
     """index[g, i] = the cluster of keys[g, i]: how many cluster bounds (each cluster's largest
     key, ascending) lie below it, by binary search."""

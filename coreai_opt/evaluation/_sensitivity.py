@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coreai_opt.io import ModelFileError, load_pt2, require_existing
+from coreai_opt.io import ModelFileError, ProgramRunError, load_pt2, require_existing, running
 
 from ._text import Progress, _Counter
 from ._tokens import Windows, token_stream, window_batches
@@ -110,18 +110,19 @@ def weight_sensitivity(
     require_existing(path)
     ids, source, found = token_stream(path, text, tokens, tokenizer, max_tokens)
     ep = load_pt2(path, trust_pickle=trust_pickle)
-    runner = _Resumable(ep, path, _differences(exact_products))  # a language model, before any encoding
-    trials, skipped = _trials(ep, config, trial_encodings)
-    windows = Windows(len(ids), runner.length, runner.length)
-    batches = -(-len(windows.starts) // runner.batch)
-    counter = _Counter(progress, batches * (1 + len(trials)))
-    rows, ppl = runner.measure(ids, windows, trials, counter)
-    result = SensitivityResult(path, config.to_dict(), source, windows, ppl, rows, skipped)
-    result.products = "bfloat16 differences" if runner.deltas and runner.deltas.recorded else "exact"
-    if estimate and text is not None:
-        begun = time.perf_counter()
-        _estimate(ep, rows, trials, text, tokenizer=found, max_tokens=max_tokens, exact=exact_products)
-        result.estimate_seconds = time.perf_counter() - begun
+    with running(path):
+        runner = _Resumable(ep, path, _differences(exact_products))  # a language model, before any encoding
+        trials, skipped = _trials(ep, config, trial_encodings)
+        windows = Windows(len(ids), runner.length, runner.length)
+        batches = -(-len(windows.starts) // runner.batch)
+        counter = _Counter(progress, batches * (1 + len(trials)))
+        rows, ppl = runner.measure(ids, windows, trials, counter)
+        result = SensitivityResult(path, config.to_dict(), source, windows, ppl, rows, skipped)
+        result.products = "bfloat16 differences" if runner.deltas and runner.deltas.recorded else "exact"
+        if estimate and text is not None:
+            begun = time.perf_counter()
+            _estimate(ep, rows, trials, text, tokenizer=found, max_tokens=max_tokens, exact=exact_products)
+            result.estimate_seconds = time.perf_counter() - begun
         result.rank_correlation = spearman([r.kl_mean for r in rows], [r.estimate or 0.0 for r in rows])
     rows.sort(key=lambda r: -r.kl_mean)
     result.seconds = time.perf_counter() - start
@@ -174,12 +175,11 @@ class _Resumable:
     def __init__(self, ep: Any, path: Path, differences: bool) -> None:
         from torch.fx import Interpreter
 
-        from coreai_opt._export import fold_decompression
+        from coreai_opt._export import runnable
 
         from ._deltas import DeltaProducts
 
-        self.gm: GraphModule = ep.module()
-        fold_decompression(self.gm)
+        self.gm: GraphModule = runnable(ep)
         self.nodes = list(self.gm.graph.nodes)
         position = {n: i for i, n in enumerate(self.nodes)}
         self.last_use = {n: max((position[u] for u in n.users), default=i) for i, n in enumerate(self.nodes)}
@@ -357,6 +357,8 @@ def trial_divergences(
     `optimize` measures its anchors with. `exact_products` as in `weight_sensitivity`."""
     try:
         runner = _Resumable(program, Path("<program>"), _differences(exact_products))
+    except ProgramRunError:
+        raise
     except ModelFileError as exc:
         raise NotALanguageModel(f"the program {exc.problem}") from None
     windows = Windows(len(ids), runner.length, runner.length)

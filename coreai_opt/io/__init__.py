@@ -11,12 +11,15 @@ from ._errors import (
     MissingPathError,
     ModelFileError,
     OutputExistsError,
+    ProgramRunError,
     SameAsInputError,
     UnsafeArchiveError,
     UnwritableOutputError,
     WrongSuffixError,
     one_line,
+    printable,
 )
+from ._json import check_depth, parse_json, read_json, read_json_object, walk_json
 from ._paths import (
     ModelFormat,
     asset_bytes,
@@ -30,6 +33,7 @@ from ._paths import (
     write_atomically,
 )
 from ._pt2 import load_pt2, save_pt2
+from ._runs import FileRun, file_run, first_run, running, zero_inputs
 from ._treespec import FlattenedOutput, flattened_outputs
 
 __all__ = [
@@ -37,6 +41,7 @@ __all__ = [
     "BadMetadataError",
     "ConversionError",
     "CorruptArchiveError",
+    "FileRun",
     "FlattenedOutput",
     "HashMismatchError",
     "IncompleteAssetError",
@@ -44,25 +49,36 @@ __all__ = [
     "ModelFileError",
     "ModelFormat",
     "OutputExistsError",
+    "ProgramRunError",
     "SameAsInputError",
     "UnsafeArchiveError",
     "UnwritableOutputError",
     "WrongSuffixError",
     "asset_bytes",
     "atomic_output",
+    "check_depth",
     "check_links",
     "check_output",
+    "file_run",
+    "first_run",
     "flattened_outputs",
     "load_aimodel",
     "load_pt2",
     "model_format",
     "one_line",
+    "parse_json",
+    "printable",
     "read_in_folder",
+    "read_json",
+    "read_json_object",
     "require_existing",
     "resolve_in_folder",
+    "running",
     "save_aimodel",
     "save_pt2",
     "verify_aimodel",
+    "walk_json",
     "worker_errors",
     "write_atomically",
+    "zero_inputs",
 ]

@@ -14,7 +14,8 @@ read or parsed, only looked up. It lives in ~/.cache/coreopt/checked-assets, or 
 `COREOPT_CHECKED_ASSETS` names; `COREOPT_CHECKED_ASSETS=off` checks every asset in every process.
 A folder that another user owns or may write to is not trusted (an entry planted there would
 switch the check off) and is neither read nor written: the rule of every cache folder
-(`coreai_opt._cache`), with its one warning line.
+(`coreai_opt._cache`), with its one warning line; a link of the user's to a folder that keeps the
+rule is followed.
 """
 
 from __future__ import annotations
@@ -69,19 +70,21 @@ def _coreai_version() -> str:
 
 def was_checked(key: tuple[object, ...]) -> bool:
     """Whether an asset with this key passed the check (or was written by coreopt) before."""
-    folder, name = record_folder(), _entry_name(key)
-    if folder is None or name is None or cache_folder_for(folder, create=False, without=_WITHOUT) is None:
+    chosen, name = record_folder(), _entry_name(key)
+    if chosen is None or name is None:
         return False
-    return (folder / name).is_file()
+    folder = cache_folder_for(chosen, create=False, without=_WITHOUT)  # where a link of the user's leads
+    return folder is not None and (folder / name).is_file()
 
 
 def remember(key: tuple[object, ...]) -> None:
     """Record a passed check; a record that cannot be written only costs the next command time."""
-    folder, name = record_folder(), _entry_name(key)
-    if folder is None or name is None:
+    chosen, name = record_folder(), _entry_name(key)
+    if chosen is None or name is None:
         return
     with contextlib.suppress(OSError):
-        if cache_folder_for(folder, create=True, without=_WITHOUT) is None:
+        folder = cache_folder_for(chosen, create=True, without=_WITHOUT)
+        if folder is None:
             return
         with contextlib.suppress(FileExistsError):
             os.close(os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

@@ -1,8 +1,11 @@
-"""Typed errors for model files: each names the path and the problem in one line."""
+"""Typed errors for model files: each names the path and the problem in one line; text from outside
+as it may be printed (`printable`, kept below every package so the cache rule shares it)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from coreai_opt._errors import printable as printable  # beside `one_line`: the library's text rules
 
 
 def one_line(text: object, limit: int = 300) -> str:
@@ -42,6 +45,10 @@ class CorruptArchiveError(ModelFileError):
 
 class UnsafeArchiveError(ModelFileError):
     """A model file holds something that would run code when loaded (a pickle, compiled code)."""
+
+
+class ProgramRunError(ModelFileError):
+    """A program read from a file failed, or died, when run: the node and the reason."""
 
 
 class IncompleteAssetError(ModelFileError):

@@ -132,36 +132,44 @@ def write_atomically(path: Path, writer: Callable[[Path], None]) -> None:
         writer(tmp)
 
 
-# A Hugging Face cache keeps a repository as models--ORG--NAME/{snapshots/<revision>/, blobs/}: a
-# snapshot's files are links to ../../blobs/<hash>.
+# A Hugging Face hub cache keeps a repository as models--ORG--NAME/{snapshots/<revision>/, blobs/}: a
+# snapshot's files are links to ../../blobs/<hash>, and an older huggingface_hub's `local_dir`
+# download links its files to the same blobs. A blob is named by the hash of a public file's bytes.
 _HF_REPOSITORY = "models--"
-_HF_SNAPSHOTS = "snapshots"
 _HF_BLOBS = "blobs"
 _FOLDER_ENTRIES = 10_000  # entries `check_links` looks at in one folder tree, at most
 
 
-def _hf_blobs(folder: str) -> str | None:
-    """The `blobs` folder of the Hugging Face cache repository whose snapshot holds `folder`."""
-    parts = Path(folder).parts
-    for i in range(len(parts) - 2, 0, -1):
-        if parts[i] == _HF_SNAPSHOTS and parts[i - 1].startswith(_HF_REPOSITORY):
-            return str(Path(*parts[:i], _HF_BLOBS))
-    return None
+def _hf_blob(target: str) -> bool:
+    """Whether `target` (every link followed) is a regular file directly inside the blobs folder of
+    a Hugging Face hub cache repository: what such a folder holds are public files, stored under
+    their hashes, so a link there reads nothing a user keeps for themselves."""
+    blobs = os.path.dirname(target)
+    repository = os.path.basename(os.path.dirname(blobs))
+    named = repository.startswith(_HF_REPOSITORY) and len(repository) > len(_HF_REPOSITORY)
+    if os.path.basename(blobs) != _HF_BLOBS or not named:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(target).st_mode)
+    except OSError:
+        return False
 
 
 def resolve_in_folder(path: Path | str, folder: Path | str | None = None) -> Path:
     """Where `path` leads, when that is inside `folder` (default: the folder `path` sits in), every
     link followed; `ModelFileError` naming `path` otherwise. A model's files are read only from its
     own folder, so a link planted in a downloaded model (to ~/.ssh/id_ed25519) is never read or
-    copied beside an output. The one exception: a file of a Hugging Face cache snapshot may lead
-    to a file in its own repository's blobs folder, as the cache links it."""
+    copied beside an output. The one exception: a link to a file directly inside a Hugging Face hub
+    cache repository's blobs folder (`.../models--ORG--NAME/blobs/<hash>`), as the cache's snapshots
+    and older `local_dir` downloads link their files.
+
+    The rule is for files found inside a folder. A path the user typed (a GGUF file, a tokenizer,
+    the model folder itself) is the user's own: callers follow its links first (`os.path.realpath`)
+    and apply the rule to what it holds."""
     path = Path(path)
     home = os.path.realpath(folder if folder is not None else path.parent)
     target = os.path.realpath(path)
-    if os.path.commonpath((home, target)) == home:
-        return Path(target)
-    blobs = _hf_blobs(home)
-    if blobs is not None and os.path.dirname(target) == blobs:
+    if os.path.commonpath((home, target)) == home or _hf_blob(target):
         return Path(target)
     raise ModelFileError(
         path, "is a link to a file outside its folder; coreopt reads only the folder's own files"

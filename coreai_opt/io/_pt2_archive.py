@@ -36,7 +36,8 @@ from ._errors import CorruptArchiveError, UnsafeArchiveError
 from ._expressions import guards_problem
 from ._pickles import UnreadablePickle, forbidden_globals, torch_save_globals
 from ._program_audit import MAX_RANK, dtype_problem, path_problem, program_problem, size_budget
-from ._shapes import shapes_problem
+from ._runs import mark
+from ._shapes import check_shapes
 from ._treespec import FLATTENED_META, flatten_unknown_outputs
 from ._zip import ZipEntry, audit_zip, read_entry, verify_zip
 
@@ -328,7 +329,7 @@ class Pt2Archive:
             isinstance(node, dict) and str(node.get("target", "")).startswith(COREAI_OP_PREFIX)
             for node in nodes
         ):
-            from coreai_opt._export._ops import register_coreai_ops
+            from coreai_opt._custom_ops import register_coreai_ops
 
             register_coreai_ops()
 
@@ -349,9 +350,10 @@ class Pt2Archive:
             raise CorruptArchiveError(
                 self.path, f"cannot read the torch.export program ({_line(exc)})"
             ) from None
-        problem = shapes_problem(program, self.budget)
-        if problem:
-            raise UnsafeArchiveError(self.path, f"{MODEL_JSON}: {problem}; {TRUST_HINT}")
+        shapes = check_shapes(program, self.budget)
+        if shapes.problem:
+            raise UnsafeArchiveError(self.path, f"{MODEL_JSON}: {shapes.problem}; {TRUST_HINT}")
+        mark(program, self.path, shapes.value_bytes, shapes.flops)
         if flattened:
             program.graph_module.meta[FLATTENED_META] = flattened
         return program

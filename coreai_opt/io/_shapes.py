@@ -15,6 +15,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._errors import one_line
@@ -28,7 +29,18 @@ _LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_sha
 
 
 class _Mismatch(Exception):
-    """Raised inside the walk; `shapes_problem` returns its text."""
+    """Raised inside the walk; `check_shapes` reports its text."""
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What running a program on fake tensors found: why it must not run (None: it may), the
+    bytes of every value its nodes compute, and the floating-point operations of its products
+    (what a first run needs: `_runs`)."""
+
+    problem: str | None
+    value_bytes: int = 0
+    flops: float = 0.0
 
 
 @contextlib.contextmanager
@@ -46,15 +58,16 @@ def _quiet() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def shapes_problem(program: ExportedProgram, budget: int) -> str | None:
-    """Why running `program` would compute a value other than the one it declares, or one of over
-    `budget` elements, as one line naming the node; None when every node keeps to its declaration."""
+def check_shapes(program: ExportedProgram, budget: int) -> Shapes:
+    """Run `program` on fake tensors. Its `problem`: why running it would compute a value other
+    than the one it declares, or one of over `budget` elements, as one line naming the node."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
     stored = _stored(program)
     values: dict[Node, Any] = {}
+    value_bytes, flops = 0, 0.0
     try:
         with _quiet():
             for node in program.graph.nodes:
@@ -62,9 +75,49 @@ def shapes_problem(program: ExportedProgram, budget: int) -> str | None:
                     values[node] = _placeholder(node, stored.get(node.name), mode, budget)
                 elif node.op == "call_function":
                     values[node] = _call(node, values, mode, budget)
+                    produced = _tensors(values[node])
+                    value_bytes += sum(_elements(t) * t.element_size() for t in produced)
+                    flops += _flops(node, values, produced)
     except _Mismatch as mismatch:
-        return str(mismatch)
-    return None
+        return Shapes(str(mismatch))
+    return Shapes(None, value_bytes, flops)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    import torch
+
+    return [leaf for leaf in torch.utils._pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def _elements(tensor: torch.Tensor) -> int:
+    return math.prod(_concrete(size) or 0 for size in tensor.shape)
+
+
+# Ops whose arithmetic is a product of their operands' sizes, not their output's: the output's
+# elements times the length of the dimension each output element sums over.
+_REDUCED = {"aten.mm.default": (0, -1), "aten.addmm.default": (1, -1), "aten.bmm.default": (0, -1)}
+
+
+def _flops(node: Node, values: dict[Node, Any], produced: list[torch.Tensor]) -> float:
+    """About how many floating-point operations a node costs: twice the multiply-adds of a
+    product or convolution, else one a value it computes."""
+    out = sum(_elements(t) for t in produced)
+    name = str(node.target)
+    args = [values.get(a, a) for a in node.args]
+    try:
+        if name in _REDUCED:
+            operand, dim = _REDUCED[name]
+            return 2.0 * out * (_concrete(args[operand].shape[dim]) or 0)
+        if name == "aten.convolution.default":  # each output element: in-channels/groups x kernel
+            weight = args[1]
+            return 2.0 * out * math.prod(_concrete(size) or 0 for size in weight.shape[1:])
+        if name == "aten.scaled_dot_product_attention.default":  # scores, then their weighted sum
+            width, length = _concrete(args[0].shape[-1]) or 0, _concrete(args[1].shape[-2]) or 0
+            rows = out / max(_concrete(produced[0].shape[-1]) or 1, 1)
+            return 2.0 * rows * length * (width + (_concrete(produced[0].shape[-1]) or 0))
+    except (AttributeError, IndexError, TypeError):
+        pass
+    return float(out)
 
 
 def _stored(program: ExportedProgram) -> dict[str, torch.Tensor]:
@@ -88,6 +141,11 @@ def _concrete(size: Any) -> int | None:
         return size
     hint = getattr(getattr(size, "node", None), "hint", None)
     return hint if isinstance(hint, int) else None
+
+
+def declared_shape(value: torch.Tensor) -> list[int]:
+    """A declared tensor's sizes as numbers (symbolic ones at their hints; none: 1)."""
+    return [size if (size := _concrete(dim)) is not None else 1 for dim in value.shape]
 
 
 def _placeholder(node: Node, stored: torch.Tensor | None, mode: Any, budget: int) -> Any:

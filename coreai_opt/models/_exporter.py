@@ -12,10 +12,7 @@ that would prefix every name.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,9 +23,11 @@ from coreai_opt._errors import ConfigError
 from coreai_opt.io import ModelFileError, one_line
 
 from ._families import ModelKind
-from ._sidecar import ModelInfo, read_tokenizer
+from ._loading import Given, given_folder, quiet
+from ._sidecar import ModelInfo
 from ._sizes import check_sizes, stated_values
 from ._source import ModelSource, open_source
+from ._tokenizer import source_tokenizer
 
 if TYPE_CHECKING:
     import torch
@@ -62,8 +61,9 @@ def export_model(source: Path | str, *, seq_len: int = 128, batch: int = 1, seed
             raise ConfigError(f"{name} must be an integer of at least {least}, not {value!r}", name)
     start = time.perf_counter()
     src = open_source(source)
-    tokenizer = _tokenizer(src)
-    model = _load(src)
+    with given_folder(src) as given:  # the source's checked files only
+        tokenizer = source_tokenizer(src, given)
+        model = _load(src, given)
     _check_positions(src, model.config, seq_len)
     program = _export(src, model, seq_len, batch, seed)
     config = json.loads(json.dumps(model.config.to_dict(), default=str))
@@ -75,23 +75,9 @@ def export_model(source: Path | str, *, seq_len: int = 128, batch: int = 1, seed
     return ExportedModel(program, info, tokenizer, parameters, time.perf_counter() - start)
 
 
-@contextlib.contextmanager
-def _quiet() -> Any:
-    """transformers' own progress bars and advice are not ours to print."""
-    import transformers
-
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        transformers.logging.set_verbosity(level)
-
-
-def _load(src: ModelSource) -> Any:
-    """The model, built from the config transformers makes of the source once that config's sizes
-    are the stored weights' (`check_sizes`), every parameter loaded from the source."""
+def _load(src: ModelSource, given: Given) -> Any:
+    """The model, built from the config transformers makes of the source (`given`) once that
+    config's sizes are the stored weights' (`check_sizes`), every parameter loaded from the source."""
     import torch
 
     try:
@@ -103,18 +89,17 @@ def _load(src: ModelSource) -> Any:
         if src.family.kind is ModelKind.CAUSAL_LM
         else transformers.AutoModel
     )
-    options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
-    if src.gguf:
-        options["gguf_file"] = src.path.name
-    config = _transformers(src, lambda: transformers.AutoConfig.from_pretrained(str(src.folder), **options))
+    config = _transformers(
+        src, lambda: transformers.AutoConfig.from_pretrained(given.folder, **given.options)
+    )
     check_sizes(src.family, stated_values(src.family, config), src.stored, src.config_path)
-    options |= {"config": config, "dtype": torch.float32, "output_loading_info": True}
+    options = given.options | {"config": config, "dtype": torch.float32, "output_loading_info": True}
     if not src.gguf:
         options["use_safetensors"] = True
     pooler = src.family.shapes.pooler
     if pooler is not None and src.stored.find(pooler) is None:
         options["add_pooling_layer"] = False  # the checkpoint has none: export the encoder without one
-    model, loading = _transformers(src, lambda: auto.from_pretrained(str(src.folder), **options))
+    model, loading = _transformers(src, lambda: auto.from_pretrained(given.folder, **options))
     missing = sorted(loading.get("missing_keys", ()))
     if missing:
         named = ", ".join(missing[:_SHOWN_MISSING]) + (", ..." if len(missing) > _SHOWN_MISSING else "")
@@ -127,7 +112,7 @@ def _load(src: ModelSource) -> Any:
 def _transformers(src: ModelSource, call: Callable[[], Any]) -> Any:
     """`call()` (a transformers loader), its failure one line naming the source."""
     try:
-        with _quiet():
+        with quiet():
             return call()
     except ImportError:
         raise
@@ -185,23 +170,3 @@ def _export(src: ModelSource, model: Any, seq_len: int, batch: int, seed: int) -
         raise ModelFileError(
             src.path, f"does not export at batch {batch}, seq_len {seq_len} ({one_line(exc, 200)})"
         ) from None
-
-
-def _tokenizer(src: ModelSource) -> str | None:
-    """The model's tokenizer as `tokenizer.json` text, as parsed: the folder's own file (one that
-    does not parse is refused - a model published without its tokenizer is a surprise found too
-    late), else what transformers builds from the folder or the GGUF metadata; None when there is none."""
-    own = src.folder / "tokenizer.json"
-    if not src.gguf and os.path.lexists(own):
-        return read_tokenizer(own, src.folder).to_str()
-    try:
-        import transformers
-
-        options: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
-        if src.gguf:
-            options["gguf_file"] = src.path.name
-        with _quiet():
-            made = transformers.AutoTokenizer.from_pretrained(str(src.folder), **options)
-        return made.backend_tokenizer.to_str()
-    except Exception:  # no tokenizer in the source: the program is still useful without one
-        return None

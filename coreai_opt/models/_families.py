@@ -10,7 +10,7 @@ transformers builds a model of its sizes).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 class ModelKind(enum.Enum):
@@ -34,7 +34,8 @@ GGUF_LAYERS = ("block_count", r"^blk\.(\d+)\.")  # llama.cpp's layer count key a
 class Dim:
     """A config field against axis `axis` of a stored weight: `weight` is its Hugging Face name
     after the model's prefix (the first layer's, for a layer's weight); in a GGUF file the weight is
-    `gguf_weight` and the field the metadata key `<architecture>.<gguf_key>`."""
+    `gguf_weight`, read along `gguf_axis` (default `axis`: llama.cpp stores some weights transposed,
+    GPT-2's Conv1D ones as linear layers), and the field the metadata key `<architecture>.<gguf_key>`."""
 
     field: str
     rule: Rule
@@ -42,6 +43,11 @@ class Dim:
     axis: int = 0
     gguf_weight: str | None = None
     gguf_key: str | None = None
+    gguf_axis: int | None = None
+
+    def axis_in(self, gguf: bool) -> int:
+        """The axis of the weight that holds the field, in a GGUF file or in safetensors."""
+        return self.gguf_axis if gguf and self.gguf_axis is not None else self.axis
 
 
 @dataclass(frozen=True)
@@ -77,13 +83,22 @@ _DECODER = Shapes(
     ),
     groups=("num_key_value_heads", "num_attention_heads"),
 )  # fmt: skip
+# transformers drops a qwen2 GGUF file's `rope.dimension_count` (it makes head_dim of the widths):
+# no config field is read from it, so none is checked against it.
+_QWEN2 = replace(
+    _DECODER,
+    dims=tuple(
+        replace(dim, gguf_key=None) if dim.gguf_key == "rope.dimension_count" else dim
+        for dim in _DECODER.dims
+    ),
+)
 _GPT2 = Shapes(
     "n_layer", r"(?:^|\.)h\.(\d+)\.",
     (
         Dim("vocab_size", Rule.EQUALS, "wte.weight", 0, "token_embd.weight"),
         Dim("n_embd", Rule.EQUALS, "wte.weight", 1, "token_embd.weight", "embedding_length"),
         Dim("n_positions", Rule.EQUALS, "wpe.weight", 0, "position_embd.weight"),
-        Dim("n_inner", Rule.EQUALS, "h.0.mlp.c_fc.weight", 1, "blk.0.ffn_up.weight"),
+        Dim("n_inner", Rule.EQUALS, "h.0.mlp.c_fc.weight", 1, "blk.0.ffn_up.weight", gguf_axis=0),
         Dim("n_head", Rule.DIVIDES, "h.0.attn.c_proj.weight", 0, "blk.0.attn_output.weight", "attention.head_count"),
     ),
 )  # fmt: skip
@@ -126,7 +141,7 @@ FAMILIES: dict[str, Family] = {
     for family in (
         Family("llama", ModelKind.CAUSAL_LM, _DECODER, ("llama",)),  # SmolLM and SmolLM2 are LLaMA
         Family("mistral", ModelKind.CAUSAL_LM, _DECODER, ("mistral",)),
-        Family("qwen2", ModelKind.CAUSAL_LM, _DECODER, ("qwen2",)),
+        Family("qwen2", ModelKind.CAUSAL_LM, _QWEN2, ("qwen2",)),
         Family("gpt2", ModelKind.CAUSAL_LM, _GPT2, ("gpt2",)),
         Family("bert", ModelKind.ENCODER, _BERT),
         Family("roberta", ModelKind.ENCODER, _BERT),

@@ -18,10 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coreai_opt.io import ModelFileError, one_line, read_in_folder, resolve_in_folder, write_atomically
+from coreai_opt.io import (
+    ModelFileError,
+    check_depth,
+    one_line,
+    read_in_folder,
+    read_json,
+    resolve_in_folder,
+    write_atomically,
+)
 
 from ._families import ModelKind
-from ._json import check_depth, read_json
 
 FORMAT = "coreopt-model"
 VERSION = 1
@@ -132,6 +139,11 @@ class Sidecars:
 
     info: ModelInfo | None
     tokenizer: str | None
+
+    def tokenizer_file(self, program: Path | str) -> Path | None:
+        """The tokenizer sidecar these were read from beside `program`, for what takes a tokenizer
+        by path (text calibration); None when there was none - the disk is not asked again."""
+        return tokenizer_path(program) if self.tokenizer is not None else None
 
 
 def read_sidecars(program: Path | str) -> Sidecars:

@@ -36,7 +36,7 @@ def check_sizes(family: Family, values: Mapping[str, Any], stored: Stored, confi
             raise ModelFileError(stored.path, f"lacks {weight}, a weight every {family.model_type} model has")
         value = values.get(dim.field)
         if value is not None:
-            _check_dim(dim, _positive(dim.field, value, config), found, config)
+            _check_dim(dim, _positive(dim.field, value, config), found, config, stored.gguf)
     if shapes.groups is not None:
         kv, heads = (values.get(field) for field in shapes.groups)
         if kv is not None and heads is not None and heads % kv:
@@ -93,7 +93,9 @@ def _layers(present: set[int]) -> str:
     return "layers " + ", ".join(map(str, shown[:6])) + (", ..." if len(shown) > 6 else "")
 
 
-def _check_dim(dim: Dim, value: int, found: tuple[str, tuple[int, ...]] | None, config: Path) -> None:
+def _check_dim(
+    dim: Dim, value: int, found: tuple[str, tuple[int, ...]] | None, config: Path, gguf: bool
+) -> None:
     if dim.rule is Rule.BOUNDED:
         if value > UNSTORED_LIMIT:
             raise ModelFileError(
@@ -103,7 +105,8 @@ def _check_dim(dim: Dim, value: int, found: tuple[str, tuple[int, ...]] | None, 
     if found is None:  # the GGUF file names no weight for this field
         return
     name, shape = found
-    actual = shape[dim.axis] if dim.axis < len(shape) else None
+    axis = dim.axis_in(gguf)
+    actual = shape[axis] if axis < len(shape) else None
     if dim.rule is Rule.EQUALS and value != actual:
         raise ModelFileError(config, f"{dim.field} is {value} but {name} is {list(shape)}")
     if dim.rule is Rule.DIVIDES and (actual is None or actual % value):

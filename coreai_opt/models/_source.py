@@ -5,7 +5,9 @@ and safetensors weights (pickled `*.bin` / `*.pt` weights are refused, never loa
 config's family must be one coreopt exports (custom code in `auto_map` is not run), and a GGUF
 file's header is read by the `gguf` package (pure Python) before transformers sees it. No file of
 the source may lead out of its folder (a link to ~/.ssh would otherwise be read, or copied beside
-the output), and the config's sizes must be those of the weights stored (`_sizes`).
+the output), and the config's sizes must be those of the weights stored (`_sizes`). The path the
+user gives is theirs: a folder or GGUF file that is itself a link (an ollama blob, a model kept on
+another disk) is followed first, and the rule applies to what the folder holds.
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ from typing import Any
 from coreai_opt.io import (
     MissingPathError,
     ModelFileError,
+    check_depth,
     check_links,
     one_line,
     read_in_folder,
-    resolve_in_folder,
+    read_json,
 )
 
 from ._families import FAMILIES, GGUF_ARCHITECTURES, Family, supported
-from ._json import check_depth, read_json
 from ._sizes import check_sizes, gguf_values
 from ._stored import Stored, gguf_stored, safetensors_stored
 
@@ -39,15 +41,12 @@ class ModelSource:
     """A checked source: where it is, which family it is, its config as the file states it, and
     the weights it stores (names and shapes)."""
 
-    path: Path
+    path: Path  # as the user gave it (errors name it)
     family: Family
     gguf: bool
     config: dict[str, Any]  # config.json (a folder) or the GGUF metadata's architecture facts
     stored: Stored
-
-    @property
-    def folder(self) -> Path:
-        return self.path.parent if self.gguf else self.path
+    real: Path  # where `path` leads, every link followed: the folder or file that was checked
 
     @property
     def config_path(self) -> Path:
@@ -60,14 +59,15 @@ def open_source(path: Path | str) -> ModelSource:
     path = Path(path)
     if not path.exists():
         raise MissingPathError(path)
-    if path.is_dir():
-        return _folder(path)
+    real = Path(os.path.realpath(path))  # the user's own links are followed; what it holds is checked
+    if real.is_dir():
+        return _folder(path, real)
     if path.suffix.lower() == ".gguf":
-        return _gguf(path)
+        return _gguf(path, real)
     raise ModelFileError(path, "not a model source: give a Hugging Face model folder or a .gguf file")
 
 
-def _folder(path: Path) -> ModelSource:
+def _folder(path: Path, real: Path) -> ModelSource:
     check_links(path, hidden=False)  # transformers opens the folder's files by name
     config_file = path / "config.json"
     if not os.path.lexists(config_file):
@@ -92,18 +92,20 @@ def _folder(path: Path) -> ModelSource:
             )  # fmt: skip
         raise ModelFileError(path, "holds no *.safetensors weights (model.safetensors or its shard index)")
     check_sizes(family, config, stored, config_file)
-    return ModelSource(path, family, False, config, stored)
+    return ModelSource(path, family, False, config, stored, real)
 
 
-def _gguf(path: Path) -> ModelSource:
-    if read_in_folder(path, limit=len(_GGUF_MAGIC), whole=False) != _GGUF_MAGIC:
+def _gguf(path: Path, real: Path) -> ModelSource:
+    """A GGUF file, read where the user's path leads (`real`): its own links are the user's to make.
+    Nothing beside it is read here, nor by transformers (`_loading.given_folder`)."""
+    if read_in_folder(real, limit=len(_GGUF_MAGIC), whole=False) != _GGUF_MAGIC:
         raise ModelFileError(path, "not a GGUF file (no GGUF magic)")
     try:
         from gguf import GGUFReader
     except ImportError:
         raise ImportError("GGUF models need the gguf package: pip install 'coreopt[hf]'") from None
     try:
-        reader = GGUFReader(str(resolve_in_folder(path)))  # the file just checked, not a link
+        reader = GGUFReader(str(real))  # the file just checked, every link followed
         field = reader.get_field("general.architecture")
         arch = bytes(field.parts[field.data[0]]).decode("utf-8") if field is not None else None
     except Exception as exc:  # the gguf reader raises whatever numpy does on bad bytes
@@ -117,4 +119,4 @@ def _gguf(path: Path) -> ModelSource:
     stored = gguf_stored(path, reader)
     check_sizes(family, gguf_values(family, reader, arch), stored, path)
     config = {"model_type": family.model_type, "gguf_architecture": arch}
-    return ModelSource(path, family, True, config, stored)
+    return ModelSource(path, family, True, config, stored, real)

@@ -4,14 +4,14 @@ checked against them before transformers builds a model of its sizes."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coreai_opt.io import ModelFileError, read_in_folder
-
-from ._json import parse_json, read_json
+from coreai_opt.io import ModelFileError, one_line, parse_json, read_in_folder, read_json, resolve_in_folder
 
 SAFETENSORS = "model.safetensors"  # the names transformers loads, in its order
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -19,6 +19,12 @@ _HEADER_LIMIT = 100_000_000  # bytes of one safetensors header (the safetensors 
 _HEADERS_LIMIT = 256 << 20  # bytes of all shards' headers together
 _INDEX_LIMIT = 64 << 20
 _MAX_RANK = 8
+# safetensors' element types and the bits each takes (F4 and F6 pack: a tensor's bits fill whole bytes).
+_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+    "C64": 64, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,10 @@ def _header(path: Path, folder: Path, limit: int) -> tuple[dict[str, tuple[int, 
     header = parse_json(data, path)
     if not isinstance(header, dict):
         raise ModelFileError(path, "not a readable safetensors file (its header is not a JSON object)")
-    return {name: _shape(path, name, entry) for name, entry in header.items() if name != "__metadata__"}, size
+    tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
+    shapes = {name: _shape(path, name, entry) for name, entry in tensors.items()}
+    _check_offsets(path, tensors, shapes, os.path.getsize(resolve_in_folder(path, folder)) - 8 - size)
+    return shapes, size
 
 
 def _shape(path: Path, name: str, entry: Any) -> tuple[int, ...]:
@@ -102,6 +111,50 @@ def _shape(path: Path, name: str, entry: Any) -> tuple[int, ...]:
     ):
         raise ModelFileError(path, f"weight {name[:80]!r} has no valid shape in the header")
     return tuple(shape)
+
+
+def _check_offsets(
+    path: Path, tensors: dict[str, Any], shapes: dict[str, tuple[int, ...]], data: int
+) -> None:
+    """Refuse a header whose shapes its bytes do not hold: every weight's `data_offsets` span
+    exactly its elements (shape and dtype), within the `data` bytes after the header, no two
+    overlapping - the shapes checked against a config are then the weights transformers loads."""
+    spans = []
+    for name, entry in tensors.items():
+        offsets, dtype = entry.get("data_offsets"), entry.get("dtype")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        ):
+            raise ModelFileError(
+                path, f"not a readable safetensors file (weight {name[:80]!r} has no data_offsets)"
+            )
+        bits = _DTYPE_BITS.get(dtype) if isinstance(dtype, str) else None
+        if bits is None:
+            shown = one_line(repr(dtype), 40)
+            raise ModelFileError(
+                path, f"not a readable safetensors file (weight {name[:80]!r} has dtype {shown})"
+            )
+        start, end = offsets
+        elements = math.prod(shapes[name])
+        if not 0 <= start <= end <= data or (end - start) * 8 != elements * bits:
+            raise ModelFileError(
+                path, f"not a readable safetensors file (weight {name[:80]!r} of {list(shapes[name])} {dtype} "
+                f"takes {elements * bits / 8:.15g} bytes, not bytes {start}..{end} of {data})"
+            )  # fmt: skip
+        spans.append((start, end, name))
+    _check_overlaps(path, spans)
+
+
+def _check_overlaps(path: Path, spans: list[tuple[int, int, str]]) -> None:
+    """Refuse weights whose bytes overlap (each weight its own bytes, as safetensors writes them)."""
+    spans.sort()
+    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+        if start < end:
+            raise ModelFileError(
+                path, f"not a readable safetensors file (weights {first[:60]!r} and {second[:60]!r} overlap)"
+            )
 
 
 def gguf_stored(path: Path, reader: Any) -> Stored:

@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from coreai_opt._cache import cache_folder_for, plain_name
+from coreai_opt.io import ModelFileError, read_json_object, write_atomically
 
 from ._choices import Choice
 
-# What `choice_key` names and the suffixes `_costs` and `_trials` add: `<key>.json`,
-# `<key>.trials-<version>-<mode>-<tokens>.json`.
-_FILE = re.compile(r"[0-9a-f]{32}(\.trials-[\w.-]+)?\.json")
+# The names `entry` makes, and only those are read: `<key>.json` (a column) and
+# `<key>.trials-<part>-<part>....json` (measured trials), a key being what `choice_key` makes.
+_FILE = re.compile(r"[0-9a-f]{32}(\.trials(-[0-9A-Za-z]+)+)?\.json")
 _WITHOUT = "every cost is measured afresh and not stored"
+_LIMIT = 256 << 20  # bytes of one entry: a column holds a few hundred bytes a weight
 
 
 def folder() -> Path:
@@ -39,34 +41,38 @@ def choice_key(base: str, choice: Choice, threshold: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def entry(key: str, *trials: str | int) -> Path:
+    """The file of the column `key` (`choice_key`) names or, given `trials` (the parts that tell
+    one measurement from another: version, mode, tokens), of its measured trials - the one place
+    this cache's names are made, so `_FILE` reads back exactly these."""
+    suffix = ".trials" + "".join(f"-{part}" for part in trials) if trials else ""
+    name = f"{key}{suffix}.json"
+    if plain_name(name, _FILE) is None:
+        raise ValueError(f"{name!r} is no name the optimize cache reads back")
+    return folder() / name
+
+
 def read(path: Path) -> dict[str, Any] | None:
     """The file's JSON object, or None where it is missing, unreadable, not a name this cache
-    writes or in a folder that fails the rule (a cache miss)."""
-    if plain_name(path.name, _FILE) is None or not _usable(path.parent, create=False):
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None
+    writes (`entry`) or in a folder that fails the rule (a cache miss)."""
+    here = _usable(path.parent, create=False) if plain_name(path.name, _FILE) else None
+    return read_json_object(here / path.name, limit=_LIMIT) if here is not None else None
 
 
 def write(path: Path, data: dict[str, Any]) -> None:
     """Store `data` in `path`; nothing is written where the folder fails the rule or cannot be
     made (a cache only saves time)."""
-    from coreai_opt.io import ModelFileError, write_atomically
-
     text = json.dumps(data)
     try:
-        if _usable(path.parent, create=True):
-            write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        here = _usable(path.parent, create=True) if plain_name(path.name, _FILE) else None
+        if here is not None:
+            write_atomically(here / path.name, lambda tmp: tmp.write_text(text, encoding="utf-8"))
     except (OSError, ModelFileError):
         pass
 
 
-def _usable(optimize: Path, *, create: bool) -> bool:
-    """Whether the calibration cache and its `optimize/` folder both keep the rule."""
-    return all(
-        cache_folder_for(each, create=create, without=_WITHOUT) is not None
-        for each in (optimize.parent, optimize)
-    )
+def _usable(optimize: Path, *, create: bool) -> Path | None:
+    """The `optimize/` folder (where it leads) when it and the calibration cache both keep the rule."""
+    if cache_folder_for(optimize.parent, create=create, without=_WITHOUT) is None:
+        return None
+    return cache_folder_for(optimize, create=create, without=_WITHOUT)

@@ -99,7 +99,7 @@ def cost_table(
     keys = {c.name: _cache.choice_key(base, c, threshold) for c in choices if c.config is not None}
     found: dict[str, dict[str, Any]] = {}
     for name, key in keys.items():
-        cached = _column(_cache.folder() / f"{key}.json")
+        cached = _column(_cache.entry(key))
         if cached is not None:
             found[name] = cached
     cached_names = list(found)
@@ -110,7 +110,7 @@ def cost_table(
         measured, weights, state = _measure(loaded, missing, threshold, progress)
         for choice in missing:
             found[choice.name] = {"weights": weights, "state_bytes": state, "costs": measured[choice.name]}
-            _cache.write(_cache.folder() / f"{keys[choice.name]}.json", found[choice.name])
+            _cache.write(_cache.entry(keys[choice.name]), found[choice.name])
     table = _assemble(choices, found)
     table.cached = cached_names
     if trials:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from coreai_opt._errors import ConfigError
 from coreai_opt.io import ModelFormat, check_output, model_format, require_existing, write_atomically
@@ -33,6 +33,9 @@ from coreai_opt.io import ModelFormat, check_output, model_format, require_exist
 from ._choices import Choice, parse_choices
 from ._costs import CostTable, cost_table
 from ._solve import Plan, front, solve
+
+if TYPE_CHECKING:
+    from coreai_opt.models import Sidecars
 
 Progress = Callable[[int, int, str], None]
 Say = Callable[[str], None]
@@ -275,27 +278,34 @@ def optimize(
     confirms the plan. `trial_tokens`: the calibration tokens a language model's measured choices
     are tried on (0: estimates only). `dry_run` stops at the plan: nothing written, nothing
     evaluated."""
+    from coreai_opt._export import ready_to_run
     from coreai_opt.calibration import Samples
-    from coreai_opt.io import load_pt2
-    from coreai_opt.models import model_tokenizer, read_sidecars
+    from coreai_opt.io import load_pt2, running
+    from coreai_opt.models import read_sidecars
 
     start = time.perf_counter()
     path = Path(program)
     require_existing(path)
     model_format(path, (ModelFormat.PT2,))
-    read_sidecars(path)  # a sidecar that cannot be copied fails now, not after the search
+    sidecars = read_sidecars(path)  # parsed now: a bad one fails before the search; these are written
     note = say or (lambda _: None)
-    picked = _usable(choices, note)
+    picked, left_out = _usable(choices)
     if not dry_run and evaluation is None:
         raise ConfigError("give evaluation data (--eval) to confirm the plan, or a dry run", "evaluation")
     if budget.on_accuracy and dry_run:
         raise ConfigError("an accuracy bound is met by measuring: it cannot be a dry run", "dry_run")
     out = None if dry_run else _output(path, output, to_aimodel, force)
+    program = load_pt2(path)  # checked, and its first run done, before anything is said or computed
+    ready_to_run(program)
+    for line in left_out:
+        note(line)
     samples = Samples.of(calibration, tokens=calibration_tokens, count=calibration_samples,
-                         tokenizer=model_tokenizer(path))  # fmt: skip
+                         tokenizer=sidecars.tokenizer_file(path))  # fmt: skip
     note(f"estimating {len(picked) - 1} choices on every weight from {samples.describe()}")
-    table = cost_table(path, lambda: load_pt2(path), picked, samples, threshold=threshold, trial_tokens=trial_tokens,
-                       device=device, progress=progress)  # fmt: skip
+    with running(path):
+        table = cost_table(path, lambda: program, picked, samples, threshold=threshold,
+                           trial_tokens=trial_tokens, device=device, progress=progress)  # fmt: skip
+    program = None  # the rounds load the file afresh: let this copy go
     steps = _Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
                    calibration_tokens, calibration_samples, device, threshold)  # fmt: skip
     began = time.perf_counter()
@@ -313,22 +323,21 @@ def optimize(
     assert evaluation is not None
     judge = _Judge(path, Path(evaluation) if str(evaluation) != "random" else None, eval_tokens, eval_samples,
                    progress)  # fmt: skip
-    recipe = _confirm(report, table, plan, knapsack, steps, judge, out, to_aimodel, rounds, uniform, note)
+    recipe = _confirm(report, table, plan, knapsack, steps, judge, out, sidecars, to_aimodel, rounds, uniform,
+                      note)  # fmt: skip
     report.reference = judge.reference
     report.seconds = time.perf_counter() - start
     return Optimized(out, recipe, report)
 
 
-def _usable(choices: str | tuple[Choice, ...] | None, note: Say) -> tuple[Choice, ...]:
-    """The candidates a `.pt2` can carry (the others named and left out)."""
+def _usable(choices: str | tuple[Choice, ...] | None) -> tuple[tuple[Choice, ...], list[str]]:
+    """The candidates a `.pt2` can carry, and why each of the others is left out."""
     picked = parse_choices(choices) if choices is None or isinstance(choices, str) else tuple(choices)
     refused = [c for c in picked if c.pt2_refusal() is not None]
-    for choice in refused:
-        note(f"left out {choice.pt2_refusal()}")
     picked = tuple(c for c in picked if c not in refused)
     if len(picked) < 2:
         raise ConfigError("no candidate besides keep is left", "candidates")
-    return picked
+    return picked, [f"left out {c.pt2_refusal()}" for c in refused]
 
 
 def _output(path: Path, output: Path | str | None, to_aimodel: bool, force: bool) -> Path:
@@ -356,11 +365,11 @@ def _first_plan(table: CostTable, budget: Goal, knapsack: Any) -> Plan:
 
 def _confirm(
     report: OptimizeReport, table: CostTable, plan: Plan, knapsack: Any, steps: _Steps, judge: _Judge, out: Path,
-    to_aimodel: bool, rounds: int, uniform: int, note: Say,
+    sidecars: Sidecars, to_aimodel: bool, rounds: int, uniform: int, note: Say,
 ) -> Any:  # fmt: skip
-    """The rounds, the file kept moved into place (converted for `.aimodel`), the uniform settings
-    beside it; the recipe of the plan kept."""
-    from coreai_opt.models import copy_sidecars
+    """The rounds, the file kept moved into place (converted for `.aimodel`) with the sidecars read
+    before the search, the uniform settings beside it; the recipe of the plan kept."""
+    from coreai_opt.models import write_sidecars
     from coreai_opt.recipes import Recipe
 
     work = Path(tempfile.mkdtemp(prefix=".coreopt-optimize-", dir=out.parent))
@@ -373,7 +382,7 @@ def _confirm(
             note("scoring the .aimodel on the Core AI runtime")
             report.converted = judge(accepted)
         write_atomically(out, lambda tmp: shutil.move(str(accepted), str(tmp)))
-        copy_sidecars(report.program, out)
+        write_sidecars(sidecars, report.program, out)
         for u in _nearest_uniform(table, steps.choices, plan, uniform):
             note(f"uniform {u.choice} for comparison")
             made = _apply(_recipe(steps, _uniform_plan(table, u.choice)), report.program,

@@ -82,10 +82,7 @@ def measure_anchors(
         for k in columns:
             by_choice.setdefault(k, []).append(table.names[w])
     mode = "bf16" if trial_products() != "exact" else "exact"  # the two measure ~0.1-0.3% apart
-    files = {
-        k: _cache.folder() / f"{keys[table.choices[k]]}.trials-{_VERSION}-{mode}-{tokens}.json"
-        for k in by_choice
-    }
+    files = {k: _cache.entry(keys[table.choices[k]], _VERSION, mode, tokens) for k in by_choice}
     entries = {k: _cache.read(path) or {} for k, path in files.items()}
     if any(e.get("language") is False for e in entries.values()):
         return

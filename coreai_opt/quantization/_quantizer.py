@@ -142,6 +142,9 @@ class Quantizer:
         """A quantizer for an exported program (coreai-torch's decompositions applied, as a `.pt2`
         holds it): `prepare` takes its module (`self.model`, which becomes the prepared module;
         `program.module()` gives a float one), `finalize` edits `program` itself in place."""
+        from coreai_opt._export import ready_to_run
+
+        ready_to_run(program)  # read from a file: its first run is a forked child's
         module = program.module()
         quantizer = cls(module, config)
         quantizer.program = program

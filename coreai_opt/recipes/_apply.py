@@ -27,6 +27,7 @@ from coreai_opt.io import (
     load_pt2,
     model_format,
     require_existing,
+    running,
     save_aimodel,
     save_pt2,
 )
@@ -118,7 +119,8 @@ def apply_recipe(
     result = RecipeResult(source, out, 0.0, False)
     start = time.perf_counter()
     for index, step in enumerate(recipe.steps):
-        program, outcome, failed = _RUNNERS[type(step)](step, program, run, index)
+        with running(source):  # a failure of one of the program's own nodes: one line naming it
+            program, outcome, failed = _RUNNERS[type(step)](step, program, run, index)
         result.steps.append((step.KIND, outcome))
         if failed is not None:
             result.failed = failed
@@ -195,7 +197,7 @@ def _calibration(step: Compress, program: Any, run: _Run) -> Any:
     from coreai_opt.calibration import Samples, calibrate
     from coreai_opt.models import model_tokenizer
 
-    source = run.source
+    source, tokenizer = run.source, run.sidecars.tokenizer_file(run.source)  # the one read before the load
     if type(program).__name__ != "ExportedProgram":
         if step.calibration_program is None:
             raise ValueError(
@@ -204,7 +206,7 @@ def _calibration(step: Compress, program: Any, run: _Run) -> Any:
             )
         source = Path(step.calibration_program)
         program = load_pt2(source, trust_pickle=run.trust_pickle)
-    tokenizer = model_tokenizer(run.source) or model_tokenizer(source)
+        tokenizer = tokenizer or model_tokenizer(source)  # the .pt2's own, when the program has none
     samples = Samples.of(step.calibration, count=step.calibration_samples, tokens=step.calibration_tokens,
                          tokenizer=tokenizer)  # fmt: skip
     return calibrate(program, samples, device=_device(step.device), exact_gradients=step.exact_gradients)
@@ -230,10 +232,8 @@ def _quantize_activations(step: QuantizeActivations, program: Any, run: _Run, in
     from coreai_opt.quantization import NothingToQuantize, Quantizer
 
     random = step.calibration == RANDOM
-    from coreai_opt.models import model_tokenizer
-
     samples = Samples.of(step.calibration, count=step.calibration_samples if random else None, seed=step.seed,
-                         tokenizer=model_tokenizer(run.source))  # fmt: skip
+                         tokenizer=run.sidecars.tokenizer_file(run.source))  # fmt: skip
     batches = list(samples.inputs(program))  # read and checked before any work
     start = time.perf_counter()
     quantizer = Quantizer.of_program(program, step.config)

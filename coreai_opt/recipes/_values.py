@@ -18,6 +18,7 @@ from typing import Any
 
 from coreai_opt._errors import ConfigError
 from coreai_opt.compression import Override
+from coreai_opt.io import walk_json
 
 # A real recipe has a handful of steps (`coreopt optimize` writes at most four: one compress step
 # per config kind and a convert); 64 is far past any of them, and a 2,000-step recipe is refused.
@@ -71,29 +72,25 @@ def _too_many() -> ConfigError:
 
 def check_document(data: Any) -> None:
     """Plain data only - mappings with string keys, lists, strings, 64-bit integers, finite numbers,
-    booleans and nulls - within the bounds above (walked without recursion: aliases may loop)."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
-    for _ in range(MAX_VALUES + 1):
-        if not stack:
-            return
-        value, place = stack.pop()
+    booleans and nulls - within the bounds above (walked without recursion: aliases may loop, and
+    the count of values ends the walk where they do)."""
+    for count, (value, place) in enumerate(walk_json(data)):
+        if count > MAX_VALUES:
+            raise _too_many()
         if len(place) > MAX_DEPTH:
             raise _too_deep(_place(place))
         if isinstance(value, dict):
             _check_length(value, _place(place))
-            for key, item in value.items():
+            for key in value:
                 if not isinstance(key, str) or len(key) > MAX_TEXT:
                     raise ConfigError(
                         f"{_place(place)}: keys are strings of at most {MAX_TEXT} characters, not {shown(key)}",
                         "steps",
                     )
-                stack.append((item, (*place, key)))
         elif isinstance(value, list):
             _check_length(value, _place(place))
-            stack.extend((item, (*place, index)) for index, item in enumerate(value))
         else:
             _check_scalar(value, _place(place))
-    raise _too_many()
 
 
 def _check_scalar(value: Any, where: str) -> None:

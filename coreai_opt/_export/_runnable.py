@@ -1,0 +1,41 @@
+"""A program made ready to run in this process: compressed weights decoded once, and - for a
+program read from a file - its first run done in a forked child (`io.first_run`) before this
+process runs it at all. Every place that runs a program comes here first."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from coreai_opt.io import file_run, first_run, zero_inputs
+
+from ._ops import fold_decompression
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+    from torch.fx import GraphModule
+
+
+def runnable(program: ExportedProgram) -> GraphModule:
+    """`program.module()` with its compressed weights decoded once (`fold_decompression`), after
+    the program's first run (`ready_to_run`)."""
+    module = program.module()
+    fold_decompression(module)
+    ready_to_run(program, module)
+    return module
+
+
+def ready_to_run(program: ExportedProgram, module: GraphModule | None = None) -> None:
+    """A program read from a file runs first in a forked child, on zeros, its compressed weights
+    folded (the decoders' memory, not coreai-torch's expansion of every table): `ProgramRunError`
+    when that run fails or dies. `module`: the folded module the caller will run, if built."""
+    run = file_run(program)
+    if run is None or run.ran:
+        return
+
+    def call() -> None:
+        ready = module if module is not None else program.module()
+        if module is None:
+            fold_decompression(ready)
+        ready(*zero_inputs(program))
+
+    first_run(run, call)
