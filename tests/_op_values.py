@@ -15,12 +15,13 @@ Used by tests/test_op_values.py (a few dozen trials an op) and bench/op_values.p
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import random
 import resource
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ SHAPES = (
 FAKE_BUDGET = 1 << 20  # the trial's outputs, in elements: far below any real budget, so runs stay quick
 HEADROOM = 2 << 30  # address space a child may add to what the parent holds
 ALARM_S = 10  # one real run, at most
+ATTEMPTS = 25  # candidates drawn for each trial that reaches the kernel, at most
 
 
 def element_dtypes() -> tuple[torch.dtype, ...]:
@@ -116,40 +118,127 @@ def admitted_ops() -> list[Op]:
     return sorted(ops, key=lambda op: op.name)
 
 
+# Argument names that say what a value is: an index tensor (int64, mostly out of range), a mask
+# (bool), a dimension (mostly a real one), a size or count (mostly small), so that most trials are
+# well formed enough to reach the kernel's index paths with hostile values in them.
+_INDEX_NAMES = frozenset({"index", "indices", "offsets", "per_sample_weights", "indices_or_sections"})
+_MASK_NAMES = frozenset({"mask"})
+_DIM_NAMES = frozenset({"dim", "dims", "dim0", "dim1", "dim2", "axis", "start_dim", "end_dim"})
+
+
+def _floats(*shape: int) -> Callable[[random.Random], torch.Tensor]:
+    return lambda rng: torch.tensor([rng.choice(FLOATS) if rng.random() < 0.2 else rng.gauss(0, 1)
+                                     for _ in range(math.prod(shape))]).reshape(shape)  # fmt: skip
+
+
+def _small(*choices: Any) -> Callable[[random.Random], Any]:
+    """Mostly one of `choices`, sometimes a hostile integer in their place (a list: in one slot)."""
+
+    def draw(rng: random.Random) -> Any:
+        value = rng.choice(choices)
+        if rng.random() < 0.3:
+            if isinstance(value, list) and value:
+                value = list(value)
+                value[rng.randrange(len(value))] = rng.choice(INTEGERS)
+            elif not isinstance(value, list):
+                value = rng.choice(INTEGERS)
+        return value
+
+    return draw
+
+
+# Arguments that are well formed only in concert (a convolution's weight for its input's channels,
+# a window no larger than its image): drawn for these ops so that their kernels are reached at all.
+_WINDOW = {"kernel_size": _small([2, 2], [1, 2], [3, 3]), "stride": _small([], [1, 1], [2, 2]),
+           "padding": _small([0, 0], [1, 1]), "dilation": _small([1, 1], [2, 2])}  # fmt: skip
+_HINTS: dict[str, dict[str, Callable[[random.Random], Any]]] = {
+    "aten.convolution.default": {"input": _floats(1, 2, 5, 5), "weight": _floats(3, 2, 2, 2), "bias": _floats(3),
+        "stride": _small([1, 1], [2, 2]), "padding": _small([0, 0], [1, 1]), "dilation": _small([1, 1]),
+        "transposed": _small(False, True), "output_padding": _small([0, 0]), "groups": _small(1)},
+    "aten.max_pool2d_with_indices.default": {"self": _floats(1, 2, 5, 5), **_WINDOW},
+    "aten.max_pool3d_with_indices.default": {"self": _floats(1, 1, 3, 5, 5), "kernel_size": _small([1, 2, 2]),
+        "stride": _small([], [1, 1, 1]), "padding": _small([0, 0, 0]), "dilation": _small([1, 1, 1])},
+    "aten.avg_pool3d.default": {"self": _floats(1, 1, 3, 5, 5), "kernel_size": _small([1, 2, 2]),
+        "stride": _small([], [1, 1, 1]), "padding": _small([0, 0, 0]), "divisor_override": _small(None, 2)},
+    "aten.reflection_pad2d.default": {"self": _floats(1, 2, 5, 5), "padding": _small([1, 1, 1, 1], [2, 0, 0, 2])},
+    "aten.reflection_pad3d.default": {"self": _floats(1, 1, 3, 5, 5), "padding": _small([1, 1, 1, 1, 1, 1])},
+    "aten.replication_pad3d.default": {"self": _floats(1, 1, 3, 5, 5), "padding": _small([1, 1, 1, 1, 1, 1])},
+    "aten.col2im.default": {"self": _floats(1, 8, 9), "output_size": _small([4, 4]), **_WINDOW,
+                            "kernel_size": _small([2, 2]), "stride": _small([1, 1])},
+    "aten.avg_pool1d.default": {"self": _floats(1, 2, 8), "kernel_size": _small([2], [3]), "stride": _small([], [1]),
+        "padding": _small([0], [1])},
+    "aten.avg_pool2d.default": {"self": _floats(1, 2, 5, 5), "kernel_size": _small([2, 2]), "stride": _small([], [1, 1]),
+        "padding": _small([0, 0], [1, 1]), "divisor_override": _small(None, 2)},
+    "aten.bmm.default": {"self": _floats(2, 3, 4), "mat2": _floats(2, 4, 5)},
+    "aten.instance_norm.default": {"input": _floats(2, 3, 4, 4), "weight": _floats(3), "bias": _floats(3),
+        "running_mean": _floats(3), "running_var": _floats(3)},
+    "aten.native_group_norm.default": {"input": _floats(2, 4, 3, 3), "weight": _floats(4), "bias": _floats(4),
+        "N": _small(2), "C": _small(4), "HxW": _small(9), "group": _small(2, 4)},
+    "aten.native_layer_norm.default": {"input": _floats(2, 3, 4), "normalized_shape": _small([4], [3, 4]),
+        "weight": _floats(4), "bias": _floats(4)},
+    "aten.scatter.reduce": {"self": _floats(4, 4), "dim": _small(0, 1),
+        "index": lambda rng: torch.tensor([rng.choice(INTEGERS) if rng.random() < 0.5 else rng.randrange(4)
+                                           for _ in range(8)]).reshape(4, 2),
+        "src": _floats(4, 2), "reduce": lambda rng: rng.choice(("add", "multiply"))},
+    "aten.upsample_nearest2d.vec": {"input": _floats(1, 2, 4, 4), "output_size": _small(None, [8, 8]),
+        "scale_factors": lambda rng: rng.choice((None, [2.0, 2.0], [rng.choice(FLOATS), 2.0]))},
+    "aten.upsample_bilinear2d.vec": {"input": _floats(1, 2, 4, 4), "output_size": _small(None, [8, 8]),
+        "scale_factors": lambda rng: rng.choice((None, [2.0, 2.0], [rng.choice(FLOATS), 2.0]))},
+    "aten.grid_sampler_2d.default": {"input": _floats(1, 2, 5, 5), "grid": _floats(1, 3, 3, 2),
+        "interpolation_mode": _small(0, 1, 2), "padding_mode": _small(0, 1, 2)},
+}  # fmt: skip
+
+
 class _Values:
-    """Arguments for one trial: tensors drawn around one shape, so that many trials are
-    well-formed enough to reach a kernel's index and size paths."""
+    """Arguments for one trial: tensors drawn around one shape, values by what their names say."""
 
     def __init__(self, rng: random.Random, dtypes: tuple[torch.dtype, ...]) -> None:
         self.rng = rng
         self.dtypes = dtypes
         self.shape = rng.choice(SHAPES)
 
-    def tensor(self) -> torch.Tensor:
+    def tensor(self, dtype: torch.dtype | None = None, hostile: float = 0.5) -> torch.Tensor:
         rng = self.rng
         shape = self.shape if rng.random() < 0.6 else rng.choice(SHAPES)
-        dtype = rng.choice(self.dtypes) if rng.random() < 0.5 else rng.choice((torch.float32, torch.int64))
+        if dtype is None:
+            dtype = (
+                rng.choice(self.dtypes) if rng.random() < 0.5 else rng.choice((torch.float32, torch.int64))
+            )
         count = math.prod(shape)
         if dtype == torch.bool:
             return torch.tensor([rng.random() < 0.5 for _ in range(count)], dtype=dtype).reshape(shape)
         if dtype.is_floating_point:
-            values = [rng.choice(FLOATS) if rng.random() < 0.2 else rng.gauss(0, 2) for _ in range(count)]
+            values = [
+                rng.choice(FLOATS) if rng.random() < hostile / 2 else rng.gauss(0, 2) for _ in range(count)
+            ]
             return torch.tensor(values, dtype=torch.float64).reshape(shape).to(dtype)
         info = torch.iinfo(dtype)
-        values = [rng.choice(INTEGERS) if rng.random() < 0.5 else rng.randrange(-2, 6) for _ in range(count)]
+        values = [
+            rng.choice(INTEGERS) if rng.random() < hostile else rng.randrange(-2, 6) for _ in range(count)
+        ]
         return torch.tensor([min(max(v, info.min), info.max) for v in values], dtype=dtype).reshape(shape)
 
-    def of(self, kind: Any) -> Any:
+    def integer(self, name: str) -> int:
+        rng = self.rng
+        if name in _DIM_NAMES and rng.random() < 0.8:
+            return rng.randrange(-3, 4)
+        return rng.randrange(0, 9) if rng.random() < 0.5 else rng.choice(INTEGERS)
+
+    def of(self, kind: Any, name: str) -> Any:
         rng = self.rng
         if isinstance(kind, torch.OptionalType):
-            return None if rng.random() < 0.3 else self.of(kind.getElementType())
+            return None if rng.random() < 0.3 else self.of(kind.getElementType(), name)
         if isinstance(kind, torch.ListType):
-            return [self.of(kind.getElementType()) for _ in range(rng.randint(0, 4))]
+            return [self.of(kind.getElementType(), name) for _ in range(rng.randint(0, 4))]
         text = str(kind)
         if text == "Tensor":
+            if name in _INDEX_NAMES and rng.random() < 0.8:
+                return self.tensor(torch.int64, hostile=0.7)
+            if name in _MASK_NAMES and rng.random() < 0.8:
+                return self.tensor(torch.bool)
             return self.tensor() if rng.random() < 0.9 else rng.choice(INTEGERS + FLOATS)
         if text in ("int", "SymInt"):
-            return rng.choice(INTEGERS)
+            return self.integer(name)
         if text in ("float", "number", "Scalar"):
             return rng.choice(FLOATS + INTEGERS)
         if text in ("bool", "SymBool"):
@@ -162,20 +251,28 @@ class _Values:
             ),
             "Device": lambda: torch.device("cpu"),
             "str": lambda: rng.choice(
-                ("floor", "trunc", "none", "tanh", "sum", "prod", "mean", "amax", "amin")
+                ("floor", "trunc", "none", "tanh", "sum", "prod", "mean", "amax", "amin", "add", "multiply")
             ),
         }[text]()
 
 
+def _value(op: Op, argument: Any, values: _Values, rng: random.Random) -> Any:
+    hint = _HINTS.get(op.name, {}).get(argument.name)
+    return (
+        hint(rng) if hint is not None and rng.random() < 0.9 else values.of(argument.real_type, argument.name)
+    )
+
+
 def trials(op: Op, seed: int, count: int) -> Iterator[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """`count` seeded argument sets for `op`, positional and keyword as its schema says."""
+    """`count` seeded candidate argument sets for `op`, positional and keyword as its schema says
+    (most fail the loader's check: `probe` draws until enough pass)."""
     rng = random.Random(f"{op.name}/{seed}")
     dtypes = element_dtypes()
     for _ in range(count):
         values = _Values(rng, dtypes)
         args, kwargs = [], {}
         for argument in op.schema.arguments:
-            value = values.of(argument.real_type)
+            value = _value(op, argument, values, rng)
             if argument.kwarg_only:
                 kwargs[argument.name] = value
             else:
@@ -187,7 +284,8 @@ def _passes_the_loader(op: Op, args: tuple[Any, ...], kwargs: dict[str, Any], fa
     """Whether a node with these arguments would pass `io._shapes`: its meta kernel accepts
     them, and it computes at most `FAKE_BUDGET` elements."""
     converted = torch.utils._pytree.tree_map(
-        lambda v: fake.from_tensor(v) if isinstance(v, torch.Tensor) else v, (args, kwargs)
+        lambda v: fake.from_tensor(v, static_shapes=True) if isinstance(v, torch.Tensor) else v,
+        (args, kwargs),
     )
     try:
         with fake:
@@ -202,7 +300,8 @@ def _passes_the_loader(op: Op, args: tuple[Any, ...], kwargs: dict[str, Any], fa
 
 
 def _child(op: Op, seed: int, count: int, progress: int) -> None:
-    """Run the trials that pass the loader; write each one's index before it runs."""
+    """Run `count` trials that pass the loader, of at most `ATTEMPTS` times as many candidates;
+    write each one's index before it runs."""
     import logging
 
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -213,14 +312,29 @@ def _child(op: Op, seed: int, count: int, progress: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (pages + HEADROOM, pages + HEADROOM))
     torch.set_num_threads(1)
     fake = FakeTensorMode(shape_env=ShapeEnv())
-    for index, (args, kwargs) in enumerate(trials(op, seed, count)):
+    ran = 0
+    for index, (args, kwargs) in enumerate(trials(op, seed, count * ATTEMPTS)):
+        if ran == count:
+            break
         if not _passes_the_loader(op, args, kwargs, fake):
             continue
+        ran += 1
         os.write(progress, f"{index}\n".encode())
         signal.alarm(ALARM_S)
         with contextlib.suppress(Exception):  # refusing a value is what a safe kernel does
             op.call(*args, **kwargs)
         signal.alarm(0)
+
+
+@functools.cache
+def _warm() -> None:
+    """What the children share, imported once here: fake tensors' modules, a first conversion."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fake = FakeTensorMode(shape_env=ShapeEnv())
+    with fake:
+        torch.ops.aten.add.Tensor(fake.from_tensor(torch.ones(2), static_shapes=True), 1)
 
 
 @dataclass(frozen=True)
@@ -232,7 +346,8 @@ class Outcome:
 
 
 def probe(op: Op, seed: int, count: int) -> Outcome:
-    """Run `count` trials of `op` in a forked child; how it ended."""
+    """Run `count` trials of `op` that pass the loader's check in a forked child; how it ended."""
+    _warm()
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover (the child)
@@ -241,6 +356,9 @@ def probe(op: Op, seed: int, count: int) -> Outcome:
             os.close(reader)
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 2)  # kernels' warnings and malloc's last words
+            import faulthandler
+
+            faulthandler.disable()  # its dump of a crash would go to the parent's own stderr
             _child(op, seed, count, writer)
             code = 0
         finally:

@@ -1,9 +1,10 @@
 """Every operator a program from a file may call survives hostile values (tests/_op_values.py).
 
 Each op runs `TRIALS` seeded argument sets that the loader would let through (their shapes pass
-the op's meta kernel, their results are small) in a forked child; none may die of a signal. The
-trials are regenerated from their seed, so a failure names the arguments that crashed.
-bench/op_values.py runs thousands an op.
+the op's meta kernel, their results are small) in a forked child; none may die of a signal, and
+at least one must reach the kernel. The trials are regenerated from their seed, so a failure
+names the arguments that crashed. bench/op_values.py runs thousands an op (it found
+`_embedding_bag`'s crash, which left the allowlist).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 import _op_values as ov
 import pytest
 
-TRIALS = 40
+TRIALS = 8  # a seeded sample in CI (about 15 CPU seconds in all); bench/op_values.py runs thousands
 SEED = 20261128
 OPS = ov.admitted_ops()
 
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fo
 def test_an_admitted_op_never_crashes_on_values_a_file_can_give(op: ov.Op) -> None:
     outcome = ov.probe(op, SEED, TRIALS)
     assert outcome.died is None, f"{outcome.died} on {ov.describe(op, SEED, outcome.trial)}"
+    assert outcome.run >= 1, "no trial reached the kernel: the test would pass without testing it"
 
 
 def test_the_probe_sees_a_crash() -> None:
