@@ -64,7 +64,8 @@ SHAPES = (
 FAKE_BUDGET = 1 << 20  # the trial's outputs, in elements: far below any real budget, so runs stay quick
 HEADROOM = 2 << 30  # address space a child may add to what the parent holds
 ALARM_S = 10  # one real run, at most
-ATTEMPTS = 25  # candidates drawn for each trial that reaches the kernel, at most
+ATTEMPTS = 25  # candidates drawn for each trial that reaches the kernel, at most (and 300 more)
+EXTRA_ATTEMPTS = 300
 
 
 def element_dtypes() -> tuple[torch.dtype, ...]:
@@ -313,7 +314,7 @@ def _child(op: Op, seed: int, count: int, progress: int) -> None:
     torch.set_num_threads(1)
     fake = FakeTensorMode(shape_env=ShapeEnv())
     ran = 0
-    for index, (args, kwargs) in enumerate(trials(op, seed, count * ATTEMPTS)):
+    for index, (args, kwargs) in enumerate(trials(op, seed, count * ATTEMPTS + EXTRA_ATTEMPTS)):
         if ran == count:
             break
         if not _passes_the_loader(op, args, kwargs, fake):

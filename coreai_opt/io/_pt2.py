@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ._errors import CorruptArchiveError, UnwritableOutputError
 from ._paths import ModelFormat, check_output, model_format, require_existing, write_atomically
 from ._pt2_archive import Pt2Archive
+from ._runs import remember_saved
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -124,4 +125,5 @@ def save_pt2(
                 ) from None
 
     write_atomically(path, write)
+    remember_saved(program, path)
     return path

@@ -55,12 +55,25 @@ class FileRun:
     ran: bool = False
 
 
-def mark(program: ExportedProgram, path: Path, value_bytes: int, flops: float) -> None:
-    """Record on `program` (read from `path`) what its first run needs."""
+def _key(path: Path) -> tuple[Any, ...]:
     import torch
 
-    key = (file_identity(path), _CHECK, torch.__version__)
+    return (file_identity(path), _CHECK, torch.__version__)
+
+
+def mark(program: ExportedProgram, path: Path, value_bytes: int, flops: float) -> None:
+    """Record on `program` (read from `path`) what its first run needs."""
+    key = _key(path)
     program.graph_module.meta[META] = FileRun(path, value_bytes, flops, key, ran=was_checked(key))
+
+
+def remember_saved(program: ExportedProgram, path: Path) -> None:
+    """`program`, just saved to `path` by coreopt, needs no first run of its own when it was made
+    in this process or from a program that ran here already; a program read from a file and never
+    run (a data-free compression) leaves its output to be run first, like the file it came from."""
+    run = file_run(program)
+    if run is None or run.ran:
+        remember(_key(path))
 
 
 def file_run(program: ExportedProgram) -> FileRun | None:
