@@ -449,7 +449,7 @@ def commands(case: Case, scratch: Path) -> list[tuple[str, list[str], Path | Non
 
 
 PT2_COMMANDS = ("inspect", "cast", "convert", "quantize", "palettize", "sparsify", "compare", "eval",
-                "sensitivity", "apply", "optimize")  # fmt: skip
+                "sensitivity", "apply", "optimize", "quantize-on-ray")  # fmt: skip
 
 
 def every_pt2_command(path: Path, scratch: Path) -> list[tuple[str, list[str], Path | None]]:
@@ -477,6 +477,7 @@ def every_pt2_command(path: Path, scratch: Path) -> list[tuple[str, list[str], P
         ),
         ("apply", ["apply", str(recipe), file, "-o", f"{out}.apply.pt2"], Path(f"{out}.apply.pt2")),
         ("optimize", ["optimize", file, "--calibration", "random", "--target-bits", "8", "--dry-run"], None),
+        ("quantize-on-ray", ["quantize", file, "--executor", "ray", "-o", f"{out}.ray.pt2"], Path(f"{out}.ray.pt2")),
     ]
 
 
