@@ -372,6 +372,7 @@ def _confirm(
     from coreai_opt.models import write_sidecars
     from coreai_opt.recipes import Recipe
 
+    out.parent.mkdir(parents=True, exist_ok=True)  # as every writer does (`io.atomic_output`)
     work = Path(tempfile.mkdtemp(prefix=".coreopt-optimize-", dir=out.parent))
     try:
         accepted, plan = _rounds(report, table, plan, knapsack, steps, judge, work, report.goal, rounds, note)
