@@ -26,10 +26,10 @@ warnings.filterwarnings("ignore")
 def main() -> None:
     from smollm2 import corpus, gguf_path
 
-    from coreai_opt.compression import Override, config_from_text
+    from coreai_opt.compression import Override
     from coreai_opt.evaluation import evaluate_text, weight_sensitivity
     from coreai_opt.models import export_file
-    from coreai_opt.recipes import compress_file
+    from coreai_opt.recipes import compress_file, config_from_text
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

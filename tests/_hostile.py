@@ -477,7 +477,11 @@ def every_pt2_command(path: Path, scratch: Path) -> list[tuple[str, list[str], P
         ),
         ("apply", ["apply", str(recipe), file, "-o", f"{out}.apply.pt2"], Path(f"{out}.apply.pt2")),
         ("optimize", ["optimize", file, "--calibration", "random", "--target-bits", "8", "--dry-run"], None),
-        ("quantize-on-ray", ["quantize", file, "--executor", "ray", "-o", f"{out}.ray.pt2"], Path(f"{out}.ray.pt2")),
+        (
+            "quantize-on-ray",
+            ["quantize", file, "--executor", "ray", "-o", f"{out}.ray.pt2"],
+            Path(f"{out}.ray.pt2"),
+        ),
     ]
 
 

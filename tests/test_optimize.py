@@ -243,7 +243,10 @@ def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
     llama, coreopt, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache"))
-    out, recipe = llama["root"] / "new" / "mixed.pt2", llama["root"] / "mixed.recipe.yaml"  # a folder made for it
+    out, recipe = (
+        llama["root"] / "new" / "mixed.pt2",
+        llama["root"] / "mixed.recipe.yaml",
+    )  # a folder made for it
     result = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--eval", llama["held"],
                      "--target-bits", "4.5", "--threshold", "0", "--candidates", LUTS, "--calibration-tokens", "128",
                      "-o", out, "--recipe", recipe, "--json")  # fmt: skip

@@ -291,3 +291,43 @@ def test_yaml_recipes_are_read_with_a_safe_loader(tmp_path: Path, coreopt) -> No
     problem = _refused(coreopt, path)
     assert problem.startswith("not a readable recipe (could not determine a constructor for the tag")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            '{"kind": "quantize", "dtype": "int8", "weight_num_threshold": true}',
+            "weight_num_threshold must be",
+        ),
+        ('{"kind": "quantize", "weight_num_threshold": 1e400}', "numbers are finite"),
+        ('{"kind": "quantize", "x": ' + "[" * 5000 + "]" * 5000 + "}", "nested too deeply"),
+    ],
+)
+def test_a_config_file_for_sensitivity_or_optimize_is_read_as_a_recipe_is(
+    text: str, problem: str, tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """`sensitivity --config FILE` (and optimize's `NAME=FILE` candidates) take a compression config
+    from a file within a recipe file's bounds, every value type-checked: exit 1, one line naming it."""
+    config = tmp_path / "int8.json"
+    config.write_text(text)
+    result = coreopt(
+        "sensitivity", SAMPLES / "mlp.pt2", "--config", config, "--tokens", tmp_path / "ids.safetensors"
+    )
+    assert result.exit_code == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"error: {config}: "), result.stderr
+    assert problem in result.stderr
+
+
+def test_a_recipe_too_large_to_read_back_is_not_written(tmp_path: Path) -> None:
+    """`Recipe.save` writes only what `Recipe.load` reads back (optimize saves the recipes it plans)."""
+    from coreai_opt.compression import Override
+    from coreai_opt.recipes._values import MAX_FILE_BYTES
+
+    overrides = tuple(
+        Override(f"layers.{i}.mlp.up_proj.weight" + "x" * 200, skip=True) for i in range(16_000)
+    )
+    recipe = Recipe((Compress(config=QuantizeConfig(dtype="int8", overrides=overrides)),))
+    with pytest.raises(ConfigError, match=f"at most {MAX_FILE_BYTES >> 20} MiB"):
+        recipe.save(tmp_path / "big.json")
+    assert list(tmp_path.iterdir()) == []

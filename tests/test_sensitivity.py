@@ -56,7 +56,7 @@ def test_each_weights_measure_is_the_evaluation_of_it_alone(exported) -> None:
 
 
 def test_sensitivity_cli_json_and_config_forms(exported, coreopt, tmp_path: Path) -> None:
-    from coreai_opt.compression import config_from_text
+    from coreai_opt.recipes import config_from_text
 
     spec = tmp_path / "int4.yaml"
     spec.write_text(

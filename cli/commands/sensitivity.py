@@ -56,12 +56,12 @@ def sensitivity(
 
     Example: coreopt sensitivity smol.pt2 --text corpus.txt --config int4.yaml --json > sensitivity.json
     """
-    from coreai_opt.compression import config_from_text
     from coreai_opt.evaluation import weight_sensitivity
+    from coreai_opt.recipes import config_from_text
 
     if (text is None) == (tokens is None):
         raise typer.BadParameter("give --text or --tokens (one of them)", param_hint="--text")
-    with option_errors({}, "--config"):
+    with user_errors(as_json), option_errors({}, "--config"):  # a bad file exits 1, a bad value 2
         parsed = config_from_text(config)
     with (
         user_errors(as_json, {"max_tokens": "--max-tokens"}),

@@ -577,33 +577,3 @@ def config_from_dict(data: Any) -> Config:
     if kind not in CONFIG_TYPES:
         raise ConfigError(f"a config's kind is one of {', '.join(CONFIG_TYPES)}, not {kind!r}", "kind")
     return CONFIG_TYPES[kind].from_dict(data)  # type: ignore[no-any-return]
-
-
-def config_from_text(text: str) -> Config:
-    """A config from a file (JSON or YAML: the config itself, or a recipe step holding one) or
-    from `KIND:key=value,...` (values read as YAML scalars), e.g.
-    `palettize:n_bits=4,granularity=grouped,group_size=16`."""
-    from pathlib import Path
-
-    import yaml
-
-    path = Path(text)
-    if path.suffix in (".json", ".yaml", ".yml"):
-        if not path.is_file():
-            raise ValueError(f"{path}: no such config file")
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict) and "compress" in data:  # a recipe step's form
-            data = data["compress"]
-        if isinstance(data, dict) and isinstance(data.get("config"), dict):
-            data = data["config"]
-    else:
-        kind, _, rest = text.partition(":")
-        data = {"kind": kind.strip()}
-        for pair in filter(None, (p.strip() for p in rest.split(","))):
-            key, sep, value = pair.partition("=")
-            if not sep:
-                raise ValueError(f"{pair!r} is not key=value")
-            data[key.strip()] = yaml.safe_load(value)
-    if isinstance(data, dict):
-        data.setdefault("version", 1)
-    return config_from_dict(data)

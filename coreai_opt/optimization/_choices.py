@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coreai_opt._errors import ConfigError
-from coreai_opt.compression import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig, config_from_text
+from coreai_opt.compression import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig
 
 __all__ = ["DEFAULT_CHOICES", "KEEP", "Choice", "builtin_choices", "parse_choices"]
 
@@ -115,6 +115,8 @@ def parse_choices(text: str | None) -> tuple[Choice, ...]:
         elif "=" in part.split(":", 1)[0]:
             name, _, spec = part.partition("=")
             try:
+                from coreai_opt.recipes import config_from_text
+
                 picked[name.strip()] = Choice(name.strip(), config_from_text(spec.strip()))
             except ValueError as exc:
                 raise ConfigError(f"candidate {name.strip()!r}: {exc}", "candidates") from None

@@ -16,7 +16,7 @@ from ._files import (
     quantize_file,
     sparsify_file,
 )
-from ._recipe import RECIPE_VERSION, Recipe
+from ._recipe import RECIPE_VERSION, Recipe, config_from_text
 from ._results import (
     ActivationsFileResult,
     BudgetResult,
@@ -48,6 +48,7 @@ __all__ = [
     "apply_recipe",
     "cast_file",
     "compress_file",
+    "config_from_text",
     "convert_file",
     "default_output",
     "one_step",

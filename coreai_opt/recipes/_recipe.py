@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from coreai_opt._errors import ConfigError
+from coreai_opt.compression import Config
 from coreai_opt.io import ModelFileError, one_line, write_atomically
 
-from ._steps import STEP_TYPES, Step
+from ._steps import STEP_TYPES, Step, config_of
 from ._values import MAX_FILE_BYTES, MAX_STEPS, check_document, read_yaml
 
 RECIPE_VERSION = 1
@@ -75,16 +76,58 @@ class Recipe:
             raise ModelFileError(path, str(exc)) from None
 
     def save(self, path: Path | str) -> Path:
-        """Write the recipe (YAML by the suffix, else JSON), atomically."""
+        """Write the recipe (YAML by the suffix, else JSON), atomically - only one that `load` reads
+        back (within the bounds of a recipe file), so nothing coreopt writes is refused later."""
         path = Path(path)
+        document = self.to_dict()
+        check_document(document)
         if path.suffix in _YAML:
             import yaml
 
-            text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+            text = yaml.safe_dump(document, sort_keys=False)
         else:
-            text = json.dumps(self.to_dict(), indent=2) + "\n"
+            text = json.dumps(document, indent=2) + "\n"
+        if len(text.encode()) > MAX_FILE_BYTES:
+            raise ConfigError(
+                f"a recipe file is at most {MAX_FILE_BYTES >> 20} MiB; this one would be larger", "steps"
+            )
         write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
         return path
+
+
+def config_from_text(text: str) -> Config:
+    """A compression config from a file (JSON or YAML: the config itself, or a recipe step holding
+    one - read within a recipe file's bounds, every value type-checked, an error naming the file)
+    or from `KIND:key=value,...` (values read as YAML scalars, type-checked too), e.g.
+    `palettize:n_bits=4,granularity=grouped,group_size=16`."""
+    path = Path(text)
+    if path.suffix not in (".json", *_YAML):
+        return config_of(_inline(text), "config")
+    if not path.is_file():
+        raise ModelFileError(path, "no such config file")
+    data = _parse(path, _read(path))
+    if isinstance(data, dict) and "compress" in data:  # a recipe step's form
+        data = data["compress"]
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        data = data["config"]
+    try:
+        check_document(data)
+        return config_of(data, "config")
+    except ConfigError as exc:
+        raise ModelFileError(path, str(exc)) from None
+
+
+def _inline(text: str) -> dict[str, Any]:
+    import yaml
+
+    kind, _, rest = text.partition(":")
+    data: dict[str, Any] = {"kind": kind.strip()}
+    for pair in filter(None, (p.strip() for p in rest.split(","))):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"{pair!r} is not key=value", "config")
+        data[key.strip()] = yaml.safe_load(value)
+    return data
 
 
 def _check_count(count: int) -> None:

@@ -224,6 +224,11 @@ def _config(data: Any, name: str, kinds: tuple[type, ...]) -> Config:
     return by_kind[kind].from_dict(data)  # type: ignore[no-any-return]
 
 
+def config_of(data: Any, name: str) -> Config:
+    """A compression config of any kind from plain data, every value type-checked."""
+    return _config(data, name, typing.get_args(Config))
+
+
 def _weights(data: Any) -> QuantizeConfig:
     """W8A8's weight config from plain data (`to_dict`'s form; its kind may be left out)."""
     return _config({"kind": QuantizeConfig.KIND, **_mapping(data, "weights")}, "weights", (QuantizeConfig,))  # type: ignore[return-value]
