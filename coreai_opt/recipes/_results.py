@@ -104,11 +104,11 @@ class BudgetResult:
     source: Path
     output: Path
     weight_bytes: int
-    max_bytes: int | None
+    max_bytes: int  # a budget step always states it (`Budget.max_bytes` is required)
 
     @property
     def ok(self) -> bool:
-        return self.max_bytes is None or self.weight_bytes <= self.max_bytes
+        return self.weight_bytes <= self.max_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {"weight_bytes": self.weight_bytes, "max_bytes": self.max_bytes, "ok": self.ok}
