@@ -476,7 +476,11 @@ def every_pt2_command(path: Path, scratch: Path) -> list[tuple[str, list[str], P
             None,
         ),
         ("apply", ["apply", str(recipe), file, "-o", f"{out}.apply.pt2"], Path(f"{out}.apply.pt2")),
-        ("optimize", ["optimize", file, "--calibration", "random", "--target-bits", "8", "--dry-run"], None),
+        (
+            "optimize",
+            ["optimize", file, "--calibration", "random", "--target-bits", "8", "--dry-run", "-q"],
+            None,
+        ),
         (
             "quantize-on-ray",
             ["quantize", file, "--executor", "ray", "-o", f"{out}.ray.pt2"],

@@ -159,3 +159,26 @@ def test_ray_cluster_of_four_workers_writes_the_local_files(
         assert compared == 2 * len(CONFIGS)
     finally:
         ray.shutdown()
+
+
+def test_a_ray_cluster_that_cannot_start_is_one_line_not_an_unexpected_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """Ray's own start-up failure (here: raised by a stand-in for `ray.init`; under an address-space
+    limit the raylet times out) is the machine's problem: exit 1, one line saying so."""
+    import types
+
+    from coreai_opt.compression import _executors
+
+    def refuse(**_: Any) -> None:
+        raise RuntimeError("The current node timed out during startup.\nThe raylet failed to start.")
+
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=refuse)
+    monkeypatch.setattr(_executors, "import_ray", lambda: fake)
+    result = coreopt("quantize", SAMPLES / "mlp.pt2", "--executor", "ray", "-o", tmp_path / "out.pt2")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "error: --executor ray: no Ray cluster could be started or reached (The current node timed out during "
+        "startup. The raylet failed to start.)\n"
+    )
+    assert not (tmp_path / "out.pt2").exists()

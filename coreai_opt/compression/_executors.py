@@ -104,11 +104,16 @@ class RayExecutor:
     def map(self, fn: Callable[..., R], jobs: Iterable[tuple[Any, ...]]) -> Iterator[R]:
         ray = import_ray()
         if not ray.is_initialized():
-            ray.init(
-                address=self.address or os.environ.get("RAY_ADDRESS"),
-                log_to_driver=False,
-                logging_level=logging.ERROR,
-            )
+            try:
+                ray.init(
+                    address=self.address or os.environ.get("RAY_ADDRESS"),
+                    log_to_driver=False,
+                    logging_level=logging.ERROR,
+                )
+            except Exception as exc:  # Ray raises its own types (a start-up timeout, a refused address)
+                raise ClusterUnavailable(
+                    f"--executor ray: no Ray cluster could be started or reached ({exc})"
+                ) from None
         window = self.in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
         task = ray.remote(num_cpus=self.num_cpus)(fn)
         pending: deque[Any] = deque()
@@ -118,6 +123,10 @@ class RayExecutor:
                 yield ray.get(pending.popleft())
         while pending:
             yield ray.get(pending.popleft())
+
+
+class ClusterUnavailable(OSError):
+    """Ray could not start a local cluster or reach the one named: the machine's problem, one line."""
 
 
 def import_ray() -> Any:
