@@ -396,6 +396,21 @@ def _size_expression(text: str) -> Callable[[Path, Path], Path]:
     return make
 
 
+def truncating_division(dest: Path, marker: Path) -> Path:
+    """The smallest int64 divided by -1, rounding toward zero: x86's idiv traps (SIGFPE)."""
+
+    def edit(document: Document) -> None:
+        _append(document, *_full("smallest", [4], {"as_int": -(1 << 63)}, dtype=5))
+        _append(document, *_full("minus_one", [4], {"as_int": -1}, dtype=5))
+        _append(document, _node("torch.ops.aten.div.Tensor_mode", "quotient", [
+            _arg("self", {"as_tensor": {"name": "smallest"}}), _arg("other", {"as_tensor": {"name": "minus_one"}}),
+            _arg("rounding_mode", {"as_string": "trunc"}, 2),
+        ], [{"as_tensor": {"name": "quotient"}}]), {"quotient": _tensor_meta([4], dtype=5)})  # fmt: skip
+        _use_in_output(document, "quotient")
+
+    return _edit_program(SAMPLES / "mlp.pt2", dest, edit)
+
+
 def deep_weight(dest: Path, marker: Path) -> Path:
     """A weight stored with 65 dimensions of one element."""
 
@@ -517,9 +532,10 @@ VECTORS: dict[str, tuple[Callable[[Path, Path], Path], str]] = {
     "size-by-condition": (_size_expression("Piecewise((s0, Eq(s0, 4)), (8, True))"), "call of 'Piecewise'"),
     "size-complex-infinity": (_size_expression("s0 + zoo"), "name 'zoo'"),
     "deep-weight": (deep_weight, "65 dimensions (at most 16)"),
+    "truncating-division": (truncating_division, "divides integers rounding toward zero"),
 }
 # Vectors that crash a process that loads and runs them with plain torch (a signal, not an error).
-NATIVE_CRASHES = ("gradient-op-writes-heap",)
+NATIVE_CRASHES = ("gradient-op-writes-heap", "truncating-division")
 # Vectors that fire under plain `torch.export.load` and a run of the program (of the others, some
 # hang, abort or allocate gigabytes there and are not run live; torch itself stops some before
 # they run - the forward argument name fails to compile in torch 2.13, its verifier refuses the

@@ -283,7 +283,10 @@ def trials(op: Op, seed: int, count: int) -> Iterator[tuple[tuple[Any, ...], dic
 
 def _passes_the_loader(op: Op, args: tuple[Any, ...], kwargs: dict[str, Any], fake: Any) -> bool:
     """Whether a node with these arguments would pass `io._shapes`: its meta kernel accepts
-    them, and it computes at most `FAKE_BUDGET` elements."""
+    them, its dtypes are ones the loader lets it take, and it computes at most `FAKE_BUDGET`
+    elements."""
+    from coreai_opt.io._shapes import trap_problem
+
     converted = torch.utils._pytree.tree_map(
         lambda v: fake.from_tensor(v, static_shapes=True) if isinstance(v, torch.Tensor) else v,
         (args, kwargs),
@@ -292,6 +295,8 @@ def _passes_the_loader(op: Op, args: tuple[Any, ...], kwargs: dict[str, Any], fa
         with fake:
             out = (op.checked or op.call)(*converted[0], **converted[1])
     except Exception:
+        return False
+    if trap_problem(op.name, *converted):  # a dtype the loader refuses for this op
         return False
     leaves = [leaf for leaf in torch.utils._pytree.tree_leaves(out) if isinstance(leaf, torch.Tensor)]
     try:

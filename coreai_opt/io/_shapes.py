@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ._allowlist import TRUNCATING_DIVISION, TRUNCATION_TRAP
 from ._errors import one_line
 
 if TYPE_CHECKING:
@@ -181,6 +182,9 @@ def _call(node: Node, values: dict[Node, Any], mode: Any, budget: int) -> Any:
         raise _Mismatch(
             f"node {node.name} ({_op(node)}) fails on the shapes it is given ({one_line(exc, 160)})"
         ) from None
+    trap = trap_problem(str(node.target), args, kwargs)
+    if trap:
+        raise _Mismatch(f"node {node.name} ({_op(node)}) {trap}")
     leaves = torch.utils._pytree.tree_leaves(computed)
     declared = torch.utils._pytree.tree_leaves(node.meta.get("val"))
     if len(leaves) != len(declared):
@@ -190,6 +194,23 @@ def _call(node: Node, values: dict[Node, Any], mode: Any, budget: int) -> Any:
     for value, claim in zip(leaves, declared, strict=True):
         _held(node, value, claim, mode, budget)
     return computed
+
+
+def trap_problem(target: str, args: Any, kwargs: dict[str, Any]) -> str | None:
+    """Why a call of `target` (`aten.div.Tensor_mode`) with these (fake) arguments may crash the
+    process on values it is given, or None (`_allowlist.TRUNCATING_DIVISION`)."""
+    import torch
+
+    if target.removeprefix("aten.") not in TRUNCATING_DIVISION or kwargs.get("rounding_mode") != "trunc":
+        return None
+    dividend = args[0] if args else kwargs.get("self")
+    if (
+        isinstance(dividend, torch.Tensor)
+        and not dividend.is_floating_point()
+        and dividend.dtype != torch.bool
+    ):
+        return TRUNCATION_TRAP
+    return None
 
 
 def _held(node: Node, value: Any, claim: Any, mode: Any, budget: int) -> None:
