@@ -25,20 +25,12 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-
-def _best(function: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return min(times)
+from program_audit import _best  # noqa: E402  (one timer for the audit benches)
 
 
 def _inspect(path: Path, checkout: Path, repeat: int) -> float:

@@ -112,19 +112,6 @@ def _archive_runs(files: Path, out: Path) -> list[Run]:
             for path in (bomb, stranger) for command, argv, output in h.every_pt2_command(path, out)]  # fmt: skip
 
 
-def _empty_gguf(path: Path) -> Path:
-    """A GGUF file that says it is a two-layer llama and holds no tensor."""
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(2)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def _source_runs(files: Path, out: Path) -> list[Run]:
     secret = _secret(files)
     linked = _hf.hf_folder("llama", files / "linked")
@@ -139,7 +126,7 @@ def _source_runs(files: Path, out: Path) -> list[Run]:
     beside.mkdir()
     gguf = _hf.llama_gguf(beside / "model.gguf")
     (beside / "tokenizer.json").symlink_to(secret)
-    empty = _empty_gguf(files / "empty.gguf")
+    empty = _hf.empty_gguf(files / "empty.gguf")
     runs = []
     for name, source, may_pass in (("linked-tokenizer", linked, False), ("ten-million-layers", layers, False),
                                    ("deep-config", deep, False), ("gguf-beside-a-link", gguf, True),

@@ -138,6 +138,19 @@ _GPT2_GGUF_NAMES = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj
                     "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}  # fmt: skip
 
 
+def empty_gguf(path: Path) -> Path:
+    """A GGUF file that says it is a two-layer llama and holds no tensor."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def gpt2_gguf(path: Path) -> Path:
     """The tiny GPT-2 as a float32 GGUF file laid out as llama.cpp's converter writes one: its
     Conv1D weights ([in, out]) transposed into linear ones ([out, in])."""

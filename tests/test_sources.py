@@ -21,6 +21,7 @@ pytest.importorskip("tokenizers")
 from tests._hf import (
     TEXT,
     VOCAB,
+    empty_gguf,
     exported_llama,
     gpt2_gguf,
     hf_cache_snapshot,
@@ -330,22 +331,10 @@ def test_a_folder_missing_weights_is_refused(
     assert not (tmp_path / "m.pt2").exists()
 
 
-def _empty_gguf(path: Path) -> Path:
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(2)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 @pytest.mark.parametrize(
     ("make", "problem"),
     [
-        (_empty_gguf, "holds no tensors"),
+        (empty_gguf, "holds no tensors"),
         (lambda p: llama_gguf_variant(p, drop=("token_embd.weight",)),
          "lacks token_embd.weight, a weight every llama model has"),
         (lambda p: llama_gguf_variant(p, block_count=10_000_000),
