@@ -415,3 +415,19 @@ def test_dimension_arguments_lie_within_the_rank_they_index() -> None:
     permute["inputs"] = [source, *({"name": n, "arg": {"as_int": v}, "kind": 1} for n, v in
                                    (("offset", 0), ("dim1", 0), ("dim2", 10**18)))]  # fmt: skip
     assert "names dimensions '[1000000000000000000]'" in program_problem(document, [1 << 20])  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("shape", [[], "graph", {"graph": []}, {"graph": {"nodes": 7}}])
+def test_a_malformed_document_is_refused_in_one_line(shape: object, tmp_path: Path) -> None:
+    """The custom-op scan runs before the audit: a graph of the wrong JSON type is the audit's
+    one line, never an AttributeError from the scan."""
+
+    def edit(members: dict[str, bytes]) -> None:
+        document = json.loads(members[h.MODEL_JSON])
+        document["graph_module"] = shape
+        members[h.MODEL_JSON] = json.dumps(document).encode()
+
+    path = h.rewrite_pt2(h.SAMPLES / "mlp.pt2", tmp_path / "bad.pt2", edit)
+    with pytest.raises(ModelFileError) as refused:
+        load_pt2(path)
+    assert "bad.pt2" in str(refused.value) and "\n" not in str(refused.value)

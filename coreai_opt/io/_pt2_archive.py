@@ -323,8 +323,7 @@ class Pt2Archive:
         """Define coreai-torch's compression ops if the program calls them (compressed weights):
         torch cannot deserialize a call of an op this process does not know."""
         document = self.read_json(MODEL_JSON)
-        graph = document.get("graph_module", {}).get("graph", {}) if isinstance(document, dict) else {}
-        nodes = graph.get("nodes") if isinstance(graph, dict) else None
+        nodes = _field(_field(_field(document, "graph_module"), "graph"), "nodes")
         if isinstance(nodes, list) and any(
             isinstance(node, dict) and str(node.get("target", "")).startswith(COREAI_OP_PREFIX)
             for node in nodes
@@ -393,3 +392,9 @@ def _tensor_layout(meta: dict[str, Any]) -> tuple[Any, tuple[int, ...], tuple[in
 def _line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return (text or type(exc).__name__)[:300]
+
+
+def _field(document: object, name: str) -> object:
+    """`document[name]` where the document is a JSON object, else None: a malformed
+    model.json is refused by the deserializer, never by an AttributeError here."""
+    return document.get(name) if isinstance(document, dict) else None
