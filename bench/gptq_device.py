@@ -140,7 +140,7 @@ def main() -> None:
 def _loop_layer(encode: object, config: object, grams: dict[int, torch.Tensor], rows: int) -> float:
     """One decoder layer's GPTQ on the GPU with the torch loop over columns (no fused kernel)."""
     from coreai_opt._elements import element
-    from coreai_opt.compression import _gptq
+    from coreai_opt.compression.algorithms import _gptq
     from coreai_opt.weights import Statistics, WeightSite
 
     default = _gptq._fused_by_default

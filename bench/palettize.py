@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from compress import bert_base_asset
 
-from coreai_opt.compression._kmeans import kmeans_1d
+from coreai_opt.compression.algorithms._kmeans_1d import kmeans_1d
 from coreai_opt.coreai_utils import CompressionGranularity, PalettizeConfig, compress_
 from coreai_opt.io import load_aimodel
 

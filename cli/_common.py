@@ -192,3 +192,13 @@ def allow_empty_option() -> Any:
 
 def force_option() -> Any:
     return typer.Option(False, "--force", help="Overwrite an existing output.")
+
+
+def load_plugins() -> None:
+    """The registry's plugins loaded before the commands are built; one line on stderr for each
+    that failed (the rest of the CLI works without it)."""
+    from coreai_opt.compression import load_plugins as load
+
+    for name, problem in load().items():
+        if problem is not None:
+            Console(stderr=True).print(f"coreopt: plugin {name!r} was not loaded ({problem})", markup=False)

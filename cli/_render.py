@@ -361,10 +361,21 @@ def _option(name: str, value: Any) -> str:
     return str(value)
 
 
+def _flags_of(kind: str) -> dict[str, str]:
+    """Field name -> the flag a user typed for it (a pass no longer registered: the field names)."""
+    from coreai_opt.compression import config_types, flag_names
+
+    config_type = config_types().get(kind)
+    return flag_names(config_type) if config_type is not None else {}
+
+
 def render_compression(result: CompressionFileResult) -> None:
     report = result.report
+    spelled = _flags_of(result.method)
     options = shown(
-        "   ".join(f"{k}: {_option(k, v)}" for k, v in result.options.items() if v not in (None, []))
+        "   ".join(
+            f"{spelled.get(k, k)} {_option(k, v)}" for k, v in result.options.items() if v not in (None, [])
+        )
     )
     console.print(
         Panel.fit(

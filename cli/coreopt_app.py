@@ -10,7 +10,7 @@ import typer
 
 from coreai_opt import __version__
 
-from ._common import quiet_library_warnings, run, version_option
+from ._common import load_plugins, quiet_library_warnings, run, version_option
 from .commands import (
     apply,
     cast,
@@ -40,6 +40,7 @@ def _root(version: bool = version_option("coreopt", __version__)) -> None:
     quiet_library_warnings()
 
 
+load_plugins()  # installed packages' passes and algorithms get their commands and methods
 for _command in (inspect, export, convert, cast, compress, compare, evaluate, sensitivity, optimize, apply):
     _command.register(app)
 

@@ -153,3 +153,16 @@ def indexed_rows(node: Node) -> int | None:
         return int(shape[axis])
     except (IndexError, TypeError, ValueError):
         return None
+
+
+def state_only(graph: Any) -> set[Node]:
+    """Nodes computed from weights and constants alone (no input reaches them)."""
+    state: set[Node] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr" or (
+            node.op in ("call_function", "call_method")
+            and node.all_input_nodes
+            and all(n in state for n in node.all_input_nodes)
+        ):
+            state.add(node)
+    return state

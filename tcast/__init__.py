@@ -206,7 +206,7 @@ def _cast_under(
     compute = resolve_compute(computemode)
     what = f"cast to {datatype_.name} under given scales"
     if choose(compute, given_support(datatype_, x, round_), bool(x.is_cuda), what):
-        from ._triton._given import cast_under
+        from ._triton import cast_under
 
         result = cast_under(x, datatype_, round_, given[0], not actual, None if actual else out_dtype)
         if measure:

@@ -68,7 +68,7 @@ def _rotate(x: torch.Tensor, dim: int, size: int, seed: int, inverse: bool, comp
     moved = x.movedim(dim, -1)
     shape = moved.shape
     if _use_triton(x, computemode):
-        from ._triton._hadamard import rotate
+        from ._triton import rotate
 
         out = rotate(moved.reshape(-1, size).contiguous(), size, seed, inverse)
         return out.reshape(shape).movedim(-1, dim).contiguous()

@@ -23,7 +23,7 @@ from coreai_opt.compression import (
     register,
     unregister,
 )
-from coreai_opt.compression._quantize import quantize
+from coreai_opt.compression.algorithms._rtn import quantize
 from coreai_opt.io import load_pt2
 from coreai_opt.weights import Needs, Statistics, WeightSite
 from tests.conftest import SAMPLES
@@ -38,7 +38,7 @@ def toy_encoder(w: torch.Tensor, site: WeightSite, config: QuantizeConfig, stati
     return quantize(w, site, config)
 
 
-TOY = Algorithm("QuantizeConfig", "toy", toy_encoder, Needs.INPUT_MOMENTS, sequential=True, summary="a test")
+TOY = Algorithm(QuantizeConfig, "toy", toy_encoder, Needs.INPUT_MOMENTS, sequential=True, summary="a test")
 
 
 class RecordingCalibration:
@@ -76,7 +76,7 @@ def toy() -> Iterator[Algorithm]:
 
 
 def test_the_built_in_algorithms_are_the_data_free_passes_and_those_that_learn() -> None:
-    assert [(a.config, a.method, a.needs, a.sequential) for a in BUILT_IN] == [
+    assert [(a.config.__name__, a.method, a.needs, a.sequential) for a in BUILT_IN] == [
         ("QuantizeConfig", "rtn", Needs.NOTHING, False),
         ("PalettizeConfig", "kmeans", Needs.NOTHING, False),
         ("SparsifyConfig", "magnitude", Needs.NOTHING, False),

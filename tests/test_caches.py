@@ -452,7 +452,7 @@ _KERNEL_RUN = textwrap.dedent(
 
     numba_cache_dir, stderr = numba.config.CACHE_DIR, sys.stderr
     sys.stderr = io.StringIO()
-    import coreai_opt.compression._kmeans_kernels as kernels
+    import coreai_opt.compression.algorithms._kmeans_kernels as kernels
     sys.stderr, printed = stderr, sys.stderr.getvalue()
     assert not printed and not os.path.lexists(os.environ.get("ABSENT", "/nonexistent")), "work at import"
     points, sums = np.arange(5.0), [np.zeros(6) for _ in range(3)]
@@ -501,7 +501,7 @@ def _plant_kernel_index(cache: Path, payload: bytes) -> None:
     """`payload` where numba looks for run_cost's index under `cache` (its own naming)."""
     from numba.core.caching import UserProvidedCacheLocator
 
-    from coreai_opt.compression import _kmeans_kernels as kernels
+    from coreai_opt.compression.algorithms import _kmeans_kernels as kernels
 
     folder = cache / UserProvidedCacheLocator.get_suitable_cache_subpath(kernels.__file__)
     folder.mkdir(mode=0o700, parents=True)
@@ -561,7 +561,7 @@ def test_numbas_folder_made_under_umask_002_is_reset_and_used(tmp_path: Path) ->
     private, and the kernels are cached there, with one line saying so."""
     from numba.core.caching import UserProvidedCacheLocator
 
-    from coreai_opt.compression import _kmeans_kernels as kernels
+    from coreai_opt.compression.algorithms import _kmeans_kernels as kernels
 
     home, marker = tmp_path / "home", tmp_path / "fired"
     numba_folder = home / ".cache" / "coreopt" / "numba"

@@ -580,8 +580,8 @@ def test_layer_by_layer_holds_only_what_outlives_each_segment_and_measures_the_s
     segment); and with no weight replaced each Gram matrix is the one-pass one, bit for bit."""
     import _architectures as arch
 
+    from coreai_opt._aten import state_only
     from coreai_opt.calibration._capture import _LayerByLayer
-    from coreai_opt.calibration._graph import state_only
 
     program = arch.export(arch.MATRIX[0])  # llama-fp32: attention, MLP, residuals
     calibration = calibrate(program, Samples(Source.RANDOM, count=3, seed=4), cache=False)

@@ -23,7 +23,7 @@ INVALID_VALUES = [
     (["coreopt", "palettize", MLP, "--workers", "-1"], "--workers", "num_kmeans_workers"),
     (["coreopt", "palettize", MLP, "--rounding-precision", "-1"], "--rounding-precision", "rounding_precision"),
     (["coreopt", "palettize", MLP, "--threshold", "-1"], "--threshold", "weight_num_threshold"),
-    (["coreopt", "palettize", MLP, "--override", "fc*:nbits=8"], "--override", None),
+    (["coreopt", "palettize", MLP, "--override", "fc*:bits=8"], "--override", None),
     (["coreopt", "palettize", MLP, "--override", "fc*:n_bits=5"], "--override", None),
     (["coreopt", "quantize", MLP, "--block-size", "0"], "--block-size", "block_size"),
     (["coreopt", "quantize", MLP, "--dtype", "int8", "--scale-dtype", "e8m0"], "--scale-dtype", "scale_dtype"),

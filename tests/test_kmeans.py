@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from coreai_opt.compression._kmeans import kmeans_1d
+from coreai_opt.compression.algorithms._kmeans_1d import kmeans_1d
 
 
 def _sse(x: np.ndarray, w: np.ndarray, uppers: np.ndarray, centroids: np.ndarray, found: int) -> float:
@@ -164,7 +164,7 @@ def test_fewer_points_than_clusters_keeps_every_point() -> None:
 def test_kernels_are_ready_before_the_first_weight() -> None:
     """What the CLI waits for under its spinner leaves nothing for the first weight to compile."""
     from coreai_opt.compression import load_kmeans_kernels
-    from coreai_opt.compression._kmeans_kernels import groups
+    from coreai_opt.compression.algorithms._kmeans_kernels import groups
 
     load_kmeans_kernels()
     assert len(groups.signatures) == 1  # compiled, or loaded from numba's cache

@@ -148,7 +148,7 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     ]  # fmt: skip
 
 
-MAX_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 80  # issue 66 asks 60: 16 functions of 61-80 lines are still to split
 
 
 def _long_functions(paths: list[Path]) -> list[str]:
@@ -162,7 +162,7 @@ def _long_functions(paths: list[Path]) -> list[str]:
     return found
 
 
-def test_no_function_in_the_product_is_over_80_lines() -> None:
+def test_no_function_in_the_product_is_over_the_limit() -> None:
     assert _long_functions(PRODUCT) == []
 
 
@@ -201,3 +201,95 @@ def test_no_tcast_module_imports_one_that_imports_it_back() -> None:
         if name != "tcast"
     }
     assert _cycles(graph) == []
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the product by its dotted name (a package by its own name)."""
+    names = {}
+    for path in PRODUCT:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _imports_of(name: str, path: Path) -> list[tuple[str, str | None, int]]:
+    """(module, name imported from it or None, line) for each runtime import of ours in a file:
+    at module level or inside a function, never under `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+        for inner in ast.walk(node)
+    }
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: list[tuple[str, str | None, int]] = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, None, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, node.module] if node.module else base)
+            found.extend((module, alias.name, node.lineno) for alias in node.names)
+    return [(m, n, line) for m, n, line in found if m.split(".")[0] in ("coreai_opt", "cli", "tcast")]
+
+
+def _target(module: str, imported: str | None, modules: dict[str, Path]) -> str:
+    """The file an import reaches: `from pkg import sub` reaches the module `pkg.sub`."""
+    if imported is not None and f"{module}.{imported}" in modules:
+        return f"{module}.{imported}"
+    return module
+
+
+def _private_imports(modules: dict[str, Path]) -> list[str]:
+    """Imports of another folder's private module or private name (`coreai_opt.weights._decode`,
+    `from coreai_opt.io import _zip`): a folder is used through its package's names. A
+    top-level module of a package (`coreai_opt._errors`) is a folder of its own."""
+    found = []
+    for name, path in modules.items():
+        for module, imported, line in _imports_of(name, path):
+            target = _target(module, imported, modules)
+            if _folder(target) == _folder(name):
+                continue
+            inside = target.split(".")[_folder(target).count(".") + 1 :]
+            named = [imported] if imported is not None and target == module else []
+            if any(part.startswith("_") and not part.startswith("__") for part in inside + named):
+                found.append(f"{name}:{line} imports {'.'.join([target, *named])}")
+    return found
+
+
+def test_no_folder_imports_another_folders_private_module() -> None:
+    assert _private_imports(_modules()) == []
+
+
+def test_the_private_import_check_would_catch_an_offender(tmp_path: Path) -> None:
+    """The scan finds what it looks for (it cannot pass by finding nothing)."""
+    (tmp_path / "x.py").write_text(
+        "from coreai_opt.weights._decode import lut_to_dense\nfrom coreai_opt.weights import decode, _decode\n"
+        "from coreai_opt.io import load_pt2\nfrom . import _y\n"
+    )
+    modules = {name: tmp_path / "x.py" for name in ("coreai_opt.comparison._x",)} | {
+        name: tmp_path / "empty.py" for name in ("coreai_opt.weights", "coreai_opt.weights._decode", "coreai_opt.io",
+                                                 "coreai_opt.comparison._y")
+    }  # fmt: skip
+    (tmp_path / "empty.py").write_text("")
+    assert _private_imports(modules) == [
+        "coreai_opt.comparison._x:1 imports coreai_opt.weights._decode.lut_to_dense",
+        "coreai_opt.comparison._x:2 imports coreai_opt.weights._decode",
+    ]
+
+
+def _file_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {
+        name: {t for m, n, _ in _imports_of(name, path) if (t := _target(m, n, modules)) in modules} - {name}
+        for name, path in modules.items()
+    }
+
+
+def test_no_file_imports_one_that_imports_it_back() -> None:
+    """Runtime imports, lazy ones inside functions included, form no circle between any two files
+    of coreai_opt, cli and tcast (a package's `__init__` is a file like any other)."""
+    assert _cycles(_file_graph()) == []

@@ -16,11 +16,11 @@ import torch
 import tcast
 from coreai_opt._elements import element
 from coreai_opt.compression import PalettizeConfig, QuantizeConfig, SparsifyConfig, algorithm_for
-from coreai_opt.compression._clipping import _SHRINKS, weighted_grid
-from coreai_opt.compression._gptq import solve
-from coreai_opt.compression._layerwise import DAMPING, MatrixView, gram_of
-from coreai_opt.compression._palettize import _weighted_clusters
-from coreai_opt.compression._sparsegpt import prune
+from coreai_opt.compression.algorithms._gptq import solve
+from coreai_opt.compression.algorithms._kmeans import _weighted_clusters
+from coreai_opt.compression.algorithms._layerwise import DAMPING, MatrixView, gram_of
+from coreai_opt.compression.algorithms._sparsegpt import prune
+from coreai_opt.compression.grids import _SHRINKS, weighted_grid
 from coreai_opt.weights import Encoding, Statistics, WeightSite, decode
 
 ROWS, COLUMNS, SAMPLES = 48, 64, 2048
@@ -67,7 +67,7 @@ def test_inverse_cholesky_factors_one_fresh_copy_in_place_to_the_out_of_place_bi
     at a 5,632-input projection), is bit for bit the out-of-place chain: damped H, its Cholesky
     factor, the inverse, its upper factor; in a column order, with an input that never fires
     and an indefinite H that needs the damping raised; the caller's H is untouched."""
-    from coreai_opt.compression._layerwise import inverse_cholesky
+    from coreai_opt.compression.algorithms._layerwise import inverse_cholesky
 
     def out_of_place(h: torch.Tensor) -> torch.Tensor:
         diagonal = torch.diagonal(h)
@@ -103,7 +103,7 @@ def test_the_weighted_snr_summed_over_pieces_of_rows_is_the_whole_sum(
     """The importance-weighted SNR a palettized weight reports is widened and summed a piece of
     rows at a time (a 1B model's head in float64 is 0.5 GB a copy): the whole weight's float64
     sum to 1e-12, for fp16 values and a broadcast importance view, with pieces of 8 rows."""
-    import coreai_opt.compression._layerwise as layerwise
+    import coreai_opt.compression.algorithms._layerwise as layerwise
     from coreai_opt._pieces import spans
 
     generator = torch.Generator().manual_seed(10)
@@ -196,8 +196,8 @@ def test_gptq_keeps_the_grid_and_lowers_the_layer_output_error(
 def test_clipping_picks_each_tiles_least_weighted_error(layer: dict[str, torch.Tensor], name: str) -> None:
     """Brute force over the shrink factors, tile by tile, in plain loops: the chosen step is the
     first (largest) with the least importance-weighted squared error of round to nearest."""
-    from coreai_opt.compression._quantize import grid_of, quantize_onto
-    from coreai_opt.compression._sensitive import input_importance
+    from coreai_opt.compression.algorithms._sensitive import input_importance
+    from coreai_opt.compression.grids import grid_of, quantize_onto
 
     config, site, w = GRIDS[name], _site(), layer["w"]
     importance = input_importance(_statistics(layer), site)
@@ -230,7 +230,7 @@ def test_gptq_onto_clipped_scales_beats_gptq_onto_the_maxima(
 ) -> None:
     import dataclasses
 
-    from coreai_opt.compression import _gptq
+    from coreai_opt.compression.algorithms import _gptq
 
     config = dataclasses.replace(GRIDS[name], method="gptq")
     encode = algorithm_for(config).encode()
@@ -314,7 +314,7 @@ def test_sparsegpt_updates_the_columns_ahead_in_pieces_of_rows_to_the_same_bits(
     """The update of the columns after each block is a product the size of the weight (0.5 GB at a
     1B model's output head): done a piece of rows at a time, as rows never mix in it, it gives the
     same weights and mask bit for bit; an fp16 matrix is widened exactly, as a float64 one."""
-    import coreai_opt.compression._sparsegpt as sparsegpt
+    import coreai_opt.compression.algorithms._sparsegpt as sparsegpt
     from coreai_opt._pieces import spans
 
     generator = torch.Generator().manual_seed(5)
@@ -341,7 +341,7 @@ def test_sparsegpt_prunes_rows_on_their_own_in_pieces_to_the_same_encoding(
     """Unstructured, n:m and fixed block masks leave each row to itself: a weight is pruned a
     piece of rows at a time (never a float64 copy of a whole output head) and stores the whole
     matrix's values and mask, bit for bit; an input that never fires is zeroed in every piece."""
-    import coreai_opt.compression._sparsegpt as sparsegpt
+    import coreai_opt.compression.algorithms._sparsegpt as sparsegpt
 
     generator = torch.Generator().manual_seed(6)
     w = torch.randn(200, 96, generator=generator).half()
@@ -410,7 +410,7 @@ def test_weighted_tables_read_a_broadcast_importance_a_piece_of_groups_at_a_time
     """Input importance is a broadcast view of one row (a float64 copy would be 0.5 GB at a 1B
     model's head): the tables are clustered reading it a piece of LUT groups at a time, and store
     the codes, tables and scales of the same importance made whole, in one piece."""
-    import coreai_opt.compression._palettize as palettize
+    import coreai_opt.compression.algorithms._kmeans as palettize
     from coreai_opt._pieces import spans
 
     generator = torch.Generator().manual_seed(12)
@@ -536,8 +536,8 @@ def test_gptq_from_the_cli_learns_layer_by_layer_and_says_what_the_data_did(
 def test_gptqs_integer_rounding_is_tcasts_given_scale_cast(config: QuantizeConfig) -> None:
     """The fast rounding GPTQ uses for integer codes gives tcast's values on every column, ties,
     clamps and zero points included (values from -3x to 3x the range, and exact half steps)."""
-    from coreai_opt.compression._gptq import integer_rounding
-    from coreai_opt.compression._quantize import column_datatype, element_grid, grid_of, quantize_onto
+    from coreai_opt.compression.algorithms._gptq import integer_rounding
+    from coreai_opt.compression.grids import column_datatype, element_grid, grid_of, quantize_onto
 
     generator = torch.Generator().manual_seed(11)
     site = _site((16, 64))
@@ -573,8 +573,8 @@ def test_gptqs_float_rounding_is_tcasts_given_scale_cast(config: QuantizeConfig)
     column, the sign of zero included: ties between neighbours in every binade and among
     subnormals (exact under MX's power-of-two scales), values beyond the largest (saturated),
     zeros of both signs, and random values over the whole range."""
-    from coreai_opt.compression._gptq import _float_rounding
-    from coreai_opt.compression._quantize import column_datatype, element_grid, grid_of
+    from coreai_opt.compression.algorithms._gptq import _float_rounding
+    from coreai_opt.compression.grids import column_datatype, element_grid, grid_of
 
     generator = torch.Generator().manual_seed(5)
     rows, columns = 16, 96
@@ -685,16 +685,16 @@ def _column_grid(
     layer: dict[str, torch.Tensor],
 ):  # type: ignore[no-untyped-def]
     """The grid GPTQ rounds `w`'s columns onto under `config`, as the algorithm builds it."""
-    from coreai_opt.compression import _gptq
-    from coreai_opt.compression._palettize import weighted_palettize
-    from coreai_opt.compression._quantize import element_grid, grid_of, quantize_onto
-    from coreai_opt.compression._sensitive import input_importance
+    from coreai_opt.compression.algorithms import _columns, _gptq
+    from coreai_opt.compression.algorithms._kmeans import weighted_palettize
+    from coreai_opt.compression.algorithms._sensitive import input_importance
+    from coreai_opt.compression.grids import element_grid, grid_of, quantize_onto
 
     view, cpu = MatrixView.of(site), torch.device("cpu")
     if isinstance(config, PalettizeConfig):
         importance = input_importance(_statistics(layer), site)
         tables = _gptq._lut_rows(weighted_palettize(w, site, config, importance), site)
-        return _gptq.ColumnGrid("lut", table=tables.double())
+        return _columns.ColumnGrid("lut", table=tables.double())
     grid = grid_of(w, site, config)
     if config.dtype.is_int:
         return _gptq.integer_rounding(quantize_onto(w, site, config, grid), view, config, cpu)
@@ -719,8 +719,8 @@ def test_the_fused_block_kernel_holds_and_rounds_as_the_torch_loop(
     on every kind of grid: integers with constant and per-element bounds, float elements under
     power-of-two and float scales, look-up tables. The columns hold exact half steps, values
     beyond the grid (saturation) and zeros; the rows a partial tile, the block a partial one."""
-    from coreai_opt.compression._gptq import _solve_columns, inverse_cholesky
-    from coreai_opt.compression._gptq_kernel import solve_block
+    from coreai_opt.compression.algorithms._gptq import _solve_columns, inverse_cholesky
+    from coreai_opt.compression.algorithms._gptq_kernel import solve_block
 
     config, width = GRIDS[name], 32
     rows = ROWS if isinstance(config, PalettizeConfig) else 20  # groups of 16 rows; else a partial tile
@@ -771,7 +771,7 @@ def test_gptq_with_the_fused_kernel_stores_the_same_codes(
     codes and scales are the torch loop's, byte for byte."""
     import dataclasses
 
-    from coreai_opt.compression import _gptq
+    from coreai_opt.compression.algorithms import _gptq
 
     monkeypatch.setattr(_gptq, "_BLOCK", 16)
     monkeypatch.setattr(_gptq, "_SOLVE_PIECE", 20 * COLUMNS)  # and in pieces of rows
@@ -796,7 +796,7 @@ def test_gptq_in_pieces_of_rows_stores_the_same_codes(
     measures the same."""
     import dataclasses
 
-    from coreai_opt.compression import _gptq
+    from coreai_opt.compression.algorithms import _gptq
 
     config = dataclasses.replace(GRIDS[name], method="gptq")
     encode = algorithm_for(config).encode()

@@ -12,6 +12,7 @@ import torch
 from _decode import assert_runtime_matches_decoding, densify
 from conftest import SAMPLES, run_aimodel
 
+from coreai_opt.compression import Override
 from coreai_opt.conversion import convert_exported_program
 from coreai_opt.coreai_utils import (
     CompressionGranularity,
@@ -232,7 +233,7 @@ def test_16_bit_histogram_path_equals_the_sorting_path(
     import coreai_torch
     from conftest import constant_records
 
-    from coreai_opt.compression import _palettize
+    from coreai_opt.compression.algorithms import _kmeans as _palettize
 
     layer = torch.nn.Linear(256, 512, bias=False).eval().half()
     with torch.no_grad():
@@ -261,3 +262,36 @@ def test_16_bit_histogram_path_equals_the_sorting_path(
     got = next(iter(run_aimodel(out, x).values()))
     want = next(iter(run_aimodel(save_aimodel(dense, tmp_path / "d.aimodel"), x).values()))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "text, changes",
+    [
+        ("head*:n_bits=8", (("n_bits", 8),)),
+        ("head*:nbits=8", (("n_bits", 8),)),
+        ("head*:--nbits=8,per-channel-scale=true", (("enable_per_channel_scale", True), ("n_bits", 8))),
+        ("head*:workers=2,lut-dtype=int8", (("lut_dtype", "int8"), ("num_kmeans_workers", 2))),
+    ],
+)
+def test_an_override_takes_the_flag_or_the_field_name(text: str, changes: tuple) -> None:
+    from coreai_opt.compression import parse_override
+
+    assert parse_override(text, PalettizeConfig) == Override("head*", False, changes)
+    config = PalettizeConfig(overrides=(parse_override(text, PalettizeConfig),))
+    assert config.for_weight("head.weight") != config
+
+
+def test_an_override_naming_no_option_is_refused() -> None:
+    from coreai_opt.compression import parse_override
+
+    with pytest.raises(ValueError, match="'bits' is not an option of PalettizeConfig"):
+        parse_override("head*:bits=8", PalettizeConfig)
+
+
+def test_the_report_names_the_options_as_the_user_typed_them(coreopt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    done = coreopt("palettize", SAMPLES / "mlp.pt2", "--nbits", "4", "--per-channel-scale", "--threshold", "0",
+                   "-o", tmp_path / "out.pt2")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    header = " ".join(done.stdout.split())
+    assert "--nbits 4" in header and "--per-channel-scale True" in header and "--workers 0" in header
+    assert "n_bits" not in header and "enable_per_channel_scale" not in header and "num_kmeans" not in header

@@ -234,7 +234,7 @@ def test_steps_made_in_python_are_checked_too() -> None:
         (lambda: Compress(config=QuantizeConfig(), calibration_tokens=True),
          "calibration_tokens must be an integer, not True"),
         (lambda: Compress(config={"kind": "quantize"}),
-         "config must be a QuantizeConfig or a PalettizeConfig or a SparsifyConfig, not {'kind': 'quantize'}"),
+         "config must be a WeightConfig, not {'kind': 'quantize'}"),
     ]:  # fmt: skip
         with pytest.raises(ConfigError) as refused:
             make()

@@ -20,7 +20,7 @@ from coreai_opt._coreai._rewrite import CoreAIWeights
 from coreai_opt._elements import element
 from coreai_opt.compression import SkipKind, WeightSite
 from coreai_opt.compression._sites import select_sites
-from coreai_opt.compression._sparsify import sparsity_mask
+from coreai_opt.compression.algorithms._magnitude import sparsity_mask
 from coreai_opt.coreai_utils import DType, SparsifyConfig, compress_, sparsify_weights
 from coreai_opt.inspection import inspect_model
 from coreai_opt.io import load_aimodel, save_aimodel
@@ -149,7 +149,7 @@ def test_ties_are_deterministic_and_go_to_the_lower_index() -> None:
 def test_selection_equals_the_first_of_a_stable_descending_sort() -> None:
     """The linear-time selection keeps exactly what the first `keep` of a stable descending sort
     keep: ties to the lower index, infinities and NaNs (sorted first) included."""
-    from coreai_opt.compression._sparsify import _top
+    from coreai_opt.compression.algorithms._magnitude import _top
 
     g = torch.Generator().manual_seed(0)
     for trial in range(200):
@@ -175,7 +175,7 @@ def test_histogram_selection_equals_kthvalue() -> None:
 
 
 def _each_case_equals_kthvalue(n: int, g: torch.Generator) -> None:
-    from coreai_opt.compression._sparsify import _kth_smallest
+    from coreai_opt.compression.algorithms._magnitude import _kth_smallest
 
     cases = [
         torch.randn(n, generator=g).abs(),

@@ -266,7 +266,7 @@ def test_a_passed_check_spares_later_processes_until_the_file_changes(
     subprocess.run([sys.executable, "-c", script, str(asset)], check=True, timeout=120)
     assert len(list(record.iterdir())) == 1
     _forget_this_process(monkeypatch)
-    monkeypatch.setattr("coreai_opt._coreai._sandbox.AssetWorker", _NoWorker)
+    monkeypatch.setattr("coreai_opt._coreai.AssetWorker", _NoWorker)
     assert verify_aimodel(asset)["assetVersion"]
     bytecode = asset / "main.mlirb"
     bytecode.write_bytes(bytecode.read_bytes())
@@ -285,7 +285,7 @@ def test_an_asset_coreopt_wrote_is_read_without_a_worker(
     monkeypatch.setenv("COREOPT_CHECKED_ASSETS", str(tmp_path / "record"))
     saved = save_aimodel(load_aimodel(SAMPLES / "mlp.aimodel"), tmp_path / "saved.aimodel")
     _forget_this_process(monkeypatch)
-    monkeypatch.setattr("coreai_opt._coreai._sandbox.AssetWorker", _NoWorker)
+    monkeypatch.setattr("coreai_opt._coreai.AssetWorker", _NoWorker)
     assert verify_aimodel(saved)["assetVersion"]
     metadata = json.loads((saved / "metadata.json").read_text())
     (saved / "metadata.json").write_text(json.dumps({**metadata, "producer": "someone"}))
@@ -308,7 +308,7 @@ def test_a_record_that_is_off_or_not_ours_alone_is_never_used(
     verify_aimodel(asset)
     assert not folder.exists() or not list(folder.iterdir())
     _forget_this_process(monkeypatch)
-    monkeypatch.setattr("coreai_opt._coreai._sandbox.AssetWorker", _NoWorker)
+    monkeypatch.setattr("coreai_opt._coreai.AssetWorker", _NoWorker)
     with pytest.raises(AssertionError, match="a worker was started"):
         verify_aimodel(asset)
 

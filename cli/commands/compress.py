@@ -1,240 +1,13 @@
-"""`coreopt quantize|palettize|sparsify`: a one-step recipe of a weight pass (W8A8 for `quantize
---activations`). Each pass's options are its config's fields (`cli._config_options`)."""
+"""`coreopt quantize|palettize|sparsify`, and a command for every pass a plugin registers: the
+weight passes of `coreai_opt.compression.registry`, each a one-step recipe whose options are its
+config's fields (`_weights`)."""
 
 from __future__ import annotations
 
-import inspect
-from pathlib import Path
-from typing import Any
-
 import typer
 
-from .._common import (
-    allow_empty_option,
-    choices,
-    force_option,
-    json_option,
-    print_json,
-    quiet_option,
-    trust_pickle_option,
-    user_errors,
-)
-from .._config_options import config_from_options, config_parameters
-from .._progress import spinner, weight_progress
+from ._weights import command_of
 
-_MODEL_HELP = "The .aimodel or .pt2 to compress (never modified); the output has its format."
-
-
-def _executor_option() -> Any:
-    from coreai_opt.compression import ExecutorKind
-
-    return typer.Option(
-        ExecutorKind.LOCAL.value,
-        "--executor",
-        help="Where the per-weight encoding runs: local (this process), or ray (Ray tasks on the cluster "
-        "ray.init() finds: RAY_ADDRESS, else a new local one; pip install 'coreopt\\[ray]'). The output file "
-        "is the same either way.",
-    )
-
-
-def _exact_gradients_option() -> Any:
-    return typer.Option(
-        False,
-        "--exact-gradients",
-        help=(
-            "--method sensitive: the Fisher pass in the program's own dtypes (default on a CPU with bfloat16 "
-            "instructions: its weights' matrix products in bfloat16, 1.5x faster end to end)."
-        ),
-    )
-
-
-def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
-
-
-def common_parameters(output_help: str) -> list[inspect.Parameter]:
-    """The options every compression command takes besides its config's."""
-    from coreai_opt.compression import ExecutorKind
-
-    return [
-        _keyword(
-            "calibration",
-            typer.Option(
-                None,
-                "--calibration",
-                help=(
-                    "Calibration samples for methods that learn from data: a safetensors file (one tensor per "
-                    "input, optionally [N, *shape] or [N, ...] for an input of [1, ...]) or a directory of them, a text file (token windows), or "
-                    "'random' (seeded draws)."
-                ),
-            ),
-            str | None,
-        ),
-        _keyword(
-            "calibration_samples",
-            typer.Option(
-                None,
-                "--calibration-samples",
-                min=1,
-                help=(
-                    "At most this many calibration samples (--calibration random draws this many; default 32)."
-                ),
-            ),
-            int | None,
-        ),
-        _keyword(
-            "calibration_tokens",
-            typer.Option(
-                None,
-                "--calibration-tokens",
-                min=1,
-                help=("At most this many tokens of a text --calibration."),
-            ),
-            int | None,
-        ),
-        _keyword(
-            "calibration_program",
-            typer.Option(
-                None,
-                "--calibration-program",
-                help=(
-                    "For an .aimodel: the .pt2 it was converted from; the calibration runs through it and its "
-                    "statistics reach the .aimodel's weights by name (3-bit LUTs with data: .aimodel only)."
-                ),
-            ),
-            Path | None,
-        ),
-        _keyword(
-            "device",
-            typer.Option(
-                None,
-                "--device",
-                help="Where calibration runs and GPTQ / SparseGPT solve: cpu (default), cuda, cuda:1, ...",
-            ),
-            str | None,
-        ),
-        _keyword("exact_gradients", _exact_gradients_option(), bool),
-        _keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
-        _keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
-        _keyword("allow_empty", allow_empty_option(), bool),
-        _keyword("force", force_option(), bool),
-        _keyword("trust_pickle", trust_pickle_option(), bool),
-        _keyword("quiet", quiet_option(), bool),
-        _keyword("as_json", json_option(), bool),
-    ]
-
-
-def show(result: Any, as_json: bool, quiet: bool) -> None:
-    from .._render import compression_line, print_line, render_compression
-
-    if as_json:
-        print_json(result.to_dict())
-    elif quiet:
-        print_line(compression_line(result))
-    else:
-        render_compression(result)
-
-
-def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
-    """Run one compression command: its config from the options, then the one-step recipe."""
-    from coreai_opt.recipes import compress_file
-
-    if config_type.__name__ == "SparsifyConfig":
-        _sparsify_checks(values)
-    _learning_checks(config_type, values)
-    fields = {p.name for p in config_parameters(config_type)}
-    config = config_from_options(config_type, {k: v for k, v in values.items() if k in fields})
-    as_json, quiet = values["as_json"], values["quiet"]
-    if palettizes(config) and Path(values["model"]).exists():
-        kmeans_kernels(not (as_json or quiet))
-    with (
-        user_errors(as_json, {"calibration": "--calibration"}),
-        weight_progress(not (as_json or quiet), what) as progress,
-    ):
-        result = compress_file(
-            values["model"], values["output"], config, force=values["force"], progress=progress,
-            trust_pickle=values["trust_pickle"], executor=values["executor"].value,
-            allow_empty=values["allow_empty"], calibration=values["calibration"],
-            calibration_samples=values["calibration_samples"], calibration_tokens=values["calibration_tokens"],
-            calibration_program=values["calibration_program"], device=values["device"],
-            exact_gradients=values["exact_gradients"],
-        )  # fmt: skip
-    show(result, as_json, quiet)
-
-
-def palettizes(config: Any) -> bool:
-    return config.KIND == "palettize" or getattr(config, "palettize_nbits", None) is not None
-
-
-def kmeans_kernels(enabled: bool) -> None:
-    """Palettization's kernels made ready under a spinner that says why the first run waits."""
-    from coreai_opt.compression import load_kmeans_kernels
-
-    with spinner(enabled, "loading the k-means kernels (numba compiles them on first use, about 15 s)"):
-        load_kmeans_kernels()
-
-
-def _learning_checks(config_type: type, values: dict[str, Any]) -> None:
-    """--device, --calibration-program and --exact-gradients serve methods that learn from data (the
-    last: from gradients), with --calibration."""
-    from coreai_opt.compression import algorithm_named
-    from coreai_opt.weights import Needs
-
-    method = values["method"].value if hasattr(values["method"], "value") else values["method"]
-    for key, flag in (("device", "--device"), ("calibration_program", "--calibration-program"),
-                      ("exact_gradients", "--exact-gradients")):  # fmt: skip
-        if values.get(key) in (None, False):
-            continue
-        algorithm = algorithm_named(config_type, method)
-        if algorithm.data_free:
-            raise typer.BadParameter(f"{flag} serves a --method that learns from data", param_hint=flag)
-        if key == "exact_gradients" and algorithm.needs is not Needs.GRADIENT_SQUARES:
-            raise typer.BadParameter(
-                f"{flag} serves a --method that learns from gradients (palettize --method sensitive); "
-                f"--method {method} takes none",
-                param_hint=flag,
-            )
-        if values["calibration"] is None:
-            raise typer.BadParameter(f"{flag} comes with --calibration", param_hint=flag)
-
-
-def command_of(config_type: type, what: str, doc: str, output_help: str, extra: tuple[inspect.Parameter, ...] = (),
-               body: Any = None) -> Any:  # fmt: skip
-    """A Typer command whose options are the config's fields plus the common ones (and `extra`)."""
-
-    def command(**values: Any) -> None:
-        (body or compress)(config_type, what, values)
-
-    model = inspect.Parameter(
-        "model",
-        inspect.Parameter.KEYWORD_ONLY,
-        default=typer.Argument(..., help=_MODEL_HELP),
-        annotation=Path,
-    )
-    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [model, *config_parameters(config_type), *extra, *common_parameters(output_help)]
-    )
-    command.__doc__ = doc
-    return command
-
-
-QUANTIZE_DOC = """Quantize the weights of a Core AI asset or a torch.export program and report every weight;
-with --activations also the activations (calibrated on real samples) of a .pt2.
-
-Example: coreopt quantize sample_models/transformer.aimodel --dtype int8 -o build/t.int8.aimodel
-
-Example: coreopt quantize sample_models/transformer.pt2 --dtype int8 -o build/t.int8.pt2
-
-Example: coreopt quantize model.aimodel --dtype int4 --granularity block --block-size 32 --json
-
-Example: coreopt quantize model.aimodel --dtype fp8e4m3 --scale-dtype e8m0 --override 'embed*:skip'
-
-Example: coreopt quantize model.pt2 --activations int8 --calibration samples.safetensors --observer mse
-
-Example: coreopt quantize sample_models/cnn.pt2 --activations int8 --calibration random -o build/cnn.w8a8.pt2
-
-Example: coreopt quantize model.pt2 --dtype int4 --method gptq --calibration text.txt --calibration-tokens 16384
-"""
 _PALETTIZE_DOC = """Palettize weights with exact optimal k-means look-up tables and report every weight.
 
 Example: coreopt palettize sample_models/transformer.aimodel --nbits 4 -o build/t.lut4.aimodel
@@ -266,19 +39,26 @@ Example: coreopt sparsify model.pt2 --sparsity 0.5 --method sparsegpt --calibrat
 
 
 def register(app: typer.Typer) -> None:
-    from coreai_opt.compression import PalettizeConfig, SparsifyConfig
+    """A command per registered pass (`quantize` with W8A8's options besides)."""
+    from coreai_opt.compression import config_types
 
     from .quantize import quantize_command
 
-    app.command("quantize")(quantize_command())
-    app.command("palettize")(command_of(PalettizeConfig, "palettizing", _PALETTIZE_DOC,
-                                      "Output file (default: model.lut<nbits>.<suffix> beside the input)."))  # fmt: skip
-    app.command("sparsify")(command_of(SparsifyConfig, "sparsifying", _SPARSIFY_DOC,
-                                     "Output file (default: model.sparse<..>.<suffix> beside the input)."))  # fmt: skip
+    for kind, config_type in config_types().items():
+        if kind == "quantize":
+            app.command(kind)(quantize_command())
+            continue
+        doc, verb, output = _PASSES.get(kind, (_doc_of(config_type), "compressing", _OUTPUT))
+        app.command(kind)(command_of(config_type, verb, doc, output))
 
 
-def _sparsify_checks(values: dict[str, Any]) -> None:
-    if values.get("n_m_ratio") is not None and values.get("target_sparsity") is not None:
-        raise typer.BadParameter("give --sparsity or --nm, not both", param_hint="--nm")
-    if values.get("quantize_dtype") is not None and values.get("palettize_nbits") is not None:
-        raise typer.BadParameter("give --quantize or --palettize, not both", param_hint="--palettize")
+_OUTPUT = "Output file (default: model.<tag>.<suffix> beside the input)."
+_PASSES = {
+    "palettize": (_PALETTIZE_DOC, "palettizing", "Output file (default: model.lut<nbits>.<suffix> beside the input)."),
+    "sparsify": (_SPARSIFY_DOC, "sparsifying", "Output file (default: model.sparse<..>.<suffix> beside the input)."),
+}  # fmt: skip
+
+
+def _doc_of(config_type: type) -> str:
+    """A plugin pass's help: its config's docstring, first paragraph."""
+    return (config_type.__doc__ or config_type.__name__).strip().split("\n\n")[0]

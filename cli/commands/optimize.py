@@ -21,7 +21,7 @@ from .._common import (
     user_errors,
 )
 from .._progress import weight_progress
-from .compress import kmeans_kernels, palettizes
+from ._weights import kmeans_kernels, palettizes
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ import typer
 
 from .._common import choices, option_errors, print_json, user_errors
 from .._progress import weight_progress
-from .compress import QUANTIZE_DOC, command_of, compress
+from ._weights import command_of, compress
 
 
 def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
@@ -127,7 +127,7 @@ def quantize_command() -> Any:
     from coreai_opt.quantization import OpConfig
 
     command = command_of(
-        QuantizeConfig, "quantizing", QUANTIZE_DOC,
+        QuantizeConfig, "quantizing", _QUANTIZE_DOC,
         "Output file (default: model.<dtype>.<suffix>, or model.w8a8.pt2 with --activations, beside the input).",
         _activation_parameters(), body=_quantize,
     )  # fmt: skip
@@ -141,3 +141,22 @@ def quantize_command() -> Any:
     ]
     command.__signature__ = signature.replace(parameters=parameters)
     return command
+
+
+_QUANTIZE_DOC = """Quantize the weights of a Core AI asset or a torch.export program and report every weight;
+with --activations also the activations (calibrated on real samples) of a .pt2.
+
+Example: coreopt quantize sample_models/transformer.aimodel --dtype int8 -o build/t.int8.aimodel
+
+Example: coreopt quantize sample_models/transformer.pt2 --dtype int8 -o build/t.int8.pt2
+
+Example: coreopt quantize model.aimodel --dtype int4 --granularity block --block-size 32 --json
+
+Example: coreopt quantize model.aimodel --dtype fp8e4m3 --scale-dtype e8m0 --override 'embed*:skip'
+
+Example: coreopt quantize model.pt2 --activations int8 --calibration samples.safetensors --observer mse
+
+Example: coreopt quantize sample_models/cnn.pt2 --activations int8 --calibration random -o build/cnn.w8a8.pt2
+
+Example: coreopt quantize model.pt2 --dtype int4 --method gptq --calibration text.txt --calibration-tokens 16384
+"""

@@ -31,28 +31,41 @@ from ._ir import (
     tensor_shape,
     walk_ops,
 )
+from ._native import first_error, native_stderr
+from ._rewrite import canonical_symbol_names, name_constants
+from ._runtime import RunResult, run_in
+from ._sandbox import AssetWorker, TensorSpec, WorkerFailure
 
 __all__ = [
     "BYTECODE_FILE",
     "BYTECODE_MAGIC",
     "DECOMPRESSION_OPS",
+    "AssetWorker",
     "GraphSignature",
     "ProgramWeight",
+    "RunResult",
     "TensorSig",
+    "TensorSpec",
+    "WorkerFailure",
+    "canonical_symbol_names",
     "constant_bytes",
     "constant_nbytes",
     "constant_ops",
     "element_bits",
     "element_name",
+    "first_error",
     "graph_ops",
     "graph_signatures",
     "input_usage",
     "location_name",
     "main_graph",
     "mlir_module",
+    "name_constants",
+    "native_stderr",
     "new_context",
     "op_histogram",
     "program_weights",
+    "run_in",
     "storage_nbytes",
     "stored_nbytes",
     "tensor_shape",

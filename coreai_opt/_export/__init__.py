@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from coreai_opt._custom_ops import register_coreai_ops
 
+from ._describe import StateWalker
+from ._edit import ProgramEdit
 from ._ops import COREAI_OPS, coreai_decompositions, fold_decompression, is_decompression
 from ._runnable import ready_to_run, runnable
 from ._weights import LUT_INDEX_BITS, ExportWeights
@@ -18,6 +20,8 @@ __all__ = [
     "COREAI_OPS",
     "LUT_INDEX_BITS",
     "ExportWeights",
+    "ProgramEdit",
+    "StateWalker",
     "coreai_decompositions",
     "fold_decompression",
     "is_decompression",

@@ -10,9 +10,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from coreai_opt._elements import ELEMENTS, core_ai_name
-from coreai_opt.weights import Described
+from coreai_opt.weights import Described, is_packed_fp4
 from coreai_opt.weights import describe as words
-from coreai_opt.weights._decode import is_packed_fp4
 
 from . import _ops
 

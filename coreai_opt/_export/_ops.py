@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt.weights._decode import lut_to_dense, shift_scale, sparse_to_dense
+from coreai_opt.weights import lut_to_dense, shift_scale, sparse_to_dense
 
 if TYPE_CHECKING:
     import torch

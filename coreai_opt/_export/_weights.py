@@ -30,8 +30,8 @@ from coreai_opt.weights import (
     Use,
     WeightSite,
     Written,
+    torch_values,
 )
-from coreai_opt.weights._decode import torch_values
 
 from ._edit import ProgramEdit
 from ._ops import is_decompression

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coreai_opt._aten import state_only
 from coreai_opt._cache import cache_folder_for, plain_name, user_cache
 from coreai_opt.io import read_json_object
 from coreai_opt.weights import Consumer, Needs, Statistics
 
-from ._graph import call, state_only, state_value
+from ._graph import call, state_value
 from ._samples import Samples
 
 if TYPE_CHECKING:

@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+from coreai_opt._aten import state_only
 from coreai_opt._memory import page_out_mapped, trim_heap
 from coreai_opt.weights import Statistics
 
-from ._graph import attribute, call, state_only, state_value
+from ._graph import attribute, call, state_value
 
 if TYPE_CHECKING:
     import torch

@@ -8,19 +8,6 @@ if TYPE_CHECKING:
     from torch.fx import GraphModule, Node
 
 
-def state_only(graph: Any) -> set[Node]:
-    """Nodes computed from weights and constants alone (no input reaches them)."""
-    state: set[Node] = set()
-    for node in graph.nodes:
-        if node.op == "get_attr" or (
-            node.op in ("call_function", "call_method")
-            and node.all_input_nodes
-            and all(n in state for n in node.all_input_nodes)
-        ):
-            state.add(node)
-    return state
-
-
 def call(gm: GraphModule, node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], how: str) -> Any:
     """Run one computing node of `gm` on operands already fetched (`how`: the pass, for the error
     a node of another kind gets); a 16-bit matrix product on the CPU in float32, or one of a

@@ -11,6 +11,7 @@ from typing import Any
 from ._target import CastTarget
 
 _LAZY = {
+    "op_matcher": "_graph",
     "MalformedGraphError": "_api",
     "cast_fp32_to_fp16": "_api",
     "cast_int32_to_int16": "_api",

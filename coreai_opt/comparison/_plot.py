@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from coreai_opt.io import write_atomically
+from coreai_opt._plot import pyplot, save_figure
 
 from ._sweep import SweepResult
-
-
-def pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise ImportError("--plot needs matplotlib: pip install 'coreopt[plot]'") from error
-    matplotlib.use("Agg")  # files only: no display
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def check_plot_path(path: Path) -> None:
@@ -47,19 +35,3 @@ def plot_sweep(result: SweepResult, path: Path) -> None:
     axes.set_ylabel("cosine to the reference (worst output and sample)")
     axes.set_title(f"size vs accuracy against {result.reference.name}")
     save_figure(figure, path)
-
-
-def save_figure(figure: Any, path: Path) -> None:
-    """Lay out, write as PNG atomically and close a figure (closed on failure too)."""
-    plt = pyplot()
-    figure.axes[0].grid(True, alpha=0.3)
-    figure.tight_layout()
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as stream:
-            figure.savefig(stream, format="png")
-
-    try:
-        write_atomically(Path(path), write)
-    finally:
-        plt.close(figure)

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from coreai_opt._coreai._runtime import RunResult
-from coreai_opt._coreai._sandbox import TensorSpec
+from coreai_opt._coreai import RunResult, TensorSpec
 from coreai_opt.inputs import InputRule, InputSpec, input_rules, user_input_nodes
 from coreai_opt.io import ModelFileError, load_pt2, running
 

@@ -1,8 +1,9 @@
 """Weight compression that knows no container: quantize, palettize, sparsify and their joint forms.
 
-A config per pass (`QuantizeConfig`, `PalettizeConfig`, `SparsifyConfig`) says what to do, with
-per-weight `Override`s by name pattern; `compress_(program, config)` selects the eligible weights
-of a program (`_sites`), encodes each one as plain arrays (`_encoded`: codes, LUTs, scales, masks;
+A config per pass (`QuantizeConfig`, `PalettizeConfig`, `SparsifyConfig`: `configs`, all
+`WeightConfig`s) says what to do, with per-weight `Override`s by name pattern; the `registry`,
+keyed by config type, holds the passes and the algorithms (`algorithms`) each offers.
+`compress_(program, config)` selects the eligible weights of a program (`_sites`), encodes each one as plain arrays (`_encoded`: codes, LUTs, scales, masks;
 the numerics are tcast's) and lets the program's container write them: Core AI programs through
 `coreai_opt._coreai`, `torch.export` programs through `coreai_opt._export` (coreai-torch's ops),
 found by `weights.container_of`. The report lists every weight, and every float tensor left alone
@@ -34,27 +35,43 @@ from coreai_opt.weights import (
     container_of,
 )
 
-from ._algorithms import BUILT_IN, Algorithm, algorithm_for, algorithm_named, methods, register, unregister
-from ._config import (
+from ._executors import Executor, ExecutorKind, LocalExecutor, RayExecutor, executor_of
+from ._results import CompressionReport, Progress, WeightResult
+from ._sites import select_sites
+from .configs import (
     JOINT_DTYPES,
     LUT_DTYPES,
     N_BITS,
     PALETTIZE_GRANULARITIES,
     QUANTIZE_GRANULARITIES,
     WEIGHT_DTYPES,
-    Config,
+    CompressionGranularity,
+    DType,
     Override,
     PalettizeConfig,
+    QScheme,
     QuantizeConfig,
     SparsifyConfig,
-    config_from_dict,
+    WeightConfig,
     flag_names,
     flags,
     parse_override,
 )
-from ._executors import Executor, ExecutorKind, LocalExecutor, RayExecutor, executor_of
-from ._options import CompressionGranularity, DType, QScheme
-from ._results import CompressionReport, Progress, WeightResult
+from .registry import (
+    BUILT_IN,
+    Algorithm,
+    algorithm_for,
+    algorithm_named,
+    config_from_dict,
+    config_type,
+    config_types,
+    load_plugins,
+    methods,
+    register,
+    register_config,
+    unregister,
+    unregister_config,
+)
 
 __all__ = [
     "BUILT_IN",
@@ -69,7 +86,6 @@ __all__ = [
     "Candidate",
     "CompressionGranularity",
     "CompressionReport",
-    "Config",
     "ConfigError",
     "Consumer",
     "Container",
@@ -94,6 +110,7 @@ __all__ = [
     "SparsifyConfig",
     "Stored",
     "Use",
+    "WeightConfig",
     "WeightResult",
     "WeightSite",
     "Written",
@@ -101,6 +118,8 @@ __all__ = [
     "algorithm_named",
     "compress_",
     "config_from_dict",
+    "config_type",
+    "config_types",
     "container_of",
     "eligible_weights",
     "executor_of",
@@ -108,17 +127,21 @@ __all__ = [
     "flags",
     "gram_of",
     "load_kmeans_kernels",
+    "load_plugins",
     "methods",
     "parse_override",
     "register",
+    "register_config",
+    "select_sites",
     "trial_encodings",
     "unregister",
+    "unregister_config",
 ]
 
 
 def compress_(
     program: Any,
-    config: Config,
+    config: WeightConfig,
     progress: Progress | None = None,
     executor: str | ExecutorKind | Executor | None = None,
     calibration: Calibration | None = None,
@@ -134,8 +157,10 @@ def compress_(
     model), and is not asked for anything afterwards - calibrate anew for another run."""
     from ._driver import compress_container  # the encoders import torch: only when compressing
 
-    if not isinstance(config, (QuantizeConfig, PalettizeConfig, SparsifyConfig)):
-        raise TypeError(f"config must be a QuantizeConfig, PalettizeConfig or SparsifyConfig, not {config!r}")
+    if not isinstance(config, WeightConfig):
+        raise TypeError(
+            f"config must be a WeightConfig (QuantizeConfig, PalettizeConfig, ...), not {config!r}"
+        )
     return compress_container(container_of(program), config, progress, executor, calibration)
 
 
@@ -143,16 +168,14 @@ def load_kmeans_kernels() -> None:
     """Make palettization's k-means kernels ready now: numba compiles them on first use (about
     15 s) and loads them from its cache later (a second or two), so a command can say what it is
     waiting for before its first weight."""
-    from ._kmeans import warm_kernels
+    from .algorithms._kmeans_1d import warm_kernels
 
     warm_kernels()
 
 
-def eligible_weights(program: Any, config: Config) -> list[WeightSite]:
+def eligible_weights(program: Any, config: WeightConfig) -> list[WeightSite]:
     """The weights `compress_(program, config)` would try to encode (size threshold, overrides and
     layouts applied; the encoding may still refuse one), nothing encoded."""
-    from ._sites import select_sites
-
     sites, _ = select_sites(
         container_of(program).candidates(), config.weight_num_threshold, config.for_weight
     )
@@ -160,7 +183,10 @@ def eligible_weights(program: Any, config: Config) -> list[WeightSite]:
 
 
 def trial_encodings(
-    program: Any, config: Config, calibration: Calibration | None = None, only: Collection[str] | None = None
+    program: Any,
+    config: WeightConfig,
+    calibration: Calibration | None = None,
+    only: Collection[str] | None = None,
 ) -> Any:
     """Each weight `compress_(program, config)` would compress (of those in `only`, if given), with
     its encoding or why it stays, nothing written (`_driver.trial_encodings`; an iterator of
@@ -174,7 +200,7 @@ def __getattr__(name: str) -> Any:
     """`MatrixView` and `gram_of` (a weight as the matrix its consumer multiplies, and its input
     Gram matrix in that order) import torch: loaded when asked for."""
     if name in ("MatrixView", "gram_of"):
-        from . import _layerwise
+        from .algorithms import _layerwise
 
         return getattr(_layerwise, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,16 +26,16 @@ from coreai_opt.weights import (
     row_slice,
 )
 
-from ._algorithms import Algorithm, algorithm_for
-from ._config import Config
 from ._executors import Executor, executor_of
 from ._results import CompressionReport, Progress, WeightResult
 from ._sites import select_sites
+from .configs import WeightConfig
+from .registry import Algorithm, algorithm_for
 
 
 def compress_container(
     container: Container,
-    config: Config,
+    config: WeightConfig,
     progress: Progress | None = None,
     executor: str | Executor | None = None,
     calibration: Calibration | None = None,
@@ -104,8 +104,8 @@ def compress_container(
     return report
 
 
-def _tunes(config: Config, outcome: Encoding | Skipped) -> bool:
-    from ._tuning import tunable
+def _tunes(config: WeightConfig, outcome: Encoding | Skipped) -> bool:
+    from .algorithms._tuning import tunable
 
     return bool(getattr(config, "tune_epochs", 0)) and isinstance(outcome, Encoding) and tunable(outcome)
 
@@ -120,7 +120,7 @@ def _tuned(
 ) -> tuple[list[Encoding], list[float]]:
     """The held encodings with their tables tuned end to end (`_tuning`), and the mean divergence
     of each pass; the progress line names the step."""
-    from ._tuning import tune_tables
+    from .algorithms._tuning import tune_tables
 
     def step(steps: int, of: int, divergence: float) -> None:
         if progress is not None:
@@ -134,8 +134,8 @@ def _tuned(
 
 
 def _statistics_in_order(
-    learned: list[tuple[WeightSite, Config, Algorithm]], calibration: Calibration, final: bool
-) -> Iterator[tuple[WeightSite, Config, Statistics]]:
+    learned: list[tuple[WeightSite, WeightConfig, Algorithm]], calibration: Calibration, final: bool
+) -> Iterator[tuple[WeightSite, WeightConfig, Statistics]]:
     """Each weight that learns from data with its statistics: one pass per kind of need for the
     weights that take them as the program is, then the layer-by-layer ones in graph order (each
     asked for only after the one before was written and swapped in). `final`: nothing is asked
@@ -190,7 +190,7 @@ def _record(
 
 
 def encode_weight(
-    w: torch.Tensor, site: WeightSite, config: Config, statistics: Statistics | None = None
+    w: torch.Tensor, site: WeightSite, config: WeightConfig, statistics: Statistics | None = None
 ) -> Encoding | Skipped:
     """One weight's encoding under its config's algorithm, or why it stays as it is (an encoding
     that would not shrink it is not applied): the unit of work an executor runs (it needs no
@@ -238,7 +238,7 @@ def _non_finite(w: torch.Tensor) -> str | None:
 
 
 def trial_encodings(
-    container: Container, config: Config, calibration: Calibration | None = None,
+    container: Container, config: WeightConfig, calibration: Calibration | None = None,
     only: Collection[str] | None = None,
 ) -> Iterator[tuple[WeightSite, Encoding | Skipped]]:  # fmt: skip
     """Each weight `compress_container` would compress (of those named in `only`, if given), with

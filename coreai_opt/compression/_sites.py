@@ -13,7 +13,7 @@ from typing import Any
 
 from coreai_opt.weights import Candidate, Consumer, SkipKind, Skipped, WeightSite, stored_nbytes
 
-from ._config import Override
+from .configs import Override
 
 
 def _not_a_weight(candidate: Candidate) -> str | None:

@@ -111,7 +111,7 @@ class ConverterFailure(RuntimeError):
 
 def convert_with_log(program: ExportedProgram) -> tuple[AIProgram, str]:
     """The converted program and what the converter printed (its log and MLIR diagnostics)."""
-    from coreai_opt._coreai._native import first_error, native_stderr
+    from coreai_opt._coreai import first_error, native_stderr
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -140,7 +140,7 @@ def convert_with_log(program: ExportedProgram) -> tuple[AIProgram, str]:
         message = " ".join(str(failure).split()) or type(failure).__name__
         detail = first_error(diagnostics)
         raise ConverterFailure(f"{message} ({detail})" if detail else message) from failure
-    from coreai_opt._coreai._rewrite import canonical_symbol_names, name_constants
+    from coreai_opt._coreai import canonical_symbol_names, name_constants
 
     name_constants(result, _source_names(program), _module_of_node(program))
     canonical_symbol_names(result)  # coreai names composites at random: the same bytes every time

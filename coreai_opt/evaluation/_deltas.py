@@ -33,7 +33,7 @@ class DeltaProducts:
     then a trial's product read off them (`product`) once `swap` named the trial's weight."""
 
     def __init__(self, graph: Graph) -> None:
-        from coreai_opt.calibration._graph import state_only
+        from coreai_opt._aten import state_only
 
         nodes = list(graph.nodes)
         self.state = state_only(graph)  # computed from weights alone: the same in every batch

@@ -9,7 +9,7 @@ from ._text import TextEvaluation
 
 def plot_evaluation(result: TextEvaluation, path: Path, *, metric: str = "perplexity") -> None:
     """`metric` is `perplexity` (the reference drawn too) or `kl` (candidates only); log scale."""
-    from coreai_opt.comparison._plot import pyplot, save_figure
+    from coreai_opt._plot import pyplot, save_figure
 
     if metric not in ("perplexity", "kl"):
         raise ValueError(f"plot metric {metric!r} is not perplexity or kl")

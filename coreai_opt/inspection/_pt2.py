@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coreai_opt._elements import core_ai_name
-from coreai_opt._export._describe import StateWalker
-from coreai_opt._export._ops import is_decompression
+from coreai_opt._export import StateWalker, is_decompression
 from coreai_opt.io import flattened_outputs
 
 from ._report import ModelReport, TensorInfo, WeightInfo

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._coreai._ir import BYTECODE_FILE
+from coreai_opt._coreai import BYTECODE_FILE
 
 from ._checked import file_identity, remember, was_checked
 from ._errors import (
@@ -26,7 +26,7 @@ from ._paths import ModelFormat, check_links, check_output, model_format, requir
 if TYPE_CHECKING:
     from coreai.authoring import AIProgram
 
-    from coreai_opt._coreai._sandbox import AssetWorker
+    from coreai_opt._coreai import AssetWorker
 
 HASH_FILE = "main.hash"
 METADATA_FILE = "metadata.json"
@@ -76,7 +76,7 @@ def _check_files(path: Path) -> tuple[dict[str, Any], str, str]:
 @contextlib.contextmanager
 def worker_errors(path: Path) -> Iterator[None]:
     """What a worker reports about an asset, as the typed one-line error it deserves."""
-    from coreai_opt._coreai._sandbox import WorkerFailure
+    from coreai_opt._coreai import WorkerFailure
 
     try:
         yield
@@ -102,7 +102,7 @@ def verify_aimodel(path: Path | str, worker: AssetWorker | None = None) -> dict[
     after the worker read it. An unchanged asset that passed before, in this process or an earlier
     one, or that coreopt wrote, is not read again (`_checked`).
     """
-    from coreai_opt._coreai._sandbox import AssetWorker
+    from coreai_opt._coreai import AssetWorker
 
     path = Path(path)
     metadata, recorded, metadata_digest = _check_files(path)

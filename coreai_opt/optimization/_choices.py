@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coreai_opt._errors import ConfigError
-from coreai_opt.compression import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig
+from coreai_opt.compression import PalettizeConfig, QuantizeConfig, SparsifyConfig, WeightConfig
 
 __all__ = ["DEFAULT_CHOICES", "KEEP", "Choice", "builtin_choices", "parse_choices"]
 
@@ -39,7 +39,7 @@ class Choice:
     config's method when calibration data is given (None: the config's own)."""
 
     name: str
-    config: Config | None
+    config: WeightConfig | None
     learned_method: str | None = None
 
     def __post_init__(self) -> None:
@@ -63,7 +63,7 @@ class Choice:
             return f"{self.name}: coreai-torch's ops carry no {bits}-bit LUT indices"
         return None
 
-    def config_for(self, learns: bool, threshold: int) -> Config | None:
+    def config_for(self, learns: bool, threshold: int) -> WeightConfig | None:
         """The config this choice compresses with (the learned method with data)."""
         if self.config is None:
             return None

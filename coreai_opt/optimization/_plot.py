@@ -11,7 +11,7 @@ def plot_optimization(report: OptimizeReport, path: Path) -> None:
     """Least estimated damage against bits per weight (the curve the solver sees), each round's
     and each uniform setting's measured damage (KL per token, or 1 - worst cosine) beside its
     estimate; log scale, written atomically."""
-    from coreai_opt.comparison._plot import pyplot, save_figure
+    from coreai_opt._plot import pyplot, save_figure
 
     plt = pyplot()
     figure, axes = plt.subplots(figsize=(7, 4.5), dpi=120)

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from coreai_opt._aten import PASS_THROUGH, WEIGHT_OPS, module_path
-from coreai_opt.compression import Override, QuantizeConfig, SkipKind, Skipped, WeightSite
-from coreai_opt.compression._quantize import scale_shape
-from coreai_opt.compression._sites import select_sites
+from coreai_opt.compression import Override, QuantizeConfig, SkipKind, Skipped, WeightSite, select_sites
+from coreai_opt.compression.grids import scale_shape
 from coreai_opt.weights import Consumer
 
 from ._config import ActivationConfig, OpConfig, OpType, QuantizerConfig

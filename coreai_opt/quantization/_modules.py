@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from coreai_opt.compression import QuantizeConfig, WeightSite
-from coreai_opt.compression._quantize import dequantized
+from coreai_opt.compression.grids import dequantized
 
 from ._config import ActivationConfig, Observer
 from ._observers import QParams, RangeObserver, fake_quantize_values, qparams_for, qparams_in

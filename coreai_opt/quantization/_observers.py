@@ -18,7 +18,7 @@ import torch
 import tcast
 from coreai_opt._elements import element
 from coreai_opt.compression import DType, QScheme
-from coreai_opt.compression._quantize import cast_codes
+from coreai_opt.compression.grids import cast_codes
 
 from ._config import ActivationConfig, Observer
 

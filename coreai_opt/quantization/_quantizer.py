@@ -333,8 +333,7 @@ def _take_trained_weights(prepared: GraphModule, ep: ExportedProgram) -> None:
 def _quantize_activation(ep: ExportedProgram, k: int, module: ActivationQuantizer) -> None:
     """coreai-torch's per-tensor `quantize` then `dequantize` of one activation, read by every op
     that read it quantized (scale and zero point as buffers `coreopt_act_<k>.*`)."""
-    from coreai_opt._export import register_coreai_ops
-    from coreai_opt._export._edit import ProgramEdit
+    from coreai_opt._export import ProgramEdit, register_coreai_ops
 
     ops = register_coreai_ops()
     p = module.qparams

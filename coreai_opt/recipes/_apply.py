@@ -269,8 +269,14 @@ def _activation_options(config: Any) -> dict[str, Any]:
 
 
 def _cast(step: Cast, program: Any, run: _Run, index: int) -> StepOutcome:
-    from coreai_opt.casting import CastTarget, cast_program, check_inputs, compare_programs, resolve_op
-    from coreai_opt.casting._graph import op_matcher
+    from coreai_opt.casting import (
+        CastTarget,
+        cast_program,
+        check_inputs,
+        compare_programs,
+        op_matcher,
+        resolve_op,
+    )
 
     ops = tuple(resolve_op(name) for name in step.ignored_ops)
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
@@ -312,7 +318,7 @@ def _cast(step: Cast, program: Any, run: _Run, index: int) -> StepOutcome:
 
 def _convert(step: Convert, program: Any, run: _Run, index: int) -> StepOutcome:
     from coreai_opt._memory import trim_heap
-    from coreai_opt.conversion._convert import ConverterFailure, convert_with_log
+    from coreai_opt.conversion import ConverterFailure, convert_with_log
 
     start = time.perf_counter()
     try:

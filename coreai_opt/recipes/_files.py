@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from coreai_opt.compression import Config, PalettizeConfig, QuantizeConfig, SparsifyConfig
+from coreai_opt.compression import PalettizeConfig, QuantizeConfig, SparsifyConfig, WeightConfig
 
 from ._apply import one_step
 from ._results import ActivationsFileResult, CastFileResult, CompressionFileResult, ConversionResult
@@ -16,7 +16,7 @@ from ._steps import Cast, Compress, Convert, QuantizeActivations
 def compress_file(
     source: Path | str,
     output: Path | str | None,
-    config: Config,
+    config: WeightConfig,
     *,
     calibration: str | Path | None = None,
     calibration_samples: int | None = None,

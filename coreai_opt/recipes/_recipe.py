@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from coreai_opt._errors import ConfigError
-from coreai_opt.compression import Config
+from coreai_opt.compression import WeightConfig
 from coreai_opt.io import ModelFileError, one_line, write_atomically
 
 from ._steps import STEP_TYPES, Step, config_of
@@ -95,7 +95,7 @@ class Recipe:
         return path
 
 
-def config_from_text(text: str) -> Config:
+def config_from_text(text: str) -> WeightConfig:
     """A compression config from a file (JSON or YAML: the config itself, or a recipe step holding
     one - read within a recipe file's bounds, every value type-checked, an error naming the file)
     or from `KIND:key=value,...` (values read as YAML scalars, type-checked too), e.g.

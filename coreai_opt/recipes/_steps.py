@@ -14,19 +14,18 @@ read from plain data checks its nested configs' values the same way before they 
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from coreai_opt._errors import ConfigError
-from coreai_opt.compression import Config, QuantizeConfig
+from coreai_opt.compression import QuantizeConfig, WeightConfig
 
 from ._values import check_fields, check_record, least, shown
 
 
 @dataclass(frozen=True, kw_only=True)
 class Compress:
-    config: Config
+    config: WeightConfig
     calibration: str | None = None  # samples: a safetensors file or folder, a text file, or "random"
     calibration_samples: int | None = field(default=None, metadata=least(1))
     calibration_tokens: int | None = field(default=None, metadata=least(1))
@@ -60,7 +59,7 @@ class Compress:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Compress:
         values = _only(data, cls, ("config",), built=("config",))
-        return cls(config=_config(data.get("config"), "config", typing.get_args(Config)), **values)
+        return cls(config=config_of(data.get("config"), "config"), **values)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,7 +210,7 @@ def _mapping(data: Any, name: str) -> dict[str, Any]:
     return data
 
 
-def _config(data: Any, name: str, kinds: tuple[type, ...]) -> Config:
+def _config(data: Any, name: str, kinds: tuple[type, ...]) -> WeightConfig:
     """A config from plain data (`to_dict`'s form: its kind, version and options), every value
     type-checked before the config reads it."""
     by_kind = {kind.KIND: kind for kind in kinds}
@@ -224,9 +223,11 @@ def _config(data: Any, name: str, kinds: tuple[type, ...]) -> Config:
     return by_kind[kind].from_dict(data)  # type: ignore[no-any-return]
 
 
-def config_of(data: Any, name: str) -> Config:
-    """A compression config of any kind from plain data, every value type-checked."""
-    return _config(data, name, typing.get_args(Config))
+def config_of(data: Any, name: str) -> WeightConfig:
+    """A compression config of any registered kind from plain data, every value type-checked."""
+    from coreai_opt.compression import config_types
+
+    return _config(data, name, tuple(config_types().values()))
 
 
 def _weights(data: Any) -> QuantizeConfig:

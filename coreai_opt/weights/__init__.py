@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from . import _describe as describe
 from ._container import CONTAINERS, Container, Written, container_of, register_container
-from ._decode import decode, row_slice, torch_values
+from ._decode import (
+    decode,
+    is_packed_fp4,
+    lut_to_dense,
+    row_slice,
+    shift_scale,
+    sparse_to_dense,
+    torch_values,
+)
 from ._describe import Described
 from ._forms import Encoding, Form, Learned, Palettized, Quantized, ShiftScale, Sparse, Stored
 from ._sites import Candidate, Consumer, SkipKind, Skipped, Use, WeightSite, stored_nbytes
@@ -40,8 +48,12 @@ __all__ = [
     "container_of",
     "decode",
     "describe",
+    "is_packed_fp4",
+    "lut_to_dense",
     "register_container",
     "row_slice",
+    "shift_scale",
+    "sparse_to_dense",
     "stored_nbytes",
     "torch_values",
 ]

@@ -18,6 +18,8 @@ math (`_elements`), data movement and packing (`_memory`), the kernels (`_kernel
 side that launches them (`_launch`).
 """
 
+from ._given import cast_under
+from ._hadamard import rotate
 from ._launch import LaunchConfig, cast, upcast
 
-__all__ = ["LaunchConfig", "cast", "upcast"]
+__all__ = ["LaunchConfig", "cast", "cast_under", "rotate", "upcast"]

@@ -17,9 +17,9 @@ import torch
 
 from coreai_opt.weights import Encoding, Learned, Statistics, WeightSite, decode
 
-from ._config import PalettizeConfig
+from ..configs import PalettizeConfig
+from ._kmeans import weighted_palettize
 from ._layerwise import weighted_snr_db
-from ._palettize import weighted_palettize
 
 _FLOOR = 1e-3
 

@@ -28,10 +28,9 @@ from coreai_opt._elements import Element, element
 from coreai_opt._pieces import spans
 from coreai_opt.weights import Encoding, Palettized, ShiftScale, Stored, WeightSite
 
-from ._config import PalettizeConfig
-from ._kmeans import in_threads, kmeans_1d
-from ._options import CompressionGranularity, DType, QScheme
-from ._quantize import cast_codes, stored_codes, stored_float
+from ..configs import CompressionGranularity, DType, PalettizeConfig, QScheme
+from ..grids import cast_codes, stored_codes, stored_float
+from ._kmeans_1d import in_threads, kmeans_1d
 
 G = CompressionGranularity
 

@@ -32,10 +32,10 @@ from coreai_opt._elements import element
 from coreai_opt._pieces import spans
 from coreai_opt.weights import Encoding, Palettized, Quantized, Sparse, Stored, WeightSite
 
-from ._config import PalettizeConfig, QuantizeConfig, SparsifyConfig
-from ._options import CompressionGranularity, DType, QScheme
-from ._palettize import _scalar_clusters
-from ._quantize import quantize, stored_float
+from ..configs import CompressionGranularity, DType, PalettizeConfig, QScheme, QuantizeConfig, SparsifyConfig
+from ..grids import stored_float
+from ._kmeans import _scalar_clusters
+from ._rtn import quantize
 
 _UINT8_BLOCK = 32
 

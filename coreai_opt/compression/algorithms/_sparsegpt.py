@@ -21,10 +21,9 @@ import torch
 from coreai_opt._pieces import SOLVE_PIECE, spans
 from coreai_opt.weights import Encoding, Statistics, WeightSite
 
-from ._config import SparsifyConfig
+from ..configs import DType, SparsifyConfig
 from ._layerwise import MatrixView, dead_inputs, gram_of, inverse_cholesky, with_output_error
-from ._options import DType
-from ._sparsify import kept_units, sparse_encoding, sparsify, sparsity_mask
+from ._magnitude import kept_units, sparse_encoding, sparsify, sparsity_mask
 
 _BLOCK = 128
 _SOLVE_PIECE = SOLVE_PIECE

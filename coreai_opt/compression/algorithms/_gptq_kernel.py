@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 if TYPE_CHECKING:
-    from ._gptq import ColumnGrid
+    from ._columns import ColumnGrid
 
 _ROWS = 16  # rows a program holds: 16 x 128 float64 in registers, with the errors beside them
 _KINDS = {"int": 0, "float": 1, "lut": 2}

@@ -5,7 +5,7 @@ the calibration data, not the weight itself.
 
 The grid is the format's: for `quantize`, the codes under the scales (and zero points) round to
 nearest would choose - symmetric integers' scales shrunk tile by tile where that lowers the
-importance-weighted error (`_clipping`) - fixed from the weight before any column moves (so a
+importance-weighted error (`grids.weighted_grid`) - fixed from the weight before any column moves (so a
 block keeps its scale whatever order columns go in; tcast rounds each column onto them, the same
 cast as the final one); for `palettize`, the look-up tables of importance-weighted k-means (diag H), each
 element snapped to the nearest entry of its channel's table. Columns go in order of decreasing
@@ -13,14 +13,13 @@ H_ii (act order), updated lazily in blocks of `_BLOCK`, in float64 on the weight
 CUDA device a block's columns in one Triton kernel, `_gptq_kernel`), a piece of rows at a time;
 H is damped by 1% of its mean diagonal and inputs that never fire are zeroed. A weight the data gives
 no Gram matrix for (an embedding lookup, a grouped convolution) takes the data-free encoding -
-for symmetric integers with the scales that least change the weight itself (`_clipping`).
+for symmetric integers with the scales that least change the weight itself (`grids.weighted_grid`).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
@@ -36,68 +35,17 @@ from coreai_opt.weights import (
     decode,
 )
 
-from ._clipping import weighted_grid
-from ._config import PalettizeConfig, QuantizeConfig
+from ..configs import PalettizeConfig, QScheme, QuantizeConfig
+from ..grids import Grid, column_datatype, element_grid, grid_of, quantize_onto, spread_tiles, weighted_grid
+from ._columns import ColumnGrid, Rounding, nearest_entries
+from ._kmeans import palettize, weighted_palettize
 from ._layerwise import MatrixView, dead_inputs, gram_of, inverse_cholesky, with_output_error
-from ._options import QScheme
-from ._palettize import palettize, weighted_palettize
-from ._quantize import Grid, column_datatype, element_grid, grid_of, quantize_onto, spread_tiles
 from ._sensitive import input_importance
 
 _BLOCK = 128
 # float64 elements of a weight's rows solved at once: an MLP weight of a 1B model in one piece
 # (each piece is a pass of its own: more launches), an output head in a few
 _SOLVE_PIECE = SOLVE_PIECE
-
-Rounding = Callable[[torch.Tensor, int], torch.Tensor]  # (column [rows] float32, its index) -> grid values
-
-
-@dataclass(frozen=True, eq=False)
-class ColumnGrid:
-    """What a column rounds onto, described so that GPTQ's fused block kernel (`_gptq_kernel`)
-    rounds as calling it does, and so that it can be cut by rows. kind "int": clamp(round(v /
-    scale), low, high) x scale (ties to even; bounds constants or [rows, columns]); "float": v /
-    scale rounded to nearest, ties to even, on the float element grid `element` = (mantissa bits,
-    lowest normal exponent, largest value), saturated, times scale, rounded to float32 - tcast's
-    cast under those scales, tested equal, without its per-call cost a column (MXFP4 GPTQ of a
-    1.1B model on the CPU took hours through it); "lut": the nearest entry of each row's `table`
-    [rows, entries] (the first of equals).
-    `scale` [rows, columns] holds the scales' values in the weight's column order, as `j` counts
-    (float32, exact: read as float64)."""
-
-    kind: str
-    scale: torch.Tensor | None = None
-    low: torch.Tensor | float = 0.0
-    high: torch.Tensor | float = 0.0
-    table: torch.Tensor | None = None
-    element: tuple[int, int, float] = (0, 0, 0.0)
-
-    def _each(self, change: Callable[[torch.Tensor], torch.Tensor]) -> ColumnGrid:
-        def apply(t: torch.Tensor | float | None) -> torch.Tensor | float | None:
-            return change(t) if isinstance(t, torch.Tensor) else t
-
-        return replace(self, scale=apply(self.scale), low=apply(self.low), high=apply(self.high),
-                       table=apply(self.table))  # fmt: skip
-
-    def contiguous(self) -> ColumnGrid:
-        """The same grid with every tensor contiguous (the kernel reads rows of them)."""
-        return self._each(lambda t: t.contiguous())
-
-    def rows(self, start: int, stop: int) -> ColumnGrid:
-        """The grid of rows start .. stop."""
-        return self._each(lambda t: t[start:stop])
-
-    def __call__(self, column: torch.Tensor, j: int) -> torch.Tensor:
-        if self.kind == "lut":
-            assert self.table is not None
-            return torch.gather(self.table, 1, _nearest(column[:, None], self.table))[:, 0]
-        assert self.scale is not None
-        s = self.scale[:, j].double()
-        if self.kind == "float":
-            return (_onto_float_grid(column.double() / s, *self.element) * s).float()
-        low = self.low[:, j] if isinstance(self.low, torch.Tensor) else self.low
-        high = self.high[:, j] if isinstance(self.high, torch.Tensor) else self.high
-        return torch.clamp(torch.round(column.double() / s), low, high) * s  # type: ignore[arg-type]
 
 
 def solve(
@@ -214,7 +162,7 @@ def integer_rounding(
     tie it is not), value = (code - zero point) x scale. Symmetric codes stay within
     +-(2**(bits-1) - 1) of the zero point, asymmetric ones span the storage type. Thousands of
     columns make tcast's per-call cost count; the final codes are still tcast's (tested equal)."""
-    from coreai_opt.weights._decode import torch_values
+    from coreai_opt.weights import torch_values
 
     form = encoding.form
     assert isinstance(form, Quantized) and form.decode is not None
@@ -269,19 +217,6 @@ def _float_rounding(
     return ColumnGrid("float", values, element=element)
 
 
-def _onto_float_grid(t: torch.Tensor, mbits: int, emin: int, largest: float) -> torch.Tensor:
-    """t (float64) rounded to nearest, ties to even, on a float element grid of `mbits` mantissa
-    bits and lowest normal exponent `emin` (subnormals below it), saturated at +-`largest`: the
-    step of t's binade is a power of two read off its exponent field, so t / step is exact and one
-    round decides (`_gptq_kernel._onto_float_grid` is the same arithmetic)."""
-    magnitude = t.abs()
-    field = (magnitude.view(torch.int64) >> 52) & 0x7FF
-    exponent = torch.clamp_min(field - 1023, emin)
-    step = ((exponent - mbits + 1023) << 52).view(torch.float64)
-    rounded = torch.clamp_max(torch.round(magnitude / step) * step, largest)
-    return torch.copysign(rounded, t)  # -0 stays -0, as tcast gives it
-
-
 def _lut_rows(encoding: Encoding, site: WeightSite) -> torch.Tensor:
     """Each output channel's look-up table as the device decodes it: [channels, entries]."""
     form = encoding.form
@@ -299,17 +234,6 @@ def _lut_rows(encoding: Encoding, site: WeightSite) -> torch.Tensor:
     return (
         dense.movedim(axis, 0).movedim(other if other > axis else other + 1, -1).reshape(shape[axis], entries)
     )
-
-
-def _nearest(values: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-    """The index of the entry of each row's table nearest each value [rows, n] (ties: the lower
-    index), a piece of rows at a time."""
-    rows, n = values.shape
-    step = max(1, (1 << 22) // max(1, n * tables.shape[1]))
-    return torch.cat([
-        (values[a : a + step].double()[..., None] - tables[a : a + step].double()[:, None, :]).abs().argmin(-1)
-        for a in range(0, rows, step)
-    ])  # fmt: skip
 
 
 def palettize_gptq(
@@ -331,7 +255,7 @@ def palettize_gptq(
 
     matrix = view.matrix(w.to(device))  # in the weight's dtype: widened a piece of rows at a time
     held = solve(matrix, gram, ColumnGrid("lut", table=tables.double().contiguous()))  # [channels, columns]
-    index = _nearest(held, tables).to(torch.uint8)
+    index = nearest_entries(held, tables).to(torch.uint8)
     del held
     form = tables_of.form
     assert isinstance(form, Palettized)

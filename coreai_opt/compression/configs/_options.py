@@ -1,4 +1,4 @@
-"""The options of the compression passes, as seed 002 names them."""
+"""The options of the compression passes, as seed 002 names them, and the values each takes."""
 
 from __future__ import annotations
 
@@ -62,3 +62,14 @@ class CompressionGranularity(enum.Enum):
     PER_CHANNEL = "channel"
     PER_BLOCK = "block"
     PER_GROUPED_CHANNEL = "grouped"
+
+
+G = CompressionGranularity
+
+# What each option takes (the CLI offers exactly these).
+WEIGHT_DTYPES = tuple(d for d in DType if d is not DType.FP8_E8M0FNU)
+N_BITS = (1, 2, 3, 4, 6, 8)
+LUT_DTYPES = (DType.INT8, DType.UINT8, DType.FP8_E4M3FN, DType.FP8_E5M2)
+JOINT_DTYPES = (DType.INT8, DType.UINT8, DType.FP8_E4M3FN, DType.FP8_E5M2)
+QUANTIZE_GRANULARITIES = (G.PER_TENSOR, G.PER_CHANNEL, G.PER_BLOCK)
+PALETTIZE_GRANULARITIES = (G.PER_TENSOR, G.PER_CHANNEL, G.PER_GROUPED_CHANNEL)

@@ -24,10 +24,17 @@ from dataclasses import dataclass, replace
 import torch
 
 import tcast
-from coreai_opt.weights import Calibration, Encoding, Palettized, WeightSite
-from coreai_opt.weights._decode import lut_to_dense, shift_scale, torch_values
+from coreai_opt.weights import (
+    Calibration,
+    Encoding,
+    Palettized,
+    WeightSite,
+    lut_to_dense,
+    shift_scale,
+    torch_values,
+)
 
-from ._quantize import stored_float
+from ..grids import stored_float
 
 _STEP = 5e-3  # Adam's first step size, in units of each table's root mean square entry
 _ACCUMULATE = 4  # calibration samples per step
