@@ -1,13 +1,15 @@
-"""Digests of every compressed sample model and its report: a refactor must not change one byte.
+"""Digests of every compressed, cast and converted sample model and of every report (inspect's
+too): a refactor must not change one byte.
 
     python scripts/compression_digests.py write [--out tests/golden/compression_digests.json]
     python scripts/compression_digests.py check [--golden tests/golden/compression_digests.json]
 
 Compresses each sample model (`.pt2` and `.aimodel`) with each config of tests/test_compress_pt2.py
-through `compress_file`, and records the SHA-256 of the output's bytes and of its `--json` report
-(timings and paths removed; once more without the SNR figures, for a change that measures them
-differently). `check` recomputes them and lists every difference (exit 1 if any).
-Runs in about ten minutes on 2 cores: a tool for refactors, not part of the suite.
+through `compress_file`, casts each `.pt2` to 16 bits and converts it, inspects every sample, and
+records the SHA-256 of each output's bytes and of its `--json` report (timings and paths removed;
+once more without the SNR figures, for a change that measures them differently). `check`
+recomputes them and lists every difference (exit 1 if any). About 90 s on 2 cores;
+tests/test_golden_outputs.py checks a slice of it in the suite.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 GOLDEN = ROOT / "tests" / "golden" / "compression_digests.json"
 SAMPLES = ("mlp", "cnn", "transformer", "wide_range", "int_arith")
+_HERE = [""]  # the scratch folder of the run: its name is left out of the reports' digests
 
 
 def _configs() -> dict[str, object]:
@@ -84,32 +87,67 @@ def _report_sha(document: dict, leave: tuple[str, ...] = ()) -> str:
             return [clean(v) for v in value]
         return value
 
-    return hashlib.sha256(json.dumps(clean(document), sort_keys=True).encode()).hexdigest()
+    text = json.dumps(clean(document), sort_keys=True)
+    for place, name in ((_HERE[0], "<tmp>"), (str(ROOT), "<root>")):
+        text = text.replace(place, name) if place else text
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def digests() -> dict[str, dict[str, str]]:
+def _compressed(folder: str, sample: str, suffix: str, name: str, config: object) -> dict[str, str]:
     from coreai_opt._errors import NothingDoneError
     from coreai_opt.recipes import compress_file
 
+    output = Path(folder) / f"{sample}.{name}{suffix}"
+    try:
+        result = compress_file(ROOT / "sample_models" / f"{sample}{suffix}", output, config, force=True)
+    except NothingDoneError as exc:
+        return {"nothing_done": str(exc).replace(folder, "<tmp>").replace(str(ROOT), "<root>")}
+    return _written(output, result.to_dict())
+
+
+def _written(output: Path, document: dict) -> dict[str, str]:
+    return {"file": _tree_sha(output), "report": _report_sha(document),
+            "report_without_snr": _report_sha(document, ("snr_db",))}  # fmt: skip
+
+
+def _other_commands(folder: str, sample: str) -> dict[str, dict[str, str]]:
+    """The sample cast to 16 bits and converted (its .pt2), and both formats inspected."""
+    from coreai_opt.inspection import inspect_model
+    from coreai_opt.recipes import cast_file, convert_file
+
+    source = ROOT / "sample_models" / f"{sample}.pt2"
+    cast = Path(folder) / f"{sample}.16bit.pt2"
+    converted = Path(folder) / f"{sample}.aimodel"
+    found = {
+        f"{sample}.pt2:cast-16bit": _written(cast, cast_file(source, "16bit", cast, force=True).to_dict()),
+        # coreai-core keys a converted program's resources at random in each process (the same
+        # bytes within one): the report only, until conversion names them by place
+        f"{sample}.pt2:convert": {
+            "report": _report_sha(convert_file(source, converted, force=True).to_dict())
+        },
+    }
+    for suffix in (".pt2", ".aimodel"):
+        report = inspect_model(ROOT / "sample_models" / f"{sample}{suffix}").to_dict()
+        found[f"{sample}{suffix}:inspect"] = {"report": _report_sha(report)}
+    return found
+
+
+def digests(
+    samples: tuple[str, ...] = SAMPLES, configs: tuple[str, ...] | None = None
+) -> dict[str, dict[str, str]]:
+    """Every entry of the given samples (the given configs only, and no other command, if named)."""
     found = {}
     with tempfile.TemporaryDirectory() as folder:
-        for sample in SAMPLES:
+        _HERE[0] = folder
+        for sample in samples:
             for suffix in (".pt2", ".aimodel"):
                 for name, config in _configs().items():
-                    key = f"{sample}{suffix}:{name}"
-                    output = Path(folder) / f"{sample}.{name}{suffix}"
-                    try:
-                        result = compress_file(ROOT / "sample_models" / f"{sample}{suffix}", output, config,
-                                               force=True)  # fmt: skip
-                    except NothingDoneError as exc:
-                        found[key] = {
-                            "nothing_done": str(exc).replace(folder, "<tmp>").replace(str(ROOT), "<root>")
-                        }
-                        continue
-                    document = result.to_dict()
-                    found[key] = {"file": _tree_sha(output), "report": _report_sha(document),
-                                  "report_without_snr": _report_sha(document, ("snr_db",))}  # fmt: skip
-                    print(key, found[key]["file"][:12], found[key]["report"][:12], flush=True)
+                    if configs is None or name in configs:
+                        found[f"{sample}{suffix}:{name}"] = _compressed(folder, sample, suffix, name, config)
+            if configs is None:
+                found.update(_other_commands(folder, sample))
+    for key, value in found.items():
+        print(key, *(v[:12] for v in value.values()), flush=True)
     return found
 
 
