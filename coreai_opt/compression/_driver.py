@@ -42,14 +42,13 @@ def compress_container(
 ) -> CompressionReport:
     """Compress every eligible weight of `container` in place with `config`; report each one.
 
-    Each weight's config selects its algorithm (`_algorithms`). Data-free ones run on `executor`
+    Each weight's config selects its algorithm (`registry`). Data-free ones run on `executor`
     (`local`, `ray` or an `Executor`; None: local), weights read and written here in site order,
     so every executor writes the same program. Those that learn from data take their statistics
     from `calibration` afterwards: one pass for all of them, or - layer by layer - in graph order
     with every weight written so far swapped in. `progress(done, total, name)` is called after
     each weight (for progress bars).
     """
-    run = executor_of(executor)
     candidates = container.candidates()
     sites, skipped = select_sites(candidates, config.weight_num_threshold, config.for_weight)
     unmatched = [o.pattern for o in config.unmatched_overrides([c.name for c in candidates])]
@@ -61,47 +60,67 @@ def compress_container(
     if learned and calibration is None:
         names = sorted({a.name for _, _, a in learned})
         raise ConfigError(f"{', '.join(names)} learn(s) from data: give calibration samples", "calibration")
-    free = [(site, cfg) for site, cfg, a in plan if a.data_free]
-    done = 0
-    trims = EveryBytes(trim_heap)
-
-    # the weights as given are compared with only where tables are tuned end to end: otherwise the
-    # calibration lets each go once replaced, so the pass holds one copy of the model, not two
-    keep = any(getattr(cfg, "tune_epochs", 0) for _, cfg, _ in learned)
-
-    def finish(site: WeightSite, outcome: Encoding | Skipped, learns: bool = False) -> None:
-        nonlocal done
-        _record(container, report, site, outcome, calibration if learned else None, learns, keep)
-        trims.passed(math.prod(site.shape) * 4)  # its temporaries went back to the heap: trimmed now and then
-        done += 1
-        if progress is not None:
-            progress(done, len(sites), site.name)
-
-    jobs = ((container.read(site), replace(site, handle=None), cfg) for site, cfg in free)
-    outcomes = run.map(encode_weight, jobs)
-    try:
-        for (site, _), outcome in zip(free, outcomes, strict=True):
-            finish(site, outcome)
-    finally:  # a failure here stops an executor's workers now, not when the generator is collected
-        getattr(outcomes, "close", lambda: None)()
+    run = _Run(container, report, len(sites), progress, calibration if learned else None, learned)
+    run.data_free([(site, cfg) for site, cfg, a in plan if a.data_free], executor_of(executor))
     if learned:
+        run.learned()
+    container.finish()
+    return report
+
+
+class _Run:
+    """One pass over a container's weights: what is written, reported and counted as each
+    weight's encoding comes back, data-free ones first, then those that learn from data."""
+
+    def __init__(
+        self, container: Container, report: CompressionReport, total: int, progress: Progress | None,
+        calibration: Calibration | None, learned: list[tuple[WeightSite, WeightConfig, Algorithm]],
+    ) -> None:  # fmt: skip
+        self.container, self.report, self.total, self.progress = container, report, total, progress
+        self.calibration, self.learned_sites = calibration, learned
+        self.done = 0
+        self.trims = EveryBytes(trim_heap)
+        # the weights as given are compared with only where tables are tuned end to end: otherwise
+        # the calibration lets each go once replaced, so the pass holds one copy of the model, not two
+        self.keep = any(getattr(cfg, "tune_epochs", 0) for _, cfg, _ in learned)
+
+    def finish(self, site: WeightSite, outcome: Encoding | Skipped, learns: bool = False) -> None:
+        _record(self.container, self.report, site, outcome, self.calibration, learns, self.keep)
+        self.trims.passed(math.prod(site.shape) * 4)  # its temporaries back on the heap: trimmed at times
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, site.name)
+
+    def data_free(self, free: list[tuple[WeightSite, WeightConfig]], run: Executor) -> None:
+        jobs = ((self.container.read(site), replace(site, handle=None), cfg) for site, cfg in free)
+        outcomes = run.map(encode_weight, jobs)
+        try:
+            for (site, _), outcome in zip(free, outcomes, strict=True):
+                self.finish(site, outcome)
+        finally:  # a failure here stops an executor's workers now, not when the generator is collected
+            getattr(outcomes, "close", lambda: None)()
+
+    def learned(self) -> None:
+        calibration = self.calibration
         assert calibration is not None
         held: list[tuple[WeightSite, Encoding]] = []  # tables to tune end to end once all are chosen
-        for site, cfg, statistics in _statistics_in_order(learned, calibration, final=not keep):
-            outcome = encode_weight(container.read(site), site, cfg, statistics)
-            if _tunes(cfg, outcome) and container.refusal(site, outcome) is None:
+        for site, cfg, statistics in _statistics_in_order(
+            self.learned_sites, calibration, final=not self.keep
+        ):
+            outcome = encode_weight(self.container.read(site), site, cfg, statistics)
+            if _tunes(cfg, outcome) and self.container.refusal(site, outcome) is None:
                 assert isinstance(outcome, Encoding)
                 held.append((site, outcome))
                 calibration.replace(site.name, decode(outcome), keep_original=True)
                 continue
-            finish(site, outcome, learns=True)
+            self.finish(site, outcome, learns=True)
         if held:
-            epochs = max(getattr(cfg, "tune_epochs", 0) for _, cfg, _ in learned)
-            tuned, report.tuning = _tuned(held, calibration, epochs, progress, done, len(sites))
+            epochs = max(getattr(cfg, "tune_epochs", 0) for _, cfg, _ in self.learned_sites)
+            tuned, self.report.tuning = _tuned(
+                held, calibration, epochs, self.progress, self.done, self.total
+            )
             for (site, _), outcome in zip(held, tuned, strict=True):
-                finish(site, measured(container.read(site), outcome), learns=True)
-    container.finish()
-    return report
+                self.finish(site, measured(self.container.read(site), outcome), learns=True)
 
 
 def _tunes(config: WeightConfig, outcome: Encoding | Skipped) -> bool:

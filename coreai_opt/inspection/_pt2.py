@@ -38,9 +38,30 @@ def op_name(target: object) -> str:
 
 
 def inspect_exported_program(program: ExportedProgram, path: Path | str = "") -> ModelReport:
+    inputs, outputs = _signature(program)
+    ops = Counter(op_name(node.target) for node in program.graph.nodes if node.op == "call_function")
+    weights, parameters = _weights(program)
+    compressed = any(w.kind == "compressed" for w in weights)
+    notes = tuple(
+        f"output container {flat.describe()} is not one coreopt knows: read as a tuple of its "
+        "tensors in declared order"
+        for flat in flattened_outputs(program)
+    ) + (
+        ("sub-byte codes are held one per byte in a .pt2; bytes are as converted (packed)",)
+        if compressed
+        else ()
+    )
+    return ModelReport(
+        path=str(path), format="pt2", inputs=inputs, outputs=outputs, ops=dict(ops.most_common()),
+        weights=tuple(weights), parameters=parameters, notes=notes,
+    )  # fmt: skip
+
+
+def _signature(program: ExportedProgram) -> tuple[tuple[TensorInfo, ...], tuple[TensorInfo, ...]]:
+    """The user inputs and the user outputs, in declared order."""
     signature = program.graph_signature
     nodes = {node.name: node for node in program.graph.nodes}
-    user_inputs = tuple(
+    inputs = tuple(
         _tensor_info(spec.arg.name, nodes[spec.arg.name].meta.get("val"))
         for spec in signature.input_specs
         if spec.kind.name == "USER_INPUT"
@@ -55,13 +76,17 @@ def inspect_exported_program(program: ExportedProgram, path: Path | str = "") ->
         for spec in signature.output_specs
         if spec.kind.name == "USER_OUTPUT" and spec.arg.name in by_name
     )
-    ops = Counter(op_name(node.target) for node in program.graph.nodes if node.op == "call_function")
+    return inputs, outputs
 
+
+def _weights(program: ExportedProgram) -> tuple[list[WeightInfo], int]:
+    """Every stored tensor as stored (a compressed weight once, under its name, its parts not
+    listed) and the parameters' element count."""
     walker = StateWalker(program)
+    nodes = {node.name: node for node in program.graph.nodes}
     weights: list[WeightInfo] = []
     parameters = 0
-    compressed = False
-    for spec in signature.input_specs:
+    for spec in program.graph_signature.input_specs:
         kind = _KINDS.get(spec.kind.name)
         node = nodes.get(spec.arg.name)
         if kind is None or spec.target is None or node is None or walker.tensor(node) is None:
@@ -71,38 +96,18 @@ def inspect_exported_program(program: ExportedProgram, path: Path | str = "") ->
         stored = walker.stored(node)
         assert stored is not None
         weights.append(WeightInfo(spec.target, stored.shape, stored.encoding, stored.nbytes, kind))
-        if kind == "parameter":
-            parameters += math.prod(stored.shape)
+        parameters += math.prod(stored.shape) if kind == "parameter" else 0
     for node in program.graph.nodes:
         if not is_decompression(node) or all(is_decompression(user) for user in node.users):
             continue
         stored = walker.stored(node)
         if stored is None:
             continue
-        compressed = True
         weights.append(
             WeightInfo(walker.weight_name(node), stored.shape, stored.encoding, stored.nbytes, "compressed")
         )
         parameters += math.prod(stored.shape)
-    notes = tuple(
-        f"output container {flat.describe()} is not one coreopt knows: read as a tuple of its "
-        "tensors in declared order"
-        for flat in flattened_outputs(program)
-    ) + (
-        ("sub-byte codes are held one per byte in a .pt2; bytes are as converted (packed)",)
-        if compressed
-        else ()
-    )
-    return ModelReport(
-        path=str(path),
-        format="pt2",
-        inputs=user_inputs,
-        outputs=outputs,
-        ops=dict(ops.most_common()),
-        weights=tuple(weights),
-        parameters=parameters,
-        notes=notes,
-    )
+    return weights, parameters
 
 
 _KINDS = {"PARAMETER": "parameter", "BUFFER": "buffer", "CONSTANT_TENSOR": "constant"}

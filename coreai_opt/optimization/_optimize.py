@@ -278,56 +278,104 @@ def optimize(
     confirms the plan. `trial_tokens`: the calibration tokens a language model's measured choices
     are tried on (0: estimates only). `dry_run` stops at the plan: nothing written, nothing
     evaluated."""
-    from coreai_opt._export import ready_to_run
-    from coreai_opt.calibration import Samples
-    from coreai_opt.io import load_pt2, running
+    start = time.perf_counter()
+    path, sidecars = _source(program)
+    note = say or (lambda _: None)
+    picked, left_out = _usable(choices)
+    _check_goal(budget, evaluation, dry_run)
+    out = None if dry_run else _output(path, output, to_aimodel, force)
+    loaded = _checked(path)  # checked, and its first run done, before anything is said or computed
+    for line in left_out:
+        note(line)
+    samples = _samples(calibration, calibration_tokens, calibration_samples, sidecars.tokenizer_file(path))
+    note(f"estimating {len(picked) - 1} choices on every weight from {samples.describe()}")
+    table = _costs(path, loaded, picked, samples, threshold, trial_tokens, device, progress)
+    loaded = None  # the rounds load the file afresh: let this copy go
+    steps = _Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
+                   calibration_tokens, calibration_samples, device, threshold)  # fmt: skip
+    knapsack, plan, report = _search(path, out, budget, picked, table)
+    if out is None:
+        _settle(report, table, plan)
+        recipe = _recipe(steps, plan)
+    else:
+        assert evaluation is not None
+        judge = _Judge(path, Path(evaluation) if str(evaluation) != "random" else None, eval_tokens, eval_samples,
+                       progress)  # fmt: skip
+        recipe = _confirm(report, table, plan, knapsack, steps, judge, out, sidecars, to_aimodel, rounds, uniform,
+                          note)  # fmt: skip
+        report.reference = judge.reference
+    report.seconds = time.perf_counter() - start
+    return Optimized(out, recipe, report)
+
+
+def _source(program: Path | str) -> tuple[Path, Any]:
+    """The program's path, once it names an existing `.pt2`, and its sidecars - parsed now, so a
+    bad one fails before the search (they are written beside the output)."""
     from coreai_opt.models import read_sidecars
 
-    start = time.perf_counter()
     path = Path(program)
     require_existing(path)
     model_format(path, (ModelFormat.PT2,))
-    sidecars = read_sidecars(path)  # parsed now: a bad one fails before the search; these are written
-    note = say or (lambda _: None)
-    picked, left_out = _usable(choices)
+    return path, read_sidecars(path)
+
+
+def _samples(calibration: Path | str, tokens: int | None, count: int | None, tokenizer: Any) -> Any:
+    from coreai_opt.calibration import Samples
+
+    return Samples.of(calibration, tokens=tokens, count=count, tokenizer=tokenizer)
+
+
+def _search(
+    path: Path, out: Path | None, budget: Goal, picked: tuple[Choice, ...], table: Any
+) -> tuple[Any, Any, OptimizeReport]:
+    """The front of least damage for every size, the first plan within the budget, the report."""
+    began = time.perf_counter()
+    knapsack = front(table)
+    plan = _first_plan(table, budget, knapsack)
+    return knapsack, plan, _report(path, out, budget, picked, table, knapsack, time.perf_counter() - began)
+
+
+def _checked(path: Path) -> Any:
+    """The program, checked and run once in a child (`ready_to_run`)."""
+    from coreai_opt._export import ready_to_run
+    from coreai_opt.io import load_pt2
+
+    program = load_pt2(path)
+    ready_to_run(program)
+    return program
+
+
+def _costs(
+    path: Path, program: Any, picked: tuple[Choice, ...], samples: Any, threshold: int, trial_tokens: int,
+    device: str | None, progress: Progress | None,
+) -> Any:  # fmt: skip
+    """Each candidate's bytes and damage for every weight (a failing run named by the file)."""
+    from coreai_opt.io import running
+
+    with running(path):
+        return cost_table(path, lambda: program, picked, samples, threshold=threshold,
+                          trial_tokens=trial_tokens, device=device, progress=progress)  # fmt: skip
+
+
+def _check_goal(budget: Goal, evaluation: Path | str | None, dry_run: bool) -> None:
+    """A plan is confirmed on evaluation data unless it is a dry run; a bound on accuracy is met
+    only by measuring."""
     if not dry_run and evaluation is None:
         raise ConfigError("give evaluation data (--eval) to confirm the plan, or a dry run", "evaluation")
     if budget.on_accuracy and dry_run:
         raise ConfigError("an accuracy bound is met by measuring: it cannot be a dry run", "dry_run")
-    out = None if dry_run else _output(path, output, to_aimodel, force)
-    program = load_pt2(path)  # checked, and its first run done, before anything is said or computed
-    ready_to_run(program)
-    for line in left_out:
-        note(line)
-    samples = Samples.of(calibration, tokens=calibration_tokens, count=calibration_samples,
-                         tokenizer=sidecars.tokenizer_file(path))  # fmt: skip
-    note(f"estimating {len(picked) - 1} choices on every weight from {samples.describe()}")
-    with running(path):
-        table = cost_table(path, lambda: program, picked, samples, threshold=threshold,
-                           trial_tokens=trial_tokens, device=device, progress=progress)  # fmt: skip
-    program = None  # the rounds load the file afresh: let this copy go
-    steps = _Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
-                   calibration_tokens, calibration_samples, device, threshold)  # fmt: skip
-    began = time.perf_counter()
-    knapsack = front(table)
-    plan = _first_plan(table, budget, knapsack)
-    report = OptimizeReport(path, out, budget, [c.name for c in picked], [], 0.0, 0.0, 0.0, None,
-                            curve=[(table.bits(b), d) for b, d in knapsack.points()], cost_seconds=table.seconds,
-                            cached=table.cached, solve_seconds=time.perf_counter() - began,
-                            elements=table.elements, trial_tokens=table.trial_tokens,
-                            trials=sum(map(len, table.measured)), trial_seconds=table.trial_seconds)  # fmt: skip
-    if out is None:
-        _settle(report, table, plan)
-        report.seconds = time.perf_counter() - start
-        return Optimized(None, _recipe(steps, plan), report)
-    assert evaluation is not None
-    judge = _Judge(path, Path(evaluation) if str(evaluation) != "random" else None, eval_tokens, eval_samples,
-                   progress)  # fmt: skip
-    recipe = _confirm(report, table, plan, knapsack, steps, judge, out, sidecars, to_aimodel, rounds, uniform,
-                      note)  # fmt: skip
-    report.reference = judge.reference
-    report.seconds = time.perf_counter() - start
-    return Optimized(out, recipe, report)
+
+
+def _report(
+    path: Path, out: Path | None, budget: Goal, picked: tuple[Choice, ...], table: Any, knapsack: Any,
+    solve_seconds: float,
+) -> OptimizeReport:  # fmt: skip
+    """The report as the search leaves it, before a plan is settled or confirmed."""
+    return OptimizeReport(path, out, budget, [c.name for c in picked], [], 0.0, 0.0, 0.0, None,
+                          curve=[(table.bits(b), d) for b, d in knapsack.points()], cost_seconds=table.seconds,
+                          cached=table.cached, solve_seconds=solve_seconds, elements=table.elements,
+                          trial_tokens=table.trial_tokens, trials=sum(map(len, table.measured)),
+                          trial_seconds=table.trial_seconds)  # fmt: skip
 
 
 def _usable(choices: str | tuple[Choice, ...] | None) -> tuple[tuple[Choice, ...], list[str]]:

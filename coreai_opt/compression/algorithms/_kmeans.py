@@ -305,66 +305,84 @@ def weighted_palettize(
 ) -> Encoding | str:  # fmt: skip
     """`palettize` with each element's squared error weighted by `importance` plus `floor` (the
     weight's shape, positive; None: every element alike): what the data-aware methods cluster."""
-    axis, shape, dim = site.output_axis, site.shape, config.cluster_dim
-    channels = shape[axis]
+    axis, dim = site.output_axis, config.cluster_dim
+    channels = site.shape[axis]
     groups = _lut_groups(channels, config)
     if isinstance(groups, str):
         return groups
     if channels % dim:
         return f"{channels} output channels are not a multiple of cluster_dim {dim}"
     moved = w.movedim(axis, 0)
-    moved_shape = tuple(moved.shape)
     rows = moved.reshape(channels, -1)  # in the weight's dtype: widened a piece at a time
-    cols = rows.shape[1]
-    per_channel = config.enable_per_channel_scale
-    exact = site.element.bits == 16 and not per_channel
-    channel_scale = np.ones(channels)
-    matrix = rows
-    if per_channel:
-        matrix = rows.float()
-        amax = matrix.abs().amax(dim=1).double().numpy()  # float32 values
-        channel_scale = np.where(amax > 0, amax, 1.0)
-        matrix = matrix / torch.from_numpy(channel_scale).float()[:, None]
+    matrix, channel_scale = _channel_scaled(rows, config)
     pull = (
         None
         if importance is None
         else _channel_weights(importance.movedim(axis, 0), channel_scale, groups, floor)
     )
+    centroids, index = _clusters(rows, matrix, pull, groups, site, config)
+    return _encoding(centroids, index, channel_scale, tuple(moved.shape), site, config, groups)
+
+
+def _channel_scaled(rows: torch.Tensor, config: PalettizeConfig) -> tuple[torch.Tensor, np.ndarray]:
+    """The rows clustered (each divided by its max |w| with a per-channel scale) and the scales."""
+    channel_scale = np.ones(rows.shape[0])
+    if not config.enable_per_channel_scale:
+        return rows, channel_scale
+    matrix = rows.float()
+    amax = matrix.abs().amax(dim=1).double().numpy()  # float32 values
+    channel_scale = np.where(amax > 0, amax, 1.0)
+    return matrix / torch.from_numpy(channel_scale).float()[:, None], channel_scale
+
+
+def _clusters(
+    rows: torch.Tensor, matrix: torch.Tensor, pull: Callable[[int, int], torch.Tensor] | None, groups: int,
+    site: WeightSite, config: PalettizeConfig,
+) -> tuple[np.ndarray, torch.Tensor]:  # fmt: skip
+    """Each LUT's centroids [G, P, V] and each channel's (or vector's) indices [C/V, cols]."""
+    channels, cols, dim = rows.shape[0], rows.shape[1], config.cluster_dim
     if dim == 1:
+        exact = site.element.bits == 16 and not config.enable_per_channel_scale
         native = rows.reshape(groups, -1) if exact else None
         if pull is None:
             centroids, index = _scalar_clusters(matrix.reshape(groups, -1), native, config)
         else:
             centroids, index = _weighted_clusters(matrix.reshape(groups, -1), pull, exact, config)
-        centroids = centroids[:, :, None]  # [G, P, 1]
-        index = index.reshape(channels, cols)
-    else:
-        vectors = matrix.float().reshape(channels // dim, dim, cols).transpose(1, 2)  # [C/V, cols, V]
-        weights = None
-        if pull is not None:
-            weights = (
-                pull(0, groups).reshape(channels // dim, dim, cols).transpose(1, 2).reshape(groups, -1, dim)
-            )
-        centroids, index = _vector_clusters(vectors.reshape(groups, -1, dim), config, weights)
-        index = index.reshape(channels // dim, cols)
-    entries_per_lut = 2**config.n_bits
+        return centroids[:, :, None], index.reshape(channels, cols)
+    vectors = matrix.float().reshape(channels // dim, dim, cols).transpose(1, 2)  # [C/V, cols, V]
+    weights = None
+    if pull is not None:
+        weights = pull(0, groups).reshape(channels // dim, dim, cols).transpose(1, 2).reshape(groups, -1, dim)
+    centroids, index = _vector_clusters(vectors.reshape(groups, -1, dim), config, weights)
+    return centroids, index.reshape(channels // dim, cols)
+
+
+def _encoding(
+    centroids: np.ndarray, index: torch.Tensor, channel_scale: np.ndarray, moved_shape: tuple[int, ...],
+    site: WeightSite, config: PalettizeConfig, groups: int,
+) -> Encoding:  # fmt: skip
+    """The palettized form: indices, the LUTs in their stored dtype and the scales folding the
+    per-channel scale and the LUT's own."""
+    axis, shape, dim, per_channel = (
+        site.output_axis,
+        site.shape,
+        config.cluster_dim,
+        config.enable_per_channel_scale,
+    )
+    channels = shape[axis]
     if config.lut_dtype is None:
         lut = stored_float(tcast.cast(torch.from_numpy(centroids), site.element.tcast), site.element)
         lut_scale, lut_zero = np.ones(groups), np.zeros(groups)
     else:
         lut, lut_scale, lut_zero = _quantize_lut(centroids, config.lut_dtype)
-    # one scale per channel (or per LUT) folds the per-channel scale and the LUT's own scale
     group_of = np.arange(channels) // (channels // groups)
     scale = _store_scales(channel_scale * lut_scale[group_of] if per_channel else lut_scale, site.element)
     zero = lut_zero[group_of] if per_channel else lut_zero
-    needs_scale = per_channel or config.lut_dtype is not None
-
-    index_shape = (channels // dim, *moved_shape[1:])
-    indices = index.reshape(index_shape).movedim(0, axis).contiguous().to(torch.uint8).numpy()
-    lut_shape = (*tuple(groups if a == axis else 1 for a in range(len(shape))), entries_per_lut, dim)
+    indices = index.reshape((channels // dim, *moved_shape[1:])).movedim(0, axis).contiguous().to(torch.uint8)
+    lut_shape = (*tuple(groups if a == axis else 1 for a in range(len(shape))), 2**config.n_bits, dim)
     lut = Stored(lut.values.reshape(lut_shape), lut.element)
     decode = None
-    if needs_scale:
+    if per_channel or config.lut_dtype is not None:
         param_shape = tuple(
             (channels if per_channel else groups) if a == axis else 1 for a in range(len(shape))
         )
@@ -374,5 +392,5 @@ def weighted_palettize(
                 zero.astype(np.uint8).reshape(param_shape).view(lut.element.numpy_dtype()), lut.element
             )
         decode = ShiftScale(Stored(scale.values.reshape(param_shape), site.element), offset)
-    form = Palettized(Stored(indices, element(f"ui{config.n_bits}")), lut, axis, decode, groups)
+    form = Palettized(Stored(indices.numpy(), element(f"ui{config.n_bits}")), lut, axis, decode, groups)
     return Encoding(form, site.element, luts=groups)

@@ -291,6 +291,13 @@ def one_group(x: Any, w: Any, k: int, upper: Any, centroid: Any) -> int:
         begin = behind_split[r, end] if r > 0 else 0
         upper[ahead + behind - 1 - r] = n - 1 - begin
         end = begin - 1
+    fill_centroids(x, w, k, upper, centroid)
+    return k
+
+
+@_kernel
+def fill_centroids(x: Any, w: Any, k: int, upper: Any, centroid: Any) -> None:
+    """Each cluster's weighted mean, the clusters given by their upper point indices."""
     begin = 0
     for q in range(k):
         s = 0.0
@@ -300,7 +307,6 @@ def one_group(x: Any, w: Any, k: int, upper: Any, centroid: Any) -> int:
             c += w[i]
         centroid[q] = s / c
         begin = upper[q] + 1
-    return k
 
 
 @_kernel
