@@ -53,65 +53,50 @@ def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
+_CALIBRATION = typer.Option(
+    None,
+    "--calibration",
+    help=(
+        "Calibration samples for methods that learn from data: a safetensors file (one tensor per "
+        "input, optionally [N, *shape] or [N, ...] for an input of [1, ...]) or a directory of them, a text file (token windows), or "
+        "'random' (seeded draws)."
+    ),
+)
+_CALIBRATION_SAMPLES = typer.Option(
+    None,
+    "--calibration-samples",
+    min=1,
+    help=("At most this many calibration samples (--calibration random draws this many; default 32)."),
+)
+_CALIBRATION_TOKENS = typer.Option(
+    None,
+    "--calibration-tokens",
+    min=1,
+    help=("At most this many tokens of a text --calibration."),
+)
+_CALIBRATION_PROGRAM = typer.Option(
+    None,
+    "--calibration-program",
+    help=(
+        "For an .aimodel: the .pt2 it was converted from; the calibration runs through it and its "
+        "statistics reach the .aimodel's weights by name (3-bit LUTs with data: .aimodel only)."
+    ),
+)
+_DEVICE = typer.Option(
+    None,
+    "--device",
+    help="Where calibration runs and GPTQ / SparseGPT solve: cpu (default), cuda, cuda:1, ...",
+)
+
+
 def _calibration_parameters() -> list[inspect.Parameter]:
     """Where the statistics of a method that learns from data come from."""
     return [
-        _keyword(
-            "calibration",
-            typer.Option(
-                None,
-                "--calibration",
-                help=(
-                    "Calibration samples for methods that learn from data: a safetensors file (one tensor per "
-                    "input, optionally [N, *shape] or [N, ...] for an input of [1, ...]) or a directory of them, a text file (token windows), or "
-                    "'random' (seeded draws)."
-                ),
-            ),
-            str | None,
-        ),
-        _keyword(
-            "calibration_samples",
-            typer.Option(
-                None,
-                "--calibration-samples",
-                min=1,
-                help=(
-                    "At most this many calibration samples (--calibration random draws this many; default 32)."
-                ),
-            ),
-            int | None,
-        ),
-        _keyword(
-            "calibration_tokens",
-            typer.Option(
-                None,
-                "--calibration-tokens",
-                min=1,
-                help=("At most this many tokens of a text --calibration."),
-            ),
-            int | None,
-        ),
-        _keyword(
-            "calibration_program",
-            typer.Option(
-                None,
-                "--calibration-program",
-                help=(
-                    "For an .aimodel: the .pt2 it was converted from; the calibration runs through it and its "
-                    "statistics reach the .aimodel's weights by name (3-bit LUTs with data: .aimodel only)."
-                ),
-            ),
-            Path | None,
-        ),
-        _keyword(
-            "device",
-            typer.Option(
-                None,
-                "--device",
-                help="Where calibration runs and GPTQ / SparseGPT solve: cpu (default), cuda, cuda:1, ...",
-            ),
-            str | None,
-        ),
+        _keyword("calibration", _CALIBRATION, str | None),
+        _keyword("calibration_samples", _CALIBRATION_SAMPLES, int | None),
+        _keyword("calibration_tokens", _CALIBRATION_TOKENS, int | None),
+        _keyword("calibration_program", _CALIBRATION_PROGRAM, Path | None),
+        _keyword("device", _DEVICE, str | None),
         _keyword("exact_gradients", _exact_gradients_option(), bool),
     ]
 

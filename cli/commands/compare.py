@@ -23,36 +23,47 @@ def register(app: typer.Typer) -> None:
     app.command()(compare)
 
 
+_REFERENCE = typer.Argument(
+    ..., help="The reference .aimodel or .pt2 (e.g. before compression; a .pt2 runs in PyTorch)."
+)
+_CANDIDATES = typer.Argument(
+    ..., help="One or more .aimodel or .pt2 files to check against it (several: one row each)."
+)
+_INPUTS = typer.Option(
+    None,
+    "--inputs",
+    help="Real samples: a safetensors file with one tensor per model input, by input name (N samples: "
+    "[N, *shape], or [N, ...] for an input of [1, ...]), or a directory of such files.",
+)
+_SAMPLES = typer.Option(
+    1, "--samples", min=1, help="Number of seeded random samples when no --inputs are given."
+)
+_SEED = typer.Option(0, "--seed", help="Seed of the random inputs.")
+_INT_RANGE = typer.Option(
+    None,
+    "--int-range",
+    help="Draw every integer input from [LOW, HIGH), e.g. 0:100 (default: ids from the table they "
+    "index, masks and flags from {0, 1}).",
+)
+_MIN_COSINE = typer.Option(
+    None, "--min-cosine", help="Exit 1 when any output's cosine falls below this (for CI)."
+)
+_CSV = typer.Option(False, "--csv", help="Print one CSV row per candidate instead of tables.")
+_PLOT = typer.Option(
+    None, "--plot", help="Also write a size-vs-accuracy plot as PNG here (pip install 'coreopt\\[plot]')."
+)
+
+
 def compare(
-    reference: Path = typer.Argument(
-        ..., help="The reference .aimodel or .pt2 (e.g. before compression; a .pt2 runs in PyTorch)."
-    ),
-    candidates: list[Path] = typer.Argument(
-        ..., help="One or more .aimodel or .pt2 files to check against it (several: one row each)."
-    ),
-    inputs: Path | None = typer.Option(
-        None,
-        "--inputs",
-        help="Real samples: a safetensors file with one tensor per model input, by input name (N samples: "
-        "[N, *shape], or [N, ...] for an input of [1, ...]), or a directory of such files.",
-    ),
-    samples: int = typer.Option(
-        1, "--samples", min=1, help="Number of seeded random samples when no --inputs are given."
-    ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random inputs."),
-    int_range: str | None = typer.Option(
-        None,
-        "--int-range",
-        help="Draw every integer input from [LOW, HIGH), e.g. 0:100 (default: ids from the table they "
-        "index, masks and flags from {0, 1}).",
-    ),
-    min_cosine: float | None = typer.Option(
-        None, "--min-cosine", help="Exit 1 when any output's cosine falls below this (for CI)."
-    ),
-    as_csv: bool = typer.Option(False, "--csv", help="Print one CSV row per candidate instead of tables."),
-    plot: Path | None = typer.Option(
-        None, "--plot", help="Also write a size-vs-accuracy plot as PNG here (pip install 'coreopt\\[plot]')."
-    ),
+    reference: Path = _REFERENCE,
+    candidates: list[Path] = _CANDIDATES,
+    inputs: Path | None = _INPUTS,
+    samples: int = _SAMPLES,
+    seed: int = _SEED,
+    int_range: str | None = _INT_RANGE,
+    min_cosine: float | None = _MIN_COSINE,
+    as_csv: bool = _CSV,
+    plot: Path | None = _PLOT,
     trust_pickle: bool = trust_pickle_option(),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
@@ -74,6 +85,18 @@ def compare(
 
     Example: coreopt compare ref.aimodel a.aimodel b.aimodel c.aimodel --inputs samples/ --csv --plot sweep.png
     """
+    parsed_range = _checked(inputs, samples, int_range, as_csv, as_json, plot)
+    options = {"inputs": inputs, "samples": samples, "seed": seed, "int_range": parsed_range,
+               "min_cosine": min_cosine, "trust_pickle": trust_pickle}  # fmt: skip
+    result, one = _run(reference, candidates, options, plot, as_json, as_csv, quiet)
+    _show(result, one, as_csv, as_json, quiet)
+    if result.ok is False:
+        raise typer.Exit(1)
+
+
+def _checked(inputs: Path | None, samples: int, int_range: str | None, as_csv: bool, as_json: bool,
+             plot: Path | None) -> Any:  # fmt: skip
+    """The usage errors, before any model loads; returns the parsed --int-range."""
     from coreai_opt.comparison import check_plot_path, parse_int_range
 
     if inputs is not None and samples != 1:
@@ -85,12 +108,7 @@ def compare(
     if plot is not None:
         with option_errors({}, "--plot"):
             check_plot_path(plot)
-    options = {"inputs": inputs, "samples": samples, "seed": seed, "int_range": parsed_range,
-               "min_cosine": min_cosine, "trust_pickle": trust_pickle}  # fmt: skip
-    result, one = _run(reference, candidates, options, plot, as_json, as_csv, quiet)
-    _show(result, one, as_csv, as_json, quiet)
-    if result.ok is False:
-        raise typer.Exit(1)
+    return parsed_range
 
 
 def _run(reference: Path, candidates: list[Path], options: dict[str, Any], plot: Path | None, as_json: bool,

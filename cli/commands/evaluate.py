@@ -32,45 +32,52 @@ def register(app: typer.Typer) -> None:
     app.command("eval")(evaluate)
 
 
+_REFERENCE = typer.Argument(..., help="The reference .pt2 or .aimodel (e.g. the fp32 export).")
+_CANDIDATES = typer.Argument(None, help="Compressed or cast programs to measure against it.")
+_TEXT = typer.Option(None, "--text", help="A UTF-8 text file to score (cut with the tokenizer).")
+_TOKENS = typer.Option(
+    None, "--tokens", help="Token ids to score instead: a safetensors file with one integer tensor."
+)
+_TOKENIZER = typer.Option(
+    None, "--tokenizer", help="A tokenizer.json (default: the one coreopt export saved beside REFERENCE)."
+)
+_MAX_TOKENS = typer.Option(None, "--max-tokens", min=2, help="Score at most this many tokens.")
+_STRIDE = typer.Option(
+    None,
+    "--stride",
+    min=1,
+    help="Tokens between window starts (default: the window; less gives context).",
+)
+_INPUTS = typer.Option(
+    None,
+    "--inputs",
+    help="Not a language model: a safetensors dataset (file or folder) to compare outputs on.",
+)
+_MAX_PPL = typer.Option(
+    None,
+    "--max-ppl-increase",
+    help="Exit 1 when a candidate's perplexity rises more than this many percent.",
+)
+_MAX_KL = typer.Option(None, "--max-kl", help="Exit 1 when a candidate's mean KL exceeds this.")
+_CSV = typer.Option(False, "--csv", help="Print one CSV row per program instead of a table.")
+_PLOT = typer.Option(None, "--plot", help="Also write a PNG of the metric against bits per weight.")
+_PLOT_METRIC = typer.Option(PlotMetric.perplexity, "--plot-metric", help="What --plot draws.")
+
+
 def evaluate(
-    reference: Path = typer.Argument(..., help="The reference .pt2 or .aimodel (e.g. the fp32 export)."),
-    candidates: list[Path] = typer.Argument(None, help="Compressed or cast programs to measure against it."),
-    text: Path | None = typer.Option(
-        None, "--text", help="A UTF-8 text file to score (cut with the tokenizer)."
-    ),
-    tokens: Path | None = typer.Option(
-        None, "--tokens", help="Token ids to score instead: a safetensors file with one integer tensor."
-    ),
-    tokenizer: Path | None = typer.Option(
-        None, "--tokenizer", help="A tokenizer.json (default: the one coreopt export saved beside REFERENCE)."
-    ),
-    max_tokens: int | None = typer.Option(
-        None, "--max-tokens", min=2, help="Score at most this many tokens."
-    ),
-    stride: int | None = typer.Option(
-        None,
-        "--stride",
-        min=1,
-        help="Tokens between window starts (default: the window; less gives context).",
-    ),
-    inputs: Path | None = typer.Option(
-        None,
-        "--inputs",
-        help="Not a language model: a safetensors dataset (file or folder) to compare outputs on.",
-    ),
-    max_ppl_increase: float | None = typer.Option(
-        None,
-        "--max-ppl-increase",
-        help="Exit 1 when a candidate's perplexity rises more than this many percent.",
-    ),
-    max_kl: float | None = typer.Option(
-        None, "--max-kl", help="Exit 1 when a candidate's mean KL exceeds this."
-    ),
-    as_csv: bool = typer.Option(False, "--csv", help="Print one CSV row per program instead of a table."),
-    plot: Path | None = typer.Option(
-        None, "--plot", help="Also write a PNG of the metric against bits per weight."
-    ),
-    plot_metric: PlotMetric = typer.Option(PlotMetric.perplexity, "--plot-metric", help="What --plot draws."),
+    reference: Path = _REFERENCE,
+    candidates: list[Path] = _CANDIDATES,
+    text: Path | None = _TEXT,
+    tokens: Path | None = _TOKENS,
+    tokenizer: Path | None = _TOKENIZER,
+    max_tokens: int | None = _MAX_TOKENS,
+    stride: int | None = _STRIDE,
+    inputs: Path | None = _INPUTS,
+    max_ppl_increase: float | None = _MAX_PPL,
+    max_kl: float | None = _MAX_KL,
+    as_csv: bool = _CSV,
+    plot: Path | None = _PLOT,
+    plot_metric: PlotMetric = _PLOT_METRIC,
     trust_pickle: bool = trust_pickle_option(),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
@@ -98,13 +105,7 @@ def evaluate(
             reference, candidates or [], inputs, text or tokens, trust_pickle, quiet, as_json, as_csv, plot
         )
         return
-    if (text is None) == (tokens is None):
-        raise typer.BadParameter("give --text or --tokens (one of them)", param_hint="--text")
-    if plot is not None:
-        from coreai_opt.comparison import check_plot_path
-
-        with option_errors({}, "--plot"):
-            check_plot_path(plot)
+    _check_text(text, tokens, plot)
     result = _score(reference, candidates or [], text, tokens, tokenizer, max_tokens, stride, trust_pickle,
                     plot, plot_metric, quiet or as_json or as_csv)  # fmt: skip
     limit = None if max_ppl_increase is None else max_ppl_increase / 100
@@ -117,6 +118,17 @@ def evaluate(
 def _exclusive(as_csv: bool, as_json: bool) -> None:
     if as_csv and as_json:
         raise typer.BadParameter("give --csv or --json, not both", param_hint="--csv")
+
+
+def _check_text(text: Path | None, tokens: Path | None, plot: Path | None) -> None:
+    """Usage errors before any model loads: exactly one of --text and --tokens, a writable --plot."""
+    if (text is None) == (tokens is None):
+        raise typer.BadParameter("give --text or --tokens (one of them)", param_hint="--text")
+    if plot is not None:
+        from coreai_opt.comparison import check_plot_path
+
+        with option_errors({}, "--plot"):
+            check_plot_path(plot)
 
 
 def _report(result: Any, failures: list[str], as_csv: bool, as_json: bool, quiet: bool) -> None:

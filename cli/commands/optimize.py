@@ -148,44 +148,26 @@ def optimize(
 
     Example: coreopt optimize smol.pt2 --calibration calib.txt --target-bits 3 --dry-run --json
     """
-    from coreai_opt.optimization import optimize as run
-    from coreai_opt.optimization import plot_optimization
-
-    if as_csv and as_json:
-        raise typer.BadParameter("give --csv or --json, not both", param_hint="--csv")
-    if to not in ("pt2", "aimodel"):
-        raise typer.BadParameter(f"--to takes pt2 or aimodel, not {to!r}", param_hint="--to")
     budgets = {"--target-bits": target_bits, "--max-size": max_size, "--max-ppl-increase": max_ppl_increase,
                "--max-kl": max_kl, "--min-cosine": min_cosine}  # fmt: skip
-    goal, choices = _parse(budgets, candidates, evaluation is None and not dry_run, plot)
+    goal, choices = _parse(budgets, candidates, evaluation is None and not dry_run, plot, as_csv, as_json, to)
     talk = not (quiet or as_json or as_csv)
-    if any(c.config is not None and palettizes(c.config) for c in choices) and model.exists():
-        kmeans_kernels(talk)
-    with user_errors(as_json, _FLAGS), weight_progress(talk, "optimizing") as bar:
-        found = run(
-            model, goal, calibration, evaluation, output=output, choices=choices, calibration_tokens=calibration_tokens,
-            calibration_samples=calibration_samples, eval_tokens=eval_tokens, eval_samples=eval_samples,
-            threshold=threshold, trial_tokens=trial_tokens, to_aimodel=to == "aimodel", rounds=rounds, uniform=uniform, device=device,
-            force=force, dry_run=dry_run, progress=bar, say=_say if talk else None,
-        )  # fmt: skip
-        if recipe is not None:
-            found.recipe.save(recipe)
-        if plot is not None:
-            plot_optimization(found.report, plot)
+    found = _run(
+        model, goal, choices, calibration, evaluation, talk, as_json, recipe, plot, output=output,
+        calibration_tokens=calibration_tokens, calibration_samples=calibration_samples, eval_tokens=eval_tokens,
+        eval_samples=eval_samples, threshold=threshold, trial_tokens=trial_tokens, to_aimodel=to == "aimodel",
+        rounds=rounds, uniform=uniform, device=device, force=force, dry_run=dry_run,
+    )  # fmt: skip
     _show(found, as_json, as_csv, quiet, recipe)
-    report = found.report
-    if report.met is False:
-        sys.stderr.write(f"error: {model}: {report.goal.describe()} not met in {len(report.rounds)} rounds; "
-                         f"the closest plan was written to {report.output}\n")  # fmt: skip
-        raise typer.Exit(1)
+    _exit_unmet(model, found.report)
 
 
-def _parse(
-    budgets: dict[str, float | None], candidates: str, no_eval: bool, plot: Path | None
-) -> tuple[Any, Any]:
-    """The goal and the candidates, or a usage error naming the flag."""
+def _parse(budgets: dict[str, float | None], candidates: str, no_eval: bool, plot: Path | None, as_csv: bool,
+           as_json: bool, to: str) -> tuple[Any, Any]:  # fmt: skip
+    """The goal and the candidates, or a usage error naming the flag (before anything is read)."""
     from coreai_opt.optimization import Goal, parse_choices
 
+    _usage(as_csv, as_json, to)
     given = [flag for flag, value in budgets.items() if value is not None]
     if len(given) != 1:
         raise typer.BadParameter("give exactly one budget: " + ", ".join(budgets), param_hint="--target-bits")
@@ -204,6 +186,41 @@ def _parse(
 
             check_plot_path(plot)
     return goal, choices
+
+
+def _usage(as_csv: bool, as_json: bool, to: str) -> None:
+    """The output options that cannot go together or take a value outside their set."""
+    if as_csv and as_json:
+        raise typer.BadParameter("give --csv or --json, not both", param_hint="--csv")
+    if to not in ("pt2", "aimodel"):
+        raise typer.BadParameter(f"--to takes pt2 or aimodel, not {to!r}", param_hint="--to")
+
+
+def _run(model: Path, goal: Any, choices: Any, calibration: str, evaluation: Path | None, talk: bool,
+         as_json: bool, recipe: Path | None, plot: Path | None, **settings: Any) -> Any:  # fmt: skip
+    """The search under a progress bar, with the recipe and the plot asked for; the k-means kernels
+    are readied first when a choice palettizes, so their compile is not taken for a hang."""
+    from coreai_opt.optimization import optimize as run
+    from coreai_opt.optimization import plot_optimization
+
+    if any(c.config is not None and palettizes(c.config) for c in choices) and model.exists():
+        kmeans_kernels(talk)
+    with user_errors(as_json, _FLAGS), weight_progress(talk, "optimizing") as bar:
+        found = run(model, goal, calibration, evaluation, choices=choices, progress=bar,
+                    say=_say if talk else None, **settings)  # fmt: skip
+        if recipe is not None:
+            found.recipe.save(recipe)
+        if plot is not None:
+            plot_optimization(found.report, plot)
+    return found
+
+
+def _exit_unmet(model: Path, report: Any) -> None:
+    """Exit 1 when an accuracy bound still fails after the last round (the closest plan is written)."""
+    if report.met is False:
+        sys.stderr.write(f"error: {model}: {report.goal.describe()} not met in {len(report.rounds)} rounds; "
+                         f"the closest plan was written to {report.output}\n")  # fmt: skip
+        raise typer.Exit(1)
 
 
 def _show(found: Any, as_json: bool, as_csv: bool, quiet: bool, recipe: Path | None) -> None:
@@ -253,50 +270,16 @@ def _line(report: Any) -> str:
 def _render(report: Any, recipe: Path | None) -> None:
     from .._render import console, fitted_table
 
-    counts = report.counts()
-    rows = []
-    by_choice: dict[str, list[dict[str, Any]]] = {}
-    for w in report.weights:
-        by_choice.setdefault(w["choice"], []).append(w)
-    for choice in report.choices:
-        members = by_choice.get(choice, [])
-        if not members:
-            continue
-        elements = sum(w["elements"] for w in members)
-        nbytes = sum(w["bytes"] for w in members)
-        rows.append([choice, str(counts[choice]), f"{elements:,}", human_bytes(nbytes), _num(8 * nbytes / max(elements, 1), ".2f"),
-                     _num(sum(w["predicted_damage"] for w in members), ".4g")])  # fmt: skip
     columns = [("choice", "left"), ("weights", "right"), ("elements", "right"), ("stored", "right"),
                ("bits/w", "right"), ("est. damage", "right")]  # fmt: skip
     console.print(fitted_table(f"Plan: {report.bits:.3f} bits per weight over {report.elements:,} weights' elements",
-                               columns, rows))  # fmt: skip
+                               columns, _plan_rows(report)))  # fmt: skip
     detail = [[w["name"], w["choice"], human_bytes(w["bytes"]), _num(w["predicted_damage"], ".3g")]
               for w in sorted(report.weights, key=lambda w: -w["predicted_damage"])[:12]]  # fmt: skip
     console.print(fitted_table("Most damaged weights (--json: every weight)", [("weight", "left"), ("choice", "left"),
                                ("stored", "right"), ("est. damage", "right")], detail))  # fmt: skip
     if report.rounds or report.uniform:
-        lines = []
-        for r in report.rounds:
-            lines.append([f"round {r.index}", _num(r.bits, ".3f"), _num(r.predicted, ".4g"), *_measured(r.measured),
-                          {True: "ok", False: "over", None: "-"}[r.ok]])  # fmt: skip
-        for u in report.uniform:
-            lines.append(
-                [
-                    f"uniform {u.choice}",
-                    _num(u.bits, ".3f"),
-                    _num(u.predicted, ".4g"),
-                    *_measured(u.measured),
-                    "",
-                ]
-            )
-        language = any(r.measured is not None and r.measured.kl_mean is not None for r in report.rounds)
-        heads = ["perplexity", "Δ ppl", "KL"] if language else ["cosine", "mean cos", ""]
-        columns = (
-            [("", "left"), ("bits/w", "right"), ("est.", "right")]
-            + [(h, "right") for h in heads]
-            + [("", "left")]
-        )
-        console.print(fitted_table("Confirmation (measured on --eval) and uniform settings", columns, lines))
+        console.print(_confirmation(report))
     if report.converted is not None:
         c, kept = report.converted, report.final
         console.print(f"the .aimodel on the Core AI runtime: {' / '.join(_measured(c)[:3])}"
@@ -312,6 +295,52 @@ def _render(report: Any, recipe: Path | None) -> None:
         console.print(
             f"recipe written to {shown(recipe)}: coreopt apply {shown(recipe)} {shown(report.program)} -o OUT"
         )
+
+
+def _plan_rows(report: Any) -> list[list[str]]:
+    """One row per choice the plan uses, in the order of --candidates: its weights and their bytes."""
+    counts = report.counts()
+    rows = []
+    by_choice: dict[str, list[dict[str, Any]]] = {}
+    for w in report.weights:
+        by_choice.setdefault(w["choice"], []).append(w)
+    for choice in report.choices:
+        members = by_choice.get(choice, [])
+        if not members:
+            continue
+        elements = sum(w["elements"] for w in members)
+        nbytes = sum(w["bytes"] for w in members)
+        rows.append([choice, str(counts[choice]), f"{elements:,}", human_bytes(nbytes), _num(8 * nbytes / max(elements, 1), ".2f"),
+                     _num(sum(w["predicted_damage"] for w in members), ".4g")])  # fmt: skip
+    return rows
+
+
+def _confirmation(report: Any) -> Any:
+    """The rounds' measurements beside the uniform settings', so the plan's gain over them shows."""
+    from .._render import fitted_table
+
+    lines = []
+    for r in report.rounds:
+        lines.append([f"round {r.index}", _num(r.bits, ".3f"), _num(r.predicted, ".4g"), *_measured(r.measured),
+                      {True: "ok", False: "over", None: "-"}[r.ok]])  # fmt: skip
+    for u in report.uniform:
+        lines.append(
+            [
+                f"uniform {u.choice}",
+                _num(u.bits, ".3f"),
+                _num(u.predicted, ".4g"),
+                *_measured(u.measured),
+                "",
+            ]
+        )
+    language = any(r.measured is not None and r.measured.kl_mean is not None for r in report.rounds)
+    heads = ["perplexity", "Δ ppl", "KL"] if language else ["cosine", "mean cos", ""]
+    columns = (
+        [("", "left"), ("bits/w", "right"), ("est.", "right")]
+        + [(h, "right") for h in heads]
+        + [("", "left")]
+    )
+    return fitted_table("Confirmation (measured on --eval) and uniform settings", columns, lines)
 
 
 def _measured(m: Any) -> list[str]:

@@ -16,33 +16,38 @@ def register(app: typer.Typer) -> None:
     app.command("sensitivity")(sensitivity)
 
 
+_MODEL = typer.Argument(..., help="The .pt2 language model (e.g. from coreopt export).")
+_CONFIG = typer.Option(
+    ...,
+    "--config",
+    help="The compression to try on each weight: a config file (JSON or YAML, as a recipe's compress "
+    "step holds it) or KIND:key=value,... e.g. palettize:n_bits=4,granularity=grouped,group_size=16.",
+)
+_TEXT = typer.Option(None, "--text", help="A UTF-8 text file to measure on.")
+_TOKENS = typer.Option(None, "--tokens", help="Token ids instead: a safetensors file.")
+_TOKENIZER = typer.Option(None, "--tokenizer", help="A tokenizer.json (default: the sidecar).")
+_MAX_TOKENS = typer.Option(None, "--max-tokens", min=2, help="Measure on at most this many tokens.")
+_ESTIMATE = typer.Option(True, "--estimate/--no-estimate", help="Also the Fisher estimate (--text).")
+_EXACT_PRODUCTS = typer.Option(
+    False,
+    "--exact-products",
+    help="Take every trial's matrix products (and the estimate's gradients) in the program's own "
+    "dtypes. By default, on CPUs with bfloat16 instructions, a trial's products are the reference's "
+    "plus bfloat16 products of the differences: ~2.6x faster, KLs within ~0.3%.",
+)
+_TOP = typer.Option(20, "--top", min=1, help="Rows shown at each end of the ranking (--json: all).")
+
+
 def sensitivity(
-    model: Path = typer.Argument(..., help="The .pt2 language model (e.g. from coreopt export)."),
-    config: str = typer.Option(
-        ...,
-        "--config",
-        help="The compression to try on each weight: a config file (JSON or YAML, as a recipe's compress "
-        "step holds it) or KIND:key=value,... e.g. palettize:n_bits=4,granularity=grouped,group_size=16.",
-    ),
-    text: Path | None = typer.Option(None, "--text", help="A UTF-8 text file to measure on."),
-    tokens: Path | None = typer.Option(None, "--tokens", help="Token ids instead: a safetensors file."),
-    tokenizer: Path | None = typer.Option(
-        None, "--tokenizer", help="A tokenizer.json (default: the sidecar)."
-    ),
-    max_tokens: int | None = typer.Option(
-        None, "--max-tokens", min=2, help="Measure on at most this many tokens."
-    ),
-    estimate: bool = typer.Option(
-        True, "--estimate/--no-estimate", help="Also the Fisher estimate (--text)."
-    ),
-    exact_products: bool = typer.Option(
-        False,
-        "--exact-products",
-        help="Take every trial's matrix products (and the estimate's gradients) in the program's own "
-        "dtypes. By default, on CPUs with bfloat16 instructions, a trial's products are the reference's "
-        "plus bfloat16 products of the differences: ~2.6x faster, KLs within ~0.3%.",
-    ),
-    top: int = typer.Option(20, "--top", min=1, help="Rows shown at each end of the ranking (--json: all)."),
+    model: Path = _MODEL,
+    config: str = _CONFIG,
+    text: Path | None = _TEXT,
+    tokens: Path | None = _TOKENS,
+    tokenizer: Path | None = _TOKENIZER,
+    max_tokens: int | None = _MAX_TOKENS,
+    estimate: bool = _ESTIMATE,
+    exact_products: bool = _EXACT_PRODUCTS,
+    top: int = _TOP,
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
