@@ -768,7 +768,8 @@ def test_gptq_with_the_fused_kernel_stores_the_same_codes(
     layer: dict[str, torch.Tensor], monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     """End to end through the algorithm (more than one block of columns): the fused solve's
-    codes and scales are the torch loop's, byte for byte."""
+    codes and scales are the torch loop's, byte for byte. The solve runs where the statistics
+    are: on a GPU (the real kernel) where there is one, else on the CPU under the interpreter."""
     import dataclasses
 
     from coreai_opt.compression.algorithms import _gptq
@@ -777,10 +778,13 @@ def test_gptq_with_the_fused_kernel_stores_the_same_codes(
     monkeypatch.setattr(_gptq, "_SOLVE_PIECE", 20 * COLUMNS)  # and in pieces of rows
     config = dataclasses.replace(GRIDS["uint4 asym block 32"], method="gptq")
     site, encode = _site(), algorithm_for(config).encode()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    plain = _statistics(layer)
+    statistics = Statistics(plain.rows, moments=plain.moments.to(device), gram=plain.gram.to(device))  # type: ignore[union-attr]
     encodings = []
     for fused in (False, True):
         monkeypatch.setattr(_gptq, "_fused_by_default", lambda device, fused=fused: fused)
-        encodings.append(encode(layer["w"], site, config, _statistics(layer)))
+        encodings.append(encode(layer["w"], site, config, statistics))
     loop, kernel = (e.form for e in encodings)
     assert np.array_equal(kernel.data.values, loop.data.values)
     assert np.array_equal(kernel.decode.scale.values, loop.decode.scale.values)

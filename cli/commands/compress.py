@@ -16,7 +16,7 @@ Example: coreopt palettize model.pt2 --nbits 4 -o model.lut4.pt2   (coreai-torch
 
 Example: coreopt palettize model.aimodel --nbits 4 --granularity grouped --group-size 16 --lut-dtype int8
 
-Example: coreopt palettize model.aimodel --nbits 2 --cluster-dim 2 --override 'head*:n_bits=8' --json
+Example: coreopt palettize model.aimodel --nbits 2 --cluster-dim 2 --override 'head*:nbits=8' --json
 
 Example: RAY_ADDRESS=auto coreopt palettize big.aimodel --nbits 4 --executor ray   (on a Ray cluster)
 
