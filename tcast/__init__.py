@@ -125,30 +125,66 @@ def cast(
     the elements are rounded to that fixed grid - what GPTQ does column by column - by either
     engine (TritonCast: E8M0 or float scales without zero points; bit-exact with TorchCast).
     """
-    from . import _primitives, _torchcast
-    from ._engine import use_triton
-    from ._modes import resolve_cast, resolve_compute, resolve_round, resolve_scale
+    from . import _torchcast
 
     datatype_ = _as_datatype(dtype)
     if scales is not None or zero_points is not None:
         return _cast_under(x, datatype_, roundmode, castmode, computemode, seed, generator, out_dtype,
                            measure, scales, zero_points)  # fmt: skip
+    round_, scale_, actual = _resolve_modes(roundmode, scalemode, castmode, measure)
+    _torchcast._check_input(x)
+    given = _rounded_tensor_scale(datatype_, tensor_scale)
+    if datatype_.nspec.is_codebook:
+        return _codebook_cast(x, datatype_, round_, scale_, actual, out_dtype, measure, given)
+    return _engine_cast(
+        x, datatype_, round_, scale_, actual, computemode, seed, generator, out_dtype, measure, given
+    )
+
+
+def _resolve_modes(
+    roundmode: Any, scalemode: Any, castmode: Any, measure: bool
+) -> tuple[RoundMode, ScaleMode, bool]:
+    """Argument checking: the round and scale modes, whether the cast is actual (measure needs one)."""
+    from ._modes import resolve_cast, resolve_round, resolve_scale
+
     round_ = resolve_round(roundmode)
     scale_ = resolve_scale(scalemode)
     actual = resolve_cast(castmode) is CastMode.ACTUAL
     if measure and not actual:
         raise ValueError("measure records the error of an actual cast (castmode='actual')")
-    _torchcast._check_input(x)
-    given = None if tensor_scale is None else _primitives.rounded_tensor_scale(datatype_, tensor_scale)
-    if datatype_.nspec.is_codebook:
-        from . import _lutcast
+    return round_, scale_, actual
 
-        if given is not None:
-            raise ValueError(f"tensor_scale: codebook type {datatype_.name} takes no scale per tensor")
 
-        if actual:
-            return _lutcast.actual_cast(x, datatype_, round_, scale_, measure)
-        return _lutcast.virtual_cast(x, datatype_, round_, scale_, out_dtype)
+def _rounded_tensor_scale(datatype_: DataType, tensor_scale: Any) -> float | None:
+    """The caller's scale per tensor rounded into the scale's format (None: derive it from the amax)."""
+    from . import _primitives
+
+    return None if tensor_scale is None else _primitives.rounded_tensor_scale(datatype_, tensor_scale)
+
+
+def _codebook_cast(
+    x: Any, datatype_: DataType, round_: RoundMode, scale_: ScaleMode, actual: bool, out_dtype: Any, measure: bool,
+    given: float | None,
+) -> Any:  # fmt: skip
+    """Codebook types have their own engine (LUTCast), which takes no scale per tensor."""
+    from . import _lutcast
+
+    if given is not None:
+        raise ValueError(f"tensor_scale: codebook type {datatype_.name} takes no scale per tensor")
+    if actual:
+        return _lutcast.actual_cast(x, datatype_, round_, scale_, measure)
+    return _lutcast.virtual_cast(x, datatype_, round_, scale_, out_dtype)
+
+
+def _engine_cast(
+    x: Any, datatype_: DataType, round_: RoundMode, scale_: ScaleMode, actual: bool, computemode: Any,
+    seed: int | None, generator: Any, out_dtype: Any, measure: bool, given: float | None,
+) -> Any:  # fmt: skip
+    """Choosing the engine: TritonCast where computemode and `supports` allow it, else TorchCast."""
+    from . import _primitives, _torchcast
+    from ._engine import use_triton
+    from ._modes import resolve_compute
+
     if use_triton(
         datatype_, resolve_compute(computemode), tuple(x.shape), x.dtype, x.is_cuda, "cast to", round_, given
     ):

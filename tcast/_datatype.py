@@ -94,8 +94,16 @@ def datatype(nspec: Any, sspec: Any = None, name: str | None = None) -> DataType
 
 def _table() -> dict[str, tuple[str, str | None]]:
     """name -> (number code, scale code). Plain data: building it costs nothing."""
-    table: dict[str, tuple[str, str | None]] = {
-        # unscaled
+    table = _unscaled_names()
+    table.update(_tile_names())
+    table.update(_float_scaled_names())
+    table.update(_reference_names())
+    return table
+
+
+def _unscaled_names() -> dict[str, tuple[str, str | None]]:
+    """Unscaled types (torch's float dtypes, small fnuz floats, IEEE P3109): no scale spec."""
+    return {
         "float32": ("float32", None),
         "float16": ("float16", None),
         "bfloat16": ("bfloat16", None),
@@ -108,6 +116,12 @@ def _table() -> dict[str, tuple[str, str | None]]:
         "e2m1fnuz": ("e2m1fnuz", None),
         # IEEE P3109 8-bit formats (one NaN, no -0, +-Inf at the all-ones magnitude)
         **{f"binary8p{p}": (f"binary8p{p}", None) for p in range(1, 8)},
+    }
+
+
+def _tile_names() -> dict[str, tuple[str, str | None]]:
+    """Tile-scaled types: OCP MX, block floating point, MSFP, codebooks over subtiles, NVIDIA's FP4."""
+    table: dict[str, tuple[str, str | None]] = {
         # tile scaled, OCP MX and block floating point
         "mxfp8e5": ("e5m2", "e8m0_t32"),
         "mxfp8e4": ("e4m3fn", "e8m0_t32"),
@@ -134,6 +148,13 @@ def _table() -> dict[str, tuple[str, str | None]]:
     for name, code in (("nvf4", "e2m1fnuz"), ("nvf6", "e2m3fnuz"), ("nvb6", "e3m2fnuz"), ("nvf8", "e4m3fn"),
                        ("nvb8", "e5m2")):  # fmt: skip
         table[name] = (code, "e4m3fn_t16")
+    return table
+
+
+def _float_scaled_names() -> dict[str, tuple[str, str | None]]:
+    """Types scaled per tensor, channel or block: FP8 recipes, integers (uint with zero points) and
+    small floats per tensor, float-scaled integers on tiles of 32."""
+    table: dict[str, tuple[str, str | None]] = {}
     # FP8 recipes with float32 scales: per tensor, per channel (row), 1x128 tiles, 128x128 blocks;
     # fp8 = e4m3fn, bf8 = e5m2; F/f/b = float32/float16/bfloat16 scales (the reference's names)
     for prefix, code in (("fp8", "e4m3fn"), ("bf8", "e5m2")):
@@ -159,7 +180,6 @@ def _table() -> dict[str, tuple[str, str | None]]:
             for z, zcode in (*zeros.items(), ("i", f"int{bits}")):
                 table[f"uint{bits}_{s}{z}_t32"] = (f"uint{bits}", f"{scode}_{zcode}_t32")
             table[f"int{bits}_{s}_t32"] = (f"int{bits}", f"{scode}_t32")
-    table.update(_reference_names())
     return table
 
 

@@ -135,7 +135,7 @@ def cast_file(
     check_paths(source, output, force=force)
     import torch
 
-    from . import cast, upcast
+    from . import cast
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     pattern = re.compile(only) if only else None
@@ -146,33 +146,13 @@ def cast_file(
     for name, tensor in tensors.items():
         if progress:
             progress(name)
-        eligible = tensor.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        if not eligible or (pattern and not pattern.search(name)):
+        reason = _skip_reason(name, tensor, pattern)
+        if reason:
             written[name] = tensor
-            reason = "not a float tensor" if not eligible else "not matched by --only"
             results.append(TensorCastResult(name, tuple(tensor.shape), math.nan, math.nan, math.nan, reason))
             continue
         if castmode == "actual":
-            packed = cast(tensor.to(device), dtype, roundmode=roundmode, castmode="actual")
-            values = upcast(packed).cpu()
-            written[f"{name}.codes"] = packed.codes.cpu()
-            if packed.scales is not None:
-                written[f"{name}.scales"] = packed.scales.cpu()
-            if packed.zeros is not None:
-                written[f"{name}.zeros"] = packed.zeros.cpu()
-            if packed.tensor_scale is not None:
-                written[f"{name}.tensor_scale"] = packed.tensor_scale.reshape(1).cpu()
-            if packed.meta is not None:
-                written[f"{name}.meta"] = packed.meta.cpu()
-            layout[name] = {
-                "nspec": dtype.nspec.code,
-                "sspec": dtype.sspec.code if dtype.sspec else None,
-                "datatype": dtype.name,
-                "shape": list(packed.shape),
-                "source_dtype": str(packed.source_dtype).removeprefix("torch."),
-                "numel_padded": packed.numel_padded,
-            }
-            bits = packed.bits_per_value
+            values, bits = _cast_actual(name, tensor.to(device), dtype, roundmode, written, layout)
         else:
             values = cast(tensor.to(device), dtype, roundmode=roundmode).cpu()
             written[name] = values
@@ -183,6 +163,46 @@ def cast_file(
         metadata = dict(metadata) | {METADATA_KEY: json.dumps(layout)}
     _write(output, written, metadata, force=force)
     return results
+
+
+def _skip_reason(name: str, tensor: torch.Tensor, pattern: re.Pattern[str] | None) -> str:
+    """Why a tensor is copied rather than cast ("" where it is cast): not a float, or not matched."""
+    import torch
+
+    eligible = tensor.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    if not eligible or (pattern and not pattern.search(name)):
+        return "not a float tensor" if not eligible else "not matched by --only"
+    return ""
+
+
+def _cast_actual(
+    name: str, x: torch.Tensor, dtype: DataType, roundmode: str | None, written: dict[str, torch.Tensor],
+    layout: dict[str, Any],
+) -> tuple[torch.Tensor, float]:  # fmt: skip
+    """Building the stored parts of an actual cast (into `written`, its layout into `layout`); returns
+    the upcast values on the CPU and the bits per value."""
+    from . import cast, upcast
+
+    packed = cast(x, dtype, roundmode=roundmode, castmode="actual")
+    values = upcast(packed).cpu()
+    written[f"{name}.codes"] = packed.codes.cpu()
+    if packed.scales is not None:
+        written[f"{name}.scales"] = packed.scales.cpu()
+    if packed.zeros is not None:
+        written[f"{name}.zeros"] = packed.zeros.cpu()
+    if packed.tensor_scale is not None:
+        written[f"{name}.tensor_scale"] = packed.tensor_scale.reshape(1).cpu()
+    if packed.meta is not None:
+        written[f"{name}.meta"] = packed.meta.cpu()
+    layout[name] = {
+        "nspec": dtype.nspec.code,
+        "sspec": dtype.sspec.code if dtype.sspec else None,
+        "datatype": dtype.name,
+        "shape": list(packed.shape),
+        "source_dtype": str(packed.source_dtype).removeprefix("torch."),
+        "numel_padded": packed.numel_padded,
+    }
+    return values, packed.bits_per_value
 
 
 _PARTS = (".codes", ".scales", ".zeros", ".tensor_scale", ".meta")  # what an actual cast stores per tensor

@@ -394,10 +394,29 @@ def cast(
     if dtype.sspec is not None and not dtype.sspec.is_exponent:
         return _float_cast(x, dtype, roundmode, scalemode, virtual, out_dtype, given, config)
     assert given is None
-    nspec = dtype.nspec
     x = x.contiguous()
     shape = tuple(x.shape)
     geo = geometry(shape, dtype)
+    config, narrow_square, words = _exponent_config(dtype, roundmode, virtual, x, geo, config)
+    out_size = out_dtype.itemsize if virtual and out_dtype is not None else x.element_size()
+    per_program = config.blocks(geo.tile, max(x.element_size(), out_size))
+    grid = (triton.cdiv(geo.blocks, per_program),)
+    common = _exponent_common(dtype, roundmode, scalemode, virtual, x, geo, config, per_program)
+    source = as_bits(x, loading=True)
+    if virtual:
+        out = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
+        if geo.blocks:
+            virtual_kernel[grid](source, as_bits(out), *geo.args(), seed, **common)
+        return out
+    return _exponent_actual(x, dtype, roundmode, seed, geo, grid, source, common, narrow_square, words)
+
+
+def _exponent_config(
+    dtype: DataType, roundmode: RoundMode, virtual: bool, x: torch.Tensor, geo: Geometry, config: LaunchConfig
+) -> tuple[LaunchConfig, bool, bool]:
+    """Choosing the launch config of an exponent-scaled or unscaled cast (a caller's config stands):
+    nibble words, or plain loads for 4- and 6-bit codes under square tiles; with those two flags."""
+    nspec = dtype.nspec
     has_scale = dtype.sspec is not None
     # 4- and 6-bit codes under square tiles pack best from plain loads (no 16-element runs)
     narrow_square = has_scale and dtype.sspec.is_2d and nspec.bits in (4, 6)
@@ -406,11 +425,16 @@ def cast(
         config = _nibble_words_config(geo)
     elif narrow_square and (not virtual or x.element_size() == 2) and config == LaunchConfig():
         config = _square_tile_config(geo.tile)
-    numel_padded = geo.stored
-    code_bytes = packed_nbytes(numel_padded, nspec.bits)
-    out_size = out_dtype.itemsize if virtual and out_dtype is not None else x.element_size()
-    per_program = config.blocks(geo.tile, max(x.element_size(), out_size))
-    grid = (triton.cdiv(geo.blocks, per_program),)
+    return config, narrow_square, words
+
+
+def _exponent_common(
+    dtype: DataType, roundmode: RoundMode, scalemode: ScaleMode, virtual: bool, x: torch.Tensor, geo: Geometry,
+    config: LaunchConfig, per_program: int,
+) -> dict[str, object]:  # fmt: skip
+    """The constexprs both kernels of an exponent-scaled or unscaled cast take."""
+    nspec = dtype.nspec
+    has_scale = dtype.sspec is not None
     common = {
         "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "HAS_SCALE": has_scale, "EVEN": geo.even,
         "ROUND": ROUND_CODES[roundmode], "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
@@ -420,12 +444,18 @@ def cast(
     else:
         common |= {"LIMIT": 0.0, "SCALE_MODE": 0}
     common["HW_FP8"] = _hardware_fp8(nspec, roundmode, has_scale, x.device)
-    source = as_bits(x, loading=True)
-    if virtual:
-        out = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device)
-        if geo.blocks:
-            virtual_kernel[grid](source, as_bits(out), *geo.args(), seed, **common)
-        return out
+    return common
+
+
+def _exponent_actual(
+    x: torch.Tensor, dtype: DataType, roundmode: RoundMode, seed: int, geo: Geometry, grid: tuple[int],
+    source: torch.Tensor, common: dict[str, object], narrow_square: bool, words: bool,
+) -> Tensor:  # fmt: skip
+    """Building the result of an actual cast: packed codes and E8M0 scales from the actual kernel."""
+    nspec = dtype.nspec
+    has_scale = dtype.sspec is not None
+    numel_padded = geo.stored
+    code_bytes = packed_nbytes(numel_padded, nspec.bits)
     codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
     scales = torch.empty(geo.blocks if has_scale else 0, dtype=torch.uint8, device=x.device)
     fast = (
@@ -440,7 +470,7 @@ def cast(
         )  # fmt: skip
     return Tensor(
         dtype=dtype,
-        shape=shape,
+        shape=tuple(x.shape),
         source_dtype=x.dtype,
         codes=codes,
         scales=scales if has_scale else None,
