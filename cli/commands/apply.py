@@ -82,6 +82,11 @@ def _render(result: Any, quiet: bool) -> None:
             print_line(f"budget: {step.weight_bytes:,} weight bytes, at most {step.max_bytes:,}: {verdict}")
         elif kind == "convert":
             print_line(f"converted to a Core AI program in {step.seconds:.1f} s")
+        elif kind == "transform":
+            eq = step.equivalence
+            print_line(
+                f"transformed ({step.kind}): {len(step.changes)} changes, outputs within {eq.relative_rms:.2g} (relative RMS)"
+            )
         elif kind == "quantize_activations":
             print_line(f"weights and activations quantized on {step.samples} samples from {step.calibration}")
     state = "written" if result.written else "not written"

@@ -26,7 +26,7 @@ from ._results import (
     RecipeResult,
     StepResult,
 )
-from ._steps import STEP_TYPES, Budget, Cast, Compress, Convert, QuantizeActivations, Step
+from ._steps import STEP_TYPES, Budget, Cast, Compress, Convert, QuantizeActivations, Step, Transform
 
 __all__ = [
     "RECIPE_VERSION",
@@ -45,6 +45,7 @@ __all__ = [
     "RecipeResult",
     "Step",
     "StepResult",
+    "Transform",
     "apply_recipe",
     "cast_file",
     "compress_file",

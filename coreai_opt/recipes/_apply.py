@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coreai_opt._errors import NothingDoneError
+from coreai_opt._errors import ConfigError, NothingDoneError
 from coreai_opt.io import (
     ConversionError,
     ModelFileError,
@@ -42,7 +42,7 @@ from ._results import (
     RecipeResult,
     StepResult,
 )
-from ._steps import Budget, Cast, Compress, Convert, QuantizeActivations, Step
+from ._steps import Budget, Cast, Compress, Convert, QuantizeActivations, Step, Transform
 
 Progress = Callable[[int, int, str], None]
 _PT2_ONLY = (QuantizeActivations, Cast, Convert)
@@ -343,7 +343,18 @@ def _budget(step: Budget, program: Any, run: _Run, index: int) -> StepOutcome:
     return program, outcome, None if outcome.ok else "budget"
 
 
+def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutcome:
+    from coreai_opt.transforms import transform_
+
+    if type(program).__name__ != "ExportedProgram":
+        raise ConfigError(
+            f"step {index + 1} transforms a torch.export program, not a Core AI program", "steps"
+        )
+    return program, transform_(program, step.config), None
+
+
 _RUNNERS: dict[type, Callable[[Any, Any, _Run, int], StepOutcome]] = {
+    Transform: _transform,
     Compress: _compress,
     QuantizeActivations: _quantize_activations,
     Cast: _cast,

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coreai_opt.transforms import TransformReport
+
 if TYPE_CHECKING:
     from coreai_opt.casting import CastReport, CastTarget, CheckResult
     from coreai_opt.compression import CompressionReport
@@ -114,7 +116,14 @@ class BudgetResult:
         return {"weight_bytes": self.weight_bytes, "max_bytes": self.max_bytes, "ok": self.ok}
 
 
-StepResult = CompressionFileResult | CastFileResult | ConversionResult | ActivationsFileResult | BudgetResult
+StepResult = (
+    CompressionFileResult
+    | CastFileResult
+    | ConversionResult
+    | ActivationsFileResult
+    | BudgetResult
+    | TransformReport
+)
 
 
 @dataclass

@@ -181,8 +181,39 @@ class Budget:
         return cls(**_only(data, cls))
 
 
-Step = Compress | QuantizeActivations | Cast | Convert | Budget
-STEP_TYPES: dict[str, type] = {s.KIND: s for s in (Compress, QuantizeActivations, Cast, Convert, Budget)}
+@dataclass(frozen=True, kw_only=True)
+class Transform:
+    """An equivalence-preserving edit of the program (`coreai_opt.transforms`: a norm's scale
+    folded into its linears, ...), checked against the program's own outputs before the next step."""
+
+    config: Any  # a transforms.TransformConfig
+
+    KIND = "transform"
+
+    def __post_init__(self) -> None:
+        from coreai_opt.transforms import TransformConfig
+
+        if not isinstance(self.config, TransformConfig):
+            raise ConfigError(f"config must be a TransformConfig, not {shown(self.config)}", "config")
+
+    def tag(self) -> str:
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Transform:
+        from coreai_opt.transforms import transform_types
+
+        _only(data, cls, ("config",), built=("config",))
+        return cls(config=_config(data.get("config"), "config", tuple(transform_types().values())))
+
+
+Step = Compress | QuantizeActivations | Cast | Convert | Budget | Transform
+STEP_TYPES: dict[str, type] = {
+    s.KIND: s for s in (Transform, Compress, QuantizeActivations, Cast, Convert, Budget)
+}
 
 
 def _only(data: Any, step: type, taken: tuple[str, ...] = (), built: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -210,7 +241,7 @@ def _mapping(data: Any, name: str) -> dict[str, Any]:
     return data
 
 
-def _config(data: Any, name: str, kinds: tuple[type, ...]) -> WeightConfig:
+def _config(data: Any, name: str, kinds: tuple[type, ...]) -> Any:
     """A config from plain data (`to_dict`'s form: its kind, version and options), every value
     type-checked before the config reads it."""
     by_kind = {kind.KIND: kind for kind in kinds}

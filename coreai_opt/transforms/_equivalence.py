@@ -1,0 +1,73 @@
+"""Whether a transformed program computes what the original did: both run on the same seeded
+inputs (the input policy of `coreai_opt.inputs`), every output compared."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+
+class TransformError(ValueError):
+    """A transform that would change what the program computes (beyond its tolerance), or that
+    cannot run on it; the program is left as it was."""
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """The worst relative RMS difference and the largest absolute difference of any output over
+    the samples; `samples`: how many seeded inputs were compared."""
+
+    relative_rms: float
+    max_abs: float
+    samples: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"relative_rms": self.relative_rms, "max_abs": self.max_abs, "samples": self.samples}
+
+
+def seeded_inputs(program: ExportedProgram, count: int) -> list[list[torch.Tensor]]:
+    """`count` draws of the program's user inputs, in input order and dtypes."""
+    import torch
+
+    from coreai_opt.inputs import draw_inputs, exported_program_specs, exported_program_usage, input_rules
+    from coreai_opt.inputs import user_input_nodes as nodes
+
+    specs = exported_program_specs(program)
+    rules = input_rules(specs, exported_program_usage(program))
+    dtypes = [node.meta["val"].dtype for node in nodes(program)]
+    draws = (draw_inputs(specs, rules, seed) for seed in range(count))
+    return [[torch.from_numpy(d[s.name]).to(t) for s, t in zip(specs, dtypes, strict=True)] for d in draws]
+
+
+def outputs(program: ExportedProgram, inputs: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """The program's float outputs on each input set, as float64."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    from coreai_opt._export import runnable
+
+    module = runnable(program)
+    with torch.no_grad():
+        runs = [pytree.tree_leaves(module(*sample)) for sample in inputs]
+    return [
+        [t.detach().double() for t in run if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        for run in runs
+    ]
+
+
+def compare(before: list[list[torch.Tensor]], after: list[list[torch.Tensor]]) -> Equivalence:
+    worst, largest = 0.0, 0.0
+    for was, now in zip(before, after, strict=True):
+        for a, b in zip(was, now, strict=True):
+            if a.shape != b.shape:
+                return Equivalence(math.inf, math.inf, len(before))
+            scale = math.sqrt(float((a * a).mean())) or 1.0
+            difference = (a - b).nan_to_num(nan=math.inf)
+            worst = max(worst, math.sqrt(float((difference * difference).mean())) / scale)
+            largest = max(largest, float(difference.abs().max()) if difference.numel() else 0.0)
+    return Equivalence(worst, largest, len(before))
