@@ -29,6 +29,10 @@ class Element:
     tcast: str | None  # tcast number code of the stored codes
     torch: str | None  # torch dtype name of the values
     numpy: str | None  # numpy (or ml_dtypes) dtype name of the values
+    # How coreai-torch stores the codes in a .pt2 where no torch dtype holds them: this many to a
+    # uint8 along the last axis (1: one per byte), recognised by scales of the element `packed_under`
+    codes_per_byte: int = 1
+    packed_under: str | None = None
 
     @property
     def is_float(self) -> bool:
@@ -75,7 +79,16 @@ ELEMENTS: dict[str, Element] = {
         Element("f8E4M3FN", Kind.FLOAT, 8, "e4m3fn", "float8_e4m3fn", "float8_e4m3fn"),
         Element("f8E5M2", Kind.FLOAT, 8, "e5m2", "float8_e5m2", "float8_e5m2"),
         Element("f8E8M0FNU", Kind.FLOAT, 8, "e8m0", "float8_e8m0fnu", "float8_e8m0fnu"),
-        Element("f4E2M1FN", Kind.FLOAT, 4, "e2m1ocp", None, "float4_e2m1fn"),
+        Element(
+            "f4E2M1FN",
+            Kind.FLOAT,
+            4,
+            "e2m1ocp",
+            None,
+            "float4_e2m1fn",
+            codes_per_byte=2,
+            packed_under="f8E8M0FNU",
+        ),
         Element("f6E2M3FN", Kind.FLOAT, 6, "e2m3ocp", None, "float6_e2m3fn"),
         Element("f6E3M2FN", Kind.FLOAT, 6, "e3m2ocp", None, "float6_e3m2fn"),
         Element("i1", Kind.BOOL, 1, None, "bool", "bool"),
@@ -101,6 +114,20 @@ def of_torch(dtype: Any) -> Element:
         return _BY_TORCH[name]
     except KeyError:
         raise ValueError(f"no element type for torch dtype {name}") from None
+
+
+def packed_element(data_dtype: Any, scale_dtype: Any) -> Element | None:
+    """The element whose codes a .pt2 packs into `data_dtype` bytes under scales of
+    `scale_dtype` (OCP FP4: uint8 pairs under E8M0 scales), or None: plain codes."""
+    if str(data_dtype).removeprefix("torch.") != "uint8":
+        return None
+    scale = _BY_TORCH.get(str(scale_dtype).removeprefix("torch."))
+    packed = [
+        e
+        for e in ELEMENTS.values()
+        if e.codes_per_byte > 1 and scale is not None and e.packed_under == scale.name
+    ]
+    return packed[0] if packed else None
 
 
 def core_ai_name(dtype: Any) -> str:

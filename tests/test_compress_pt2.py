@@ -185,7 +185,7 @@ def test_what_coreai_torch_cannot_carry_is_skipped_with_its_reason() -> None:
     program = torch.export.export(conv, (torch.randn(1, 32, 8, 8),))
     report = compress_(program, QuantizeConfig(dtype=DType.FP4_E2M1FN))
     (odd,) = [s for s in report.skipped if s.kind is SkipKind.LAYOUT]
-    assert odd.reason == "FP4 codes pack in pairs along the last axis; its length 3 is odd"
+    assert odd.reason == "f4E2M1FN codes pack 2 to a byte along the last axis; its length 3 is not a multiple"
 
 
 def test_a_weight_read_with_two_layouts_is_left_with_a_reason() -> None:

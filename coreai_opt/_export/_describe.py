@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._elements import ELEMENTS, core_ai_name
-from coreai_opt.weights import Described, is_packed_fp4
+from coreai_opt._elements import ELEMENTS, core_ai_name, packed_element
+from coreai_opt.weights import Described
 from coreai_opt.weights import describe as words
 
 from . import _ops
@@ -109,8 +109,8 @@ class StateWalker:
                 bits = self._bits(user)
                 if bits is not None:
                     element = f"{'si' if tensor.dtype.is_signed else 'ui'}{bits}"
-                elif is_packed_fp4(tensor, scale):
-                    element, shape = "f4E2M1FN", (*shape[:-1], shape[-1] * 2)
+                elif (packed := packed_element(tensor.dtype, scale.dtype)) is not None:
+                    element, shape = packed.name, (*shape[:-1], shape[-1] * packed.codes_per_byte)
             elif name == _ops.SPARSE_TO_DENSE and user.args[1] is node:
                 element = "ui1"
         bits = ELEMENTS[element].bits if element in ELEMENTS else 8 * tensor.element_size()

@@ -292,11 +292,13 @@ def _refusal(form: Any, site: WeightSite) -> str | None:
         )
     if isinstance(form, Quantized):
         data = form.data.element
-        if data.name == "f4E2M1FN":
-            if form.decode.scale.element.name != "f8E8M0FNU":
-                return "FP4 data in a .pt2 needs E8M0 scales (coreai-torch recognises FP4 by them)"
-            if form.data.shape[-1] % 2:
-                return f"FP4 codes pack in pairs along the last axis; its length {form.data.shape[-1]} is odd"
+        if data.codes_per_byte > 1:
+            if form.decode.scale.element.name != data.packed_under:
+                return (f"{data.name} data in a .pt2 needs {data.packed_under} scales (coreai-torch recognises "
+                        "its packed codes by them)")  # fmt: skip
+            if form.data.shape[-1] % data.codes_per_byte:
+                return (f"{data.name} codes pack {data.codes_per_byte} to a byte along the last axis; its length "
+                        f"{form.data.shape[-1]} is not a multiple")  # fmt: skip
     if isinstance(form, Sparse):
         return _refusal(form.kept, site)
     return None

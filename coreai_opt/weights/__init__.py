@@ -11,7 +11,6 @@ from . import _describe as describe
 from ._container import CONTAINERS, Container, Written, container_of, register_container
 from ._decode import (
     decode,
-    is_packed_fp4,
     lut_to_dense,
     row_slice,
     shift_scale,
@@ -48,7 +47,6 @@ __all__ = [
     "container_of",
     "decode",
     "describe",
-    "is_packed_fp4",
     "lut_to_dense",
     "register_container",
     "row_slice",

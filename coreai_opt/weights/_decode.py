@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from coreai_opt._elements import Element, packed_element
+
 from ._forms import Encoding, Form, Palettized, Quantized, ShiftScale, Stored
 
 if TYPE_CHECKING:
@@ -31,11 +33,11 @@ def torch_values(stored: Stored) -> torch.Tensor:
     element, values = stored.element, np.ascontiguousarray(stored.values)
     if element.name == "ui1":
         return torch.from_numpy(values.astype(bool))
-    if element.name == "f4E2M1FN":  # an even last axis (see _refusal): no pair spans two rows
+    if element.codes_per_byte > 1:  # a last axis of whole bytes (see _refusal): none spans two rows
         import tcast
 
-        packed = tcast.pack_codes(torch.from_numpy(values.astype(np.uint8)), 4)
-        return packed.reshape(*values.shape[:-1], values.shape[-1] // 2)
+        packed = tcast.pack_codes(torch.from_numpy(values.astype(np.uint8)), element.bits)
+        return packed.reshape(*values.shape[:-1], values.shape[-1] // element.codes_per_byte)
     if element.is_float:
         if element.bits == 8:  # FP8 and E8M0 by their bits
             return torch.from_numpy(values.view(np.uint8).copy()).view(element.torch_dtype())
@@ -109,10 +111,10 @@ def shift_scale(
 
     if minval is not None:
         raise ValueError("minval offsets are not written by coreopt")
-    fp4 = is_packed_fp4(data, scale)
-    if fp4 or data.is_floating_point():
-        if fp4:
-            data = unpack_fp4(data)
+    packed = packed_element(data.dtype, scale.dtype)
+    if packed is not None or data.is_floating_point():
+        if packed is not None:
+            data = unpacked(data, packed)
         blocks = _blocks(_float32(data), tuple(scale.shape))
         out = (blocks * _per_block(scale.to(torch.float32))).reshape(data.shape)
         return out.to(output_dtype if output_dtype is not None else scale.dtype)
@@ -135,22 +137,17 @@ def _float32(data: torch.Tensor) -> torch.Tensor:
     return tcast.decode(data.view(torch.uint8), tcast.number(element.tcast), torch.float32)
 
 
-def is_packed_fp4(data: Any, scale: Any) -> bool:
-    """coreai-torch's sign of FP4 data (tensors or fake tensors): uint8 pairs under E8M0 scales."""
-    from coreai_opt._elements import of_torch
-
-    return str(data.dtype) == "torch.uint8" and of_torch(scale.dtype).name == "f8E8M0FNU"
-
-
-def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 pairs of OCP FP4 codes (low nibble first) along the last axis, as float32 values."""
+def unpacked(packed: torch.Tensor, element: Element) -> torch.Tensor:
+    """Codes packed `element.codes_per_byte` to a byte (low bits first) along the last axis, as
+    float32 values of `element`."""
     import torch
 
     import tcast
 
-    shape = (*packed.shape[:-1], 2 * packed.shape[-1])
-    codes = tcast.unpack_codes(packed.contiguous(), 4, 2 * packed.numel()).reshape(shape)
-    return tcast.decode(codes, tcast.number("e2m1ocp"), torch.float32)
+    per = element.codes_per_byte
+    shape = (*packed.shape[:-1], per * packed.shape[-1])
+    codes = tcast.unpack_codes(packed.contiguous(), element.bits, per * packed.numel()).reshape(shape)
+    return tcast.decode(codes, tcast.number(element.tcast), torch.float32)
 
 
 def sparse_to_dense(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -184,13 +181,13 @@ def _shift_scale_of(
 def _data(stored: Stored, device: Any) -> torch.Tensor:
     """Quantized data as the decompression op reads it; FP4 codes as their float32 values (what the
     op unpacks its pairs to), so no packing constraint of a container applies."""
-    if stored.element.name == "f4E2M1FN":
+    if stored.element.codes_per_byte > 1:
         import torch
 
         import tcast
 
         codes = torch.from_numpy(stored.values.astype(np.int64)).to(device)
-        return tcast.decode(codes, tcast.number("e2m1ocp"), torch.float32)
+        return tcast.decode(codes, tcast.number(stored.element.tcast), torch.float32)
     return torch_values(stored).to(device)
 
 
