@@ -18,6 +18,15 @@ def printable(text: object) -> str:
     return _UNPRINTABLE.sub(lambda match: ascii(match.group())[1:-1], str(text))
 
 
+def shown(value: object) -> str:
+    """A value as an error shows it: its repr, cut short (a value read from a file included)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an integer of thousands of digits, a list nested deep
+        return "a value too large to show"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class ConfigError(ValueError):
     """An invalid config or option value; `fields` names the parameters at fault, so a CLI can name
     its own flags for them."""

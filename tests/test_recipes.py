@@ -331,3 +331,30 @@ def test_a_recipe_too_large_to_read_back_is_not_written(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"at most {MAX_FILE_BYTES >> 20} MiB"):
         recipe.save(tmp_path / "big.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_w8a8_step_keeps_its_per_module_and_per_op_type_entries(tmp_path: Path) -> None:
+    """W8A8's whole config travels through a recipe file: the entries that leave a module or an op
+    type in float (or give it its own settings) are read back as they were written."""
+    from coreai_opt.quantization import ActivationConfig, OpConfig, QuantizerConfig
+    from coreai_opt.recipes import QuantizeActivations
+
+    own = OpConfig(
+        QuantizeConfig(dtype="int8", weight_num_threshold=0), ActivationConfig(observer="percentile")
+    )
+    config = QuantizerConfig(OpConfig(), {"layers.0.*": None, "head": own}, {"matmul": None})
+    step = QuantizeActivations(config=config, calibration="random", calibration_samples=4)
+    assert QuantizerConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    for suffix in (".yaml", ".json"):
+        path = Recipe((step,)).save(tmp_path / f"w8a8{suffix}")
+        assert Recipe.load(path) == Recipe((step,))
+    text = (tmp_path / "w8a8.yaml").read_text()
+    assert "layers.0.*" in text and "matmul" in text and "percentile" in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: [{quantize_activations: {calibration: random, op_type_configs: [{op_type: 5}]}}]")
+    from coreai_opt.io import ModelFileError
+
+    with pytest.raises(
+        ModelFileError, match=r"bad\.yaml: step 1 \(quantize_activations\): an entry of op_type_configs is"
+    ):
+        Recipe.load(bad)

@@ -9,12 +9,14 @@ coremltools uses); a None entry leaves the op in float. Weights take the compres
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coreai_opt._errors import ConfigError
+from coreai_opt._errors import ConfigError, shown
 from coreai_opt.compression import DType, QScheme, QuantizeConfig
 
 
@@ -81,6 +83,10 @@ class ActivationConfig:
                 f"averaging_constant must lie in (0, 1], not {self.averaging_constant}", "averaging_constant"
             )
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype.value, "qscheme": self.qscheme.value, "observer": self.observer.value,
+                "percentile": self.percentile, "averaging_constant": self.averaging_constant}  # fmt: skip
+
 
 def _default_weights() -> QuantizeConfig:
     # every weight of a quantized op, however small: its activations are quantized too
@@ -106,8 +112,54 @@ class OpConfig:
                 f"activations takes an ActivationConfig or None, not {self.activations!r}", "activations"
             )
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data: the weights' config (without its kind) and the activations', None for float."""
+        weights = (
+            None if self.weights is None else {k: v for k, v in self.weights.to_dict().items() if k != "kind"}
+        )
+        return {
+            "weights": weights,
+            "activations": None if self.activations is None else self.activations.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, check: Check | None = None) -> OpConfig:
+        """An OpConfig from `to_dict`'s data; `check(owner, values, place)` sees every mapping
+        before it is read (a recipe file's type checks)."""
+        data = _mapping(data, "op config")
+        unknown = sorted(set(data) - {"weights", "activations"})
+        if unknown:
+            raise ConfigError(f"an op config has no option {unknown[0]!r}", unknown[0])
+        weights, acts = data.get("weights"), data.get("activations")
+        if weights is not None:
+            weights = {"kind": QuantizeConfig.KIND, **_mapping(weights, "weights")}
+            (check or _no_check)(QuantizeConfig, weights, "weights.")
+            weights = QuantizeConfig.from_dict(weights)
+        if acts is not None:
+            acts = _mapping(acts, "activations")
+            unknown = sorted(set(acts) - {f.name for f in dataclasses.fields(ActivationConfig)})
+            if unknown:
+                raise ConfigError(f"activations: ActivationConfig has no option {unknown[0]!r}", unknown[0])
+            (check or _no_check)(ActivationConfig, acts, "activations.")
+            acts = ActivationConfig(**acts)
+        return cls(weights=weights, activations=acts)
+
+
+Check = Callable[[type, dict[str, Any], str], None]
+
+
+def _no_check(owner: type, values: dict[str, Any], place: str) -> None:
+    del owner, values, place
+
+
+def _mapping(data: Any, what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} must be a mapping of options, not {shown(data)}", what.split()[-1])
+    return data
+
 
 Entries = tuple[tuple[str, OpConfig | None], ...]
+_VERSION = 1  # of `to_dict`'s layout
 
 
 def _entries(value: Any, what: str) -> Entries:
@@ -156,6 +208,50 @@ class QuantizerConfig:
             if OpType(key) is op_type:
                 return config
         return self.global_config
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, every part: the global op config and both lists of entries (None: float)."""
+
+        def entries(items: Entries, key: str) -> list[dict[str, Any]]:
+            return [{key: k, "config": None if c is None else c.to_dict()} for k, c in items]
+
+        return {"kind": "w8a8", "version": _VERSION, "global_config": self.global_config.to_dict(),
+                "module_name_configs": entries(self.module_name_configs, "pattern"),
+                "op_type_configs": entries(self.op_type_configs, "op_type")}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Any, check: Check | None = None) -> QuantizerConfig:
+        """A QuantizerConfig from `to_dict`'s data (unknown keys and versions refused)."""
+        data = _mapping(data, "quantizer config")
+        if data.get("version", _VERSION) != _VERSION:
+            raise ConfigError(
+                f"quantizer config version {data.get('version')!r} is not {_VERSION}", "version"
+            )
+        unknown = sorted(
+            set(data) - {"kind", "version", "global_config", "module_name_configs", "op_type_configs"}
+        )
+        if unknown:
+            raise ConfigError(f"a quantizer config has no option {unknown[0]!r}", unknown[0])
+
+        def entries(key: str, name: str) -> list[tuple[str, OpConfig | None]]:
+            items = data.get(name) or []
+            if not isinstance(items, list):
+                raise ConfigError(f"{name} is a list of entries, not {type(items).__name__}", name)
+            found = []
+            for item in items:
+                item = _mapping(item, f"an entry of {name}")
+                if set(item) - {key, "config"} or not isinstance(item.get(key), str):
+                    raise ConfigError(
+                        f"an entry of {name} is {{{key}: TEXT, config: OP CONFIG or null}}", name
+                    )
+                config = item.get("config")
+                found.append((item[key], None if config is None else OpConfig.from_dict(config, check)))
+            return found
+
+        global_config = OpConfig.from_dict(data.get("global_config", {}), check)
+        return cls(
+            global_config, entries("pattern", "module_name_configs"), entries("op_type", "op_type_configs")
+        )
 
     @classmethod
     def w8a8(cls, observer: Observer | str = Observer.MINMAX) -> QuantizerConfig:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coreai_opt._errors import ConfigError
-from coreai_opt.compression import QuantizeConfig, WeightConfig
+from coreai_opt.compression import WeightConfig
 
 from ._values import check_fields, check_record, least, shown
 
@@ -85,28 +85,25 @@ class QuantizeActivations:
         return f"{weights}{activations}"
 
     def to_dict(self) -> dict[str, Any]:
-        op = self.config.global_config
-        acts = op.activations
-        return {
-            "weights": op.weights.to_dict() if op.weights is not None else None,
-            "activations": None if acts is None else {
-                "dtype": acts.dtype.value, "qscheme": acts.qscheme.value, "observer": acts.observer.value,
-                "percentile": acts.percentile, "averaging_constant": acts.averaging_constant,
-            },
-            "calibration": self.calibration, "calibration_samples": self.calibration_samples, "seed": self.seed,
-        }  # fmt: skip
+        """The global op config at the top (`weights`, `activations`), the per-module and per-op-type
+        entries beside it when there are any."""
+        config = self.config.to_dict()
+        data: dict[str, Any] = dict(config["global_config"])
+        data.update((k, config[k]) for k in ("module_name_configs", "op_type_configs") if config[k])
+        return data | {"calibration": self.calibration, "calibration_samples": self.calibration_samples,
+                       "seed": self.seed}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantizeActivations:
-        from coreai_opt.quantization import OpConfig, QuantizerConfig
+        from coreai_opt.quantization import QuantizerConfig
 
-        values = _only(data, cls, ("weights", "activations"), built=("config",))
-        weights, acts = data.get("weights"), data.get("activations")
-        op = OpConfig(
-            weights=None if weights is None else _weights(weights),
-            activations=None if acts is None else _activations(acts),
-        )
-        return cls(config=QuantizerConfig(op), **values)
+        parts = ("weights", "activations", "module_name_configs", "op_type_configs")
+        values = _only(data, cls, parts, built=("config",))
+        plain = {
+            "global_config": {k: data[k] for k in ("weights", "activations") if k in data},
+            **{k: data[k] for k in ("module_name_configs", "op_type_configs") if k in data},
+        }
+        return cls(config=QuantizerConfig.from_dict(plain, check_fields), **values)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,20 +256,3 @@ def config_of(data: Any, name: str) -> WeightConfig:
     from coreai_opt.compression import config_types
 
     return _config(data, name, tuple(config_types().values()))
-
-
-def _weights(data: Any) -> QuantizeConfig:
-    """W8A8's weight config from plain data (`to_dict`'s form; its kind may be left out)."""
-    return _config({"kind": QuantizeConfig.KIND, **_mapping(data, "weights")}, "weights", (QuantizeConfig,))  # type: ignore[return-value]
-
-
-def _activations(data: Any) -> Any:
-    """A quantization.ActivationConfig from plain data (other keys refused, values type-checked)."""
-    from coreai_opt.quantization import ActivationConfig
-
-    data = _mapping(data, "activations")
-    unknown = sorted(set(data) - {f.name for f in dataclasses.fields(ActivationConfig)})
-    if unknown:
-        raise ConfigError(f"activations: ActivationConfig has no option {unknown[0]!r}", unknown[0])
-    check_fields(ActivationConfig, data, "activations.")
-    return ActivationConfig(**data)

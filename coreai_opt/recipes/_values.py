@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping, Sized
 from typing import Any
 
-from coreai_opt._errors import ConfigError
+from coreai_opt._errors import ConfigError, shown
 from coreai_opt.compression import Override
 from coreai_opt.io import walk_json
 
@@ -233,15 +233,6 @@ def _describe(hint: Any) -> str:
         return "one of " + ", ".join(str(member.value) for member in hint)
     name = str(getattr(hint, "__name__", hint))
     return f"{'an' if name[:1] in 'AEIOU' else 'a'} {name}"
-
-
-def shown(value: Any) -> str:
-    """A value as an error shows it: its repr, cut short."""
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # an integer of thousands of digits, a list nested deep
-        return "a value too large to show"
-    return _cut(text, 60)
 
 
 def _cut(text: str, limit: int) -> str:
