@@ -72,7 +72,7 @@ def main() -> None:
     for index, bits in enumerate(args.bits):
         began = time.perf_counter()
         target = args.out / f"smollm2.mixed{bits:g}.pt2"
-        found = optimize(ref, Goal(target_bits=bits), calibration, held, output=target, force=True, threshold=0, choices=args.candidates,
+        found = optimize(ref, Goal(target_bits=bits), calibration, held, output=target, force=True, threshold=0, candidates=args.candidates,
                          calibration_tokens=args.calibration_tokens, eval_tokens=args.tokens, trial_tokens=args.trial_tokens, uniform=args.uniform if index == 0 else 0,
                          say=lambda line: print(f"  {line}", flush=True))  # fmt: skip
         report = found.report

@@ -71,7 +71,8 @@ def config_parameters(config_type: type, prefix: str = "") -> list[inspect.Param
             and default is not None
         ):
             default = str(default)
-        option = typer.Option(default, flag.flag, help=flag.help)
+        limits = {"min": flag.minimum} if flag.minimum is not None else {}
+        option = typer.Option(default, flag.flag, help=flag.help, **limits)
         parameters.append(inspect.Parameter(prefix + field.name, inspect.Parameter.KEYWORD_ONLY, default=option,
                                             annotation=annotation))  # fmt: skip
     return parameters
@@ -84,8 +85,12 @@ def config_from_options(config_type: type, values: dict[str, Any], **fixed: Any)
     fields = {f.name: f for f in dataclasses.fields(config_type)}
     kwargs: dict[str, Any] = {}
     flags = flag_names(config_type)
-    with option_errors({}, flags["overrides"]):
-        overrides = tuple(parse_override(text, config_type) for text in values.get("overrides") or ())
+    extra: dict[str, Any] = {}
+    if "overrides" in fields:
+        with option_errors({}, flags["overrides"]):
+            extra["overrides"] = tuple(
+                parse_override(text, config_type) for text in values.get("overrides") or ()
+            )
     with option_errors(flags):
         for name, value in values.items():
             if name == "overrides" or name not in fields:
@@ -95,7 +100,7 @@ def config_from_options(config_type: type, values: dict[str, Any], **fixed: Any)
                 value = _pair(value, flags[name])
             kwargs[name] = value
         kwargs.update(fixed)
-        return config_type(**kwargs, overrides=overrides)
+        return config_type(**kwargs, **extra)
 
 
 def _pair(text: str, flag: str) -> tuple[int, int]:

@@ -27,7 +27,7 @@ from ._common import (
     user_errors,
     version_option,
 )
-from ._render import print_line
+from .render import print_line
 
 ModeChoice = choices("ModeChoice", tuple(CastMode))
 RoundChoice = choices("RoundChoice", tuple(RoundMode))

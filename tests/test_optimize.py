@@ -389,3 +389,38 @@ def _files(path: Path) -> dict[str, bytes]:
     if path.is_file():
         return {"": path.read_bytes()}
     return {str(f.relative_to(path)): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+def test_the_search_settings_are_one_config_that_the_cli_options_come_from(coreopt) -> None:  # type: ignore[no-untyped-def]
+    """OptimizeConfig declares every search option once: its values are checked where it is made,
+    it round-trips as plain data, and each CLI option is one of its fields, refused naming the flag."""
+    import dataclasses
+
+    from coreai_opt.compression import flag_names
+    from coreai_opt.optimization import OptimizeConfig
+    from tests.conftest import SAMPLES
+
+    config = OptimizeConfig(candidates="keep,int8,lut4", rounds=2, to="aimodel", calibration_tokens=64)
+    assert OptimizeConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    for bad, field in (({"rounds": 0}, "rounds"), ({"to": "tflite"}, "to"), ({"candidates": "nope"}, "candidates"),
+                       ({"eval_tokens": 1}, "eval_tokens"), ({"threshold": True}, "threshold")):  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            dataclasses.replace(config, **bad)
+        assert field in refused.value.fields
+    flags = flag_names(OptimizeConfig)
+    shown = coreopt("optimize", "--help").stdout
+    assert all(flag in shown for flag in flags.values()) and len(flags) == len(
+        dataclasses.fields(OptimizeConfig)
+    )
+    for args, flag in ((["--rounds", "0"], "--rounds"), (["--to", "tflite"], "--to"), (["--candidates", "nope"], "--candidates")):  # fmt: skip
+        done = coreopt(
+            "optimize",
+            SAMPLES / "mlp.pt2",
+            "--calibration",
+            "random",
+            "--target-bits",
+            "8",
+            "--dry-run",
+            *args,
+        )
+        assert done.exit_code == 2 and flag in done.stderr, (args, done.stderr)

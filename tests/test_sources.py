@@ -664,7 +664,7 @@ def test_optimize_writes_the_sidecars_it_read_before_the_search(tmp_path: Path, 
 
     out = tmp_path / "out" / "mlp.small.pt2"
     out.parent.mkdir()
-    optimize(program, Goal(target_bits=6), "random", "random", output=out, choices="int8,int4", threshold=0,
+    optimize(program, Goal(target_bits=6), "random", "random", output=out, candidates="int8,int4", threshold=0,
              uniform=0, rounds=1, calibration_samples=4, eval_samples=2, say=swap)  # fmt: skip
     assert json.loads(out.with_name("mlp.small.model.json").read_text()) == info
     assert out.with_name("mlp.small.tokenizer.json").read_text() == tokenizer_json()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cli import _common
-from cli._render import fitted_table, reflow
+from cli.render import fitted_table, reflow
 
 LONG = "encoder.layers.0.self_attention.query_key_value_projection.weight"
 

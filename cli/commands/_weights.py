@@ -118,7 +118,7 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
 
 
 def show(result: Any, as_json: bool, quiet: bool) -> None:
-    from .._render import compression_line, print_line, render_compression
+    from ..render import compression_line, print_line, render_compression
 
     if as_json:
         print_json(result.to_dict())

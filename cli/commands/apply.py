@@ -66,7 +66,7 @@ def apply(
 
 
 def _render(result: Any, quiet: bool) -> None:
-    from .._render import cast_line, compression_line, print_line, render_cast, render_compression
+    from ..render import cast_line, compression_line, print_line, render_cast, render_compression
 
     for kind, step in result.steps:
         if kind == "compress" and not quiet:

@@ -105,7 +105,7 @@ def cast(
 
 def _show(result: Any, as_json: bool, quiet: bool) -> None:
     """The cast's report in the form asked for: JSON, one line, or the tables."""
-    from .._render import cast_line, print_line, render_cast
+    from ..render import cast_line, print_line, render_cast
 
     if as_json:
         print_json(result.to_dict())

@@ -134,7 +134,7 @@ def _run(reference: Path, candidates: list[Path], options: dict[str, Any], plot:
 
 
 def _show(result: Any, one: Any, as_csv: bool, as_json: bool, quiet: bool) -> None:
-    from .._render import comparison_line, print_line, render_comparison, render_sweep, sweep_line
+    from ..render import comparison_line, print_line, render_comparison, render_sweep, sweep_line
 
     if as_csv:
         sys.stdout.write(result.to_csv())

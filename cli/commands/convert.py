@@ -42,7 +42,7 @@ def convert(
     from coreai_opt.inspection import inspect_model
     from coreai_opt.recipes import convert_file
 
-    from .._render import conversion_line, print_line, render_conversion
+    from ..render import conversion_line, print_line, render_conversion
 
     with user_errors(as_json):
         with (

@@ -137,7 +137,7 @@ def _report(result: Any, failures: list[str], as_csv: bool, as_json: bool, quiet
     elif as_json:
         print_json(result.to_dict() | {"ok": not failures})
     elif quiet:
-        from .._render import print_line
+        from ..render import print_line
 
         print_line(_line(result, failures))
     else:
@@ -197,7 +197,7 @@ def _line(result: Any, failures: list[str]) -> str:
 
 
 def _render(result: Any, failures: list[str]) -> None:
-    from .._render import console, distinct_tails, fitted_table
+    from ..render import console, distinct_tails, fitted_table
 
     w = result.windows
     console.print(

@@ -43,7 +43,7 @@ def export(
     from coreai_opt.models import export_file
 
     from .._progress import spinner
-    from .._render import console, print_line
+    from ..render import console, print_line
 
     flags = {"seq_len": "--seq-len", "batch": "--batch"}
     with user_errors(as_json, flags), spinner(not (quiet or as_json), f"exporting {shown(source.name)}"):

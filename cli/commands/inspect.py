@@ -31,7 +31,7 @@ def inspect(
     """
     from coreai_opt.inspection import inspect_model
 
-    from .._render import model_line, print_line, render_model_report
+    from ..render import model_line, print_line, render_model_report
 
     with user_errors(as_json):
         report = inspect_model(model, trust_pickle=trust_pickle)

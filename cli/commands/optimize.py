@@ -3,12 +3,17 @@ most accurate within a size."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from coreai_opt.compression import flag_names
+from coreai_opt.optimization import OptimizeConfig
 
 from .._common import (
     force_option,
@@ -20,6 +25,7 @@ from .._common import (
     shown,
     user_errors,
 )
+from .._config_options import config_from_options, config_parameters
 from .._progress import weight_progress
 from ._weights import kmeans_kernels, palettizes
 
@@ -52,84 +58,21 @@ _MAX_KL = typer.Option(None, "--max-kl", help="Bound: mean KL per token at most 
 _MIN_COSINE = typer.Option(
     None, "--min-cosine", help="Bound (not language models): the worst output cosine over --eval's samples."
 )
-_CANDIDATES = typer.Option(
-    "default",
-    "--candidates",
-    help="What a weight may take, comma separated: default (keep,int8,int4-b32,lut8,lut6,lut6-q8,lut4,lut4-q8,lut3,lut2), "
-    "int4, uint4-b32, sparse50, sparse24, or NAME=KIND:key=value,... of your own.",
-)
 _OUTPUT = typer.Option(
     None, "-o", "--output", help="The model written (default: MODEL.optimized.pt2 / .aimodel)."
 )
-_TO = typer.Option("pt2", "--to", help="pt2, or aimodel (converted after compressing).")
 _RECIPE = typer.Option(
     None,
     "--recipe",
     help="Also write the recipe (.yaml or .json) that coreopt apply reproduces the model with.",
 )
-_CALIBRATION_TOKENS = typer.Option(
-    None, "--calibration-tokens", min=1, help="Use at most this many calibration tokens."
-)
-_CALIBRATION_SAMPLES = typer.Option(
-    None, "--calibration-samples", min=1, help="Use at most this many calibration samples."
-)
-_EVAL_TOKENS = typer.Option(None, "--eval-tokens", min=2, help="Score at most this many tokens.")
-_EVAL_SAMPLES = typer.Option(8, "--eval-samples", min=1, help="Samples drawn when --eval is 'random'.")
-_THRESHOLD = typer.Option(1024, "--threshold", min=0, help="Leave weights with this many elements or fewer.")
-_TRIAL_TOKENS = typer.Option(
-    512,
-    "--trial-tokens",
-    min=0,
-    help="Language models: each weight's two smallest choices are also measured alone on the first "
-    "calibration tokens - this many, in whole windows of the model's length, at most the calibration's - "
-    "and the estimates corrected by them (0: estimates only).",
-)
-_ROUNDS = typer.Option(3, "--rounds", min=1, help="Confirmation rounds at most (accuracy bounds).")
-_UNIFORM = typer.Option(
-    1, "--uniform", min=0, help="Uniform settings nearest in size also made and evaluated, for comparison."
-)
-_DEVICE = typer.Option(None, "--device", help="Where calibration and the solves run (cpu, cuda).")
-_DRY_RUN = typer.Option(
-    False, "--dry-run", help="Stop at the plan (size budgets): nothing written or evaluated."
-)
 _CSV = typer.Option(False, "--csv", help="Print the curve, the rounds and the uniform settings as CSV.")
 _PLOT = typer.Option(None, "--plot", help="Also write a PNG of damage against bits per weight.")
-_FLAGS = {
-    "target_bits": "--target-bits", "max_size_mb": "--max-size", "max_ppl_increase": "--max-ppl-increase",
-    "max_kl": "--max-kl", "min_cosine": "--min-cosine", "candidates": "--candidates", "evaluation": "--eval",
-    "dry_run": "--dry-run",
-}  # fmt: skip
+_FLAGS = {"target_bits": "--target-bits", "max_size_mb": "--max-size", "max_ppl_increase": "--max-ppl-increase",
+          "max_kl": "--max-kl", "min_cosine": "--min-cosine", "evaluation": "--eval"} | flag_names(OptimizeConfig)  # fmt: skip
 
 
-def optimize(
-    model: Path = _MODEL,
-    calibration: str = _CALIBRATION,
-    evaluation: Path | None = _EVAL,
-    target_bits: float | None = _TARGET_BITS,
-    max_size: float | None = _MAX_SIZE,
-    max_ppl_increase: float | None = _MAX_PPL,
-    max_kl: float | None = _MAX_KL,
-    min_cosine: float | None = _MIN_COSINE,
-    candidates: str = _CANDIDATES,
-    output: Path | None = _OUTPUT,
-    to: str = _TO,
-    recipe: Path | None = _RECIPE,
-    calibration_tokens: int | None = _CALIBRATION_TOKENS,
-    calibration_samples: int | None = _CALIBRATION_SAMPLES,
-    eval_tokens: int | None = _EVAL_TOKENS,
-    eval_samples: int = _EVAL_SAMPLES,
-    threshold: int = _THRESHOLD,
-    trial_tokens: int = _TRIAL_TOKENS,
-    rounds: int = _ROUNDS,
-    uniform: int = _UNIFORM,
-    device: str | None = _DEVICE,
-    dry_run: bool = _DRY_RUN,
-    as_csv: bool = _CSV,
-    plot: Path | None = _PLOT,
-    force: bool = force_option(),
-    quiet: bool = quiet_option(),
-    as_json: bool = json_option(),
-) -> None:
+def optimize(**values: Any) -> None:
     """Pick each weight's compression - kept, int8, int4 blocks, 8- to 2-bit look-up tables (data-aware
     methods), optionally sparsity - for one budget: a size (--target-bits, --max-size) or an accuracy
     bound with the size minimised (--max-ppl-increase, --max-kl, --min-cosine). Each candidate is tried on every weight in memory and its damage estimated from the calibration
@@ -148,26 +91,53 @@ def optimize(
 
     Example: coreopt optimize smol.pt2 --calibration calib.txt --target-bits 3 --dry-run --json
     """
-    budgets = {"--target-bits": target_bits, "--max-size": max_size, "--max-ppl-increase": max_ppl_increase,
-               "--max-kl": max_kl, "--min-cosine": min_cosine}  # fmt: skip
-    goal, choices = _parse(budgets, candidates, evaluation is None and not dry_run, plot, as_csv, as_json, to)
+    budgets = {flag: values[name] for name, flag in _BUDGETS.items()}
+    as_csv, as_json, quiet, dry_run = values["as_csv"], values["as_json"], values["quiet"], values["dry_run"]
+    goal = _parse(budgets, values["evaluation"] is None and not dry_run, values["plot"], as_csv, as_json)
+    config = config_from_options(OptimizeConfig, {k: v for k, v in values.items() if k in _SEARCH})
     talk = not (quiet or as_json or as_csv)
-    found = _run(
-        model, goal, choices, calibration, evaluation, talk, as_json, recipe, plot, output=output,
-        calibration_tokens=calibration_tokens, calibration_samples=calibration_samples, eval_tokens=eval_tokens,
-        eval_samples=eval_samples, threshold=threshold, trial_tokens=trial_tokens, to_aimodel=to == "aimodel",
-        rounds=rounds, uniform=uniform, device=device, force=force, dry_run=dry_run,
-    )  # fmt: skip
-    _show(found, as_json, as_csv, quiet, recipe)
+    model = values["model"]
+    found = _run(model, goal, config, values["calibration"], values["evaluation"], talk, as_json, values["recipe"],
+                 values["plot"], output=values["output"], force=values["force"])  # fmt: skip
+    _show(found, as_json, as_csv, quiet, values["recipe"])
     _exit_unmet(model, found.report)
 
 
-def _parse(budgets: dict[str, float | None], candidates: str, no_eval: bool, plot: Path | None, as_csv: bool,
-           as_json: bool, to: str) -> tuple[Any, Any]:  # fmt: skip
-    """The goal and the candidates, or a usage error naming the flag (before anything is read)."""
-    from coreai_opt.optimization import Goal, parse_choices
+_BUDGETS = {"target_bits": "--target-bits", "max_size": "--max-size", "max_ppl_increase": "--max-ppl-increase",
+            "max_kl": "--max-kl", "min_cosine": "--min-cosine"}  # fmt: skip
+_SEARCH = {f.name for f in dataclasses.fields(OptimizeConfig)}
 
-    _usage(as_csv, as_json, to)
+
+def _signature() -> inspect.Signature:
+    """The command's options: the model and data, one budget, the search's (OptimizeConfig's
+    fields, declared there once), and how the result is written and shown."""
+
+    def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+    return inspect.Signature([
+        keyword("model", _MODEL, Path), keyword("calibration", _CALIBRATION, str),
+        keyword("evaluation", _EVAL, Path | None), keyword("target_bits", _TARGET_BITS, float | None),
+        keyword("max_size", _MAX_SIZE, float | None), keyword("max_ppl_increase", _MAX_PPL, float | None),
+        keyword("max_kl", _MAX_KL, float | None), keyword("min_cosine", _MIN_COSINE, float | None),
+        *config_parameters(OptimizeConfig), keyword("output", _OUTPUT, Path | None),
+        keyword("recipe", _RECIPE, Path | None), keyword("as_csv", _CSV, bool), keyword("plot", _PLOT, Path | None),
+        keyword("force", force_option(), bool), keyword("quiet", quiet_option(), bool),
+        keyword("as_json", json_option(), bool),
+    ])  # fmt: skip
+
+
+optimize.__signature__ = _signature()  # type: ignore[attr-defined]
+
+
+def _parse(
+    budgets: dict[str, float | None], no_eval: bool, plot: Path | None, as_csv: bool, as_json: bool
+) -> Any:
+    """The goal, or a usage error naming the flag (before anything is read)."""
+    from coreai_opt.optimization import Goal
+
+    if as_csv and as_json:
+        raise typer.BadParameter("give --csv or --json, not both", param_hint="--csv")
     given = [flag for flag, value in budgets.items() if value is not None]
     if len(given) != 1:
         raise typer.BadParameter("give exactly one budget: " + ", ".join(budgets), param_hint="--target-bits")
@@ -178,35 +148,27 @@ def _parse(budgets: dict[str, float | None], candidates: str, no_eval: bool, plo
             max_ppl_increase=None if rise is None else rise / 100, max_kl=budgets["--max-kl"],
             min_cosine=budgets["--min-cosine"],
         )  # fmt: skip
-        choices = parse_choices(candidates)
         if no_eval:
             raise ValueError("give --eval data to confirm the plan on (or --dry-run for a size budget)")
         if plot is not None:
             from coreai_opt.comparison import check_plot_path
 
             check_plot_path(plot)
-    return goal, choices
+    return goal
 
 
-def _usage(as_csv: bool, as_json: bool, to: str) -> None:
-    """The output options that cannot go together or take a value outside their set."""
-    if as_csv and as_json:
-        raise typer.BadParameter("give --csv or --json, not both", param_hint="--csv")
-    if to not in ("pt2", "aimodel"):
-        raise typer.BadParameter(f"--to takes pt2 or aimodel, not {to!r}", param_hint="--to")
-
-
-def _run(model: Path, goal: Any, choices: Any, calibration: str, evaluation: Path | None, talk: bool,
+def _run(model: Path, goal: Any, config: Any, calibration: str, evaluation: Path | None, talk: bool,
          as_json: bool, recipe: Path | None, plot: Path | None, **settings: Any) -> Any:  # fmt: skip
     """The search under a progress bar, with the recipe and the plot asked for; the k-means kernels
     are readied first when a choice palettizes, so their compile is not taken for a hang."""
     from coreai_opt.optimization import optimize as run
-    from coreai_opt.optimization import plot_optimization
+    from coreai_opt.optimization import parse_choices, plot_optimization
 
+    choices = parse_choices(config.candidates)
     if any(c.config is not None and palettizes(c.config) for c in choices) and model.exists():
         kmeans_kernels(talk)
     with user_errors(as_json, _FLAGS), weight_progress(talk, "optimizing") as bar:
-        found = run(model, goal, calibration, evaluation, choices=choices, progress=bar,
+        found = run(model, goal, calibration, evaluation, config=config, choices=choices, progress=bar,
                     say=_say if talk else None, **settings)  # fmt: skip
         if recipe is not None:
             found.recipe.save(recipe)
@@ -230,7 +192,7 @@ def _show(found: Any, as_json: bool, as_csv: bool, quiet: bool, recipe: Path | N
     elif as_csv:
         sys.stdout.write(report.to_csv())
     elif quiet:
-        from .._render import print_line
+        from ..render import print_line
 
         print_line(_line(report))
     else:
@@ -268,7 +230,7 @@ def _line(report: Any) -> str:
 
 
 def _render(report: Any, recipe: Path | None) -> None:
-    from .._render import console, fitted_table
+    from ..render import console, fitted_table
 
     columns = [("choice", "left"), ("weights", "right"), ("elements", "right"), ("stored", "right"),
                ("bits/w", "right"), ("est. damage", "right")]  # fmt: skip
@@ -317,7 +279,7 @@ def _plan_rows(report: Any) -> list[list[str]]:
 
 def _confirmation(report: Any) -> Any:
     """The rounds' measurements beside the uniform settings', so the plan's gain over them shows."""
-    from .._render import fitted_table
+    from ..render import fitted_table
 
     lines = []
     for r in report.rounds:

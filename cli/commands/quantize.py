@@ -96,7 +96,7 @@ def _w8a8(values: dict[str, Any]) -> None:
     from coreai_opt.recipes import quantize_activations_file
 
     from .._config_options import config_from_options, config_parameters
-    from .._render import activations_line, print_line, render_activation_quantization
+    from ..render import activations_line, print_line, render_activation_quantization
 
     fields = {p.name for p in config_parameters(QuantizeConfig)}
     weights = config_from_options(QuantizeConfig, {k: v for k, v in values.items() if k in fields})

@@ -79,7 +79,7 @@ def sensitivity(
     if as_json:
         print_json(result.to_dict())
     elif quiet:
-        from .._render import print_line
+        from ..render import print_line
 
         print_line(_line(result))
     else:
@@ -95,7 +95,7 @@ def _line(result: Any) -> str:
 
 
 def _render(result: Any, top: int) -> None:
-    from .._render import console, fitted_table
+    from ..render import console, fitted_table
 
     w = result.windows
     console.print(

@@ -53,8 +53,10 @@ from .configs import (
     QuantizeConfig,
     SparsifyConfig,
     WeightConfig,
+    check_options,
     flag_names,
     flags,
+    option,
     parse_override,
 )
 from .registry import (
@@ -116,6 +118,7 @@ __all__ = [
     "Written",
     "algorithm_for",
     "algorithm_named",
+    "check_options",
     "compress_",
     "config_from_dict",
     "config_type",
@@ -129,6 +132,7 @@ __all__ = [
     "load_kmeans_kernels",
     "load_plugins",
     "methods",
+    "option",
     "parse_override",
     "register",
     "register_config",

@@ -6,6 +6,7 @@ gives the program written, the recipe that makes it (`coreopt apply`) and the re
 """
 
 from ._choices import DEFAULT_CHOICES, KEEP, Choice, builtin_choices, parse_choices
+from ._config import OptimizeConfig
 from ._costs import CostTable, cost_table
 from ._optimize import Goal, Measured, Optimized, OptimizeReport, Round, Uniform, optimize
 from ._plot import plot_optimization
@@ -18,6 +19,7 @@ __all__ = [
     "CostTable",
     "Goal",
     "Measured",
+    "OptimizeConfig",
     "OptimizeReport",
     "Optimized",
     "Plan",

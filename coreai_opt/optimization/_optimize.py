@@ -31,6 +31,7 @@ from coreai_opt._errors import ConfigError
 from coreai_opt.io import ModelFormat, check_output, model_format, require_existing, write_atomically
 
 from ._choices import Choice, parse_choices
+from ._config import OptimizeConfig
 from ._costs import CostTable, cost_table
 from ._solve import Plan, front, solve
 
@@ -255,54 +256,48 @@ def optimize(
     calibration: Path | str,
     evaluation: Path | str | None = None,
     *,
+    config: OptimizeConfig | None = None,
     output: Path | str | None = None,
-    choices: str | tuple[Choice, ...] | None = None,
-    calibration_tokens: int | None = None,
-    calibration_samples: int | None = None,
-    eval_tokens: int | None = None,
-    eval_samples: int = 8,
-    threshold: int = 1024,
-    trial_tokens: int = 512,
-    to_aimodel: bool = False,
-    rounds: int = 3,
-    uniform: int = 1,
-    device: str | None = None,
+    choices: tuple[Choice, ...] | None = None,
     force: bool = False,
-    dry_run: bool = False,
     progress: Progress | None = None,
     say: Say | None = None,
+    **options: Any,
 ) -> Optimized:
     """The smallest model within `budget` (or the least damaged within a size) from `program`
     (a `.pt2`): see the module. `calibration` feeds the estimates and the methods that learn
     from data; `evaluation` (text, token ids or model inputs - never the calibration data)
-    confirms the plan. `trial_tokens`: the calibration tokens a language model's measured choices
-    are tried on (0: estimates only). `dry_run` stops at the plan: nothing written, nothing
-    evaluated."""
+    confirms the plan. How it searches is `config` (an `OptimizeConfig`), with any of its fields
+    given here replacing the config's (`threshold=0`); `choices`, Choice records instead of
+    the config's `candidates` text."""
+    config = dataclasses.replace(config or OptimizeConfig(), **options)
     start = time.perf_counter()
     path, sidecars = _source(program)
     note = say or (lambda _: None)
-    picked, left_out = _usable(choices)
-    _check_goal(budget, evaluation, dry_run)
-    out = None if dry_run else _output(path, output, to_aimodel, force)
+    picked, left_out = _usable(choices if choices is not None else config.candidates)
+    _check_goal(budget, evaluation, config.dry_run)
+    out = None if config.dry_run else _output(path, output, config.to == "aimodel", force)
     loaded = _checked(path)  # checked, and its first run done, before anything is said or computed
     for line in left_out:
         note(line)
-    samples = _samples(calibration, calibration_tokens, calibration_samples, sidecars.tokenizer_file(path))
+    samples = _samples(
+        calibration, config.calibration_tokens, config.calibration_samples, sidecars.tokenizer_file(path)
+    )
     note(f"estimating {len(picked) - 1} choices on every weight from {samples.describe()}")
-    table = _costs(path, loaded, picked, samples, threshold, trial_tokens, device, progress)
+    table = _costs(path, loaded, picked, samples, config, progress)
     loaded = None  # the rounds load the file afresh: let this copy go
     steps = _Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
-                   calibration_tokens, calibration_samples, device, threshold)  # fmt: skip
+                   config.calibration_tokens, config.calibration_samples, config.device, config.threshold)  # fmt: skip
     knapsack, plan, report = _search(path, out, budget, picked, table)
     if out is None:
         _settle(report, table, plan)
         recipe = _recipe(steps, plan)
     else:
         assert evaluation is not None
-        judge = _Judge(path, Path(evaluation) if str(evaluation) != "random" else None, eval_tokens, eval_samples,
-                       progress)  # fmt: skip
-        recipe = _confirm(report, table, plan, knapsack, steps, judge, out, sidecars, to_aimodel, rounds, uniform,
-                          note)  # fmt: skip
+        judge = _Judge(path, Path(evaluation) if str(evaluation) != "random" else None, config.eval_tokens,
+                       config.eval_samples, progress)  # fmt: skip
+        recipe = _confirm(report, table, plan, knapsack, steps, judge, out, sidecars, config.to == "aimodel",
+                          config.rounds, config.uniform, note)  # fmt: skip
         report.reference = judge.reference
     report.seconds = time.perf_counter() - start
     return Optimized(out, recipe, report)
@@ -346,15 +341,15 @@ def _checked(path: Path) -> Any:
 
 
 def _costs(
-    path: Path, program: Any, picked: tuple[Choice, ...], samples: Any, threshold: int, trial_tokens: int,
-    device: str | None, progress: Progress | None,
+    path: Path, program: Any, picked: tuple[Choice, ...], samples: Any, config: OptimizeConfig,
+    progress: Progress | None,
 ) -> Any:  # fmt: skip
     """Each candidate's bytes and damage for every weight (a failing run named by the file)."""
     from coreai_opt.io import running
 
     with running(path):
-        return cost_table(path, lambda: program, picked, samples, threshold=threshold,
-                          trial_tokens=trial_tokens, device=device, progress=progress)  # fmt: skip
+        return cost_table(path, lambda: program, picked, samples, threshold=config.threshold,
+                          trial_tokens=config.trial_tokens, device=config.device, progress=progress)  # fmt: skip
 
 
 def _check_goal(budget: Goal, evaluation: Path | str | None, dry_run: bool) -> None:

@@ -35,6 +35,9 @@ class Flag:
     help: str
     choices: tuple[Any, ...] | None = None
     cli_default: Any = None  # None: the library's default
+    minimum: int | None = (
+        None  # the least value an integer option takes (the CLI and the config both hold it)
+    )
 
 
 def option(default: Any, flag: str, help: str, **more: Any) -> Any:
@@ -45,6 +48,22 @@ def option(default: Any, flag: str, help: str, **more: Any) -> Any:
 def flags(config_type: type) -> dict[str, Flag]:
     """Field name -> its `Flag`, in field order."""
     return {f.name: f.metadata["flag"] for f in dataclasses.fields(config_type) if "flag" in f.metadata}
+
+
+def check_options(config: Any) -> None:
+    """Every field with a `Flag` against what the flag offers: its `choices`, its `minimum` for an
+    integer (None passes where the field allows it); `ConfigError` names the field."""
+    for name, flag in flags(type(config)).items():
+        value = getattr(config, name)
+        if value is None:
+            continue
+        if flag.minimum is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < flag.minimum
+        ):
+            raise ConfigError(f"{name} must be an integer of {flag.minimum} or more, not {value!r}", name)
+        if flag.choices is not None and value not in flag.choices:
+            offered = ", ".join(str(getattr(c, "value", c)) for c in flag.choices)
+            raise ConfigError(f"{name} takes one of {offered}, not {value!r}", name)
 
 
 def flag_names(config_type: type) -> dict[str, str]:

@@ -1,0 +1,83 @@
+"""`OptimizeConfig`: how `optimize` searches - every option of `coreopt optimize` besides the
+program, its budget, its data and how the result is shown, declared once with its flag (the CLI's
+options are these fields)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from coreai_opt._errors import ConfigError
+from coreai_opt.compression import check_options, option
+
+_CANDIDATES = (
+    "What a weight may take, comma separated: default (keep,int8,int4-b32,lut8,lut6,lut6-q8,lut4,lut4-q8,lut3,lut2), "
+    "int4, uint4-b32, sparse50, sparse24, or NAME=KIND:key=value,... of your own."
+)
+_TRIALS = (
+    "Language models: each weight's two smallest choices are also measured alone on the first calibration "
+    "tokens - this many, in whole windows of the model's length, at most the calibration's - and the "
+    "estimates corrected by them (0: estimates only)."
+)
+CONFIG_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizeConfig:
+    """The search's settings: the candidates a weight may take, how much calibration and
+    evaluation data is read, the threshold below which weights stay, the measured trials, the
+    confirmation rounds and uniform settings compared, where it runs, the output's format and
+    whether it stops at the plan (`dry_run`)."""
+
+    candidates: str = option("default", "--candidates", _CANDIDATES)
+    to: str = option(
+        "pt2", "--to", "pt2, or aimodel (converted after compressing).", choices=("pt2", "aimodel")
+    )
+    calibration_tokens: int | None = option(
+        None, "--calibration-tokens", "Use at most this many calibration tokens.", minimum=1
+    )
+    calibration_samples: int | None = option(
+        None, "--calibration-samples", "Use at most this many calibration samples.", minimum=1
+    )
+    eval_tokens: int | None = option(None, "--eval-tokens", "Score at most this many tokens.", minimum=2)
+    eval_samples: int = option(8, "--eval-samples", "Samples drawn when --eval is 'random'.", minimum=1)
+    threshold: int = option(1024, "--threshold", "Leave weights with this many elements or fewer.", minimum=0)
+    trial_tokens: int = option(512, "--trial-tokens", _TRIALS, minimum=0)
+    rounds: int = option(3, "--rounds", "Confirmation rounds at most (accuracy bounds).", minimum=1)
+    uniform: int = option(
+        1, "--uniform", "Uniform settings nearest in size also made and evaluated, for comparison.", minimum=0
+    )
+    device: str | None = option(None, "--device", "Where calibration and the solves run (cpu, cuda).")
+    dry_run: bool = option(
+        False, "--dry-run", "Stop at the plan (size budgets): nothing written or evaluated."
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if not isinstance(self.candidates, str):
+            raise ConfigError(
+                f"candidates is text (choices, comma separated), not {self.candidates!r}", "candidates"
+            )
+        from ._choices import parse_choices
+
+        parse_choices(self.candidates)  # refused now, naming the candidate, not after the model is read
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": CONFIG_VERSION} | dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> OptimizeConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"an OptimizeConfig is a mapping of its options, not {type(data).__name__}", "config"
+            )
+        if data.get("version", CONFIG_VERSION) != CONFIG_VERSION:
+            raise ConfigError(
+                f"optimize config version {data.get('version')!r} is not {CONFIG_VERSION}", "version"
+            )
+        values = {k: v for k, v in data.items() if k != "version"}
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"OptimizeConfig has no option {unknown[0]!r}", unknown[0])
+        return cls(**values)
