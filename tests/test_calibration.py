@@ -166,7 +166,7 @@ def test_gradient_squares_of_a_language_model_follow_next_token_cross_entropy() 
 def _whole_backward_squares(program: torch.export.ExportedProgram, names: list[str], samples: Samples):
     """The squared gradients of one whole backward pass per sample (float64 sums), the loss as the
     calibration takes it (next-token cross entropy, or one seeded random-sign projection)."""
-    from coreai_opt.calibration._capture import _loss
+    from coreai_opt.calibration._losses import sample_loss
 
     module = program.module()
     parameters = dict(module.named_parameters(remove_duplicate=False))  # a tied weight under both names
@@ -177,7 +177,7 @@ def _whole_backward_squares(program: torch.export.ExportedProgram, names: list[s
     generator = torch.Generator().manual_seed(0)
     inputs = [inputs for _, inputs in samples.inputs(program)]
     for sample in inputs:
-        loss, _ = _loss(module(*sample), sample, generator)
+        loss, _ = sample_loss(module(*sample), sample, generator)
         for total, grad in zip(totals, torch.autograd.grad(loss, wanted), strict=True):
             total += grad.double() ** 2
     return {name: total / len(inputs) for name, total in zip(names, totals, strict=True)}
@@ -187,17 +187,17 @@ def test_a_token_taggers_loss_is_no_next_token_loss() -> None:
     """A token tagger's output is [batch, tokens, labels] like a language model's logits, but its
     labels are not its ids: the loss is the random-sign projection, not a cross entropy whose
     targets (ids up to 99) would index past its 5 labels. A language model's ids stay targets."""
-    from coreai_opt.calibration._capture import _loss
+    from coreai_opt.calibration._losses import sample_loss
 
     torch.manual_seed(0)
     embed, head = torch.nn.Embedding(100, 8), torch.nn.Linear(8, 5)
     ids = torch.tensor([[3, 99, 42, 7], [0, 1, 98, 2]])
     with torch.no_grad():
         scores = head(embed(ids))
-        loss, rows = _loss(scores, (ids,), torch.Generator().manual_seed(0))
+        loss, rows = sample_loss(scores, (ids,), torch.Generator().manual_seed(0))
         assert rows == scores.numel() and torch.isfinite(loss)
         logits = torch.nn.Linear(8, 100)(embed(ids))
-        loss, rows = _loss(logits, (ids,), torch.Generator().manual_seed(0))
+        loss, rows = sample_loss(logits, (ids,), torch.Generator().manual_seed(0))
         expected = torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, 100), ids[:, 1:].reshape(-1), reduction="sum"
         )
@@ -322,7 +322,7 @@ def test_squared_gradients_a_segment_at_a_time_are_the_whole_backward_passes(nam
     a few percent of them, and only weights read as a product's matrix are held in bfloat16."""
     import _architectures as arch
 
-    from coreai_opt.calibration import _capture
+    from coreai_opt.calibration import _device
     from coreai_opt.calibration._fisher import SegmentedBackward
 
     program = arch.export(next(a for a in arch.MATRIX if a.name == name))
@@ -352,7 +352,7 @@ def test_squared_gradients_a_segment_at_a_time_are_the_whole_backward_passes(nam
     kept = {"llama-fp32": ["embed_tokens.weight"], "llama-fp16": ["embed_tokens.weight"], "mistral-gqa-tied": [],
             "vit": ["cls_token", "patch.weight", "pos"], "gpt2": ["wpe.weight"]}[name]  # fmt: skip
     assert sorted(n for n in names if n not in passing.narrowed) == kept  # lookups, a convolution, additions
-    assert _capture._bfloat16_products(torch.device("cuda")) is False  # a GPU keeps the program's dtypes
+    assert _device.bfloat16_products(torch.device("cuda")) is False  # a GPU keeps the program's dtypes
 
 
 def test_only_weights_read_as_a_products_matrix_through_views_are_held_in_bfloat16() -> None:
@@ -556,19 +556,19 @@ class _Masked(torch.nn.Module):
 def test_tensor_factories_follow_the_calibration_device() -> None:
     """torch.export records the CPU as the mask's device; a graph moved to another device must
     build it there too (the meta device stands in for a GPU: mixing it with the CPU fails)."""
-    from coreai_opt.calibration._capture import _place_factories
+    from coreai_opt.calibration._device import place_factories
 
     program = torch.export.export(_Masked(), (torch.randn(1, 4, 8),))
     unplaced = program.module().to("meta")
     with pytest.raises(RuntimeError):
         unplaced(torch.randn(1, 4, 8, device="meta"))
     placed = program.module()
-    _place_factories(placed, torch.device("meta"))
+    place_factories(placed, torch.device("meta"))
     placed.to("meta")
     out = placed(torch.randn(1, 4, 8, device="meta"))
     assert out.device.type == "meta" and out.shape == (1, 4, 4)
     back = program.module()
-    _place_factories(back, torch.device("cpu"))  # where it was traced: nothing changes
+    place_factories(back, torch.device("cpu"))  # where it was traced: nothing changes
     x = torch.randn(1, 4, 8)
     assert torch.equal(back(x), program.module()(x))
 
@@ -581,13 +581,13 @@ def test_layer_by_layer_holds_only_what_outlives_each_segment_and_measures_the_s
     import _architectures as arch
 
     from coreai_opt._aten import state_only
-    from coreai_opt.calibration._capture import _LayerByLayer
+    from coreai_opt.calibration._layer_by_layer import LayerByLayer
 
     program = arch.export(arch.MATRIX[0])  # llama-fp32: attention, MLP, residuals
     calibration = calibrate(program, Samples(Source.RANDOM, count=3, seed=4), cache=False)
     names = [k for k, v in program.state_dict.items() if k.endswith("weight") and v.dim() == 2]
     one_pass = calibration.statistics(names, Needs.INPUT_GRAM)
-    runner = _LayerByLayer(calibration, names, Needs.INPUT_GRAM)
+    runner = LayerByLayer(calibration, names, Needs.INPUT_GRAM)
     graph = calibration.gm.graph
     order = {node: index for index, node in enumerate(graph.nodes)}
     state = state_only(graph)

@@ -641,12 +641,12 @@ def test_exact_gradients_reach_the_fisher_pass_from_the_cli_and_recipes(
 ) -> None:  # type: ignore[no-untyped-def]
     """`--exact-gradients` (a recipe step's `exact_gradients`) turns the Fisher pass's bfloat16
     products off, and its statistics are cached apart; it serves methods that learn from data."""
-    from coreai_opt.calibration import _capture, _fisher
+    from coreai_opt.calibration import _device, _fisher
     from coreai_opt.recipes import Compress
     from tests.conftest import SAMPLES
 
     monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(_capture, "_bfloat16_products", lambda device: True)  # as on a CPU that has them
+    monkeypatch.setattr(_device, "bfloat16_products", lambda device: True)  # as on a CPU that has them
     seen: list[bool] = []
     original = _fisher.SegmentedBackward.__init__
 

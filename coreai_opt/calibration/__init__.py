@@ -25,7 +25,7 @@ __all__ = ["RANDOM", "Samples", "Source", "cache_folder", "calibrate", "text_tok
 def cache_folder() -> Path:
     """Where statistics (and what is learned from them) are kept between runs: `COREOPT_CACHE`,
     else ~/.cache/coreopt/calibration."""
-    from ._capture import cache_folder as folder
+    from ._cache import cache_folder as folder
 
     return folder()
 

@@ -6,7 +6,7 @@ The matrix view puts output channels in rows and every other axis in columns, th
 (reduction) axis innermost: a linear weight is itself, a convolution's [O, I, kh, kw] becomes
 [O, kh * kw * I], so a run along the input axis (a block of scales, an n:m group) is a run of
 adjacent columns. The calibration's Gram matrix, taken over the consumer's input as the weight
-reshaped to [O, -1] reads it (`calibration._patches`: I, kh, kw), is permuted to match.
+reshaped to [O, -1] reads it (`calibration._sums._patches`: I, kh, kw), is permuted to match.
 """
 
 from __future__ import annotations

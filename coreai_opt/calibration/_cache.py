@@ -1,0 +1,246 @@
+"""The disk cache of calibration statistics, in the folder `COREOPT_CACHE` names (else
+~/.cache/coreopt/calibration), used only where it keeps the rule of every cache folder
+(`coreai_opt._cache`: statistics another user planted would shape the compressed model).
+
+An entry's key (`statistics_key`) names everything the statistics depend on: what they are (a
+version raised when that changes), the program as it is now (`program_fingerprint`: its code and
+every state tensor's bytes, so a replaced weight makes a new key), the samples, the seed and the
+weights asked for. Moments and Gram matrices are one safetensors file and a JSON of rows
+(`load_statistics`, `store_statistics`); a Fisher pass's squared gradients are a folder of raw
+float32 files that stream in and out as the pass hands them over (`FisherStore`). A cache that is
+damaged, refused or cannot be written only costs time: the statistics are taken afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import stat
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coreai_opt._cache import cache_folder_for, plain_name, user_cache
+from coreai_opt.io import read_json_object
+from coreai_opt.weights import Needs, Statistics
+
+if TYPE_CHECKING:
+    import torch
+    from torch.fx import GraphModule
+
+
+CACHE_ENV = "COREOPT_CACHE"
+_WITHOUT = "statistics are taken afresh and not stored"  # what a refused cache folder costs
+_SQUARES_FILE = re.compile(r"\d{5,}\.f32")  # a Fisher pass's file a weight: what `_squares_file` makes
+_JSON_LIMIT = 64 << 20  # a cache's JSON entry (rows, a Fisher index): a few hundred bytes a weight
+# Raised when what statistics a name gets changes (3: an embedding's twin head, `_readers.twins_of`).
+_STATISTICS_VERSION = "3"
+
+
+def cache_folder() -> Path:
+    """Where calibration statistics are kept between runs (`COREOPT_CACHE`, else ~/.cache/coreopt)."""
+    base = os.environ.get(CACHE_ENV)
+    return Path(base) if base else user_cache("calibration")
+
+
+def _usable_folder(*, create: bool) -> Path | None:
+    """The cache folder when it keeps the rule of every cache folder (`coreai_opt._cache`), else
+    None: statistics another user planted would shape the compressed model."""
+    return cache_folder_for(cache_folder(), create=create, without=_WITHOUT)
+
+
+def program_fingerprint(gm: GraphModule) -> str:
+    """What identifies the program as it is now: its code and every state tensor's bytes."""
+    digest = hashlib.sha256(gm.code.encode())
+    for name, tensor in sorted({**dict(gm.named_parameters()), **dict(gm.named_buffers())}.items()):
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(tensor.detach().contiguous().cpu().view(-1).view(_bytes_dtype()).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def statistics_key(
+    fingerprint: str, samples: str, needs: Needs, seed: int, names: Sequence[str], *, fast: bool
+) -> str:
+    """The cache key of `names`' statistics of the program `fingerprint` names on the samples of
+    digest `samples` (`fast`: the Fisher pass takes its products in bfloat16)."""
+    parts = [_STATISTICS_VERSION, fingerprint, samples, needs.value, str(seed), *sorted(names)]
+    if needs is Needs.GRADIENT_SQUARES and fast:
+        parts.append("bfloat16 products")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _bytes_dtype() -> Any:
+    import torch
+
+    return torch.uint8
+
+
+def load_statistics(key: str, names: Sequence[str], device: torch.device) -> dict[str, Statistics] | None:
+    """The stored statistics of `names` under `key`, on `device`; None unless stored whole (a
+    damaged cache entry is recomputed)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = _usable_folder(create=False)
+    if folder is None or not (folder / f"{key}.safetensors").is_file():
+        return None
+    try:
+        tensors = load_file(str(folder / f"{key}.safetensors"))  # each tensor's bytes fit its shape
+        rows = read_json_object(folder / f"{key}.json", limit=_JSON_LIMIT)
+        if rows is None:
+            return None
+        here = {key: value.to(device) for key, value in tensors.items()}
+        return {
+            name: Statistics(
+                int(rows[name]),
+                here.get(f"{name}/moments"),
+                here.get(f"{name}/gram"),
+                here.get(f"{name}/gradient_squares"),
+            )
+            for name in names
+        }
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError):
+        return None  # a damaged cache entry is recomputed
+
+
+def store_statistics(key: str, found: dict[str, Statistics]) -> None:
+    """Keep `found` under `key` (a cache that cannot be written only costs time)."""
+    from safetensors.torch import save_file
+
+    from coreai_opt.io import ModelFileError, write_atomically
+
+    tensors = {}
+    for name, statistics in found.items():
+        for field in ("moments", "gram", "gradient_squares"):
+            value = getattr(statistics, field)
+            if value is not None:
+                tensors[f"{name}/{field}"] = value.contiguous().cpu()
+    try:
+        folder = _usable_folder(create=True)
+        if folder is None:
+            return
+        write_atomically(folder / f"{key}.safetensors", lambda tmp: save_file(tensors, str(tmp)))
+        text = json.dumps({name: s.rows for name, s in found.items()})
+        write_atomically(folder / f"{key}.json", lambda tmp: tmp.write_text(text))
+    except (OSError, ModelFileError):
+        pass  # a cache that cannot be written only costs time
+
+
+class FisherStore:
+    """One Fisher pass's squared gradients on disk, a file a weight, so they stream in and out as
+    the pass hands them over: `<key>.fisher/` holds each weight's float32 values as raw bytes
+    (written from the tensor's own memory and read into one array: a copy through a serialiser
+    would be another 0.26 GB at a 1B model's head) and `index.json` (the weights in the pass's
+    order with their shapes and rows), written into a temporary sibling renamed into place once
+    the pass is done."""
+
+    def __init__(self, key: str) -> None:
+        self.name = f"{key}.fisher"
+
+    def load(self, names: Sequence[str], device: torch.device) -> Iterator[tuple[str, Statistics]] | None:
+        """The stored weights' statistics, read one at a time; None unless all of `names` are
+        stored whole (a damaged entry is recomputed)."""
+        root = _usable_folder(create=False)
+        folder = cache_folder_for(root / self.name, create=False, without=_WITHOUT) if root else None
+        if folder is None:
+            return None
+        index = read_json_object(folder / "index.json", limit=_JSON_LIMIT)
+        entries = _fisher_entries(index) if index is not None else None
+        try:
+            if entries is None or sorted(entry[0] for entry in entries) != sorted(names):
+                return None
+            for _, file, _, shape in entries:
+                found = os.lstat(folder / file)
+                if not stat.S_ISREG(found.st_mode) or found.st_size != 4 * math.prod(shape):
+                    return None
+        except (OSError, ValueError):
+            return None
+        return self._read(folder, entries, device)
+
+    def _read(
+        self, folder: Path, entries: list[tuple[str, str, int, list[int]]], device: torch.device
+    ) -> Iterator[tuple[str, Statistics]]:
+        import numpy as np
+        import torch
+
+        for name, file, rows, shape in entries:
+            count = math.prod(shape)
+            values = np.fromfile(folder / file, dtype="<f4", count=count)
+            if values.size != count:
+                raise OSError(f"{folder / file} was cut short while being read")
+            yield name, Statistics(rows, gradient_squares=torch.from_numpy(values.reshape(shape)).to(device))
+
+    def saving(self, passing: Iterator[tuple[str, Statistics]]) -> Iterator[tuple[str, Statistics]]:
+        """`passing`, each weight written as it goes by; stored once the pass is done (a cache
+        that cannot be written only costs time)."""
+        import shutil
+        import tempfile
+
+        try:
+            root = _usable_folder(create=True)
+            temporary = Path(tempfile.mkdtemp(prefix=f".{self.name}-", dir=root)) if root else None
+        except OSError:
+            root = temporary = None
+        if root is None or temporary is None:  # not ours alone, or not writable: only costs time
+            yield from passing
+            return
+        entries: list[list[Any]] | None = []
+        try:
+            for name, statistics in passing:
+                squares = statistics.gradient_squares
+                if entries is not None and squares is not None:
+                    file = _squares_file(len(entries))
+                    try:
+                        squares.float().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(
+                            temporary / file
+                        )
+                        entries.append([name, file, statistics.rows, list(squares.shape)])
+                    except OSError:
+                        entries = None
+                yield name, statistics
+            if entries is not None:
+                try:
+                    (temporary / "index.json").write_text(json.dumps({"weights": entries}))
+                    temporary.rename(root / self.name)
+                except OSError:
+                    pass  # another run stored the same pass first, or the disk is full
+        finally:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _fisher_entries(index: dict[str, Any]) -> list[tuple[str, str, int, list[int]]] | None:
+    """The Fisher index's entries, each [name, file, rows, shape] as `FisherStore` writes them;
+    None (a miss) for anything else - a file named by a path, above all, is never read."""
+    entries = index.get("weights")
+    if not isinstance(entries, list):
+        return None
+    found = []
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) != 4:
+            return None
+        name, file, rows, shape = entry
+        file = plain_name(file, _SQUARES_FILE)
+        if not isinstance(name, str) or file is None or not _count(rows):
+            return None
+        if not isinstance(shape, list) or not all(_count(n) for n in shape):
+            return None
+        found.append((name, file, rows, shape))
+    return found
+
+
+def _count(value: object) -> bool:
+    """A whole number of rows or elements (JSON's true is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _squares_file(number: int) -> str:
+    """The name of a Fisher pass's `number`th weight's file, as `_SQUARES_FILE` reads it back (an
+    index may name nothing else)."""
+    name = f"{number:05d}.f32"
+    if plain_name(name, _SQUARES_FILE) is None:
+        raise ValueError(f"{name} is no name a Fisher index may hold")
+    return name

@@ -1,0 +1,68 @@
+"""Statistics of a program's weights as they are, from one run of the whole program per sample.
+
+The module runs under an FX interpreter that, at every op chosen to read a weight (`_readers`),
+adds what the op's activation operand holds to that weight's sums (`_sums`) before the op runs.
+Nothing is replaced along the way: this is the capture for methods that learn every weight from
+the program as given, and its statistics are what the disk cache (`_cache`) keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from coreai_opt.weights import Needs, Statistics
+
+from ._readers import Reader, first_readers
+from ._sums import Sums
+
+if TYPE_CHECKING:
+    import torch
+    from torch.fx import GraphModule, Node
+
+
+def one_pass(
+    gm: GraphModule,
+    names: Sequence[str],
+    needs: Needs,
+    state: Mapping[str, torch.Tensor],
+    inputs: Sequence[tuple[Any, ...]],
+) -> dict[str, Statistics]:
+    """Each named weight's statistics over all samples (`inputs`), one run of `gm` a sample."""
+    import torch
+
+    chosen = first_readers(gm, names, needs, state)
+    by_node: dict[Node, list[Reader]] = {}
+    for reader in chosen.values():
+        by_node.setdefault(reader.node, []).append(reader)
+    sums = {name: Sums() for name in names}
+    recorder = _Recording(gm, by_node, sums, needs)
+    with torch.no_grad():
+        for sample in inputs:
+            recorder.run(*sample)
+    return {name: sums[name].mean() for name in names}
+
+
+class _Recording:
+    """Runs the module on one sample, adding each chosen reader's activation to its sums."""
+
+    def __init__(
+        self, gm: GraphModule, by_node: dict[Node, list[Reader]], sums: dict[str, Sums], needs: Needs
+    ) -> None:
+        from torch.fx import Interpreter
+
+        outer = self
+
+        class Interp(Interpreter):
+            def run_node(self, n: Node) -> Any:
+                for reader in outer.by_node.get(n, ()):
+                    if reader.activation is not None:
+                        args, _ = self.fetch_args_kwargs_from_env(n)
+                        outer.sums[reader.name].add(args[reader.activation], reader, outer.needs)
+                return super().run_node(n)
+
+        self.interpreter = Interp(gm)
+        self.by_node, self.sums, self.needs = by_node, sums, needs
+
+    def run(self, *inputs: Any) -> Any:
+        return self.interpreter.run(*inputs)

@@ -1,0 +1,78 @@
+"""Running sums of a weight's input statistics: what one activation at its reader adds to them.
+
+An activation becomes rows of input channels (a convolution's channels moved last; for the Gram
+matrix of a convolution of one group, its unfolded patches), whose squares - and for the Gram
+matrix, products - are summed in float64 across samples, then divided by the number of rows.
+Both captures (`_one_pass`, `_layer_by_layer`) add to the same sums, so the same activations give
+the same statistics bit for bit whichever of them took them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from coreai_opt.weights import Consumer, Needs, Statistics
+
+if TYPE_CHECKING:
+    import torch
+    from torch.fx import Node
+
+    from ._readers import Reader
+
+
+def _rows(activation: torch.Tensor, reader: Reader) -> torch.Tensor:
+    """The activation as [rows, input channels] for moments (a convolution: channels on axis 1)."""
+    if reader.consumer is Consumer.CONV:
+        return activation.movedim(1, -1).reshape(-1, activation.shape[1])
+    return activation.reshape(-1, activation.shape[-1])
+
+
+def _patches(activation: torch.Tensor, node: Node) -> torch.Tensor:
+    """A 1-D or 2-D convolution's input as [positions, C_in * kernel] (groups of 1), the rows the
+    weight reshaped to [C_out, C_in * kernel] multiplies."""
+    import torch
+
+    weight = node.args[1].meta["val"]  # type: ignore[union-attr]
+    kernel = tuple(weight.shape[2:])
+    stride, padding, dilation = (
+        tuple(node.args[i]) if len(node.args) > i else (1,) * len(kernel) for i in (3, 4, 5)
+    )  # type: ignore[arg-type]
+    x = activation if len(kernel) == 2 else activation.unsqueeze(-1)
+    if len(kernel) == 1:
+        kernel, stride, padding, dilation = (*kernel, 1), (*stride, 1), (*padding, 0), (*dilation, 1)
+    unfolded = torch.nn.functional.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)
+    return unfolded.transpose(1, 2).reshape(-1, unfolded.shape[1])
+
+
+class Sums:
+    """Running sums of one weight's statistics."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.moments: torch.Tensor | None = None
+        self.gram: torch.Tensor | None = None
+
+    def add(self, activation: torch.Tensor, reader: Reader, needs: Needs) -> None:
+        if needs is Needs.INPUT_GRAM and reader.consumer is Consumer.CONV:
+            groups = reader.node.args[8] if len(reader.node.args) > 8 else 1
+            rows = (
+                _patches(activation.float(), reader.node)
+                if groups == 1
+                else _rows(activation.float(), reader)
+            )
+        else:
+            rows = _rows(activation.float(), reader)
+        self.rows += rows.shape[0]
+        squares = (rows.double() ** 2).sum(0)
+        self.moments = squares if self.moments is None else self.moments + squares
+        if needs is Needs.INPUT_GRAM:
+            gram = (rows.T @ rows).double()  # float32 products, float64 sums across batches
+            self.gram = gram if self.gram is None else self.gram + gram
+
+    def mean(self) -> Statistics:
+        rows = max(self.rows, 1)
+        return Statistics(
+            self.rows,
+            moments=None if self.moments is None else self.moments / rows,
+            gram=None if self.gram is None else self.gram / rows,
+        )
