@@ -197,3 +197,26 @@ def test_programs_without_a_tokenizer_or_token_ids_are_refused_in_one_line(linea
     assert result.exit_code == 1 and result.stderr.strip() == (
         f"error: {SAMPLES / 'mlp.pt2'}: takes no [batch, tokens] ids: not a language model"
     )
+
+
+def test_the_scoring_settings_are_one_config_that_the_cli_options_come_from(coreopt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import dataclasses
+
+    from coreai_opt._errors import ConfigError
+    from coreai_opt.compression import flag_names
+    from coreai_opt.evaluation import EvalConfig
+    from tests.conftest import SAMPLES
+
+    config = EvalConfig(max_tokens=64, stride=8, max_ppl_increase=1.5, max_kl=0.01)
+    assert EvalConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    for bad, field in (({"max_tokens": 1}, "max_tokens"), ({"stride": 0}, "stride"), ({"max_kl": -1.0}, "max_kl"),
+                       ({"max_ppl_increase": float("nan")}, "max_ppl_increase")):  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            dataclasses.replace(config, **bad)
+        assert field in refused.value.fields
+    assert all(flag in coreopt("eval", "--help").stdout for flag in flag_names(EvalConfig).values())
+    text = tmp_path / "t.txt"
+    text.write_text("some words")
+    for args, flag in ((["--max-tokens", "1"], "--max-tokens"), (["--max-kl", "-1"], "--max-kl")):
+        done = coreopt("eval", SAMPLES / "mlp.pt2", "--text", text, *args)
+        assert done.exit_code == 2 and flag in done.stderr, (args, done.stderr)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import inspect
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from coreai_opt.compression import flag_names
+from coreai_opt.evaluation import EvalConfig
 
 from .._common import (
     human_bytes,
@@ -20,6 +25,7 @@ from .._common import (
     trust_pickle_option,
     user_errors,
 )
+from .._config_options import config_from_options, config_parameters
 from .._progress import weight_progress
 
 
@@ -41,47 +47,17 @@ _TOKENS = typer.Option(
 _TOKENIZER = typer.Option(
     None, "--tokenizer", help="A tokenizer.json (default: the one coreopt export saved beside REFERENCE)."
 )
-_MAX_TOKENS = typer.Option(None, "--max-tokens", min=2, help="Score at most this many tokens.")
-_STRIDE = typer.Option(
-    None,
-    "--stride",
-    min=1,
-    help="Tokens between window starts (default: the window; less gives context).",
-)
 _INPUTS = typer.Option(
     None,
     "--inputs",
     help="Not a language model: a safetensors dataset (file or folder) to compare outputs on.",
 )
-_MAX_PPL = typer.Option(
-    None,
-    "--max-ppl-increase",
-    help="Exit 1 when a candidate's perplexity rises more than this many percent.",
-)
-_MAX_KL = typer.Option(None, "--max-kl", help="Exit 1 when a candidate's mean KL exceeds this.")
 _CSV = typer.Option(False, "--csv", help="Print one CSV row per program instead of a table.")
 _PLOT = typer.Option(None, "--plot", help="Also write a PNG of the metric against bits per weight.")
 _PLOT_METRIC = typer.Option(PlotMetric.perplexity, "--plot-metric", help="What --plot draws.")
 
 
-def evaluate(
-    reference: Path = _REFERENCE,
-    candidates: list[Path] = _CANDIDATES,
-    text: Path | None = _TEXT,
-    tokens: Path | None = _TOKENS,
-    tokenizer: Path | None = _TOKENIZER,
-    max_tokens: int | None = _MAX_TOKENS,
-    stride: int | None = _STRIDE,
-    inputs: Path | None = _INPUTS,
-    max_ppl_increase: float | None = _MAX_PPL,
-    max_kl: float | None = _MAX_KL,
-    as_csv: bool = _CSV,
-    plot: Path | None = _PLOT,
-    plot_metric: PlotMetric = _PLOT_METRIC,
-    trust_pickle: bool = trust_pickle_option(),
-    quiet: bool = quiet_option(),
-    as_json: bool = json_option(),
-) -> None:
+def evaluate(**values: Any) -> None:
     """Score language models on a text: perplexity of each program, and each candidate's KL
     divergence from the reference's next-token distribution and top-1 agreement with it.
 
@@ -99,20 +75,49 @@ def evaluate(
 
     Example: coreopt eval bert.pt2 bert.int8.pt2 --inputs batch.safetensors
     """
+    as_csv, as_json, quiet, plot = values["as_csv"], values["as_json"], values["quiet"], values["plot"]
+    reference, candidates, text, tokens = (
+        values["reference"],
+        values["candidates"] or [],
+        values["text"],
+        values["tokens"],
+    )
     _exclusive(as_csv, as_json)
-    if inputs is not None:
-        _outputs(
-            reference, candidates or [], inputs, text or tokens, trust_pickle, quiet, as_json, as_csv, plot
-        )
+    config = config_from_options(EvalConfig, {k: v for k, v in values.items() if k in _SCORING})
+    if values["inputs"] is not None:
+        _outputs(reference, candidates, values["inputs"], text or tokens, values["trust_pickle"], quiet, as_json,
+                 as_csv, plot)  # fmt: skip
         return
     _check_text(text, tokens, plot)
-    result = _score(reference, candidates or [], text, tokens, tokenizer, max_tokens, stride, trust_pickle,
-                    plot, plot_metric, quiet or as_json or as_csv)  # fmt: skip
-    limit = None if max_ppl_increase is None else max_ppl_increase / 100
-    failures = result.failures(limit, max_kl)
+    result = _score(reference, candidates, text, tokens, values["tokenizer"], config, values["trust_pickle"], plot,
+                    values["plot_metric"], quiet or as_json or as_csv)  # fmt: skip
+    failures = config.failures(result)
     _report(result, failures, as_csv, as_json, quiet)
     if failures:
         raise typer.Exit(1)
+
+
+_SCORING = {f.name for f in dataclasses.fields(EvalConfig)}
+
+
+def _signature() -> inspect.Signature:
+    """The command's arguments and options: the programs and data, how it scores (EvalConfig's
+    fields, declared there once), how the result is shown."""
+
+    def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+    return inspect.Signature([
+        keyword("reference", _REFERENCE, Path), keyword("candidates", _CANDIDATES, list[Path]),
+        keyword("text", _TEXT, Path | None), keyword("tokens", _TOKENS, Path | None),
+        keyword("tokenizer", _TOKENIZER, Path | None), *config_parameters(EvalConfig),
+        keyword("inputs", _INPUTS, Path | None), keyword("as_csv", _CSV, bool), keyword("plot", _PLOT, Path | None),
+        keyword("plot_metric", _PLOT_METRIC, PlotMetric), keyword("trust_pickle", trust_pickle_option(), bool),
+        keyword("quiet", quiet_option(), bool), keyword("as_json", json_option(), bool),
+    ])  # fmt: skip
+
+
+evaluate.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _exclusive(as_csv: bool, as_json: bool) -> None:
@@ -145,15 +150,13 @@ def _report(result: Any, failures: list[str], as_csv: bool, as_json: bool, quiet
 
 
 def _score(reference: Path, candidates: list[Path], text: Path | None, tokens: Path | None, tokenizer: Path | None,
-           max_tokens: int | None, stride: int | None, trust_pickle: bool, plot: Path | None,
-           plot_metric: PlotMetric, silent: bool) -> Any:  # fmt: skip
+           config: Any, trust_pickle: bool, plot: Path | None, plot_metric: PlotMetric, silent: bool) -> Any:  # fmt: skip
     from coreai_opt.evaluation import evaluate_text, plot_evaluation
 
-    flags = {"stride": "--stride", "max_tokens": "--max-tokens"}
-    with user_errors(False, flags), weight_progress(not silent, "scoring") as progress:
+    with user_errors(False, flag_names(EvalConfig)), weight_progress(not silent, "scoring") as progress:
         result = evaluate_text(
-            reference, candidates, text=text, tokens=tokens, tokenizer=tokenizer, max_tokens=max_tokens,
-            stride=stride, trust_pickle=trust_pickle, progress=progress,
+            reference, candidates, text=text, tokens=tokens, tokenizer=tokenizer, config=config,
+            trust_pickle=trust_pickle, progress=progress,
         )  # fmt: skip
         if plot is not None:
             plot_evaluation(result, plot, metric=plot_metric.value)

@@ -3,6 +3,7 @@ language models on a text (`evaluate_text`); what each weight's compression alon
 (`weight_sensitivity`, `trial_divergences`); other models' output agreement over a dataset is
 `coreai_opt.comparison.compare_many` with `inputs=`."""
 
+from ._config import EvalConfig
 from ._plot import plot_evaluation
 from ._sensitivity import (
     NotALanguageModel,
@@ -17,6 +18,7 @@ from ._text import TextEvaluation, TextScore, evaluate_text
 from ._tokens import Windows, file_token_ids, text_token_ids
 
 __all__ = [
+    "EvalConfig",
     "NotALanguageModel",
     "SensitivityResult",
     "TextEvaluation",

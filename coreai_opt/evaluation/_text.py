@@ -10,6 +10,7 @@ the Core AI runtime - the comparison room's sides.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ import numpy as np
 from coreai_opt._errors import ConfigError
 from coreai_opt.io import ModelFileError, asset_bytes, model_format, require_existing
 
+from ._config import EvalConfig
 from ._tokens import Windows, token_stream, window_batches
 
 if TYPE_CHECKING:
@@ -111,16 +113,20 @@ def evaluate_text(
     text: Path | str | None = None,
     tokens: Path | str | None = None,
     tokenizer: Path | str | None = None,
-    max_tokens: int | None = None,
-    stride: int | None = None,
+    config: EvalConfig | None = None,
     trust_pickle: bool = False,
     progress: Progress | None = None,
+    **options: Any,
 ) -> TextEvaluation:
     """Perplexity of the reference and every candidate on `text` (cut with `tokenizer`, by default
     the one `coreopt export` saved beside the reference) or on the ids of a safetensors `tokens`
     file, over windows of the programs' token length every `stride` tokens (default: the window,
     so windows do not overlap); each candidate's KL divergence from the reference per scored token
-    (mean and 99th percentile) and how often its most likely next token is the reference's."""
+    (mean and 99th percentile) and how often its most likely next token is the reference's.
+    `config` (an `EvalConfig`; any of its fields given here replace the config's) says how much
+    is scored (`max_tokens`) and the windows' `stride`."""
+    config = dataclasses.replace(config or EvalConfig(), **options)
+    max_tokens, stride = config.max_tokens, config.stride
     reference, paths = Path(reference), [Path(c) for c in candidates]
     for path in (reference, *paths):
         require_existing(path)
