@@ -8,8 +8,9 @@ gives the program written, the recipe that makes it (`coreopt apply`) and the re
 from ._choices import DEFAULT_CHOICES, KEEP, Choice, builtin_choices, parse_choices
 from ._config import OptimizeConfig
 from ._costs import CostTable, cost_table
-from ._optimize import Goal, Measured, Optimized, OptimizeReport, Round, Uniform, optimize
+from ._optimize import optimize
 from ._plot import plot_optimization
+from ._records import Goal, Measured, Optimized, OptimizeReport, Round, Uniform
 from ._solve import Plan, front, solve
 
 __all__ = [

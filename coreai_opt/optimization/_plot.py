@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._optimize import OptimizeReport
+from ._records import OptimizeReport
 
 
 def plot_optimization(report: OptimizeReport, path: Path) -> None:
