@@ -671,11 +671,15 @@ def test_exact_gradients_reach_the_fisher_pass_from_the_cli_and_recipes(
         and "from gradients" in " ".join(gptq.stderr.split())
         and not (tmp_path / "g.pt2").exists()
     )
-    step = Compress(config=PalettizeConfig(method="sensitive"), calibration="random", exact_gradients=True)
-    assert (
-        Compress.from_dict(step.to_dict()) == step
-        and "exact_gradients" not in Compress(config=step.config, calibration="random").to_dict()
+    from coreai_opt.calibration import CalibrationSpec
+    from coreai_opt.recipes import Recipe
+
+    recipe = Recipe(
+        (Compress(config=PalettizeConfig(method="sensitive")),),
+        CalibrationSpec(source="random", exact_gradients=True),
     )
+    assert Recipe.from_dict(recipe.to_dict()) == recipe
+    assert "exact_gradients" not in CalibrationSpec(source="random").to_dict()
 
 
 def _column_grid(

@@ -12,6 +12,7 @@ from conftest import SAMPLES
 from test_compress_pt2 import CONFIGS
 
 from coreai_opt._errors import ConfigError
+from coreai_opt.calibration import CalibrationSpec
 from coreai_opt.compression import (
     DType,
     Override,
@@ -200,8 +201,8 @@ def test_a_recipe_of_more_steps_than_any_real_one_is_refused_before_a_step_is_re
          "step 1 (compress): config.version must be an integer, not True"),
         ("r.yaml", "steps: [{compress: {config: {kind: [quantize]}}}]",
          "step 1 (compress): config.kind must be one of quantize, palettize, sparsify, not ['quantize']"),
-        ("r.yaml", "steps: [{compress: {config: {kind: quantize}, calibration_samples: 0}}]",
-         "step 1 (compress): calibration_samples must be 1 or more, not 0"),
+        ("r.yaml", "steps: [{compress: {config: {kind: quantize}, calibration_samples: 0}}]",  # an older recipe's
+         "calibration: samples must be an integer of 1 or more, not 0"),
         ("r.yaml", "steps: [{quantize_activations: {calibration: random, activations: 5}}]",
          "step 1 (quantize_activations): activations must be a mapping of options, not 5"),
         ("r.yaml", "steps: [{quantize_activations: {calibration: random, activations: {percentil: 99}}}]",
@@ -231,8 +232,8 @@ def test_steps_made_in_python_are_checked_too() -> None:
     for make, problem in [
         (lambda: Budget(max_bytes=float("inf")), "max_bytes must be an integer, not inf"),
         (lambda: Cast(ignored_ops="aten.exp.default"), "ignored_ops must be a list, not 'aten.exp.default'"),
-        (lambda: Compress(config=QuantizeConfig(), calibration_tokens=True),
-         "calibration_tokens must be an integer, not True"),
+        (lambda: Recipe((Compress(config=QuantizeConfig()),), CalibrationSpec(source="random", tokens=True)),
+         "tokens must be an integer of 1 or more, not True"),
         (lambda: Compress(config={"kind": "quantize"}),
          "config must be a WeightConfig, not {'kind': 'quantize'}"),
     ]:  # fmt: skip
@@ -358,3 +359,20 @@ def test_a_w8a8_step_keeps_its_per_module_and_per_op_type_entries(tmp_path: Path
         ModelFileError, match=r"bad\.yaml: step 1 \(quantize_activations\): an entry of op_type_configs is"
     ):
         Recipe.load(bad)
+
+
+def test_calibration_is_set_once_for_the_recipe_and_older_recipes_still_read(tmp_path: Path) -> None:
+    """Every compress step that learns reads the recipe's one CalibrationSpec; a recipe written when
+    each compress step held its own calibration is read into the same recipe (its steps must agree)."""
+    gptq = Compress(config=QuantizeConfig(dtype="int4", method="gptq", weight_num_threshold=0))
+    recipe = Recipe((gptq,), CalibrationSpec(source="random", samples=4))
+    assert recipe.to_dict()["calibration"] == {"source": "random", "samples": 4}
+    assert Recipe.load(recipe.save(tmp_path / "new.yaml")) == recipe
+    step = {"config": gptq.config.to_dict(), "calibration": "random", "calibration_samples": 4}
+    assert Recipe.from_dict({"steps": [{"compress": step}]}) == recipe
+    other = dict(step, calibration_samples=8)
+    with pytest.raises(ConfigError, match="set once, at its top level"):
+        Recipe.from_dict({"steps": [{"compress": step}, {"compress": other}]})
+    result = apply_recipe(recipe, SAMPLES / "mlp.pt2", tmp_path / "out.pt2")
+    learned = result.steps[0][1].report.weights
+    assert learned and all(w.learned is not None for w in learned)  # GPTQ took the recipe's samples

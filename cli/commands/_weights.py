@@ -38,67 +38,20 @@ def _executor_option() -> Any:
     )
 
 
-def _exact_gradients_option() -> Any:
-    return typer.Option(
-        False,
-        "--exact-gradients",
-        help=(
-            "--method sensitive: the Fisher pass in the program's own dtypes (default on a CPU with bfloat16 "
-            "instructions: its weights' matrix products in bfloat16, 1.5x faster end to end)."
-        ),
-    )
-
-
 def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-_CALIBRATION = typer.Option(
-    None,
-    "--calibration",
-    help=(
-        "Calibration samples for methods that learn from data: a safetensors file (one tensor per "
-        "input, optionally [N, *shape] or [N, ...] for an input of [1, ...]) or a directory of them, a text file (token windows), or "
-        "'random' (seeded draws)."
-    ),
-)
-_CALIBRATION_SAMPLES = typer.Option(
-    None,
-    "--calibration-samples",
-    min=1,
-    help=("At most this many calibration samples (--calibration random draws this many; default 32)."),
-)
-_CALIBRATION_TOKENS = typer.Option(
-    None,
-    "--calibration-tokens",
-    min=1,
-    help=("At most this many tokens of a text --calibration."),
-)
-_CALIBRATION_PROGRAM = typer.Option(
-    None,
-    "--calibration-program",
-    help=(
-        "For an .aimodel: the .pt2 it was converted from; the calibration runs through it and its "
-        "statistics reach the .aimodel's weights by name (3-bit LUTs with data: .aimodel only)."
-    ),
-)
-_DEVICE = typer.Option(
-    None,
-    "--device",
-    help="Where calibration runs and GPTQ / SparseGPT solve: cpu (default), cuda, cuda:1, ...",
-)
+# the command's names for CalibrationSpec's fields (its flags and help are the spec's)
+_SPEC_NAMES = {"source": "calibration", "samples": "calibration_samples", "tokens": "calibration_tokens",
+               "program": "calibration_program", "device": "device", "exact_gradients": "exact_gradients"}  # fmt: skip
 
 
 def _calibration_parameters() -> list[inspect.Parameter]:
-    """Where the statistics of a method that learns from data come from."""
-    return [
-        _keyword("calibration", _CALIBRATION, str | None),
-        _keyword("calibration_samples", _CALIBRATION_SAMPLES, int | None),
-        _keyword("calibration_tokens", _CALIBRATION_TOKENS, int | None),
-        _keyword("calibration_program", _CALIBRATION_PROGRAM, Path | None),
-        _keyword("device", _DEVICE, str | None),
-        _keyword("exact_gradients", _exact_gradients_option(), bool),
-    ]
+    """Where the statistics of a method that learns from data come from: CalibrationSpec's fields."""
+    from coreai_opt.calibration import CalibrationSpec
+
+    return [p.replace(name=_SPEC_NAMES[p.name]) for p in config_parameters(CalibrationSpec)]
 
 
 def common_parameters(output_help: str) -> list[inspect.Parameter]:

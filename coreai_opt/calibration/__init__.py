@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._samples import RANDOM, Samples, Source, text_tokens
+from ._spec import CalibrationSpec
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from ._capture import ProgramCalibration
 
-__all__ = ["RANDOM", "Samples", "Source", "cache_folder", "calibrate", "text_tokens"]
+__all__ = ["RANDOM", "CalibrationSpec", "Samples", "Source", "cache_folder", "calibrate", "text_tokens"]
 
 
 def cache_folder() -> Path:

@@ -59,7 +59,7 @@ def confirm(
         compare_uniform(report, table, steps, plan, judge, work, uniform, note)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return Recipe(steps.of(plan, to_aimodel=to_aimodel))
+    return steps.recipe(plan, to_aimodel=to_aimodel)
 
 
 def _rounds(

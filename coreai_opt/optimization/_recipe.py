@@ -21,9 +21,8 @@ from ._solve import Plan
 
 def plan_recipe(steps: Steps, plan: Plan) -> Any:
     """The recipe that makes `plan` (a `.pt2`: no conversion step)."""
-    from coreai_opt.recipes import Recipe
 
-    return Recipe(steps.of(plan, to_aimodel=False))
+    return steps.recipe(plan, to_aimodel=False)
 
 
 def make(recipe: Any, source: Path, out: Path) -> Path:
@@ -84,11 +83,20 @@ class Steps:
                 overrides.append(Override.of(_literal(name), **changes))
             overrides.append(Override.of("*", skip=True))
             config = dataclasses.replace(base, overrides=tuple(overrides))
-            found.append(Compress(config=config, calibration=self.calibration, calibration_tokens=self.tokens,
-                                  calibration_samples=self.samples, device=self.device))  # fmt: skip
+            found.append(Compress(config=config))
         if to_aimodel:
             found.extend(self.convert())
         return tuple(found)
+
+    def recipe(self, plan: Plan, *, to_aimodel: bool) -> Any:
+        """The plan as a recipe: its steps, reading the search's calibration data."""
+        from coreai_opt.calibration import CalibrationSpec
+        from coreai_opt.recipes import Recipe
+
+        spec = CalibrationSpec(
+            source=self.calibration, tokens=self.tokens, samples=self.samples, device=self.device
+        )
+        return Recipe(self.of(plan, to_aimodel=to_aimodel), spec)
 
     def convert(self) -> tuple[Any, ...]:
         from coreai_opt.recipes import Convert

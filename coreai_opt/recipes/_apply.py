@@ -85,6 +85,7 @@ class _Run:
     allow_empty: bool
     progress: Progress | None
     sidecars: Any  # `models.Sidecars` read before the load: a bad one fails before anything is written
+    calibration: Any = None  # the recipe's CalibrationSpec
 
 
 def apply_recipe(
@@ -111,7 +112,8 @@ def apply_recipe(
     check_output(out, force=force, inputs=(source,))
     from coreai_opt.models import read_sidecars
 
-    run = _Run(source, out, force, trust_pickle, executor, allow_empty, progress, read_sidecars(source))
+    run = _Run(source, out, force, trust_pickle, executor, allow_empty, progress, read_sidecars(source),
+               recipe.calibration)  # fmt: skip
     _check_steps(recipe, run)
     program = (
         load_aimodel(source) if kind is ModelFormat.AIMODEL else load_pt2(source, trust_pickle=trust_pickle)
@@ -192,24 +194,24 @@ def _calibration(step: Compress, program: Any, run: _Run) -> Any:
         config.method,
         *(dict(o.changes).get("method", config.method) for o in config.overrides if not o.skip),
     }
-    if all(algorithm_named(type(config), method).data_free for method in methods) or step.calibration is None:
+    spec = run.calibration
+    if all(algorithm_named(type(config), method).data_free for method in methods) or spec is None:
         return None  # data-free; or the driver names the missing --calibration
     from coreai_opt.calibration import Samples, calibrate
     from coreai_opt.models import model_tokenizer
 
     source, tokenizer = run.source, run.sidecars.tokenizer_file(run.source)  # the one read before the load
     if type(program).__name__ != "ExportedProgram":
-        if step.calibration_program is None:
+        if spec.program is None:
             raise ValueError(
                 f"{run.source}: methods that learn from data run the calibration through a .pt2: give the "
                 ".pt2 it was converted from (--calibration-program), or compress before converting"
             )
-        source = Path(step.calibration_program)
+        source = Path(spec.program)
         program = load_pt2(source, trust_pickle=run.trust_pickle)
         tokenizer = tokenizer or model_tokenizer(source)  # the .pt2's own, when the program has none
-    samples = Samples.of(step.calibration, count=step.calibration_samples, tokens=step.calibration_tokens,
-                         tokenizer=tokenizer)  # fmt: skip
-    return calibrate(program, samples, device=_device(step.device), exact_gradients=step.exact_gradients)
+    samples = Samples.of(spec.source, count=spec.samples, tokens=spec.tokens, tokenizer=tokenizer)
+    return calibrate(program, samples, device=_device(spec.device), exact_gradients=spec.exact_gradients)
 
 
 def _device(name: str | None) -> str | None:
@@ -363,7 +365,10 @@ _RUNNERS: dict[type, Callable[[Any, Any, _Run, int], StepOutcome]] = {
 }
 
 
-def one_step(step: Step, source: Path | str, output: Path | str | None, **options: Any) -> StepResult:
-    """A recipe of one step, run; its step's record (what the single-step commands print)."""
-    result = apply_recipe(Recipe((step,)), source, output, **options)
+def one_step(
+    step: Step, source: Path | str, output: Path | str | None, calibration: Any = None, **options: Any
+) -> StepResult:
+    """A recipe of one step (reading `calibration`, a CalibrationSpec, if it learns), run; its
+    step's record (what the single-step commands print)."""
+    result = apply_recipe(Recipe((step,), calibration), source, output, **options)
     return result.steps[0][1]

@@ -32,16 +32,16 @@ def compress_file(
     `calibration_program` (the `.pt2` it was converted from: weights match by name), on `device`
     (a torch device; default the CPU; `exact_gradients`: see `calibration.calibrate`). `options`:
     force, progress, trust_pickle, executor, allow_empty (see `apply_recipe`)."""
-    step = Compress(
-        config=config,
-        calibration=None if calibration is None else str(calibration),
-        calibration_samples=calibration_samples,
-        calibration_tokens=calibration_tokens,
-        calibration_program=None if calibration_program is None else str(calibration_program),
-        device=device,
-        exact_gradients=exact_gradients,
-    )
-    return one_step(step, source, output, **options)  # type: ignore[return-value]
+    from coreai_opt.calibration import CalibrationSpec
+
+    spec = None
+    if calibration is not None:
+        spec = CalibrationSpec(
+            source=str(calibration), samples=calibration_samples, tokens=calibration_tokens,
+            program=None if calibration_program is None else str(calibration_program), device=device,
+            exact_gradients=exact_gradients,
+        )  # fmt: skip
+    return one_step(Compress(config=config), source, output, spec, **options)  # type: ignore[return-value]
 
 
 def quantize_file(

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coreai_opt._errors import ConfigError
+from coreai_opt._errors import ConfigError, shown
+from coreai_opt.calibration import CalibrationSpec
 from coreai_opt.compression import WeightConfig
 from coreai_opt.io import ModelFileError, one_line, write_atomically
 
-from ._steps import STEP_TYPES, Step, config_of
-from ._values import MAX_FILE_BYTES, MAX_STEPS, check_document, read_yaml
+from ._steps import STEP_CALIBRATION, STEP_TYPES, Step, config_of
+from ._values import MAX_FILE_BYTES, MAX_STEPS, check_document, check_fields, read_yaml
 
 RECIPE_VERSION = 1
 _YAML = (".yaml", ".yml")
@@ -34,18 +35,28 @@ _YAML = (".yaml", ".yml")
 
 @dataclass(frozen=True)
 class Recipe:
+    """Steps run in order on one program; `calibration`: the data every step that learns from data
+    reads (set once for the recipe)."""
+
     steps: tuple[Step, ...]
+    calibration: CalibrationSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(self.steps))
         _check_count(len(self.steps))
         for step in self.steps:
             if type(step) not in STEP_TYPES.values():
-                raise ConfigError(f"a recipe's steps are compress, quantize_activations, cast, convert or "
-                                  f"budget steps, not {step!r}", "steps")  # fmt: skip
+                raise ConfigError(
+                    f"a recipe's steps are {', '.join(STEP_TYPES)} steps, not {step!r}", "steps"
+                )
+        if self.calibration is not None and not isinstance(self.calibration, CalibrationSpec):
+            raise ConfigError(f"calibration is a CalibrationSpec, not {self.calibration!r}", "calibration")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": RECIPE_VERSION, "steps": [{s.KIND: s.to_dict()} for s in self.steps]}
+        data: dict[str, Any] = {"version": RECIPE_VERSION}
+        if self.calibration is not None:
+            data["calibration"] = self.calibration.to_dict()
+        return data | {"steps": [{s.KIND: s.to_dict()} for s in self.steps]}
 
     @classmethod
     def from_dict(cls, data: Any) -> Recipe:
@@ -58,10 +69,11 @@ class Recipe:
         version = data.get("version", RECIPE_VERSION)
         if type(version) is not int or version != RECIPE_VERSION:
             raise ConfigError(f"recipe version {version!r} is not {RECIPE_VERSION}", "version")
-        unknown = sorted(set(data) - {"version", "steps"})
+        unknown = sorted(set(data) - {"version", "steps", "calibration"})
         if unknown:
             raise ConfigError(f"a recipe has no field {unknown[0]!r}", unknown[0])
-        return cls(tuple(_step(number, entry) for number, entry in enumerate(data["steps"], 1)))
+        steps, calibration = _lifted(data["steps"], data.get("calibration"))
+        return cls(tuple(_step(number, entry) for number, entry in enumerate(steps, 1)), calibration)
 
     @classmethod
     def load(cls, path: Path | str) -> Recipe:
@@ -180,3 +192,29 @@ def _parse(path: Path, text: str) -> Any:
         raise ModelFileError(path, "not a readable recipe (nested too deeply)") from None
     except Exception as exc:  # json's ValueError, yaml's own errors
         raise ModelFileError(path, f"not a readable recipe ({one_line(exc, 200)})") from None
+
+
+def _lifted(steps: list[Any], given: Any) -> tuple[list[Any], CalibrationSpec | None]:
+    """The steps without calibration fields, and the recipe's calibration: as given, or as the
+    compress steps of an older recipe each held it (they must agree)."""
+    found: list[dict[str, Any]] = []
+    kept = []
+    for entry in steps:
+        body = entry.get("compress") if isinstance(entry, dict) and len(entry) == 1 else None
+        if isinstance(body, dict) and set(body) & set(STEP_CALIBRATION):
+            found.append({STEP_CALIBRATION[k]: v for k, v in body.items() if k in STEP_CALIBRATION})
+            entry = {"compress": {k: v for k, v in body.items() if k not in STEP_CALIBRATION}}
+        kept.append(entry)
+    if any(f != found[0] for f in found) or (found and given is not None):
+        raise ConfigError("a recipe's calibration is set once, at its top level: its compress steps disagree "
+                          "or repeat it", "calibration")  # fmt: skip
+    plain = given if given is not None else (found[0] if found else None)
+    if plain is None:
+        return kept, None
+    if not isinstance(plain, dict):
+        raise ConfigError(f"calibration is a mapping of its options, not {shown(plain)}", "calibration")
+    check_fields(CalibrationSpec, plain, "calibration.")
+    try:
+        return kept, CalibrationSpec.from_dict(plain)
+    except ConfigError as exc:
+        raise ConfigError(f"calibration: {exc}", *exc.fields) from None

@@ -25,13 +25,9 @@ from ._values import check_fields, check_record, least, shown
 
 @dataclass(frozen=True, kw_only=True)
 class Compress:
+    """A weight pass; a method that learns from data reads the recipe's calibration."""
+
     config: WeightConfig
-    calibration: str | None = None  # samples: a safetensors file or folder, a text file, or "random"
-    calibration_samples: int | None = field(default=None, metadata=least(1))
-    calibration_tokens: int | None = field(default=None, metadata=least(1))
-    calibration_program: str | None = None  # an .aimodel's .pt2 source: statistics found by weight name
-    device: str | None = None  # where calibration runs and GPTQ / SparseGPT solve (None: the CPU)
-    exact_gradients: bool = False  # the Fisher pass in the program's dtypes (not bfloat16 products)
 
     KIND = "compress"
 
@@ -42,24 +38,18 @@ class Compress:
         return str(self.config.tag)
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"config": self.config.to_dict()}
-        for name in (
-            "calibration",
-            "calibration_samples",
-            "calibration_tokens",
-            "calibration_program",
-            "device",
-        ):
-            if getattr(self, name) is not None:
-                data[name] = getattr(self, name)
-        if self.exact_gradients:
-            data["exact_gradients"] = True
-        return data
+        return {"config": self.config.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Compress:
         values = _only(data, cls, ("config",), built=("config",))
         return cls(config=config_of(data.get("config"), "config"), **values)
+
+
+# a compress step's own calibration fields, as recipes written before `Recipe.calibration` held
+# them -> the CalibrationSpec field each one is now
+STEP_CALIBRATION = {"calibration": "source", "calibration_samples": "samples", "calibration_tokens": "tokens",
+                    "calibration_program": "program", "device": "device", "exact_gradients": "exact_gradients"}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
