@@ -53,6 +53,11 @@ def _default(field: dataclasses.Field[Any]) -> Any:
     return value
 
 
+def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    """A command's keyword parameter: its Typer option (or argument) as the default."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
 def config_parameters(config_type: type, prefix: str = "") -> list[inspect.Parameter]:
     """Keyword parameters, one per field with a `Flag`, each a Typer option."""
     parameters = []

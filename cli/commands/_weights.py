@@ -20,7 +20,7 @@ from .._common import (
     trust_pickle_option,
     user_errors,
 )
-from .._config_options import config_from_options, config_parameters
+from .._config_options import config_from_options, config_parameters, keyword
 from .._progress import spinner, weight_progress
 
 _MODEL_HELP = "The .aimodel or .pt2 to compress (never modified); the output has its format."
@@ -36,10 +36,6 @@ def _executor_option() -> Any:
         "ray.init() finds: RAY_ADDRESS, else a new local one; pip install 'coreopt\\[ray]'). The output file "
         "is the same either way.",
     )
-
-
-def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
 # the command's names for CalibrationSpec's fields (its flags and help are the spec's)
@@ -60,13 +56,13 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
 
     return [
         *_calibration_parameters(),
-        _keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
-        _keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
-        _keyword("allow_empty", allow_empty_option(), bool),
-        _keyword("force", force_option(), bool),
-        _keyword("trust_pickle", trust_pickle_option(), bool),
-        _keyword("quiet", quiet_option(), bool),
-        _keyword("as_json", json_option(), bool),
+        keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
+        keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
+        keyword("allow_empty", allow_empty_option(), bool),
+        keyword("force", force_option(), bool),
+        keyword("trust_pickle", trust_pickle_option(), bool),
+        keyword("quiet", quiet_option(), bool),
+        keyword("as_json", json_option(), bool),
     ]
 
 

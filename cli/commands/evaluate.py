@@ -25,7 +25,7 @@ from .._common import (
     trust_pickle_option,
     user_errors,
 )
-from .._config_options import config_from_options, config_parameters
+from .._config_options import config_from_options, config_parameters, keyword
 from .._progress import weight_progress
 
 
@@ -103,9 +103,6 @@ _SCORING = {f.name for f in dataclasses.fields(EvalConfig)}
 def _signature() -> inspect.Signature:
     """The command's arguments and options: the programs and data, how it scores (EvalConfig's
     fields, declared there once), how the result is shown."""
-
-    def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
-        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
     return inspect.Signature([
         keyword("reference", _REFERENCE, Path), keyword("candidates", _CANDIDATES, list[Path]),

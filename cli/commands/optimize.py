@@ -25,7 +25,7 @@ from .._common import (
     shown,
     user_errors,
 )
-from .._config_options import config_from_options, config_parameters
+from .._config_options import config_from_options, config_parameters, keyword
 from .._progress import weight_progress
 from ._weights import kmeans_kernels, palettizes
 
@@ -111,9 +111,6 @@ _SEARCH = {f.name for f in dataclasses.fields(OptimizeConfig)}
 def _signature() -> inspect.Signature:
     """The command's options: the model and data, one budget, the search's (OptimizeConfig's
     fields, declared there once), and how the result is written and shown."""
-
-    def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
-        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
     return inspect.Signature([
         keyword("model", _MODEL, Path), keyword("calibration", _CALIBRATION, str),

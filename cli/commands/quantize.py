@@ -9,12 +9,9 @@ from typing import Any
 import typer
 
 from .._common import choices, option_errors, print_json, user_errors
+from .._config_options import keyword
 from .._progress import weight_progress
 from ._weights import command_of, compress
-
-
-def _keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
 def _activation_parameters() -> tuple[inspect.Parameter, ...]:
@@ -23,7 +20,7 @@ def _activation_parameters() -> tuple[inspect.Parameter, ...]:
 
     defaults = ActivationConfig()
     return (
-        _keyword(
+        keyword(
             "activations",
             typer.Option(
                 None,
@@ -35,12 +32,12 @@ def _activation_parameters() -> tuple[inspect.Parameter, ...]:
             ),
             choices("ActivationDType", ACTIVATION_DTYPES) | None,
         ),
-        _keyword(
+        keyword(
             "activation_scheme",
             typer.Option(defaults.qscheme.value, "--activation-scheme", help="Activations: sym or asym."),
             choices("ActivationScheme", tuple(QScheme)),
         ),
-        _keyword(
+        keyword(
             "observer",
             typer.Option(
                 defaults.observer.value,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coreai_opt._errors import ConfigError
-from coreai_opt.compression import check_options, option
+from coreai_opt.compression import check_options, option, plain_fields
 
 _SOURCE = (
     "Calibration samples for methods that learn from data: a safetensors file (one tensor per input, optionally "
@@ -69,11 +69,4 @@ class CalibrationSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> CalibrationSpec:
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"calibration is a mapping of its options, not {type(data).__name__}", "calibration"
-            )
-        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ConfigError(f"calibration has no option {unknown[0]!r}", unknown[0])
-        return cls(**data)
+        return cls(**plain_fields(cls, data, 1))

@@ -58,6 +58,7 @@ from .configs import (
     flags,
     option,
     parse_override,
+    plain_fields,
 )
 from .registry import (
     BUILT_IN,
@@ -134,6 +135,7 @@ __all__ = [
     "methods",
     "option",
     "parse_override",
+    "plain_fields",
     "register",
     "register_config",
     "select_sites",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coreai_opt._errors import ConfigError
-from coreai_opt.compression import check_options, option
+from coreai_opt.compression import check_options, option, plain_fields
 
 CONFIG_VERSION = 1
 
@@ -50,16 +50,4 @@ class EvalConfig:
 
     @classmethod
     def from_dict(cls, data: Any) -> EvalConfig:
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"an EvalConfig is a mapping of its options, not {type(data).__name__}", "config"
-            )
-        if data.get("version", CONFIG_VERSION) != CONFIG_VERSION:
-            raise ConfigError(
-                f"eval config version {data.get('version')!r} is not {CONFIG_VERSION}", "version"
-            )
-        values = {k: v for k, v in data.items() if k != "version"}
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ConfigError(f"EvalConfig has no option {unknown[0]!r}", unknown[0])
-        return cls(**values)
+        return cls(**plain_fields(cls, data, CONFIG_VERSION))

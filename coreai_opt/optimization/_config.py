@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coreai_opt._errors import ConfigError
-from coreai_opt.compression import check_options, option
+from coreai_opt.compression import check_options, option, plain_fields
 
 _CANDIDATES = (
     "What a weight may take, comma separated: default (keep,int8,int4-b32,lut8,lut6,lut6-q8,lut4,lut4-q8,lut3,lut2), "
@@ -68,16 +68,4 @@ class OptimizeConfig:
 
     @classmethod
     def from_dict(cls, data: Any) -> OptimizeConfig:
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"an OptimizeConfig is a mapping of its options, not {type(data).__name__}", "config"
-            )
-        if data.get("version", CONFIG_VERSION) != CONFIG_VERSION:
-            raise ConfigError(
-                f"optimize config version {data.get('version')!r} is not {CONFIG_VERSION}", "version"
-            )
-        values = {k: v for k, v in data.items() if k != "version"}
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ConfigError(f"OptimizeConfig has no option {unknown[0]!r}", unknown[0])
-        return cls(**values)
+        return cls(**plain_fields(cls, data, CONFIG_VERSION))

@@ -42,17 +42,9 @@ class TransformConfig:
     @classmethod
     def from_dict(cls: type[T], data: Any) -> T:
         """A config from `to_dict`'s data (unknown fields and versions refused, naming them)."""
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"a {cls.__name__} is a mapping of its options, not {type(data).__name__}", "config"
-            )
-        if data.get("version", CONFIG_VERSION) != CONFIG_VERSION:
-            raise ConfigError(f"transform version {data.get('version')!r} is not {CONFIG_VERSION}", "version")
-        values = {k: v for k, v in data.items() if k not in ("kind", "version")}
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ConfigError(f"{cls.__name__} has no option {unknown[0]!r}", unknown[0])
-        return cls(**values)
+        from coreai_opt.compression import plain_fields
+
+        return cls(**plain_fields(cls, data, CONFIG_VERSION))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,7 @@ from ._base import (
     flags,
     option,
     parse_override,
+    plain_fields,
 )
 from ._options import (
     JOINT_DTYPES,
@@ -53,4 +54,5 @@ __all__ = [
     "flags",
     "option",
     "parse_override",
+    "plain_fields",
 ]

@@ -66,6 +66,23 @@ def check_options(config: Any) -> None:
             raise ConfigError(f"{name} takes one of {offered}, not {value!r}", name)
 
 
+def plain_fields(config_type: type, data: Any, version: int) -> dict[str, Any]:
+    """A config's field values from its plain data, once it is a mapping of the layout `version`
+    with no field the config lacks (`kind` and `version` left out); `ConfigError` names the fault."""
+    name = config_type.__name__
+    if not isinstance(data, dict):
+        raise ConfigError(f"a {name} is a mapping of its options, not {type(data).__name__}", "config")
+    if data.get("version", version) != version:
+        raise ConfigError(
+            f"{name} version {data.get('version')!r} is not one this coreopt reads ({version})", "version"
+        )
+    values = {k: v for k, v in data.items() if k not in ("kind", "version")}
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(config_type)})
+    if unknown:
+        raise ConfigError(f"{name} has no option {unknown[0]!r}", unknown[0])
+    return values
+
+
 def flag_names(config_type: type) -> dict[str, str]:
     """Field name -> its command-line flag (what a CLI error names)."""
     return {name: flag.flag for name, flag in flags(config_type).items()}
@@ -272,20 +289,7 @@ class WeightConfig:
     @classmethod
     def from_dict(cls: type[C], data: Any) -> C:
         """A config from `to_dict`'s data (unknown fields and versions are refused, naming them)."""
-        if not isinstance(data, dict):
-            raise ConfigError(
-                f"a {cls.__name__} is a mapping of its options, not {type(data).__name__}", "config"
-            )
-        version = data.get("version", CONFIG_VERSION)
-        if version != CONFIG_VERSION:
-            raise ConfigError(
-                f"config version {version!r} is not one this coreopt reads ({CONFIG_VERSION})", "version"
-            )
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        values = {k: v for k, v in data.items() if k not in ("kind", "version")}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ConfigError(f"{cls.__name__} has no option {unknown[0]!r}", unknown[0])
+        values = plain_fields(cls, data, CONFIG_VERSION)
         if "overrides" in values:
             values["overrides"] = tuple(_override_from(item, cls) for item in values["overrides"] or ())
         if isinstance(values.get("n_m_ratio"), list):
