@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from coreai_opt._errors import printable
+from coreai_opt.errors import printable
 
 EXIT_OK = 0
 EXIT_USER_ERROR = 1  # bad input: a file, its contents, the environment
@@ -60,7 +60,7 @@ def user_errors(as_json: bool = False, flags: Mapping[str, str] | None = None) -
 
     Set COREOPT_DEBUG=1 to let unexpected exceptions through with their traceback.
     """
-    from coreai_opt._errors import ConfigError
+    from coreai_opt.errors import ConfigError
     from coreai_opt.io import ModelFileError
 
     try:

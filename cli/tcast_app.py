@@ -74,7 +74,7 @@ def inspect(
 
     Example: tcast inspect float8_e4m3fnuz
     """
-    from tcast._files import code_table
+    from tcast import code_table
 
     with user_errors(as_json):
         dtype = _resolve(name)
@@ -169,7 +169,7 @@ def cast(
     """
     import re
 
-    from tcast._files import cast_file
+    from tcast import cast_file
 
     with option_errors({}, "--dtype"):
         target = _resolve(dtype)
@@ -241,7 +241,7 @@ def upcast(
 
     Example: tcast upcast weights.mxfp4.safetensors -o weights.restored.safetensors --force --json
     """
-    from tcast._files import upcast_file
+    from tcast import upcast_file
 
     with user_errors(as_json):
         names = upcast_file(source, output, force=force)

@@ -24,7 +24,7 @@ import stat
 import sys
 from pathlib import Path
 
-from coreai_opt._errors import printable
+from coreai_opt.errors import printable
 
 _warned: set[str] = set()
 

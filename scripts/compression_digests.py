@@ -94,7 +94,7 @@ def _report_sha(document: dict, leave: tuple[str, ...] = ()) -> str:
 
 
 def _compressed(folder: str, sample: str, suffix: str, name: str, config: object) -> dict[str, str]:
-    from coreai_opt._errors import NothingDoneError
+    from coreai_opt.errors import NothingDoneError
     from coreai_opt.recipes import compress_file
 
     output = Path(folder) / f"{sample}.{name}{suffix}"

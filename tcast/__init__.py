@@ -42,6 +42,8 @@ __all__ = [
     "Tile",
     "__version__",
     "cast",
+    "cast_file",
+    "code_table",
     "codebook",
     "datatype",
     "decode",
@@ -65,6 +67,7 @@ __all__ = [
     "supports",
     "unpack_codes",
     "upcast",
+    "upcast_file",
 ]
 
 
@@ -301,6 +304,9 @@ _LAZY = {
     "float_scales": "_primitives",
     "hadamard": "_hadamard",
     "hadamard_inverse": "_hadamard",
+    "cast_file": "_files",
+    "upcast_file": "_files",
+    "code_table": "_files",
 }
 
 

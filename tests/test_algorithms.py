@@ -8,7 +8,6 @@ from collections.abc import Iterator, Sequence
 import pytest
 import torch
 
-from coreai_opt._errors import ConfigError
 from coreai_opt.compression import (
     BUILT_IN,
     Algorithm,
@@ -24,6 +23,7 @@ from coreai_opt.compression import (
     unregister,
 )
 from coreai_opt.compression.algorithms._rtn import quantize
+from coreai_opt.errors import ConfigError
 from coreai_opt.io import load_pt2
 from coreai_opt.weights import Needs, Statistics, WeightSite
 from tests.conftest import SAMPLES

@@ -202,8 +202,8 @@ def test_programs_without_a_tokenizer_or_token_ids_are_refused_in_one_line(linea
 def test_the_scoring_settings_are_one_config_that_the_cli_options_come_from(coreopt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import dataclasses
 
-    from coreai_opt._errors import ConfigError
     from coreai_opt.compression import flag_names
+    from coreai_opt.errors import ConfigError
     from coreai_opt.evaluation import EvalConfig
     from tests.conftest import SAMPLES
 

@@ -246,14 +246,18 @@ def _target(module: str, imported: str | None, modules: dict[str, Path]) -> str:
 def _private_imports(modules: dict[str, Path]) -> list[str]:
     """Imports of another folder's private module or private name (`coreai_opt.weights._decode`,
     `from coreai_opt.io import _zip`): a folder is used through its package's names. A
-    top-level module of a package (`coreai_opt._errors`) is a folder of its own."""
+    top-level `_module` of a package (`coreai_opt._elements`) is a folder of its own to that package,
+    but another package (the CLI) uses only public names."""
     found = []
     for name, path in modules.items():
         for module, imported, line in _imports_of(name, path):
             target = _target(module, imported, modules)
             if _folder(target) == _folder(name):
                 continue
-            inside = target.split(".")[_folder(target).count(".") + 1 :]
+            if target.split(".")[0] != name.split(".")[0]:  # another package: every part public
+                inside = target.split(".")[1:]
+            else:
+                inside = target.split(".")[_folder(target).count(".") + 1 :]
             named = [imported] if imported is not None and target == module else []
             if any(part.startswith("_") and not part.startswith("__") for part in inside + named):
                 found.append(f"{name}:{line} imports {'.'.join([target, *named])}")
@@ -268,16 +272,20 @@ def test_the_private_import_check_would_catch_an_offender(tmp_path: Path) -> Non
     """The scan finds what it looks for (it cannot pass by finding nothing)."""
     (tmp_path / "x.py").write_text(
         "from coreai_opt.weights._decode import lut_to_dense\nfrom coreai_opt.weights import decode, _decode\n"
-        "from coreai_opt.io import load_pt2\nfrom . import _y\n"
+        "from coreai_opt.io import load_pt2\nfrom . import _y\nfrom coreai_opt._elements import element\n"
     )
-    modules = {name: tmp_path / "x.py" for name in ("coreai_opt.comparison._x",)} | {
+    (tmp_path / "z.py").write_text(
+        "from coreai_opt._elements import element\nfrom coreai_opt.io import load_pt2\n"
+    )
+    modules = {"coreai_opt.comparison._x": tmp_path / "x.py", "cli.commands._z": tmp_path / "z.py"} | {
         name: tmp_path / "empty.py" for name in ("coreai_opt.weights", "coreai_opt.weights._decode", "coreai_opt.io",
-                                                 "coreai_opt.comparison._y")
+                                                 "coreai_opt.comparison._y", "coreai_opt._elements")
     }  # fmt: skip
     (tmp_path / "empty.py").write_text("")
-    assert _private_imports(modules) == [
+    assert _private_imports(modules) == [  # the library's own top-level `_elements` is fine, the CLI's is not
         "coreai_opt.comparison._x:1 imports coreai_opt.weights._decode.lut_to_dense",
         "coreai_opt.comparison._x:2 imports coreai_opt.weights._decode",
+        "cli.commands._z:1 imports coreai_opt._elements.element",
     ]
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 from coreai_opt.optimization import CostTable, Goal, front, parse_choices, solve
 
 # ----- the allocation ---------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import pytest
 from conftest import SAMPLES
 from test_compress_pt2 import CONFIGS
 
-from coreai_opt._errors import ConfigError
 from coreai_opt.calibration import CalibrationSpec
 from coreai_opt.compression import (
     DType,
@@ -22,6 +21,7 @@ from coreai_opt.compression import (
     config_from_dict,
     flag_names,
 )
+from coreai_opt.errors import ConfigError
 from coreai_opt.recipes import Budget, Cast, Compress, Convert, Recipe, apply_recipe, compress_file
 
 

@@ -14,7 +14,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 from coreai_opt.io import load_pt2
 from coreai_opt.transforms import (
     FoldNormsConfig,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from coreai_opt._errors import ConfigError
 from coreai_opt.calibration import Samples, calibrate
 from coreai_opt.compression import PalettizeConfig, compress_
+from coreai_opt.errors import ConfigError
 from coreai_opt.io import load_pt2
 from tests.conftest import SAMPLES
 

@@ -14,7 +14,7 @@ from rich.text import Text
 from .._common import console, plain, shown
 
 if TYPE_CHECKING:
-    from coreai_opt._agreement import Agreement
+    from coreai_opt.comparison import Agreement
     from coreai_opt.inputs import InputRule
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 from coreai_opt.io import ModelFileError
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from coreai_opt._errors import ConfigError
 from coreai_opt.compression import check_options, option, plain_fields
+from coreai_opt.errors import ConfigError
 
 _SOURCE = (
     "Calibration samples for methods that learn from data: a safetensors file (one tensor per input, optionally "

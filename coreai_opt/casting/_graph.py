@@ -10,7 +10,7 @@ import torch
 from torch.fx import Graph, Node
 
 from coreai_opt._aten import CAST_PACKETS, packet
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 
 aten = torch.ops.aten
 

@@ -1,6 +1,8 @@
 """Run two models (`.aimodel` on the Core AI runtime, `.pt2` in PyTorch) on the same samples and
 measure how closely their outputs agree."""
 
+from coreai_opt._agreement import Agreement
+
 from ._compare import (
     ComparisonResult,
     OutputComparison,
@@ -15,6 +17,7 @@ from ._plot import check_plot_path, plot_sweep
 from ._sweep import SweepResult, SweepRow, compare_sweep
 
 __all__ = [
+    "Agreement",
     "ComparisonResult",
     "OutputComparison",
     "SampleSpread",

@@ -14,8 +14,8 @@ import numpy as np
 
 from coreai_opt._agreement import Agreement, agreement, mean_of, worst_of
 from coreai_opt._coreai import AssetWorker, RunResult, TensorSpec, run_in
-from coreai_opt._errors import ConfigError
 from coreai_opt.compression import Progress
+from coreai_opt.errors import ConfigError
 from coreai_opt.inputs import (
     Draw,
     InputRule,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 from coreai_opt.weights import (
     Calibration,
     Candidate,

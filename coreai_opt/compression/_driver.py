@@ -11,9 +11,9 @@ from dataclasses import replace
 import torch
 
 import tcast
-from coreai_opt._errors import ConfigError
 from coreai_opt._memory import EveryBytes, trim_heap
 from coreai_opt._pieces import energies_in_pieces
+from coreai_opt.errors import ConfigError
 from coreai_opt.weights import (
     Calibration,
     Container,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 from coreai_opt.weights import Needs
 
 from .configs import PalettizeConfig, QuantizeConfig, SparsifyConfig, WeightConfig, check_methods_with

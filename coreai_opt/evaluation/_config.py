@@ -8,8 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from coreai_opt._errors import ConfigError
 from coreai_opt.compression import check_options, option, plain_fields
+from coreai_opt.errors import ConfigError
 
 CONFIG_VERSION = 1
 

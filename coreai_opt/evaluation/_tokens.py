@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 from coreai_opt.io import ModelFileError, one_line
 
 _ID_NAMES = ("tokens", "input_ids", "ids")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coreai_opt._errors import printable as printable  # beside `one_line`: the library's text rules
+from coreai_opt.errors import printable as printable  # beside `one_line`: the library's text rules
 
 
 def one_line(text: object, limit: int = 300) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 from coreai_opt.io import ModelFileError, one_line
 
 from ._families import ModelKind

@@ -27,8 +27,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from coreai_opt._errors import ConfigError
 from coreai_opt.compression import PalettizeConfig, QuantizeConfig, SparsifyConfig, WeightConfig
+from coreai_opt.errors import ConfigError
 
 __all__ = ["DEFAULT_CHOICES", "KEEP", "Choice", "builtin_choices", "parse_choices"]
 

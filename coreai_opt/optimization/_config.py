@@ -8,8 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from coreai_opt._errors import ConfigError
 from coreai_opt.compression import check_options, option, plain_fields
+from coreai_opt.errors import ConfigError
 
 _CANDIDATES = (
     "What a weight may take, comma separated: default (keep,int8,int4-b32,lut8,lut6,lut6-q8,lut4,lut4-q8,lut3,lut2), "

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 from coreai_opt.io import ModelFormat, check_output, model_format, require_existing
 
 from ._choices import Choice, parse_choices

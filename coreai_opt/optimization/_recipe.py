@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 
 from ._choices import Choice
 from ._costs import CostTable

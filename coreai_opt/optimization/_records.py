@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 
 
 @dataclass(frozen=True)

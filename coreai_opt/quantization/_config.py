@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coreai_opt._errors import ConfigError, shown
 from coreai_opt.compression import DType, QScheme, QuantizeConfig
+from coreai_opt.errors import ConfigError, shown
 
 
 class ExportBackend(enum.Enum):

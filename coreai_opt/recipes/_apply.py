@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coreai_opt._errors import ConfigError, NothingDoneError
+from coreai_opt.errors import ConfigError, NothingDoneError
 from coreai_opt.io import (
     ConversionError,
     ModelFileError,

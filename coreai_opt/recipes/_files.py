@@ -109,7 +109,7 @@ def quantize_activations_file(
     """Quantize a `.pt2`'s weights and activations, calibrated on `calibration` (a safetensors
     file or directory of samples, or "random" for `random_samples` seeded draws). The loaded
     program is edited in place and saved: it is never exported again."""
-    from coreai_opt._errors import ConfigError
+    from coreai_opt.errors import ConfigError
     from coreai_opt.quantization import QuantizerConfig
 
     if random_samples < 1:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coreai_opt._errors import ConfigError, shown
 from coreai_opt.calibration import CalibrationSpec
 from coreai_opt.compression import WeightConfig
+from coreai_opt.errors import ConfigError, shown
 from coreai_opt.io import ModelFileError, one_line, write_atomically
 
 from ._steps import STEP_CALIBRATION, STEP_TYPES, Step, config_of

@@ -17,8 +17,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from coreai_opt._errors import ConfigError
 from coreai_opt.compression import WeightConfig
+from coreai_opt.errors import ConfigError
 
 from ._values import check_fields, check_record, least, shown
 

@@ -16,8 +16,8 @@ import typing
 from collections.abc import Mapping, Sized
 from typing import Any
 
-from coreai_opt._errors import ConfigError, shown
 from coreai_opt.compression import Override
+from coreai_opt.errors import ConfigError, shown
 from coreai_opt.io import walk_json
 
 # A real recipe has a handful of steps (`coreopt optimize` writes at most four: one compress step

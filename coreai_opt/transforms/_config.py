@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, TypeVar
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 
 CONFIG_VERSION = 1  # of `to_dict`'s layout
 T = TypeVar("T", bound="TransformConfig")

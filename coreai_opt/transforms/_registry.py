@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 
 from ._config import FoldNormsConfig, TransformConfig
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 
 CONFIG_VERSION = 1  # of `to_dict`'s layout
 

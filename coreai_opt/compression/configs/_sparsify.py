@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from coreai_opt._errors import ConfigError
+from coreai_opt.errors import ConfigError
 
 from ._base import _METHOD_HELP, _OVERRIDE_HELP, _THRESHOLD_HELP, Override, WeightConfig, _enum, option
 from ._options import JOINT_DTYPES, N_BITS, DType
