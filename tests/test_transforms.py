@@ -61,18 +61,9 @@ def test_layer_norms_fold_into_the_linears_that_read_them() -> None:
 
 
 def _drawn(program, seed: int) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
-    from coreai_opt.inputs import (
-        draw_inputs,
-        exported_program_specs,
-        exported_program_usage,
-        input_rules,
-        user_input_nodes,
-    )
+    from coreai_opt.inputs import drawn_inputs
 
-    specs = exported_program_specs(program)
-    drawn = draw_inputs(specs, input_rules(specs, exported_program_usage(program)), seed)
-    dtypes = [node.meta["val"].dtype for node in user_input_nodes(program)]
-    return [torch.from_numpy(drawn[s.name]).to(d) for s, d in zip(specs, dtypes, strict=True)]
+    return drawn_inputs(program, seed)[0]
 
 
 @pytest.fixture(scope="module")

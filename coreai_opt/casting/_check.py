@@ -13,10 +13,8 @@ from coreai_opt._agreement import Agreement, agreement
 from coreai_opt.inputs import (
     Draw,
     InputRule,
-    draw_inputs,
+    drawn_inputs,
     exported_program_specs,
-    exported_program_usage,
-    input_rules,
     read_inputs_file,
     seeded_source,
 )
@@ -80,14 +78,11 @@ def check_inputs(
 ) -> tuple[list[torch.Tensor], str, list[InputRule]]:
     """The check's inputs in the program's input order, where they came from, and how each was drawn."""
     specs = exported_program_specs(ep)
-    dtypes = [g.dtype_of(node) for node in user_inputs(ep)]
     if path is not None:
         given = read_inputs_file(path, specs)
         rules = [InputRule(s.name, Draw.FILE, reason=str(path)) for s in specs]
         return [given[s.name] for s in specs], str(path), rules
-    rules = input_rules(specs, exported_program_usage(ep))
-    drawn = draw_inputs(specs, rules, seed)
-    tensors = [torch.from_numpy(drawn[s.name]).to(d) for s, d in zip(specs, dtypes, strict=True)]
+    tensors, rules = drawn_inputs(ep, seed)
     return tensors, seeded_source(range(seed, seed + 1)), rules
 
 

@@ -21,7 +21,7 @@ from ._policy import (
     seeded_samples,
     seeded_source,
 )
-from ._usage import exported_program_specs, exported_program_usage, user_input_nodes
+from ._usage import drawn_inputs, exported_program_specs, exported_program_usage, user_input_nodes
 
 __all__ = [
     "Draw",
@@ -31,6 +31,7 @@ __all__ = [
     "Kind",
     "Usage",
     "draw_inputs",
+    "drawn_inputs",
     "exported_program_specs",
     "exported_program_usage",
     "input_rules",

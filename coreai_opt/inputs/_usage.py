@@ -6,9 +6,10 @@ import operator
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from ._policy import InputSpec, Kind, Usage
+from ._policy import InputRule, InputSpec, Kind, Usage
 
 if TYPE_CHECKING:
+    import torch
     from torch.export import ExportedProgram
     from torch.fx import Node
 
@@ -64,3 +65,17 @@ def exported_program_usage(ep: ExportedProgram) -> dict[str, Usage]:
                     queue.append(state)
         usage[start.name] = Usage(min(rows) if rows else None, arithmetic)
     return usage
+
+
+def drawn_inputs(ep: ExportedProgram, seed: int = 0) -> tuple[list[torch.Tensor], list[InputRule]]:
+    """The program's user inputs drawn by the input policy with `seed`, in input order and in the
+    program's dtypes, and how each was drawn."""
+    import torch
+
+    from ._policy import draw_inputs, input_rules
+
+    specs = exported_program_specs(ep)
+    rules = input_rules(specs, exported_program_usage(ep))
+    drawn = draw_inputs(specs, rules, seed)
+    dtypes = [node.meta["val"].dtype for node in user_input_nodes(ep)]
+    return [torch.from_numpy(drawn[s.name]).to(d) for s, d in zip(specs, dtypes, strict=True)], rules

@@ -31,17 +31,10 @@ class Equivalence:
 
 
 def seeded_inputs(program: ExportedProgram, count: int) -> list[list[torch.Tensor]]:
-    """`count` draws of the program's user inputs, in input order and dtypes."""
-    import torch
+    """`count` draws of the program's user inputs (seeds 0 ..), in input order and dtypes."""
+    from coreai_opt.inputs import drawn_inputs
 
-    from coreai_opt.inputs import draw_inputs, exported_program_specs, exported_program_usage, input_rules
-    from coreai_opt.inputs import user_input_nodes as nodes
-
-    specs = exported_program_specs(program)
-    rules = input_rules(specs, exported_program_usage(program))
-    dtypes = [node.meta["val"].dtype for node in nodes(program)]
-    draws = (draw_inputs(specs, rules, seed) for seed in range(count))
-    return [[torch.from_numpy(d[s.name]).to(t) for s, t in zip(specs, dtypes, strict=True)] for d in draws]
+    return [drawn_inputs(program, seed)[0] for seed in range(count)]
 
 
 def outputs(program: ExportedProgram, inputs: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:

@@ -40,15 +40,14 @@ def fold_norms(program: ExportedProgram, config: Any) -> list[str]:
         norm = _norm(node, names)
         if norm is None:
             continue
-        output, scale, shift = norm
+        output, scale, shift = norm[0], names[norm[1]], None if norm[2] is None else names[norm[2]]
         readers = _readers(output, names)
         problem = readers if isinstance(readers, str) else _problem(program, readers, shift)
-        label = names.get(scale, scale)
         if problem is not None:
-            lines.append(f"{label}: left ({problem})")
+            lines.append(f"{scale}: left ({problem})")
             continue
         _fold(program, readers, scale, shift)  # type: ignore[arg-type]
-        lines.append(f"{label}: folded into {', '.join(r.weight for r in readers)}")  # type: ignore[union-attr]
+        lines.append(f"{scale}: folded into {', '.join(r.weight for r in readers)}")  # type: ignore[union-attr]
     return lines
 
 
@@ -178,23 +177,20 @@ def _problem(program: ExportedProgram, readers: list[_Reader], shift: str | None
     if len(set(names)) != len(names):
         return "a weight is read twice"
     unbiased = any(r.bias is None or r.bias not in state for r in readers)
-    if shift is not None and unbiased and bool(_value(program, shift).any()):
+    if shift is not None and unbiased and bool(state[shift].any()):
         return "its shift has no bias to go to in every reader"
     return None
 
 
-def _value(program: ExportedProgram, placeholder: str) -> torch.Tensor:
-    return program.state_dict[_parameters(program)[placeholder]]
-
-
 def _fold(program: ExportedProgram, readers: list[_Reader], scale: str, shift: str | None) -> None:
-    """g into every weight along its input axis, W b into every bias; g to 1, b to 0. Tensors are
-    replaced, never written into (the caller may restore the ones it held)."""
+    """g into every weight along its input axis, W b into every bias; g to 1, b to 0 (`scale`,
+    `shift`: their state-dict names). Tensors are replaced, never written into (the caller may
+    restore the ones it held)."""
     import torch
 
     state = program.state_dict
-    g = _value(program, scale).double()
-    b = _value(program, shift).double() if shift is not None else None
+    g = state[scale].double()
+    b = state[shift].double() if shift is not None else None
     for reader in readers:
         weight = state[reader.weight]
         wide = weight.double()
@@ -205,10 +201,9 @@ def _fold(program: ExportedProgram, readers: list[_Reader], scale: str, shift: s
             bias = state[reader.bias]
             _replace(state, reader.bias, bias.double() + (moved @ b).reshape(bias.shape))
         _replace(state, reader.weight, wide * g.reshape(shape))
-    names = _parameters(program)
-    _replace(state, names[scale], torch.ones_like(state[names[scale]]))
+    _replace(state, scale, torch.ones_like(state[scale]))
     if shift is not None:
-        _replace(state, names[shift], torch.zeros_like(state[names[shift]]))
+        _replace(state, shift, torch.zeros_like(state[shift]))
 
 
 def _replace(state: dict[str, Any], name: str, value: torch.Tensor) -> None:
