@@ -3,11 +3,11 @@
 A config per pass (`QuantizeConfig`, `PalettizeConfig`, `SparsifyConfig`: `configs`, all
 `WeightConfig`s) says what to do, with per-weight `Override`s by name pattern; the `registry`,
 keyed by config type, holds the passes and the algorithms (`algorithms`) each offers.
-`compress_(program, config)` selects the eligible weights of a program (`_sites`), encodes each one as plain arrays (`_encoded`: codes, LUTs, scales, masks;
-the numerics are tcast's) and lets the program's container write them: Core AI programs through
-`coreai_opt._coreai`, `torch.export` programs through `coreai_opt._export` (coreai-torch's ops),
-found by `weights.container_of`. The report lists every weight, and every float tensor left alone
-with why.
+`compress_(program, config)` selects the eligible weights of a program (`_sites`), encodes each one
+as plain arrays (`weights.Encoding`: codes, LUTs, scales, masks; the numerics are tcast's) and lets
+the program's container write them: Core AI programs through `coreai_opt._coreai`, `torch.export`
+programs through `coreai_opt._export` (coreai-torch's ops), found by `weights.container_of`. The
+report lists every weight, and every float tensor left alone with why.
 """
 
 from __future__ import annotations

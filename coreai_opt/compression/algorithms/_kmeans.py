@@ -7,7 +7,7 @@ normalized by a per-channel scale by their value at 12 significant bits in float
 decimals in float64.
 Each bin enters the k-means as one point at the exact mean of its values, weighted by its count,
 so the clustering is optimal among all partitions that keep every bin whole - for 16-bit
-weights, optimal outright. Scalar clustering is the exact 1-D dynamic programme of `_kmeans`;
+weights, optimal outright. Scalar clustering is the exact 1-D dynamic programme of `_kmeans_1d`;
 vector clustering (`cluster_dim` > 1, vectors of consecutive output channels) has no exact
 polynomial algorithm and uses Lloyd's iterations from seeded k-means++ starts.
 

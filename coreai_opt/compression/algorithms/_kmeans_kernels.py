@@ -1,4 +1,4 @@
-"""numba kernels of the exact 1-D k-means (see _kmeans). Importing this module does no work: each
+"""numba kernels of the exact 1-D k-means (see _kmeans_1d). Importing this module does no work: each
 name is a stand-in until a kernel is first called; then all are made at once (they call each other
 by name, so numba must find the made ones there), and numba compiles each on its first call. The
 machine code is cached on disk in ~/.cache/coreopt/numba (never beside the source: an installed
