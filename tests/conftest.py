@@ -72,6 +72,16 @@ def _invoke(app: Any, args: list[str]) -> CliResult:
     return CliResult(result.exit_code, result.stdout, result.stderr)
 
 
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny LLaMA exported once per test process (`ref`, its sidecars, `text`): modules read it
+    and write beside their own folders, never beside it."""
+    pytest.importorskip("transformers")
+    from tests._hf import exported_llama
+
+    return exported_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
 @pytest.fixture
 def coreopt():
     from cli.coreopt_app import app

@@ -492,11 +492,8 @@ def test_a_weight_without_statistics_takes_the_data_free_encoding(layer: dict[st
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    pytest.importorskip("transformers")
-    from tests._hf import exported_llama
-
-    return exported_llama(tmp_path_factory.mktemp("learned"))
+def llama(tiny_llama: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {**tiny_llama, "root": tmp_path_factory.mktemp("learned")}
 
 
 def test_gptq_from_the_cli_learns_layer_by_layer_and_says_what_the_data_did(

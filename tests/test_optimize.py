@@ -141,13 +141,11 @@ def test_int8_table_choices_store_a_quarter_of_the_table_bytes_and_move_entries_
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    pytest.importorskip("transformers")
-    from coreai_opt.models import export_file
-    from tests._hf import TEXT, hf_folder
+def llama(tiny_llama: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from tests._hf import TEXT
 
     root = tmp_path_factory.mktemp("optimize")
-    program = export_file(hf_folder("llama", root), root / "ref.pt2", seq_len=16).output
+    program = tiny_llama["ref"]
     words = TEXT.split()
     (root / "calib.txt").write_text(" ".join(words[: len(words) // 2]) * 2, encoding="utf-8")
     (root / "held.txt").write_text(" ".join(reversed(words)), encoding="utf-8")

@@ -67,11 +67,8 @@ def _drawn(program, seed: int) -> list[torch.Tensor]:  # type: ignore[no-untyped
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("transformers")
-    from tests._hf import exported_llama
-
-    return exported_llama(tmp_path_factory.mktemp("transforms"))["ref"]
+def llama(tiny_llama: dict[str, Path]) -> Path:
+    return tiny_llama["ref"]
 
 
 def test_rms_norms_of_a_decoder_fold_and_its_logits_stay(llama: Path) -> None:

@@ -18,11 +18,8 @@ from tests.conftest import SAMPLES
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    pytest.importorskip("transformers")
-    from tests._hf import exported_llama
-
-    return exported_llama(tmp_path_factory.mktemp("tuning"))
+def llama(tiny_llama: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {**tiny_llama, "root": tmp_path_factory.mktemp("tuning")}
 
 
 def _compressed(reference: Path, samples: Samples, config: PalettizeConfig):  # type: ignore[no-untyped-def]
