@@ -22,6 +22,7 @@ from .commands import (
     inspect,
     optimize,
     sensitivity,
+    transform,
 )
 
 app = typer.Typer(
@@ -41,7 +42,19 @@ def _root(version: bool = version_option("coreopt", __version__)) -> None:
 
 
 load_plugins()  # installed packages' passes and algorithms get their commands and methods
-for _command in (inspect, export, convert, cast, compress, compare, evaluate, sensitivity, optimize, apply):
+for _command in (
+    inspect,
+    export,
+    convert,
+    cast,
+    transform,
+    compress,
+    compare,
+    evaluate,
+    sensitivity,
+    optimize,
+    apply,
+):
     _command.register(app)
 
 

@@ -13,6 +13,7 @@ from ._compression import compression_line, render_compression
 from ._convert import conversion_line, render_conversion
 from ._inspect import model_line, render_model_report
 from ._shared import distinct_tails, fitted_table, print_line, reflow
+from ._transform import render_transform, transform_line
 
 __all__ = [
     "activations_line",
@@ -33,5 +34,7 @@ __all__ = [
     "render_conversion",
     "render_model_report",
     "render_sweep",
+    "render_transform",
     "sweep_line",
+    "transform_line",
 ]

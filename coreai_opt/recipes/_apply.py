@@ -346,13 +346,16 @@ def _budget(step: Budget, program: Any, run: _Run, index: int) -> StepOutcome:
 
 
 def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutcome:
-    from coreai_opt.transforms import transform_
+    from coreai_opt.transforms import TransformError, transform_
 
     if type(program).__name__ != "ExportedProgram":
         raise ConfigError(
             f"step {index + 1} transforms a torch.export program, not a Core AI program", "steps"
         )
-    return program, transform_(program, step.config), None
+    try:
+        return program, transform_(program, step.config), None
+    except TransformError as why:
+        raise TransformError(f"{run.source}: {why}") from None
 
 
 _RUNNERS: dict[type, Callable[[Any, Any, _Run, int], StepOutcome]] = {

@@ -184,7 +184,7 @@ class Transform:
             raise ConfigError(f"config must be a TransformConfig, not {shown(self.config)}", "config")
 
     def tag(self) -> str:
-        return ""
+        return str(self.config.TAG)
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config.to_dict()}

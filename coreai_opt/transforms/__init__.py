@@ -1,8 +1,9 @@
 """Transforms that change the program around its weights and keep what it computes.
 
 A transform is an equivalence-preserving edit of a `torch.export` program: folding a norm's
-scale into the linears that read it (`FoldNormsConfig`), and - next - rotations of the residual
-stream and channel scaling, which make every weight format lose less. Each is a config
+scale into the linears that read it (`FoldNormsConfig`) and rotating a decoder's residual stream
+by an orthogonal matrix folded into its weights (`RotateConfig`; the matrices: `rotation_matrix`,
+`hadamard_matrix`), which makes weight formats lose less where weights have outlier channels. Each is a config
 (`TransformConfig`: frozen, serialisable, versioned), a module that edits the program, and a line
 in the registry (`register_transform`); `transform_(program, config)` runs it and checks the
 result against the original on seeded inputs before keeping it - beyond the config's
@@ -15,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._config import CONFIG_VERSION, FoldNormsConfig, TransformConfig
+from ._config import CONFIG_VERSION, ROTATIONS, FoldNormsConfig, RotateConfig, TransformConfig
 from ._equivalence import Equivalence, TransformError
+from ._orthogonal import hadamard_matrix, largest_hadamard_factor, rotation_matrix
 from ._registry import (
     BUILT_IN,
     Transform,
@@ -30,13 +32,18 @@ from ._registry import (
 __all__ = [
     "BUILT_IN",
     "CONFIG_VERSION",
+    "ROTATIONS",
     "Equivalence",
     "FoldNormsConfig",
+    "RotateConfig",
     "Transform",
     "TransformConfig",
     "TransformError",
     "TransformReport",
+    "hadamard_matrix",
+    "largest_hadamard_factor",
     "register_transform",
+    "rotation_matrix",
     "transform_",
     "transform_for",
     "transform_from_dict",
@@ -63,16 +70,20 @@ def transform_(program: Any, config: TransformConfig) -> TransformReport:
     its own outputs on `config.samples` seeded inputs; `TransformError` (the program unchanged)
     when the result differs by more than `config.tolerance`."""
     from ._equivalence import compare, outputs, seeded_inputs
+    from ._graph import Snapshot
 
     edit = transform_for(config).function()
     inputs = seeded_inputs(program, config.samples)
     before = outputs(program, inputs)
-    state = dict(program.state_dict)  # edits replace tensors, never write into them: this restores
-    report = TransformReport(config.KIND, edit(program, config))
-    report.equivalence = compare(before, outputs(program, inputs))
+    snapshot = Snapshot(program)
+    try:
+        report = TransformReport(config.KIND, edit(program, config))
+        report.equivalence = compare(before, outputs(program, inputs))
+    except BaseException:
+        snapshot.restore()
+        raise
     if not report.equivalence.relative_rms <= config.tolerance:
-        program.state_dict.clear()
-        program.state_dict.update(state)
+        snapshot.restore()
         raise TransformError(
             f"{config.KIND} would change the program's outputs by {report.equivalence.relative_rms:.3g} "
             f"(relative RMS; tolerance {config.tolerance:g}): not applied"

@@ -20,6 +20,7 @@ class TransformConfig:
     seeded inputs - before anything is written (`tolerance`: a few fp32 roundings by default)."""
 
     KIND: ClassVar[str]
+    TAG: ClassVar[str]  # in default output names: model.<tag>.pt2
     tolerance: float = 1e-5
     samples: int = 2
 
@@ -55,3 +56,28 @@ class FoldNormsConfig(TransformConfig):
     residual stream, and what makes a norm's output the same for every channel's scale."""
 
     KIND: ClassVar[str] = "fold_norms"
+    TAG: ClassVar[str] = "folded"
+
+
+ROTATIONS = ("hadamard", "random")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RotateConfig(TransformConfig):
+    """Rotate the residual stream by an orthogonal matrix folded into the weights (norms folded
+    first): `rotation` "hadamard" (random signs times a Hadamard matrix - a Kronecker product
+    with a random orthogonal factor where the width has no Hadamard matrix here) or "random"
+    (Haar), drawn from `seed`. The program computes the same function with weights whose
+    channels carry equal energy, which every weight format then represents with less error."""
+
+    KIND: ClassVar[str] = "rotate"
+    TAG: ClassVar[str] = "rotated"
+    rotation: str = "hadamard"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rotation not in ROTATIONS:
+            raise ConfigError(f"rotation is one of {', '.join(ROTATIONS)}, not {self.rotation!r}", "rotation")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed is a non-negative integer, not {self.seed!r}", "seed")

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._aten import PASS_THROUGH, VIEW_PACKETS, WEIGHT_OPS, packet, permutation
+from coreai_opt._aten import PASS_THROUGH, VIEW_PACKETS, WEIGHT_OPS, packet
 from coreai_opt.weights import Use
+
+from ._graph import first_output, parameters, source
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +36,7 @@ class _Reader:
 def fold_norms(program: ExportedProgram, config: Any) -> list[str]:
     """Fold every norm it can (in graph order); a line for each norm folded or left."""
     del config  # nothing to choose: tolerance and samples are transform_'s
-    names = _parameters(program)
+    names = parameters(program)
     lines = []
     for node in list(program.graph.nodes):
         norm = _norm(node, names)
@@ -49,15 +51,6 @@ def fold_norms(program: ExportedProgram, config: Any) -> list[str]:
         _fold(program, readers, scale, shift)  # type: ignore[arg-type]
         lines.append(f"{scale}: folded into {', '.join(r.weight for r in readers)}")  # type: ignore[union-attr]
     return lines
-
-
-def _parameters(program: ExportedProgram) -> dict[str, str]:
-    """Placeholder name -> state-dict name of every parameter and buffer."""
-    return {
-        spec.arg.name: spec.target
-        for spec in program.graph_signature.input_specs
-        if spec.kind.name in ("PARAMETER", "BUFFER") and spec.target is not None
-    }
 
 
 def _norm(node: Node, names: dict[str, str]) -> tuple[Node, str, str | None] | None:
@@ -75,7 +68,7 @@ def _norm(node: Node, names: dict[str, str]) -> tuple[Node, str, str | None] | N
     if kind in (aten.native_layer_norm, aten.layer_norm) and len(node.args) >= 4:
         weight, bias = node.args[2], node.args[3]
         if _is_parameter(weight, names) and (bias is None or _is_parameter(bias, names)):
-            output = node if kind is aten.layer_norm else _first_output(node)
+            output = node if kind is aten.layer_norm else first_output(node)
             if output is not None:
                 return output, weight.name, bias.name if bias is not None else None  # type: ignore[union-attr]
     return None
@@ -88,13 +81,6 @@ def _is_parameter(value: Any, names: dict[str, str]) -> bool:
 def _vector_along_last(g: Node, x: Any) -> bool:
     shape, other = g.meta["val"].shape, getattr(x, "meta", {}).get("val")
     return len(shape) == 1 and other is not None and other.dim() >= 1 and other.shape[-1] == shape[0]
-
-
-def _first_output(node: Node) -> Node | None:
-    import operator
-
-    users = [u for u in node.users if u.target is operator.getitem and u.args[1] == 0]
-    return users[0] if len(users) == 1 else None
 
 
 def _readers(output: Node, names: dict[str, str]) -> list[_Reader] | str:
@@ -118,7 +104,7 @@ def _reader(op: Node, names: dict[str, str]) -> _Reader | str:
     facts = WEIGHT_OPS.get(packet(op))
     if facts is None or not facts.activations or facts.weight >= len(op.args):
         return f"its output reaches {op.name} ({op.target}), not only linear layers"
-    weight, perm = _source(op.args[facts.weight])
+    weight, perm = source(op.args[facts.weight])
     if weight is None or weight.name not in names:
         return f"{op.name} reads no stored weight"
     if not _one_reader(weight, op):
@@ -127,21 +113,6 @@ def _reader(op: Node, names: dict[str, str]) -> _Reader | str:
     _, axis = Use(facts.consumer, op.name, perm).axes(rank)
     bias = _bias(op, names)
     return _Reader(names[weight.name], axis, bias)
-
-
-def _source(value: Any) -> tuple[Node | None, tuple[int, ...] | None]:
-    """The placeholder a weight operand is read from through transposes and casts, and the
-    permutation between them (None: no transpose)."""
-    perm: tuple[int, ...] | None = None
-    node = value
-    while getattr(node, "op", None) == "call_function" and packet(node) in PASS_THROUGH:
-        step = permutation(node, node.meta["val"].dim())
-        if step is None and packet(node) in VIEW_PACKETS:
-            return None, None  # a reshape of the weight: its axes are not the stored ones
-        if step is not None:
-            perm = step if perm is None else tuple(step[p] for p in perm)
-        node = node.args[0]
-    return (node, perm) if getattr(node, "op", None) == "placeholder" else (None, None)
 
 
 def _one_reader(weight: Node, op: Node) -> bool:
@@ -164,7 +135,7 @@ def _bias(op: Node, names: dict[str, str]) -> str | None:
     position = {aten.linear: 2, aten.addmm: 0}.get(packet(op))
     if position is None or position >= len(op.args) or op.args[position] is None:
         return None
-    node, perm = _source(op.args[position])
+    node, perm = source(op.args[position])
     return names.get(node.name) if node is not None and perm is None else None
 
 
@@ -199,14 +170,14 @@ def _fold(program: ExportedProgram, readers: list[_Reader], scale: str, shift: s
         if b is not None and reader.bias is not None:
             moved = wide.movedim(reader.input_axis, -1).reshape(-1, wide.shape[reader.input_axis])
             bias = state[reader.bias]
-            _replace(state, reader.bias, bias.double() + (moved @ b).reshape(bias.shape))
-        _replace(state, reader.weight, wide * g.reshape(shape))
-    _replace(state, scale, torch.ones_like(state[scale]))
+            replace_tensor(state, reader.bias, bias.double() + (moved @ b).reshape(bias.shape))
+        replace_tensor(state, reader.weight, wide * g.reshape(shape))
+    replace_tensor(state, scale, torch.ones_like(state[scale]))
     if shift is not None:
-        _replace(state, shift, torch.zeros_like(state[shift]))
+        replace_tensor(state, shift, torch.zeros_like(state[shift]))
 
 
-def _replace(state: dict[str, Any], name: str, value: torch.Tensor) -> None:
+def replace_tensor(state: dict[str, Any], name: str, value: torch.Tensor) -> None:
     """A new tensor under `name`, in the old one's dtype and kind (a parameter stays one)."""
     import torch
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from coreai_opt.errors import ConfigError
 
-from ._config import FoldNormsConfig, TransformConfig
+from ._config import FoldNormsConfig, RotateConfig, TransformConfig
 
 Edit = Callable[[Any, Any], list[str]]  # (program, config) -> what it changed, a line each
 _HERE = "coreai_opt.transforms"
@@ -35,6 +35,7 @@ BUILT_IN = (
     Transform(
         FoldNormsConfig, "_fold_norms:fold_norms", "norm scales (and LayerNorm shifts) into the linears"
     ),
+    Transform(RotateConfig, "_rotate:rotate", "the residual stream rotated by an orthogonal matrix"),
 )
 _REGISTRY: dict[type[TransformConfig], Transform] = {t.config: t for t in BUILT_IN}
 

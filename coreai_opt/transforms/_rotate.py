@@ -1,0 +1,115 @@
+"""Rotate a decoder's residual stream by an orthogonal Q folded into its weights (QuaRot,
+SpinQuant's R1): every norm's gain is folded into the linears that read it first (so each norm
+is the same for every rotation), then the embedding tables, every linear layer reading the
+stream (W Q) and every one writing it (Q^T W, b Q) turn with it. The program keeps its ops and
+computes the same function; its weights have no outlier channels left for a format to lose.
+
+A gain that cannot be folded - the final norm's, before a head tied to the embedding - stays:
+the stream is turned back for it and forward after it (two matmuls by Q^T and Q, stored as
+weights), so the tied table stays one tensor. One matmul by Q^T diag(g) Q would do too, but its
+small off-diagonal entries do not survive a 4-bit grid; a Hadamard Q's entries all do."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._equivalence import TransformError
+from ._fold_norms import fold_norms, replace_tensor
+from ._orthogonal import rotation_matrix
+from ._stream import NotAStream, Stream, trace_stream
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+    from torch.fx import Node
+
+
+def rotate(program: ExportedProgram, config: Any) -> list[str]:
+    """Fold the norms, then rotate the stream by `config.rotation` (seeded by `config.seed`);
+    a line for each norm and one for the rotation."""
+    try:
+        stream = trace_stream(program)
+    except NotAStream as why:
+        raise TransformError(f"cannot rotate the residual stream: {why}") from None
+    lines = fold_norms(program, config)
+    q = rotation_matrix(stream.width, config.rotation, config.seed)
+    turn_weights(program.state_dict, stream, q)
+    kept = [name for node, name in stream.gains.items() if _unrotated_gain(program, node, name, q)]
+    lines.append(
+        f"residual stream of {stream.width} channels rotated ({config.rotation}, seed {config.seed}): "
+        f"{len(stream.axes)} tensors turned - {stream.readers} readers, {stream.writers} writers"
+    )
+    lines += [
+        f"{name}: kept, applied to the stream turned back (x Q^T, then Q: two {stream.width}x{stream.width} matmuls)"
+        for name in kept
+    ]
+    return lines
+
+
+def turn_weights(state: dict[str, Any], stream: Stream, q: torch.Tensor) -> None:
+    """Every stored tensor along each of its stream axes times Q (in float64, stored back in its
+    dtype); another name for the same storage (an exported tied embedding keeps two) turns with it."""
+    for name, axes in stream.axes.items():
+        old = state[name]
+        value = old.double()
+        for axis in sorted(axes):
+            value = (value.movedim(axis, -1) @ q.to(value.device)).movedim(-1, axis)
+        replace_tensor(state, name, value)
+        for alias in [k for k, v in state.items() if k != name and _same_storage(v, old)]:
+            state[alias] = state[name]
+
+
+def _same_storage(a: Any, b: Any) -> bool:
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
+
+
+def _unrotated_gain(program: ExportedProgram, node: Node, name: str, q: torch.Tensor) -> bool:
+    """`mul(g, x)` on the rotated stream -> `mul(g, x Q^T) Q`: the stream turned back for the gain
+    and forward again after it, by two matmuls with stored weights Q and Q^T (a Hadamard Q's
+    entries are all +-1/sqrt(n), which every weight format with a scale per row represents
+    exactly). False (nothing done) where g is one value throughout."""
+    gain = program.state_dict[name]
+    if bool((gain == gain.reshape(-1)[0]).all()):
+        return False
+    from coreai_opt._export import ProgramEdit
+
+    edit = ProgramEdit(program)
+    prefix = name.rpartition(".")[0]
+    back = _linear(program, edit, node, node.args[1] if _reads(node.args[0], name, program) else node.args[0],
+                   f"{prefix}.unrotation", q, before=True)  # fmt: skip
+    node.replace_input_with(back.args[0].args[0].args[0], back)  # type: ignore[union-attr]
+    forward = _linear(program, edit, node, node, f"{prefix}.rotation", q.T, before=False)
+    node.replace_all_uses_with(forward, delete_user_cb=lambda user: user is not forward.args[0].args[0])  # type: ignore[union-attr]
+    return True
+
+
+def _linear(program: ExportedProgram, edit: Any, node: Node, x: Node, target: str, weight: torch.Tensor,
+            before: bool) -> Node:  # fmt: skip
+    """`x @ weight.T` as torch.export writes a bias-free linear (view, permute of a stored
+    [out, in] weight, mm, view), inserted before or after `node`; the last view."""
+    import torch
+
+    aten = torch.ops.aten
+    stored = edit.buffer("b_" + target.replace(".", "_"), target, weight.to(x.meta["val"].dtype).contiguous())
+    shape = list(x.meta["val"].shape)
+    place = program.graph.inserting_before(node) if before else program.graph.inserting_after(node)
+    with place:
+        rows = edit.call(aten.view.default, x, [-1, shape[-1]])
+    with program.graph.inserting_after(rows):
+        turned = edit.call(aten.permute.default, stored, [1, 0])
+    with program.graph.inserting_after(turned):
+        product = edit.call(aten.mm.default, rows, turned)
+    with program.graph.inserting_after(product):
+        return edit.call(aten.view.default, product, shape)
+
+
+def _reads(value: Any, name: str, program: ExportedProgram) -> bool:
+    from ._graph import parameters, source
+
+    placeholder, _ = source(value)
+    return placeholder is not None and parameters(program).get(placeholder.name) == name
