@@ -20,6 +20,10 @@ _TRIALS = (
     "tokens - this many, in whole windows of the model's length, at most the calibration's - and the "
     "estimates corrected by them (0: estimates only)."
 )
+_ROTATE = (
+    "Rotate the residual stream first (hadamard, random): the search runs on the rotated program "
+    "and the recipe starts with that transform."
+)
 CONFIG_VERSION = 1
 
 
@@ -27,8 +31,8 @@ CONFIG_VERSION = 1
 class OptimizeConfig:
     """The search's settings: the candidates a weight may take, how much calibration and
     evaluation data is read, the threshold below which weights stay, the measured trials, the
-    confirmation rounds and uniform settings compared, where it runs, the output's format and
-    whether it stops at the plan (`dry_run`)."""
+    confirmation rounds and uniform settings compared, where it runs, the output's format,
+    whether the program is rotated first (`rotate`) and whether it stops at the plan (`dry_run`)."""
 
     candidates: str = option("default", "--candidates", _CANDIDATES)
     to: str = option(
@@ -49,6 +53,9 @@ class OptimizeConfig:
         1, "--uniform", "Uniform settings nearest in size also made and evaluated, for comparison.", minimum=0
     )
     device: str | None = option(None, "--device", "Where calibration and the solves run (cpu, cuda).")
+    rotate: str | None = option(
+        None, "--rotate", _ROTATE, choices=("hadamard", "random")
+    )
     dry_run: bool = option(
         False, "--dry-run", "Stop at the plan (size budgets): nothing written or evaluated."
     )

@@ -65,6 +65,8 @@ def optimize(
     given here replacing the config's (`threshold=0`); `choices`, Choice records instead of
     the config's `candidates` text."""
     config = dataclasses.replace(config or OptimizeConfig(), **options)
+    if config.rotate is not None:
+        return _rotated(program, budget, calibration, evaluation, config, output, choices, force, progress, say)
     start = time.perf_counter()
     path, sidecars = _source(program)
     note = say or (lambda _: None)
@@ -95,6 +97,35 @@ def optimize(
         report.reference = judge.reference
     report.seconds = time.perf_counter() - start
     return Optimized(out, recipe, report)
+
+
+def _rotated(
+    program: Path | str, budget: Goal, calibration: Path | str, evaluation: Path | str | None,
+    config: OptimizeConfig, output: Path | str | None, choices: tuple[Choice, ...] | None, force: bool,
+    progress: Progress | None, say: Say | None,
+) -> Optimized:  # fmt: skip
+    """The search on the program rotated first (written to a private folder beside the output,
+    removed after), its recipe starting with that transform: `coreopt apply` of it on the
+    original program makes the same file."""
+    import tempfile
+
+    from coreai_opt.recipes import Recipe, Transform, apply_recipe
+    from coreai_opt.transforms import RotateConfig
+
+    path, _ = _source(program)
+    step = Transform(config=RotateConfig(rotation=config.rotate))
+    out = None if config.dry_run else _output(path, output, config.to == "aimodel", force)
+    (say or (lambda _: None))(f"rotating the residual stream ({config.rotate})")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)  # the output's folder holds the rotated copy
+    with tempfile.TemporaryDirectory(prefix=".coreopt-rotate-", dir=out.parent if out else None) as folder:
+        turned = apply_recipe(Recipe((step,)), path, Path(folder) / path.name).output
+        inner = dataclasses.replace(config, rotate=None)
+        found = optimize(turned, budget, calibration, evaluation, config=inner, output=out, choices=choices,
+                         force=True, progress=progress, say=say)  # fmt: skip
+    found.report.program = path
+    recipe = Recipe((step, *found.recipe.steps), found.recipe.calibration)
+    return Optimized(found.program, recipe, found.report)
 
 
 def _source(program: Path | str) -> tuple[Path, Any]:
