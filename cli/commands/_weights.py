@@ -43,7 +43,7 @@ _SPEC_NAMES = {"source": "calibration", "samples": "calibration_samples", "token
                "program": "calibration_program", "device": "device", "exact_gradients": "exact_gradients"}  # fmt: skip
 
 
-def _calibration_parameters() -> list[inspect.Parameter]:
+def calibration_parameters() -> list[inspect.Parameter]:
     """Where the statistics of a method that learns from data come from: CalibrationSpec's fields."""
     from coreai_opt.calibration import CalibrationSpec
 
@@ -55,7 +55,7 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
     from coreai_opt.compression import ExecutorKind
 
     return [
-        *_calibration_parameters(),
+        *calibration_parameters(),
         keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
         keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
         keyword("allow_empty", allow_empty_option(), bool),

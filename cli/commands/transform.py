@@ -1,10 +1,11 @@
 """`coreopt transform`: an equivalent float program whose weights a format represents better
-(norms folded, the residual stream rotated), checked against the input's outputs before it is
-written (a one-step recipe)."""
+(norms folded, the residual stream rotated, channels scaled), checked against the input's
+outputs before it is written (a recipe of one step per transform asked for)."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -20,86 +21,112 @@ from .._common import (
     trust_pickle_option,
     user_errors,
 )
+from .._config_options import keyword
+from ._weights import calibration_parameters
 
-_FLAGS = {"rotation": "--rotate", "seed": "--seed", "tolerance": "--tolerance", "samples": "--samples"}
+_FLAGS = {"rotation": "--rotate", "seed": "--seed", "tolerance": "--tolerance", "samples": "--samples",
+          "method": "--scale", "bits": "--scale-bits", "group_size": "--scale-group-size", "source": "--calibration"}  # fmt: skip
+_CALIBRATION = ("calibration", "calibration_samples", "calibration_tokens", "device")
+_DOC = """Write an equivalent .pt2 whose weights compress with less error.
 
-
-def register(app: typer.Typer) -> None:
-    app.command()(transform)
-
-
-def transform(
-    model: Path = typer.Argument(..., help="The .pt2 file to transform (it is never modified)."),
-    rotate: str | None = typer.Option(
-        None,
-        "--rotate",
-        help="Rotate the residual stream: hadamard (random signs x Hadamard) or random (Haar).",
-    ),
-    fold_norms: bool = typer.Option(
-        False,
-        "--fold-norms",
-        help="Only fold every norm's scale into the linears that read it (--rotate does it too).",
-    ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the rotation's random signs / matrix."),
-    tolerance: float = typer.Option(
-        1e-5,
-        "--tolerance",
-        help="Largest relative RMS difference of any output from the input's, on seeded inputs.",
-    ),
-    samples: int = typer.Option(2, "--samples", help="How many seeded inputs the check runs."),
-    output: Path | None = typer.Option(
-        None,
-        "-o",
-        "--output",
-        help="Output .pt2 (default: model.rotated.pt2 / model.folded.pt2 beside the input).",
-    ),
-    force: bool = force_option(),
-    trust_pickle: bool = trust_pickle_option(),
-    quiet: bool = quiet_option(),
-    as_json: bool = json_option(),
-) -> None:
-    """Write an equivalent .pt2 whose weights compress with less error.
-
-    Norms are folded into the linears that read them and the residual stream is rotated by an
-    orthogonal matrix folded into the weights. The result is checked against the input on seeded
-    inputs and refused beyond --tolerance; every compression command works on it unchanged.
+    Norms are folded into the linears that read them, the residual stream is rotated by an
+    orthogonal matrix folded into the weights (--rotate) and channels are scaled between each
+    activation and its readers by scales searched on calibration data (--scale awq). The result
+    is checked against the input on seeded inputs and refused beyond --tolerance; every
+    compression command works on it unchanged.
 
     Example: coreopt transform model.pt2 --rotate hadamard -o model.rot.pt2
 
-    Example: coreopt transform model.pt2 --fold-norms --json
+    Example: coreopt transform model.pt2 --rotate hadamard --scale awq --calibration text.txt --json
     """
-    from coreai_opt.recipes import Recipe, Transform, apply_recipe
 
+
+def register(app: typer.Typer) -> None:
+    app.command(name="transform")(_command())
+
+
+def _command() -> Any:
+    def transform(**values: Any) -> None:
+        _run(values)
+
+    own = [
+        keyword("model", typer.Argument(..., help="The .pt2 file to transform (it is never modified)."), Path),
+        keyword("rotate", typer.Option(None, "--rotate", help="Rotate the residual stream: hadamard (random signs x Hadamard) or random (Haar)."), str | None),
+        keyword("scale", typer.Option(None, "--scale", help="Scale channels between activations and their readers: awq (searched on --calibration)."), str | None),
+        keyword("scale_bits", typer.Option(4, "--scale-bits", help="Bits of the round to nearest the scales are searched for."), int),
+        keyword("scale_group_size", typer.Option(0, "--scale-group-size", help="Its inputs per scale (0: one scale per output channel)."), int),
+        keyword("fold_norms", typer.Option(False, "--fold-norms", help="Only fold every norm's scale into the linears that read it (--rotate does it too)."), bool),
+        keyword("seed", typer.Option(0, "--seed", help="Seed of the rotation's random signs / matrix."), int),
+        keyword("tolerance", typer.Option(1e-5, "--tolerance", help="Largest relative RMS difference of any output from the input's, on seeded inputs."), float),
+        keyword("samples", typer.Option(2, "--samples", help="How many seeded inputs the check runs."), int),
+        keyword("output", typer.Option(None, "-o", "--output", help="Output .pt2 (default: model.<rotated|scaled|folded>.pt2 beside the input)."), Path | None),
+    ]  # fmt: skip
+    calibration = [p for p in calibration_parameters() if p.name in _CALIBRATION]
+    common = [keyword("force", force_option(), bool), keyword("trust_pickle", trust_pickle_option(), bool),
+              keyword("quiet", quiet_option(), bool), keyword("as_json", json_option(), bool)]  # fmt: skip
+    transform.__signature__ = inspect.Signature([*own, *calibration, *common])  # type: ignore[attr-defined]
+    transform.__doc__ = _DOC
+    return transform
+
+
+def _run(values: dict[str, Any]) -> None:
+    from coreai_opt.recipes import Recipe, apply_recipe
+
+    as_json, quiet, model = values["as_json"], values["quiet"], values["model"]
     with user_errors(as_json, _FLAGS):
-        step = Transform(config=_config(rotate, fold_norms, seed, tolerance, samples))
+        recipe = Recipe(_steps(values), _calibration(values))
         with (
             err_console.status(f"transforming {shown(model)} ...", spinner="dots")
             if not (as_json or quiet)
             else contextlib.nullcontext()
         ):
-            result = apply_recipe(Recipe((step,)), model, output, force=force, trust_pickle=trust_pickle)
+            result = apply_recipe(recipe, model, values["output"], force=values["force"],
+                                  trust_pickle=values["trust_pickle"])  # fmt: skip
     _show(result, as_json, quiet)
 
 
-def _config(rotate: str | None, fold_norms: bool, seed: int, tolerance: float, samples: int) -> Any:
+def _steps(values: dict[str, Any]) -> tuple[Any, ...]:
     from coreai_opt.errors import ConfigError
-    from coreai_opt.transforms import FoldNormsConfig, RotateConfig
+    from coreai_opt.recipes import Transform
+    from coreai_opt.transforms import FoldNormsConfig, RotateConfig, ScaleConfig
 
-    if rotate is None and not fold_norms:
-        raise ConfigError("nothing to do: give --rotate hadamard|random or --fold-norms", "rotation")
-    if rotate is not None:
-        return RotateConfig(rotation=rotate, seed=seed, tolerance=tolerance, samples=samples)
-    return FoldNormsConfig(tolerance=tolerance, samples=samples)
+    check = {"tolerance": values["tolerance"], "samples": values["samples"]}
+    steps = []
+    if values["rotate"] is not None:
+        steps.append(RotateConfig(rotation=values["rotate"], seed=values["seed"], **check))
+    elif values["fold_norms"]:
+        steps.append(FoldNormsConfig(**check))
+    if values["scale"] is not None:
+        steps.append(ScaleConfig(method=values["scale"], bits=values["scale_bits"],
+                                 group_size=values["scale_group_size"], **check))  # fmt: skip
+        if values["calibration"] is None:
+            raise ConfigError("--scale learns from data: give --calibration", "source")
+    if not steps:
+        raise ConfigError(
+            "nothing to do: give --rotate hadamard|random, --scale awq or --fold-norms", "rotation"
+        )
+    return tuple(Transform(config=config) for config in steps)
+
+
+def _calibration(values: dict[str, Any]) -> Any:
+    from coreai_opt.calibration import CalibrationSpec
+
+    if values["calibration"] is None:
+        return None
+    return CalibrationSpec(source=str(values["calibration"]), samples=values["calibration_samples"],
+                           tokens=values["calibration_tokens"], device=values["device"])  # fmt: skip
 
 
 def _show(result: Any, as_json: bool, quiet: bool) -> None:
     from ..render import print_line, render_transform, transform_line
 
-    report = result.steps[0][1]
+    reports = [report for _, report in result.steps]
     if as_json:
         print_json({"source": str(result.source), "output": str(result.output), "seconds": result.seconds,
-                    **report.to_dict()})  # fmt: skip
-    elif quiet:
-        print_line(transform_line(result.output, report))
-    else:
-        render_transform(result.source, result.output, result.seconds, report)
+                    "transforms": [report.to_dict() for report in reports]})  # fmt: skip
+        return
+    for report in reports:
+        if quiet:
+            print_line(transform_line(result.output, report))
+        else:
+            render_transform(result.source, result.output, result.seconds, report)

@@ -53,9 +53,7 @@ class OptimizeConfig:
         1, "--uniform", "Uniform settings nearest in size also made and evaluated, for comparison.", minimum=0
     )
     device: str | None = option(None, "--device", "Where calibration and the solves run (cpu, cuda).")
-    rotate: str | None = option(
-        None, "--rotate", _ROTATE, choices=("hadamard", "random")
-    )
+    rotate: str | None = option(None, "--rotate", _ROTATE, choices=("hadamard", "random"))
     dry_run: bool = option(
         False, "--dry-run", "Stop at the plan (size budgets): nothing written or evaluated."
     )

@@ -66,7 +66,9 @@ def optimize(
     the config's `candidates` text."""
     config = dataclasses.replace(config or OptimizeConfig(), **options)
     if config.rotate is not None:
-        return _rotated(program, budget, calibration, evaluation, config, output, choices, force, progress, say)
+        return _rotated(
+            program, budget, calibration, evaluation, config, output, choices, force, progress, say
+        )
     start = time.perf_counter()
     path, sidecars = _source(program)
     note = say or (lambda _: None)

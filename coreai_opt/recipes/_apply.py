@@ -194,12 +194,18 @@ def _calibration(step: Compress, program: Any, run: _Run) -> Any:
         config.method,
         *(dict(o.changes).get("method", config.method) for o in config.overrides if not o.skip),
     }
-    spec = run.calibration
-    if all(algorithm_named(type(config), method).data_free for method in methods) or spec is None:
+    if all(algorithm_named(type(config), method).data_free for method in methods) or run.calibration is None:
         return None  # data-free; or the driver names the missing --calibration
+    return _calibrated(program, run)
+
+
+def _calibrated(program: Any, run: _Run) -> Any:
+    """A calibration of `program` (or, for a Core AI program, of the `.pt2` it came from) on the
+    recipe's samples."""
     from coreai_opt.calibration import Samples, calibrate
     from coreai_opt.models import model_tokenizer
 
+    spec = run.calibration
     source, tokenizer = run.source, run.sidecars.tokenizer_file(run.source)  # the one read before the load
     if type(program).__name__ != "ExportedProgram":
         if spec.program is None:
@@ -352,8 +358,16 @@ def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutc
         raise ConfigError(
             f"step {index + 1} transforms a torch.export program, not a Core AI program", "steps"
         )
+    calibration = None
+    if step.config.NEEDS_DATA:
+        if run.calibration is None:
+            raise ConfigError(
+                f"step {index + 1} ({step.config.KIND}) learns from data: give the recipe a calibration",
+                "calibration",
+            )
+        calibration = _calibrated(program, run)
     try:
-        return program, transform_(program, step.config), None
+        return program, transform_(program, step.config, calibration), None
     except TransformError as why:
         raise TransformError(f"{run.source}: {why}") from None
 

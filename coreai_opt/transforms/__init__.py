@@ -3,7 +3,8 @@
 A transform is an equivalence-preserving edit of a `torch.export` program: folding a norm's
 scale into the linears that read it (`FoldNormsConfig`) and rotating a decoder's residual stream
 by an orthogonal matrix folded into its weights (`RotateConfig`; the matrices: `rotation_matrix`,
-`hadamard_matrix`), which makes weight formats lose less where weights have outlier channels. Each is a config
+`hadamard_matrix`), which makes weight formats lose less where weights have outlier channels, and
+per-channel scales searched on calibration data (`ScaleConfig`, AWQ). Each is a config
 (`TransformConfig`: frozen, serialisable, versioned), a module that edits the program, and a line
 in the registry (`register_transform`); `transform_(program, config)` runs it and checks the
 result against the original on seeded inputs before keeping it - beyond the config's
@@ -16,7 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._config import CONFIG_VERSION, ROTATIONS, FoldNormsConfig, RotateConfig, TransformConfig
+from ._config import (
+    CONFIG_VERSION,
+    ROTATIONS,
+    SCALINGS,
+    FoldNormsConfig,
+    RotateConfig,
+    ScaleConfig,
+    TransformConfig,
+)
 from ._equivalence import Equivalence, TransformError
 from ._orthogonal import hadamard_matrix, largest_hadamard_factor, rotation_matrix
 from ._registry import (
@@ -33,9 +42,11 @@ __all__ = [
     "BUILT_IN",
     "CONFIG_VERSION",
     "ROTATIONS",
+    "SCALINGS",
     "Equivalence",
     "FoldNormsConfig",
     "RotateConfig",
+    "ScaleConfig",
     "Transform",
     "TransformConfig",
     "TransformError",
@@ -65,19 +76,23 @@ class TransformReport:
                 "equivalence": self.equivalence.to_dict() if self.equivalence else None}  # fmt: skip
 
 
-def transform_(program: Any, config: TransformConfig) -> TransformReport:
+def transform_(program: Any, config: TransformConfig, calibration: Any = None) -> TransformReport:
     """Transform `program` (a `torch.export` program) in place as `config` says, checked against
     its own outputs on `config.samples` seeded inputs; `TransformError` (the program unchanged)
-    when the result differs by more than `config.tolerance`."""
+    when the result differs by more than `config.tolerance`. A transform that learns from data
+    (`config.NEEDS_DATA`) reads `calibration` (`coreai_opt.calibration.calibrate(program, ...)`)."""
     from ._equivalence import compare, outputs, seeded_inputs
     from ._graph import Snapshot
 
     edit = transform_for(config).function()
+    if config.NEEDS_DATA and calibration is None:
+        raise TransformError(f"{config.KIND} learns from data: give it a calibration")
+    arguments = (program, config, calibration) if config.NEEDS_DATA else (program, config)
     inputs = seeded_inputs(program, config.samples)
     before = outputs(program, inputs)
     snapshot = Snapshot(program)
     try:
-        report = TransformReport(config.KIND, edit(program, config))
+        report = TransformReport(config.KIND, edit(*arguments))
         report.equivalence = compare(before, outputs(program, inputs))
     except BaseException:
         snapshot.restore()

@@ -21,6 +21,7 @@ class TransformConfig:
 
     KIND: ClassVar[str]
     TAG: ClassVar[str]  # in default output names: model.<tag>.pt2
+    NEEDS_DATA: ClassVar[bool] = False  # True: its edit takes a calibration (weights.Calibration)
     tolerance: float = 1e-5
     samples: int = 2
 
@@ -81,3 +82,31 @@ class RotateConfig(TransformConfig):
             raise ConfigError(f"rotation is one of {', '.join(ROTATIONS)}, not {self.rotation!r}", "rotation")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed is a non-negative integer, not {self.seed!r}", "seed")
+
+
+SCALINGS = ("awq",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScaleConfig(TransformConfig):
+    """Per-channel scales between each norm and the linears reading it, and between a gated
+    MLP's up and down projections (AWQ), searched on calibration data: `grid` + 1 strengths
+    a in [0, 1] of the activations' RMS, judged by round to nearest of the readers' weights with
+    `bits` bits, symmetric, per output channel (`group_size` 0) or per group of inputs."""
+
+    KIND: ClassVar[str] = "scale"
+    TAG: ClassVar[str] = "scaled"
+    NEEDS_DATA: ClassVar[bool] = True
+    method: str = "awq"
+    bits: int = 4
+    group_size: int = 0
+    grid: int = 20
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.method not in SCALINGS:
+            raise ConfigError(f"method is one of {', '.join(SCALINGS)}, not {self.method!r}", "method")
+        for name, low, high in (("bits", 2, 8), ("group_size", 0, 4096), ("grid", 1, 100)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(f"{name} is an integer from {low} to {high}, not {value!r}", name)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class _Reader:
+class Reader:
     """A weight-reading op fed by the norm: its weight's name and input axis, its bias's name."""
 
     weight: str
@@ -33,23 +33,42 @@ class _Reader:
     bias: str | None
 
 
-def fold_norms(program: ExportedProgram, config: Any) -> list[str]:
-    """Fold every norm it can (in graph order); a line for each norm folded or left."""
-    del config  # nothing to choose: tolerance and samples are transform_'s
+@dataclass(frozen=True)
+class NormGroup:
+    """A norm's scale and shift (state-dict names) and the linears reading its output - or why
+    its output reaches something else (`problem`)."""
+
+    scale: str
+    shift: str | None
+    readers: tuple[Reader, ...] = ()
+    problem: str | None = None
+
+
+def norm_groups(program: ExportedProgram) -> list[NormGroup]:
+    """Every norm with a stored scale, in graph order, with the linears that read it."""
     names = parameters(program)
-    lines = []
-    for node in list(program.graph.nodes):
+    groups = []
+    for node in program.graph.nodes:
         norm = _norm(node, names)
         if norm is None:
             continue
-        output, scale, shift = norm[0], names[norm[1]], None if norm[2] is None else names[norm[2]]
-        readers = _readers(output, names)
+        scale, shift = names[norm[1]], None if norm[2] is None else names[norm[2]]
+        readers = _readers(norm[0], names)
         problem = readers if isinstance(readers, str) else _problem(program, readers, shift)
-        if problem is not None:
-            lines.append(f"{scale}: left ({problem})")
+        groups.append(NormGroup(scale, shift, () if isinstance(readers, str) else tuple(readers), problem))
+    return groups
+
+
+def fold_norms(program: ExportedProgram, config: Any) -> list[str]:
+    """Fold every norm it can (in graph order); a line for each norm folded or left."""
+    del config  # nothing to choose: tolerance and samples are transform_'s
+    lines = []
+    for group in norm_groups(program):
+        if group.problem is not None:
+            lines.append(f"{group.scale}: left ({group.problem})")
             continue
-        _fold(program, readers, scale, shift)  # type: ignore[arg-type]
-        lines.append(f"{scale}: folded into {', '.join(r.weight for r in readers)}")  # type: ignore[union-attr]
+        _fold(program, list(group.readers), group.scale, group.shift)
+        lines.append(f"{group.scale}: folded into {', '.join(r.weight for r in group.readers)}")
     return lines
 
 
@@ -83,9 +102,9 @@ def _vector_along_last(g: Node, x: Any) -> bool:
     return len(shape) == 1 and other is not None and other.dim() >= 1 and other.shape[-1] == shape[0]
 
 
-def _readers(output: Node, names: dict[str, str]) -> list[_Reader] | str:
+def _readers(output: Node, names: dict[str, str]) -> list[Reader] | str:
     """The weight-reading ops the norm's output feeds, or why it feeds something else."""
-    readers: list[_Reader] = []
+    readers: list[Reader] = []
     stack = list(output.users)
     while stack:
         user = stack.pop()
@@ -99,7 +118,7 @@ def _readers(output: Node, names: dict[str, str]) -> list[_Reader] | str:
     return readers if readers else "its output reaches no linear layer"
 
 
-def _reader(op: Node, names: dict[str, str]) -> _Reader | str:
+def _reader(op: Node, names: dict[str, str]) -> Reader | str:
     """The op as a reader of a weight along the activation's last axis, or why it is not one."""
     facts = WEIGHT_OPS.get(packet(op))
     if facts is None or not facts.activations or facts.weight >= len(op.args):
@@ -112,7 +131,7 @@ def _reader(op: Node, names: dict[str, str]) -> _Reader | str:
     rank = weight.meta["val"].dim()
     _, axis = Use(facts.consumer, op.name, perm).axes(rank)
     bias = _bias(op, names)
-    return _Reader(names[weight.name], axis, bias)
+    return Reader(names[weight.name], axis, bias)
 
 
 def _one_reader(weight: Node, op: Node) -> bool:
@@ -139,7 +158,7 @@ def _bias(op: Node, names: dict[str, str]) -> str | None:
     return names.get(node.name) if node is not None and perm is None else None
 
 
-def _problem(program: ExportedProgram, readers: list[_Reader], shift: str | None) -> str | None:
+def _problem(program: ExportedProgram, readers: list[Reader], shift: str | None) -> str | None:
     state = program.state_dict
     for reader in readers:
         if reader.weight not in state or not state[reader.weight].is_floating_point():
@@ -153,7 +172,7 @@ def _problem(program: ExportedProgram, readers: list[_Reader], shift: str | None
     return None
 
 
-def _fold(program: ExportedProgram, readers: list[_Reader], scale: str, shift: str | None) -> None:
+def _fold(program: ExportedProgram, readers: list[Reader], scale: str, shift: str | None) -> None:
     """g into every weight along its input axis, W b into every bias; g to 1, b to 0 (`scale`,
     `shift`: their state-dict names). Tensors are replaced, never written into (the caller may
     restore the ones it held)."""

@@ -10,9 +10,9 @@ from typing import Any
 
 from coreai_opt.errors import ConfigError
 
-from ._config import FoldNormsConfig, RotateConfig, TransformConfig
+from ._config import FoldNormsConfig, RotateConfig, ScaleConfig, TransformConfig
 
-Edit = Callable[[Any, Any], list[str]]  # (program, config) -> what it changed, a line each
+Edit = Callable[..., list[str]]  # (program, config[, calibration]) -> what it changed, a line each
 _HERE = "coreai_opt.transforms"
 
 
@@ -36,6 +36,7 @@ BUILT_IN = (
         FoldNormsConfig, "_fold_norms:fold_norms", "norm scales (and LayerNorm shifts) into the linears"
     ),
     Transform(RotateConfig, "_rotate:rotate", "the residual stream rotated by an orthogonal matrix"),
+    Transform(ScaleConfig, "_scale:scale_channels", "per-channel scales searched on data (AWQ)"),
 )
 _REGISTRY: dict[type[TransformConfig], Transform] = {t.config: t for t in BUILT_IN}
 
