@@ -90,22 +90,35 @@ def _random_gains(*programs) -> None:  # type: ignore[no-untyped-def]
         program.state_dict.update({k: torch.nn.Parameter(v.clone()) for k, v in gains.items()})
 
 
+def _head_blocks(weight: torch.Tensor, axis: int, r: torch.Tensor) -> torch.Tensor:
+    """`weight` along `axis`, head by head (blocks of r's size), times r - in float64."""
+    moved = weight.double().movedim(axis, -1)
+    blocks = moved.reshape(*moved.shape[:-1], -1, r.shape[0]) @ r
+    return blocks.reshape(moved.shape).movedim(-1, axis).float()
+
+
 def test_a_decoder_rotates_with_every_stream_weight_turned_by_exactly_q(llama: Path) -> None:
     original, program = load_pt2(llama), load_pt2(llama)
     _random_gains(original, program)
     before = {k: v.detach().clone() for k, v in program.state_dict.items()}
-    report = transform_(program, RotateConfig(seed=5))
+    report = transform_(program, RotateConfig(seed=5, heads=True))
     layers = len({k.split(".")[2] for k in before if k.startswith("model.layers.")})
-    assert report.changes[-1] == (
+    assert report.changes[-2:] == [
         f"residual stream of 32 channels rotated (hadamard, seed 5): {7 * layers + 2} tensors turned - "
-        f"{5 * layers + 1} readers, {2 * layers} writers"
-    )
-    q, state = rotation_matrix(32, "hadamard", 5), program.state_dict
+        f"{5 * layers + 1} readers, {2 * layers} writers",
+        f"values and outputs of {layers} attention layers rotated head by head (8 channels)",
+    ]
+    q, r, state = rotation_matrix(32, "hadamard", 5), rotation_matrix(8, "hadamard", 6), program.state_dict
     g = before["model.layers.0.input_layernorm.weight"].double()
     folded = (before["model.layers.0.self_attn.q_proj.weight"].double() * g).float()
     assert torch.equal(state["model.layers.0.self_attn.q_proj.weight"], (folded.double() @ q).float())
-    o = before["model.layers.1.self_attn.o_proj.weight"].double()
-    assert torch.equal(state["model.layers.1.self_attn.o_proj.weight"], (o.T @ q).T.float())
+    o = (before["model.layers.1.self_attn.o_proj.weight"].double().T @ q).T.float()  # the stream: rows
+    assert torch.equal(
+        state["model.layers.1.self_attn.o_proj.weight"], _head_blocks(o, 1, r)
+    )  # heads: columns
+    g = before["model.layers.1.input_layernorm.weight"].double()
+    v = ((before["model.layers.1.self_attn.v_proj.weight"].double() * g).float().double() @ q).float()
+    assert torch.equal(state["model.layers.1.self_attn.v_proj.weight"], _head_blocks(v, 0, r))
     table = before["model.embed_tokens.weight"].double()
     assert torch.equal(state["model.embed_tokens.weight"], (table @ q).float())
     assert report.equivalence.relative_rms < 1e-5  # type: ignore[union-attr]
@@ -327,3 +340,26 @@ def test_a_transform_that_learns_asks_for_data(coreopt, llama: Path, tmp_path: P
     with pytest.raises(ConfigError, match="bits is an integer from 2 to 8"):
         ScaleConfig(bits=1)
     assert transform_from_dict(ScaleConfig(group_size=32).to_dict()) == ScaleConfig(group_size=32)
+
+
+def test_smooth_moves_each_channels_range_into_its_readers(tiny_llama: dict[str, Path]) -> None:
+    from coreai_opt.calibration import Samples, calibrate
+    from coreai_opt.models import model_tokenizer
+    from coreai_opt.weights import Needs
+
+    llama = tiny_llama["ref"]
+    samples = Samples.of(tiny_llama["text"], tokens=256, tokenizer=model_tokenizer(llama))
+    program = load_pt2(llama)
+    _massive_channel(program, channel=3, factor=30.0)
+    before = {k: v.detach().clone() for k, v in program.state_dict.items()}
+    calibration = calibrate(program, samples, cache=False)
+    names = [f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkv"]
+    rms = calibration.statistics(names[:1], Needs.INPUT_GRAM)[names[0]].gram.diagonal().sqrt()
+    report = transform_(program, ScaleConfig(method="smooth", alpha=0.5), calibration)
+    assert report.equivalence.relative_rms < 1e-5  # type: ignore[union-attr]
+    largest = torch.stack([before[n].double().abs().amax(dim=0) for n in names]).amax(dim=0)
+    expected = rms**0.5 / largest**0.5
+    expected = expected / (expected.max() * expected.min()).sqrt()
+    scales = program.state_dict[names[0]].double()[0] / before[names[0]].double()[0]
+    torch.testing.assert_close(scales, expected, rtol=1e-6, atol=0)
+    assert int(scales.argmax()) == 3  # the massive channel's range goes into the weights most

@@ -25,7 +25,7 @@ from .._config_options import keyword
 from ._weights import calibration_parameters
 
 _FLAGS = {"rotation": "--rotate", "seed": "--seed", "tolerance": "--tolerance", "samples": "--samples",
-          "method": "--scale", "bits": "--scale-bits", "group_size": "--scale-group-size", "source": "--calibration"}  # fmt: skip
+          "method": "--scale", "alpha": "--scale-alpha", "bits": "--scale-bits", "group_size": "--scale-group-size", "source": "--calibration"}  # fmt: skip
 _CALIBRATION = ("calibration", "calibration_samples", "calibration_tokens", "device")
 _DOC = """Write an equivalent .pt2 whose weights compress with less error.
 
@@ -52,7 +52,8 @@ def _command() -> Any:
     own = [
         keyword("model", typer.Argument(..., help="The .pt2 file to transform (it is never modified)."), Path),
         keyword("rotate", typer.Option(None, "--rotate", help="Rotate the residual stream: hadamard (random signs x Hadamard) or random (Haar)."), str | None),
-        keyword("scale", typer.Option(None, "--scale", help="Scale channels between activations and their readers: awq (searched on --calibration)."), str | None),
+        keyword("scale", typer.Option(None, "--scale", help="Scale channels between activations and their readers: awq (weights; searched) or smooth (W8A8: SmoothQuant), on --calibration."), str | None),
+        keyword("scale_alpha", typer.Option(0.5, "--scale-alpha", help="smooth: the migration strength (0: none, 1: all of the range into the weights)."), float),
         keyword("scale_bits", typer.Option(4, "--scale-bits", help="Bits of the round to nearest the scales are searched for."), int),
         keyword("scale_group_size", typer.Option(0, "--scale-group-size", help="Its inputs per scale (0: one scale per output channel)."), int),
         keyword("fold_norms", typer.Option(False, "--fold-norms", help="Only fold every norm's scale into the linears that read it (--rotate does it too)."), bool),
@@ -98,7 +99,7 @@ def _steps(values: dict[str, Any]) -> tuple[Any, ...]:
         steps.append(FoldNormsConfig(**check))
     if values["scale"] is not None:
         steps.append(ScaleConfig(method=values["scale"], bits=values["scale_bits"],
-                                 group_size=values["scale_group_size"], **check))  # fmt: skip
+                                 group_size=values["scale_group_size"], alpha=values["scale_alpha"], **check))  # fmt: skip
         if values["calibration"] is None:
             raise ConfigError("--scale learns from data: give --calibration", "source")
     if not steps:

@@ -68,23 +68,27 @@ class RotateConfig(TransformConfig):
     """Rotate the residual stream by an orthogonal matrix folded into the weights (norms folded
     first): `rotation` "hadamard" (random signs times a Hadamard matrix - a Kronecker product
     with a random orthogonal factor where the width has no Hadamard matrix here) or "random"
-    (Haar), drawn from `seed`. The program computes the same function with weights whose
-    channels carry equal energy, which every weight format then represents with less error."""
+    (Haar), drawn from `seed`; with `heads`, also every attention layer's values and outputs by
+    one rotation of the head dimension (seed + 1). The program computes the same function with
+    weights whose channels carry equal energy."""
 
     KIND: ClassVar[str] = "rotate"
     TAG: ClassVar[str] = "rotated"
     rotation: str = "hadamard"
     seed: int = 0
+    heads: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.rotation not in ROTATIONS:
             raise ConfigError(f"rotation is one of {', '.join(ROTATIONS)}, not {self.rotation!r}", "rotation")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**62:
             raise ConfigError(f"seed is a non-negative integer, not {self.seed!r}", "seed")
+        if not isinstance(self.heads, bool):
+            raise ConfigError(f"heads is true or false, not {self.heads!r}", "heads")
 
 
-SCALINGS = ("awq",)
+SCALINGS = ("awq", "smooth")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,7 +96,8 @@ class ScaleConfig(TransformConfig):
     """Per-channel scales between each norm and the linears reading it, and between a gated
     MLP's up and down projections (AWQ), searched on calibration data: `grid` + 1 strengths
     a in [0, 1] of the activations' RMS, judged by round to nearest of the readers' weights with
-    `bits` bits, symmetric, per output channel (`group_size` 0) or per group of inputs."""
+    `bits` bits, symmetric, per output channel (`group_size` 0) or per group of inputs; or
+    SmoothQuant's migration at strength `alpha` (`method` "smooth", for W8A8)."""
 
     KIND: ClassVar[str] = "scale"
     TAG: ClassVar[str] = "scaled"
@@ -101,6 +106,7 @@ class ScaleConfig(TransformConfig):
     bits: int = 4
     group_size: int = 0
     grid: int = 20
+    alpha: float = 0.5
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -110,3 +116,9 @@ class ScaleConfig(TransformConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ConfigError(f"{name} is an integer from {low} to {high}, not {value!r}", name)
+        if (
+            isinstance(self.alpha, bool)
+            or not isinstance(self.alpha, (int, float))
+            or not 0 <= self.alpha <= 1
+        ):
+            raise ConfigError(f"alpha is a migration strength from 0 to 1, not {self.alpha!r}", "alpha")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._equivalence import TransformError
 from ._fold_norms import fold_norms, replace_tensor
+from ._heads import HeadPair, trace_heads
 from ._orthogonal import rotation_matrix
 from ._stream import NotAStream, Stream, trace_stream
 
@@ -25,25 +26,46 @@ if TYPE_CHECKING:
 
 
 def rotate(program: ExportedProgram, config: Any) -> list[str]:
-    """Fold the norms, then rotate the stream by `config.rotation` (seeded by `config.seed`);
-    a line for each norm and one for the rotation."""
+    """Fold the norms, then rotate the stream by `config.rotation` (seeded by `config.seed`) and,
+    with `config.heads`, every attention layer's values and outputs head by head (seed + 1); a
+    line for each norm, one for each rotation and one for each attention layer left."""
     try:
         stream = trace_stream(program)
     except NotAStream as why:
         raise TransformError(f"cannot rotate the residual stream: {why}") from None
+    heads, left = trace_heads(program) if config.heads else ([], [])
     lines = fold_norms(program, config)
     q = rotation_matrix(stream.width, config.rotation, config.seed)
     turn_weights(program.state_dict, stream, q)
+    turned_heads = _turn_heads(program.state_dict, heads, config) + left
     kept = [name for node, name in stream.gains.items() if _unrotated_gain(program, node, name, q)]
     lines.append(
         f"residual stream of {stream.width} channels rotated ({config.rotation}, seed {config.seed}): "
         f"{len(stream.axes)} tensors turned - {stream.readers} readers, {stream.writers} writers"
     )
+    lines += turned_heads
     lines += [
         f"{name}: kept, applied to the stream turned back (x Q^T, then Q: two {stream.width}x{stream.width} matmuls)"
         for name in kept
     ]
     return lines
+
+
+def _turn_heads(state: dict[str, Any], pairs: list[HeadPair], config: Any) -> list[str]:
+    """Each value / output pair's axes, head by head, times one R of the head dimension."""
+    rotations: dict[int, torch.Tensor] = {}
+    for pair in pairs:
+        r = rotations.setdefault(
+            pair.head_dim, rotation_matrix(pair.head_dim, config.rotation, config.seed + 1)
+        )
+        for name, axis in pair.turned:
+            value = state[name].double().movedim(axis, -1)
+            blocks = value.reshape(*value.shape[:-1], -1, pair.head_dim) @ r
+            replace_tensor(state, name, blocks.reshape(value.shape).movedim(-1, axis))
+    if not pairs:
+        return []
+    dims = ", ".join(str(d) for d in sorted(rotations))
+    return [f"values and outputs of {len(pairs)} attention layers rotated head by head ({dims} channels)"]
 
 
 def turn_weights(state: dict[str, Any], stream: Stream, q: torch.Tensor) -> None:

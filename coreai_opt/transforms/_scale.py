@@ -9,6 +9,10 @@ weight - symmetric, `bits` bits per output channel or per `group_size` inputs (w
 into such groups) - loses least on
 the calibration inputs: the sum of (W_q - W) H (W_q - W)^T over readers, H the inputs' Gram
 matrix. a = 0 (no scaling) is one of the candidates, so the proxy loss never grows.
+
+`smooth` (SmoothQuant, for W8A8) takes s = r^a / w^(1-a) at the config's `alpha` instead: it
+moves each activation channel's range into the weights that read it, so one scale per tensor
+fits the activations; its proxy loss is reported, not minimised.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ def scale_channels(program: ExportedProgram, config: Any, calibration: Any) -> l
     for pair in pairs:
         gram = statistics[pair.readers[0].weight].gram
         weights = [state[r.weight].detach().double().movedim(r.input_axis, -1) for r in pair.readers]
-        scales, alpha, before, after = _search(weights, gram.double(), config)
+        search = _smooth if config.method == "smooth" else _search
+        scales, alpha, before, after = search(weights, gram.double(), config)
         if alpha == 0:
             lines.append(f"{pair.label}: left (no scaling helps: proxy loss {before:.3g})")
             continue
@@ -135,6 +140,22 @@ def _search(
         if loss < best[2]:
             best = (scales, alpha, loss)
     return best[0], best[1], first, best[2]
+
+
+def _smooth(
+    weights: list[torch.Tensor], gram: torch.Tensor, config: Any
+) -> tuple[torch.Tensor, float, float, float]:
+    """SmoothQuant's migration: s = r^a / w^(1 - a), r each channel's RMS on the calibration data
+    (the range a per-tensor activation scale must cover), w its largest weight over every reader,
+    a = `config.alpha`; the proxy losses are reported, not searched."""
+    import torch
+
+    rms = gram.diagonal().clamp_min(1e-12).sqrt()
+    largest = torch.stack([w.abs().reshape(-1, w.shape[-1]).amax(dim=0) for w in weights]).amax(dim=0)
+    scales = rms**config.alpha / largest.clamp_min(1e-12) ** (1 - config.alpha)
+    scales = scales / (scales.max() * scales.min()).sqrt()
+    ones = torch.ones_like(rms)
+    return scales, config.alpha, _loss(weights, ones, gram, config), _loss(weights, scales, gram, config)
 
 
 def _loss(weights: list[torch.Tensor], scales: torch.Tensor, gram: torch.Tensor, config: Any) -> float:
