@@ -363,3 +363,39 @@ def test_smooth_moves_each_channels_range_into_its_readers(tiny_llama: dict[str,
     scales = program.state_dict[names[0]].double()[0] / before[names[0]].double()[0]
     torch.testing.assert_close(scales, expected, rtol=1e-6, atol=0)
     assert int(scales.argmax()) == 3  # the massive channel's range goes into the weights most
+
+
+def test_a_learned_rotation_lowers_the_rounding_loss_it_reports_and_stays_orthogonal(
+    tiny_llama: dict[str, Path],
+    coreopt,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    import re
+
+    from coreai_opt.calibration import Samples, calibrate
+    from coreai_opt.models import model_tokenizer
+
+    llama = tiny_llama["ref"]
+    samples = Samples.of(tiny_llama["text"], tokens=256, tokenizer=model_tokenizer(llama))
+    original, program = load_pt2(llama), load_pt2(llama)
+    _outlier_columns(original, channel=3, factor=20.0)
+    _outlier_columns(program, channel=3, factor=20.0)
+    before = {k: v.detach().clone() for k, v in program.state_dict.items()}
+    config = RotateConfig(rotation="learned", steps=100, learning_rate=0.01, heads=False)
+    with pytest.raises(TransformError, match="rotate learns from data"):
+        transform_(program, config)
+    report = transform_(program, config, calibrate(program, samples, cache=False))
+    (line,) = [line for line in report.changes if line.startswith("rotation learned")]
+    start, end = (float(v) for v in re.search(r"loss (\S+) at the Hadamard start -> (\S+)$", line).groups())  # type: ignore[union-attr]
+    assert end < 0.9 * start  # measured: 0.0074 -> 0.0062
+    assert report.equivalence.relative_rms < 1e-5  # type: ignore[union-attr]
+    # the embedding turned by Q: Q recovered from it is orthogonal (the table has more rows than columns)
+    table, turned = (
+        before["model.embed_tokens.weight"].double(),
+        program.state_dict["model.embed_tokens.weight"].double(),
+    )
+    q = torch.linalg.lstsq(table, turned).solution
+    torch.testing.assert_close(q @ q.T, torch.eye(32, dtype=torch.float64), rtol=0, atol=1e-5)
+    assert not torch.allclose(q, rotation_matrix(32, "hadamard", 0), atol=1e-3)  # it moved
+    refused = coreopt("transform", llama, "--rotate", "learned", "-o", tmp_path / "x.pt2")
+    assert refused.exit_code == 2 and "learn from data" in refused.stderr and "calibration" in refused.stderr

@@ -25,7 +25,7 @@ from .._config_options import keyword
 from ._weights import calibration_parameters
 
 _FLAGS = {"rotation": "--rotate", "seed": "--seed", "tolerance": "--tolerance", "samples": "--samples",
-          "method": "--scale", "alpha": "--scale-alpha", "bits": "--scale-bits", "group_size": "--scale-group-size", "source": "--calibration"}  # fmt: skip
+          "method": "--scale", "alpha": "--scale-alpha", "bits": "--bits", "steps": "--steps", "group_size": "--scale-group-size", "source": "--calibration"}  # fmt: skip
 _CALIBRATION = ("calibration", "calibration_samples", "calibration_tokens", "device")
 _DOC = """Write an equivalent .pt2 whose weights compress with less error.
 
@@ -51,13 +51,14 @@ def _command() -> Any:
 
     own = [
         keyword("model", typer.Argument(..., help="The .pt2 file to transform (it is never modified)."), Path),
-        keyword("rotate", typer.Option(None, "--rotate", help="Rotate the residual stream: hadamard (random signs x Hadamard) or random (Haar)."), str | None),
+        keyword("rotate", typer.Option(None, "--rotate", help="Rotate the residual stream: hadamard (random signs x Hadamard), random (Haar) or learned (from hadamard, on --calibration)."), str | None),
         keyword("scale", typer.Option(None, "--scale", help="Scale channels between activations and their readers: awq (weights; searched) or smooth (W8A8: SmoothQuant), on --calibration."), str | None),
         keyword("scale_alpha", typer.Option(0.5, "--scale-alpha", help="smooth: the migration strength (0: none, 1: all of the range into the weights)."), float),
-        keyword("scale_bits", typer.Option(4, "--scale-bits", help="Bits of the round to nearest the scales are searched for."), int),
+        keyword("scale_bits", typer.Option(4, "--bits", help="Bits of the round to nearest that --scale awq and --rotate learned aim at."), int),
         keyword("scale_group_size", typer.Option(0, "--scale-group-size", help="Its inputs per scale (0: one scale per output channel)."), int),
         keyword("fold_norms", typer.Option(False, "--fold-norms", help="Only fold every norm's scale into the linears that read it (--rotate does it too)."), bool),
         keyword("seed", typer.Option(0, "--seed", help="Seed of the rotation's random signs / matrix."), int),
+        keyword("steps", typer.Option(300, "--steps", help="--rotate learned: optimisation steps (one layer's weights each)."), int),
         keyword("tolerance", typer.Option(1e-5, "--tolerance", help="Largest relative RMS difference of any output from the input's, on seeded inputs."), float),
         keyword("samples", typer.Option(2, "--samples", help="How many seeded inputs the check runs."), int),
         keyword("output", typer.Option(None, "-o", "--output", help="Output .pt2 (default: model.<rotated|scaled|folded>.pt2 beside the input)."), Path | None),
@@ -94,18 +95,18 @@ def _steps(values: dict[str, Any]) -> tuple[Any, ...]:
     check = {"tolerance": values["tolerance"], "samples": values["samples"]}
     steps = []
     if values["rotate"] is not None:
-        steps.append(RotateConfig(rotation=values["rotate"], seed=values["seed"], **check))
+        steps.append(RotateConfig(rotation=values["rotate"], seed=values["seed"], steps=values["steps"],
+                                  bits=values["scale_bits"], **check))  # fmt: skip
     elif values["fold_norms"]:
         steps.append(FoldNormsConfig(**check))
     if values["scale"] is not None:
         steps.append(ScaleConfig(method=values["scale"], bits=values["scale_bits"],
                                  group_size=values["scale_group_size"], alpha=values["scale_alpha"], **check))  # fmt: skip
-        if values["calibration"] is None:
-            raise ConfigError("--scale learns from data: give --calibration", "source")
     if not steps:
-        raise ConfigError(
-            "nothing to do: give --rotate hadamard|random, --scale awq or --fold-norms", "rotation"
-        )
+        raise ConfigError("nothing to do: give --rotate, --scale or --fold-norms", "rotation")
+    learning = [f"--{c.KIND} {c.rotation if c.KIND == 'rotate' else c.method}" for c in steps if c.learns()]
+    if learning and values["calibration"] is None:
+        raise ConfigError(f"{' and '.join(learning)} learn from data: give --calibration", "source")
     return tuple(Transform(config=config) for config in steps)
 
 

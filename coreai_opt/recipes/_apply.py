@@ -359,7 +359,7 @@ def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutc
             f"step {index + 1} transforms a torch.export program, not a Core AI program", "steps"
         )
     calibration = None
-    if step.config.NEEDS_DATA:
+    if step.config.learns():
         if run.calibration is None:
             raise ConfigError(
                 f"step {index + 1} ({step.config.KIND}) learns from data: give the recipe a calibration",

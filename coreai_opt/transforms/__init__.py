@@ -80,14 +80,14 @@ def transform_(program: Any, config: TransformConfig, calibration: Any = None) -
     """Transform `program` (a `torch.export` program) in place as `config` says, checked against
     its own outputs on `config.samples` seeded inputs; `TransformError` (the program unchanged)
     when the result differs by more than `config.tolerance`. A transform that learns from data
-    (`config.NEEDS_DATA`) reads `calibration` (`coreai_opt.calibration.calibrate(program, ...)`)."""
+    (`config.learns()`) reads `calibration` (`coreai_opt.calibration.calibrate(program, ...)`)."""
     from ._equivalence import compare, outputs, seeded_inputs
     from ._graph import Snapshot
 
     edit = transform_for(config).function()
-    if config.NEEDS_DATA and calibration is None:
+    if config.learns() and calibration is None:
         raise TransformError(f"{config.KIND} learns from data: give it a calibration")
-    arguments = (program, config, calibration) if config.NEEDS_DATA else (program, config)
+    arguments = (program, config, calibration) if config.learns() else (program, config)
     inputs = seeded_inputs(program, config.samples)
     before = outputs(program, inputs)
     snapshot = Snapshot(program)

@@ -35,6 +35,10 @@ class TransformConfig:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or not 1 <= self.samples <= 64:
             raise ConfigError(f"samples is 1 to 64 seeded inputs, not {self.samples!r}", "samples")
 
+    def learns(self) -> bool:
+        """Whether this transform reads calibration data (its edit then takes a calibration)."""
+        return self.NEEDS_DATA
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data: the kind, the layout's version and every field."""
         data: dict[str, Any] = {"kind": self.KIND, "version": CONFIG_VERSION}
@@ -60,7 +64,7 @@ class FoldNormsConfig(TransformConfig):
     TAG: ClassVar[str] = "folded"
 
 
-ROTATIONS = ("hadamard", "random")
+ROTATIONS = ("hadamard", "random", "learned")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,6 +81,9 @@ class RotateConfig(TransformConfig):
     rotation: str = "hadamard"
     seed: int = 0
     heads: bool = True
+    steps: int = 300
+    learning_rate: float = 1e-3
+    bits: int = 4
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,6 +93,16 @@ class RotateConfig(TransformConfig):
             raise ConfigError(f"seed is a non-negative integer, not {self.seed!r}", "seed")
         if not isinstance(self.heads, bool):
             raise ConfigError(f"heads is true or false, not {self.heads!r}", "heads")
+        for name, low, high in (("steps", 1, 100_000), ("bits", 2, 8)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(f"{name} is an integer from {low} to {high}, not {value!r}", name)
+        rate = self.learning_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1:
+            raise ConfigError(f"learning_rate is in (0, 1), not {rate!r}", "learning_rate")
+
+    def learns(self) -> bool:
+        return self.rotation == "learned"
 
 
 SCALINGS = ("awq", "smooth")

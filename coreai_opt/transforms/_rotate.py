@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from torch.fx import Node
 
 
-def rotate(program: ExportedProgram, config: Any) -> list[str]:
+def rotate(program: ExportedProgram, config: Any, calibration: Any = None) -> list[str]:
     """Fold the norms, then rotate the stream by `config.rotation` (seeded by `config.seed`) and,
     with `config.heads`, every attention layer's values and outputs head by head (seed + 1); a
     line for each norm, one for each rotation and one for each attention layer left."""
@@ -35,7 +35,9 @@ def rotate(program: ExportedProgram, config: Any) -> list[str]:
         raise TransformError(f"cannot rotate the residual stream: {why}") from None
     heads, left = trace_heads(program) if config.heads else ([], [])
     lines = fold_norms(program, config)
-    q = rotation_matrix(stream.width, config.rotation, config.seed)
+    q = rotation_matrix(stream.width, "random" if config.rotation == "random" else "hadamard", config.seed)
+    if config.learns():
+        q, lines = _learned(program, stream, q, config, calibration, lines)
     turn_weights(program.state_dict, stream, q)
     turned_heads = _turn_heads(program.state_dict, heads, config) + left
     kept = [name for node, name in stream.gains.items() if _unrotated_gain(program, node, name, q)]
@@ -49,6 +51,24 @@ def rotate(program: ExportedProgram, config: Any) -> list[str]:
         for name in kept
     ]
     return lines
+
+
+def _learned(program: ExportedProgram, stream: Stream, q0: torch.Tensor, config: Any, calibration: Any,
+             lines: list[str]) -> tuple[torch.Tensor, list[str]]:  # fmt: skip
+    """Q learned from the seeded Hadamard one on the calibration's samples, run again through
+    the program with its norms folded (the Gram matrices the rotated weights will meet)."""
+    import time
+
+    from coreai_opt.calibration import calibrate
+
+    from ._learned import learned_rotation
+
+    began = time.perf_counter()
+    folded = calibrate(program, calibration.samples, cache=calibration.cache, device=calibration.device)
+    q, before, after = learned_rotation(program.state_dict, stream, q0, config, folded)
+    lines.append(f"rotation learned in {config.steps} steps ({time.perf_counter() - began:.0f} s): mean relative "
+                 f"int{config.bits} rounding loss {before:.4g} at the Hadamard start -> {after:.4g}")  # fmt: skip
+    return q.double(), lines
 
 
 def _turn_heads(state: dict[str, Any], pairs: list[HeadPair], config: Any) -> list[str]:

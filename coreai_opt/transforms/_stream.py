@@ -44,6 +44,7 @@ class Stream:
     readers: int = 0
     writers: int = 0
     claims: dict[str, set[Node]] = field(default_factory=dict)
+    roles: list[tuple[str, int, bool]] = field(default_factory=list)  # (name, axis, True: reads the stream)
 
     def turn(self, name: str, axis: int, op: Node) -> None:
         self.axes.setdefault(name, set()).add(axis)
@@ -171,6 +172,7 @@ def _writer(add: Node, value: Node, found: Stream, names: dict[str, str]) -> Non
         weight.meta["val"].dim()
     )
     found.turn(names[weight.name], out_axis, value)
+    found.roles.append((names[weight.name], out_axis, False))
     bias = _bias(value)
     if bias is not None:
         node, perm = source(bias)
@@ -232,6 +234,7 @@ def _reader(node: Node, stream: set[Node], found: Stream, names: dict[str, str])
         raise NotAStream(f"{node.name} ({node.target}) reads the stream other than as a linear layer's input")
     _, in_axis = Use(facts.consumer, node.name, perm).axes(weight.meta["val"].dim())
     found.turn(names[weight.name], in_axis, node)
+    found.roles.append((names[weight.name], in_axis, True))
     found.readers += 1
 
 
