@@ -399,3 +399,24 @@ def test_a_learned_rotation_lowers_the_rounding_loss_it_reports_and_stays_orthog
     assert not torch.allclose(q, rotation_matrix(32, "hadamard", 0), atol=1e-3)  # it moved
     refused = coreopt("transform", llama, "--rotate", "learned", "-o", tmp_path / "x.pt2")
     assert refused.exit_code == 2 and "learn from data" in refused.stderr and "calibration" in refused.stderr
+
+
+def test_qwen2_rotates_with_its_value_bias_turned_head_by_head(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    from coreai_opt.models import export_file
+    from tests._hf import hf_folder
+
+    exported = export_file(hf_folder("qwen2", tmp_path), tmp_path / "qwen2.pt2", seq_len=16).output
+    original, program = load_pt2(exported), load_pt2(exported)
+    bias = original.state_dict["model.layers.0.self_attn.v_proj.bias"].detach().double()
+    report = transform_(program, RotateConfig(seed=2))
+    assert report.changes[-1] == "values and outputs of 2 attention layers rotated head by head (8 channels)"
+    assert report.equivalence.relative_rms < 1e-5  # type: ignore[union-attr]
+    r = rotation_matrix(8, "hadamard", 3)
+    expected = (bias.reshape(-1, 8) @ r).reshape(-1).float()
+    assert torch.equal(program.state_dict["model.layers.0.self_attn.v_proj.bias"], expected)
+    inputs = _drawn(original, seed=7)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            program.module()(*inputs), original.module()(*inputs), rtol=1e-4, atol=1e-5
+        )
