@@ -10,7 +10,8 @@ writer (the stream its output), E = rtn(Q^T W) - Q^T W and tr(E H E^T) / tr(W H 
 nearest is symmetric with `bits` bits and one scale per output channel; its rounding is held
 fixed in each step (a straight-through estimate), so the gradient moves the scales: each
 channel's largest weight. Each step takes the weights of one layer (in turn, from a seeded
-order), so a step costs one layer's products, not the model's.
+order), so a step costs one layer's products, not the model's; it runs where the calibration
+ran (`--device`).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ def learned_rotation(
     """(Q, the mean relative loss at Q0, at Q) after `config.steps` steps."""
     import torch
 
-    groups = _terms(state, stream, calibration)
+    device = getattr(calibration, "device", None) or torch.device("cpu")
+    groups = _terms(state, stream, calibration, device)
     generator = torch.Generator().manual_seed(config.seed)
+    q0 = q0.to(device)
     skew = torch.zeros_like(q0, requires_grad=True)
     optimizer = torch.optim.Adam([skew], lr=config.learning_rate)
     first = _mean_loss(groups, q0, config.bits)
@@ -59,12 +62,13 @@ def learned_rotation(
         optimizer.step()
     with torch.no_grad():
         q = _cayley(q0, skew)
-    return q.detach(), first, _mean_loss(groups, q, config.bits)
+    return q.detach().cpu(), first, _mean_loss(groups, q, config.bits)
 
 
-def _terms(state: dict[str, Any], stream: Stream, calibration: Any) -> list[list[_Term]]:
+def _terms(state: dict[str, Any], stream: Stream, calibration: Any, device: Any) -> list[list[_Term]]:
     """The stream's weights with a Gram matrix (every linear layer; not an embedding lookup),
-    grouped by layer (their names up to the last two parts)."""
+    grouped by layer (their names up to the last two parts), on `device`."""
+    import torch
 
     roles = {(name, axis): reader for name, axis, reader in stream.roles}
     names = sorted({name for name, _ in roles})
@@ -72,11 +76,11 @@ def _terms(state: dict[str, Any], stream: Stream, calibration: Any) -> list[list
     groups: dict[str, list[_Term]] = {}
     for (name, axis), reader in sorted(roles.items()):
         found = statistics.get(name)
-        weight = state[name].detach().double()
+        weight = state[name].detach().to(device, torch.float64)
         if found is None or found.gram is None or weight.dim() != 2:
             continue
         rows = weight if (axis == weight.dim() - 1) == reader else weight.T  # [out, in]
-        gram = found.gram.double()
+        gram = found.gram.to(device, torch.float64)
         energy = float(((rows @ gram) * rows).sum())
         if energy > 0:
             groups.setdefault(name.rsplit(".", 2)[0], []).append(
@@ -89,7 +93,7 @@ def _cayley(q0: torch.Tensor, skew: torch.Tensor) -> torch.Tensor:
     import torch
 
     a = (skew - skew.T) / 2
-    eye = torch.eye(a.shape[0], dtype=a.dtype)
+    eye = torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
     return q0 @ torch.linalg.solve(eye - a, eye + a)
 
 
