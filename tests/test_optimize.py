@@ -426,7 +426,10 @@ def test_the_search_settings_are_one_config_that_the_cli_options_come_from(coreo
 
 
 def test_optimize_rotate_searches_the_rotated_program_and_its_recipe_starts_with_the_rotation(
-    llama, coreopt, monkeypatch
+    # a learned rotation: the recipe's calibration learns it again, to the same bytes
+    llama,
+    coreopt,
+    monkeypatch,
 ) -> None:  # type: ignore[no-untyped-def]
     import yaml
 
@@ -434,13 +437,13 @@ def test_optimize_rotate_searches_the_rotated_program_and_its_recipe_starts_with
     out, recipe = llama["root"] / "rot" / "mixed.pt2", llama["root"] / "rot.recipe.yaml"
     result = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--eval", llama["held"],
                      "--target-bits", "6", "--threshold", "0", "--candidates", "int8,int4", "--calibration-tokens",
-                     "128", "--trial-tokens", "0", "--uniform", "0", "--rotate", "hadamard", "-o", out,
+                     "128", "--trial-tokens", "0", "--uniform", "0", "--rotate", "learned", "-o", out,
                      "--recipe", recipe, "--json")  # fmt: skip
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["met"] is True and doc["bits_per_weight"] <= 6 and doc["program"] == str(llama["ref"])
     steps = yaml.safe_load(recipe.read_text())["steps"]
-    assert steps[0] == {"transform": {"config": {**RotateConfig(rotation="hadamard").to_dict()}}}
+    assert steps[0] == {"transform": {"config": {**RotateConfig(rotation="learned").to_dict()}}}
     assert [w["name"] for w in doc["weights"]][:1] and not list(out.parent.glob(".coreopt-rotate-*"))
     again = llama["root"] / "rot-again.pt2"
     applied = coreopt("apply", recipe, llama["ref"], "-o", again, "--quiet")

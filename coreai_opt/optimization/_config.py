@@ -21,8 +21,8 @@ _TRIALS = (
     "estimates corrected by them (0: estimates only)."
 )
 _ROTATE = (
-    "Rotate the residual stream first (hadamard, random): the search runs on the rotated program "
-    "and the recipe starts with that transform."
+    "Rotate the residual stream first (hadamard, random, learned - on --calibration): the search "
+    "runs on the rotated program and the recipe starts with that transform."
 )
 CONFIG_VERSION = 1
 
@@ -53,7 +53,7 @@ class OptimizeConfig:
         1, "--uniform", "Uniform settings nearest in size also made and evaluated, for comparison.", minimum=0
     )
     device: str | None = option(None, "--device", "Where calibration and the solves run (cpu, cuda).")
-    rotate: str | None = option(None, "--rotate", _ROTATE, choices=("hadamard", "random"))
+    rotate: str | None = option(None, "--rotate", _ROTATE, choices=("hadamard", "random", "learned"))
     dry_run: bool = option(
         False, "--dry-run", "Stop at the plan (size budgets): nothing written or evaluated."
     )

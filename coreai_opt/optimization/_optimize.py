@@ -111,22 +111,26 @@ def _rotated(
     original program makes the same file."""
     import tempfile
 
+    from coreai_opt.calibration import CalibrationSpec
     from coreai_opt.recipes import Recipe, Transform, apply_recipe
     from coreai_opt.transforms import RotateConfig
 
     path, _ = _source(program)
     step = Transform(config=RotateConfig(rotation=config.rotate))
+    source = str(calibration) if str(calibration) == "random" else str(Path(calibration).resolve())
+    spec = CalibrationSpec(source=source, samples=config.calibration_samples, tokens=config.calibration_tokens,
+                           device=config.device)  # fmt: skip
     out = None if config.dry_run else _output(path, output, config.to == "aimodel", force)
     (say or (lambda _: None))(f"rotating the residual stream ({config.rotate})")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)  # the output's folder holds the rotated copy
     with tempfile.TemporaryDirectory(prefix=".coreopt-rotate-", dir=out.parent if out else None) as folder:
-        turned = apply_recipe(Recipe((step,)), path, Path(folder) / path.name).output
+        turned = apply_recipe(Recipe((step,), spec), path, Path(folder) / path.name).output
         inner = dataclasses.replace(config, rotate=None)
         found = optimize(turned, budget, calibration, evaluation, config=inner, output=out, choices=choices,
                          force=True, progress=progress, say=say)  # fmt: skip
     found.report.program = path
-    recipe = Recipe((step, *found.recipe.steps), found.recipe.calibration)
+    recipe = Recipe((step, *found.recipe.steps), found.recipe.calibration or spec)
     return Optimized(found.program, recipe, found.report)
 
 
