@@ -426,11 +426,9 @@ def test_the_search_settings_are_one_config_that_the_cli_options_come_from(coreo
 
 
 def test_optimize_rotate_searches_the_rotated_program_and_its_recipe_starts_with_the_rotation(
-    # a learned rotation: the recipe's calibration learns it again, to the same bytes
-    llama,
-    coreopt,
-    monkeypatch,
+    llama, coreopt, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
+    """A learned rotation: the recipe's calibration learns it again on apply, to the same bytes."""
     import yaml
 
     monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache"))
