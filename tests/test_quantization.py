@@ -392,6 +392,11 @@ def test_cli_quantizes_activations_on_calibration_samples(tmp_path: Path, coreop
 
 
 def test_cli_refuses_activations_without_calibration(coreopt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    counted = coreopt("quantize", SAMPLES / "cnn.pt2", "--activations", "int8", "--calibration", SAMPLES / "cnn.pt2",
+                      "--calibration-samples", "4", "-o", tmp_path / "x.pt2")  # fmt: skip
+    assert counted.exit_code == 2 and "counts the draws of" in " ".join(counted.stderr.split()), (
+        counted.stderr
+    )
     result = coreopt("quantize", SAMPLES / "cnn.pt2", "--activations", "int8", "-o", tmp_path / "x.pt2")
     assert result.exit_code == 2 and "--calibration random" in result.stderr
     assert not (tmp_path / "x.pt2").exists()

@@ -681,5 +681,6 @@ def test_apply_calibrates_on_text_with_the_tokenizer_sidecar_it_read(tmp_path: P
 
     monkeypatch.setattr(coreai_opt.models, "model_tokenizer", asked_again)
     out = tmp_path / "out" / "w8a8.pt2"
-    quantize_activations_file(llama["ref"], out, calibration=llama["text"])
+    result = quantize_activations_file(llama["ref"], out, calibration=llama["text"], calibration_tokens=32)
     assert out.with_name("w8a8.tokenizer.json").read_text() == tokenizer_json()
+    assert result.samples == 2  # 32 tokens of the text: two windows of the program's 16

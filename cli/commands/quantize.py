@@ -84,6 +84,12 @@ def _quantize(config_type: type, what: str, values: dict[str, Any]) -> None:
             raise typer.BadParameter(f"{flag} applies to weight-only quantization", param_hint=flag)
     if values["executor"].value != ExecutorKind.LOCAL.value:
         raise typer.BadParameter("--executor applies to weight-only quantization", param_hint="--executor")
+    if values["calibration_samples"] is not None and str(values["calibration"]) != "random":
+        raise typer.BadParameter(
+            "with --activations, --calibration-samples counts the draws of '--calibration random'; every sample "
+            "of a file is used (--calibration-tokens bounds a text)",
+            param_hint="--calibration-samples",
+        )
     _w8a8(values)
 
 
@@ -108,7 +114,8 @@ def _w8a8(values: dict[str, Any]) -> None:
     with user_errors(as_json), weight_progress(not (as_json or quiet), "calibrating") as progress:
         result = quantize_activations_file(
             values["model"], values["output"], config, calibration=values["calibration"],
-            random_samples=values["calibration_samples"] or 32, force=values["force"], progress=progress,
+            random_samples=values["calibration_samples"] or 32, calibration_tokens=values["calibration_tokens"],
+            force=values["force"], progress=progress,
             trust_pickle=values["trust_pickle"],
         )  # fmt: skip
     if as_json:

@@ -241,7 +241,7 @@ def _quantize_activations(step: QuantizeActivations, program: Any, run: _Run, in
 
     random = step.calibration == RANDOM
     samples = Samples.of(step.calibration, count=step.calibration_samples if random else None, seed=step.seed,
-                         tokenizer=run.sidecars.tokenizer_file(run.source))  # fmt: skip
+                         tokens=step.calibration_tokens, tokenizer=run.sidecars.tokenizer_file(run.source))  # fmt: skip
     batches = list(samples.inputs(program))  # read and checked before any work
     start = time.perf_counter()
     quantizer = Quantizer.of_program(program, step.config)

@@ -103,11 +103,13 @@ def quantize_activations_file(
     *,
     calibration: Path | str,
     random_samples: int = 32,
+    calibration_tokens: int | None = None,
     seed: int = 0,
     **options: Any,
 ) -> ActivationsFileResult:
     """Quantize a `.pt2`'s weights and activations, calibrated on `calibration` (a safetensors
-    file or directory of samples, or "random" for `random_samples` seeded draws). The loaded
+    file or directory of samples, a text - at most `calibration_tokens` of it - or "random" for
+    `random_samples` seeded draws). The loaded
     program is edited in place and saved: it is never exported again."""
     from coreai_opt.errors import ConfigError
     from coreai_opt.quantization import QuantizerConfig
@@ -116,6 +118,7 @@ def quantize_activations_file(
         raise ConfigError(f"random_samples must be 1 or more, not {random_samples}", "random_samples")
     step = QuantizeActivations(
         config=config if config is not None else QuantizerConfig(),
-        calibration=str(calibration), calibration_samples=random_samples, seed=seed,
+        calibration=str(calibration), calibration_samples=random_samples, calibration_tokens=calibration_tokens,
+        seed=seed,
     )  # fmt: skip
     return one_step(step, source, output, **options)  # type: ignore[return-value]

@@ -56,7 +56,8 @@ STEP_CALIBRATION = {"calibration": "source", "calibration_samples": "samples", "
 class QuantizeActivations:
     config: Any  # a quantization.QuantizerConfig
     calibration: str
-    calibration_samples: int = field(default=32, metadata=least(1))
+    calibration_samples: int = field(default=32, metadata=least(1))  # seeded draws of "random"
+    calibration_tokens: int | None = field(default=None, metadata=least(1))  # at most this many of a text
     seed: int = field(default=0, metadata=least(0))
 
     KIND = "quantize_activations"
@@ -80,8 +81,9 @@ class QuantizeActivations:
         config = self.config.to_dict()
         data: dict[str, Any] = dict(config["global_config"])
         data.update((k, config[k]) for k in ("module_name_configs", "op_type_configs") if config[k])
+        tokens = {} if self.calibration_tokens is None else {"calibration_tokens": self.calibration_tokens}
         return data | {"calibration": self.calibration, "calibration_samples": self.calibration_samples,
-                       "seed": self.seed}  # fmt: skip
+                       **tokens, "seed": self.seed}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantizeActivations:
