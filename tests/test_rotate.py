@@ -409,7 +409,7 @@ def test_qwen2_rotates_with_its_value_bias_turned_head_by_head(tmp_path: Path) -
     exported = export_file(hf_folder("qwen2", tmp_path), tmp_path / "qwen2.pt2", seq_len=16).output
     original, program = load_pt2(exported), load_pt2(exported)
     bias = original.state_dict["model.layers.0.self_attn.v_proj.bias"].detach().double()
-    report = transform_(program, RotateConfig(seed=2))
+    report = transform_(program, RotateConfig(seed=2, heads=True))
     assert report.changes[-1] == "values and outputs of 2 attention layers rotated head by head (8 channels)"
     assert report.equivalence.relative_rms < 1e-5  # type: ignore[union-attr]
     r = rotation_matrix(8, "hadamard", 3)

@@ -57,6 +57,7 @@ def _command() -> Any:
         keyword("scale_bits", typer.Option(4, "--bits", help="Bits of the round to nearest that --scale awq and --rotate learned aim at."), int),
         keyword("scale_group_size", typer.Option(0, "--scale-group-size", help="Its inputs per scale (0: one scale per output channel)."), int),
         keyword("fold_norms", typer.Option(False, "--fold-norms", help="Only fold every norm's scale into the linears that read it (--rotate does it too)."), bool),
+        keyword("heads", typer.Option(False, "--heads", help="--rotate: also each attention layer's values and outputs, head by head."), bool),
         keyword("seed", typer.Option(0, "--seed", help="Seed of the rotation's random signs / matrix."), int),
         keyword("steps", typer.Option(300, "--steps", help="--rotate learned: optimisation steps (one layer's weights each)."), int),
         keyword("tolerance", typer.Option(1e-5, "--tolerance", help="Largest relative RMS difference of any output from the input's, on seeded inputs."), float),
@@ -95,7 +96,7 @@ def _steps(values: dict[str, Any]) -> tuple[Any, ...]:
     check = {"tolerance": values["tolerance"], "samples": values["samples"]}
     steps = []
     if values["rotate"] is not None:
-        steps.append(RotateConfig(rotation=values["rotate"], seed=values["seed"], steps=values["steps"],
+        steps.append(RotateConfig(rotation=values["rotate"], seed=values["seed"], steps=values["steps"], heads=values["heads"],
                                   bits=values["scale_bits"], **check))  # fmt: skip
     elif values["fold_norms"]:
         steps.append(FoldNormsConfig(**check))

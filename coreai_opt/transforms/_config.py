@@ -72,15 +72,16 @@ class RotateConfig(TransformConfig):
     """Rotate the residual stream by an orthogonal matrix folded into the weights (norms folded
     first): `rotation` "hadamard" (random signs times a Hadamard matrix - a Kronecker product
     with a random orthogonal factor where the width has no Hadamard matrix here) or "random"
-    (Haar), drawn from `seed`; with `heads`, also every attention layer's values and outputs by
-    one rotation of the head dimension (seed + 1). The program computes the same function with
+    (Haar), drawn from `seed`, or "learned" from that start on calibration data; with `heads`,
+    also every attention layer's values and outputs by one rotation of the head dimension (seed
+    + 1: off by default - on SmolLM2-135M it cost int4 GPTQ accuracy, docs/benchmarks.md). The program computes the same function with
     weights whose channels carry equal energy."""
 
     KIND: ClassVar[str] = "rotate"
     TAG: ClassVar[str] = "rotated"
     rotation: str = "hadamard"
     seed: int = 0
-    heads: bool = True
+    heads: bool = False
     steps: int = 300
     learning_rate: float = 1e-3
     bits: int = 4
