@@ -113,8 +113,8 @@ def _same_storage(a: Any, b: Any) -> bool:
 def _unrotated_gain(program: ExportedProgram, node: Node, name: str, q: torch.Tensor) -> bool:
     """`mul(g, x)` on the rotated stream -> `mul(g, x Q^T) Q`: the stream turned back for the gain
     and forward again after it, by two matmuls with stored weights Q and Q^T (a Hadamard Q's
-    entries are all +-1/sqrt(n), which every weight format with a scale per row represents
-    exactly). False (nothing done) where g is one value throughout."""
+    entries are all +-1/sqrt(n), which quantization or palettization with a scale per row
+    represents exactly; pruning would not). False (nothing done) where g is one value throughout."""
     gain = program.state_dict[name]
     if bool((gain == gain.reshape(-1)[0]).all()):
         return False
