@@ -22,7 +22,6 @@ from tests._hf import (
     TEXT,
     VOCAB,
     empty_gguf,
-    exported_llama,
     gpt2_gguf,
     hf_cache_snapshot,
     hf_folder,
@@ -670,11 +669,13 @@ def test_optimize_writes_the_sidecars_it_read_before_the_search(tmp_path: Path, 
     assert out.with_name("mlp.small.tokenizer.json").read_text() == tokenizer_json()
 
 
-def test_apply_calibrates_on_text_with_the_tokenizer_sidecar_it_read(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_apply_calibrates_on_text_with_the_tokenizer_sidecar_it_read(
+    tmp_path: Path, monkeypatch, tiny_llama
+) -> None:  # type: ignore[no-untyped-def]
     import coreai_opt.models
     from coreai_opt.recipes import quantize_activations_file
 
-    llama = exported_llama(tmp_path)
+    llama = tiny_llama
 
     def asked_again(program: object) -> None:
         raise AssertionError(f"the tokenizer beside {program} was looked up again")
