@@ -73,6 +73,7 @@ def _terms(state: dict[str, Any], stream: Stream, calibration: Any, device: Any)
     roles = {(name, axis): reader for name, axis, reader in stream.roles}
     names = sorted({name for name, _ in roles})
     statistics = calibration.statistics(names, Needs.INPUT_GRAM)
+    grams: dict[int, torch.Tensor] = {}  # one float32 copy of a Gram its readers share
     groups: dict[str, list[_Term]] = {}
     for (name, axis), reader in sorted(roles.items()):
         found = statistics.get(name)
@@ -80,12 +81,11 @@ def _terms(state: dict[str, Any], stream: Stream, calibration: Any, device: Any)
         if found is None or found.gram is None or weight.dim() != 2:
             continue
         rows = weight if (axis == weight.dim() - 1) == reader else weight.T  # [out, in]
-        gram = found.gram.to(device, torch.float64)
-        energy = float(((rows @ gram) * rows).sum())
+        key = found.gram.data_ptr()
+        gram = grams.setdefault(key, found.gram.to(device, torch.float32))
+        energy = float(((rows.float() @ gram) * rows.float()).sum())
         if energy > 0:
-            groups.setdefault(name.rsplit(".", 2)[0], []).append(
-                _Term(rows.float(), reader, gram.float(), energy)
-            )
+            groups.setdefault(name.rsplit(".", 2)[0], []).append(_Term(rows.float(), reader, gram, energy))
     return [groups[key] for key in sorted(groups)] if groups else [[]]
 
 
