@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt._aten import PASS_THROUGH, VIEW_PACKETS, WEIGHT_OPS, packet
 from coreai_opt.weights import Use
 
-from ._graph import first_output, parameters, source
+from ._graph import bias_operand, first_output, parameters, source
 
 if TYPE_CHECKING:
     import torch
@@ -148,13 +148,10 @@ def _one_reader(weight: Node, op: Node) -> bool:
 
 
 def _bias(op: Node, names: dict[str, str]) -> str | None:
-    import torch
-
-    aten = torch.ops.aten
-    position = {aten.linear: 2, aten.addmm: 0}.get(packet(op))
-    if position is None or position >= len(op.args) or op.args[position] is None:
+    operand = bias_operand(op)
+    if operand is None:
         return None
-    node, perm = source(op.args[position])
+    node, perm = source(operand)
     return names.get(node.name) if node is not None and perm is None else None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._aten import PASS_THROUGH, VIEW_PACKETS, packet, permutation
+from coreai_opt._aten import PASS_THROUGH, VIEW_PACKETS, aten, packet, permutation
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -34,6 +34,21 @@ def source(value: Any) -> tuple[Node | None, tuple[int, ...] | None]:
             perm = step if perm is None else tuple(step[p] for p in perm)
         node = node.args[0]
     return (node, perm) if getattr(node, "op", None) == "placeholder" else (None, None)
+
+
+def bias_operand(op: Node) -> Any:
+    """The bias operand of a linear or addmm (None for other ops, or where it has none)."""
+    position = {aten.linear: 2, aten.addmm: 0}.get(packet(op))
+    return op.args[position] if position is not None and position < len(op.args) else None
+
+
+def cuts_last_axis(node: Node) -> bool:
+    """A slice, select or narrow along its operand's last axis."""
+    if packet(node) not in (aten.slice, aten.select, aten.narrow):
+        return False
+    rank = node.args[0].meta["val"].dim()
+    dim = node.args[1] if len(node.args) > 1 else 0
+    return int(dim) % rank == rank - 1
 
 
 def first_output(node: Node) -> Node | None:

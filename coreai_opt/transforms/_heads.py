@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt._aten import CAST_PACKETS, VIEW_PACKETS, WEIGHT_OPS, packet, permutation
 from coreai_opt.weights import Use
 
-from ._graph import parameters, source
+from ._graph import bias_operand, cuts_last_axis, parameters, source
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -67,14 +67,10 @@ def _keeps_last(node: Node, width: int) -> bool:
         return False
     value = node.meta["val"]
     step = permutation(node, value.dim())
-    cuts = (
-        packet(node) in (aten.slice, aten.select, aten.narrow)
-        and int(node.args[1]) % node.args[0].meta["val"].dim() == node.args[0].meta["val"].dim() - 1
-    )
     return (
         value.shape[-1] == width
         and node.args[0].meta["val"].shape[-1] == width
-        and not cuts
+        and not cuts_last_axis(node)
         and (step is None or step[-1] == value.dim() - 1)
     )
 
@@ -131,13 +127,10 @@ def _value_writer(value: Node, head_dim: int, names: dict[str, str]) -> tuple[tu
 
 
 def _bias_name(op: Node, names: dict[str, str]) -> str | None:
-    import torch
-
-    aten = torch.ops.aten
-    position = {aten.linear: 2, aten.addmm: 0}.get(packet(op))
-    if position is None or position >= len(op.args) or op.args[position] is None:
+    operand = bias_operand(op)
+    if operand is None:
         return None
-    bias, perm = source(op.args[position])
+    bias, perm = source(operand)
     if bias is None or bias.name not in names or perm is not None:
         raise _Left(f"{op.name}'s bias is not a stored vector")
     return names[bias.name]

@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._aten import VIEW_PACKETS, WEIGHT_OPS, packet
+from coreai_opt._aten import VIEW_PACKETS, WEIGHT_OPS, aten, packet
 from coreai_opt.weights import Needs, Use
 
 from ._fold_norms import Reader, norm_groups, replace_tensor
-from ._graph import parameters, source
+from ._graph import bias_operand, parameters, source
 
 if TYPE_CHECKING:
     import torch
@@ -73,16 +73,20 @@ def _mlp_pairs(program: ExportedProgram) -> list[_Pair]:
     names, pairs = parameters(program), []
     for node in program.graph.nodes:
         facts = WEIGHT_OPS.get(packet(node))
-        if facts is None or not facts.activations or packet(node) is _embedding():
+        if facts is None or not facts.activations or packet(node) is aten.embedding:
             continue
         reader = _weight_reader(node, facts, names)
         product = _through_views(node.args[facts.activations[0]], backward=True)
-        if reader is None or getattr(product, "target", None) is not _mul_tensor() or len(product.users) != 1:
+        if (
+            reader is None
+            or getattr(product, "target", None) is not aten.mul.Tensor
+            or len(product.users) != 1
+        ):
             continue
         for operand in product.args:
             up = _through_views(operand, backward=True)
             up_facts = WEIGHT_OPS.get(packet(up)) if hasattr(up, "op") else None
-            if up_facts is None or len(up.users) != 1 or packet(up) is _embedding():
+            if up_facts is None or len(up.users) != 1 or packet(up) is aten.embedding:
                 continue
             producer = _weight_reader(up, up_facts, names)
             if producer is not None and _rows(program, up, up_facts, names) is not None:
@@ -106,9 +110,9 @@ def _rows(
     weight, perm = source(op.args[facts.weight])
     out_axis, _ = Use(facts.consumer, op.name, perm).axes(weight.meta["val"].dim())  # type: ignore[union-attr]
     found = [(names[weight.name], out_axis)]  # type: ignore[union-attr]
-    position = {_linear(): 2, _addmm(): 0}.get(packet(op))
-    if position is not None and position < len(op.args) and op.args[position] is not None:
-        bias, bias_perm = source(op.args[position])
+    operand = bias_operand(op)
+    if operand is not None:
+        bias, bias_perm = source(operand)
         if bias is None or bias.name not in names or bias_perm is not None:
             return None
         found.append((names[bias.name], 0))
@@ -190,27 +194,3 @@ def _apply(state: dict[str, Any], pair: _Pair, scales: torch.Tensor) -> None:
         shape = [1] * value.dim()
         shape[reader.input_axis] = -1
         replace_tensor(state, reader.weight, value * scales.reshape(shape))
-
-
-def _embedding() -> Any:
-    import torch
-
-    return torch.ops.aten.embedding
-
-
-def _mul_tensor() -> Any:
-    import torch
-
-    return torch.ops.aten.mul.Tensor
-
-
-def _linear() -> Any:
-    import torch
-
-    return torch.ops.aten.linear
-
-
-def _addmm() -> Any:
-    import torch
-
-    return torch.ops.aten.addmm

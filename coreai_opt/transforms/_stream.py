@@ -20,12 +20,12 @@ proved here (a tied embedding and head are both stream readers along the same ax
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from coreai_opt._aten import CAST_PACKETS, VIEW_PACKETS, WEIGHT_OPS, packet, permutation
+from coreai_opt._aten import CAST_PACKETS, VIEW_PACKETS, WEIGHT_OPS, aten, packet, permutation
 from coreai_opt.weights import Use
 
-from ._graph import parameters, readers_of, source
+from ._graph import bias_operand, cuts_last_axis, parameters, readers_of, source
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -131,7 +131,13 @@ def _view(node: Node, stream: set[Node], found: Stream) -> str:
     rank = value.dim()
     step = permutation(node, rank)
     moved = step is not None and step[-1] != rank - 1
-    if node.args[0] not in stream or moved or rank == 0 or value.shape[-1] != found.width or _cuts(node):
+    if (
+        node.args[0] not in stream
+        or moved
+        or rank == 0
+        or value.shape[-1] != found.width
+        or cuts_last_axis(node)
+    ):
         raise NotAStream(f"{node.name} ({node.target}) moves or cuts the stream's channels")
     return "stream"
 
@@ -173,21 +179,13 @@ def _writer(add: Node, value: Node, found: Stream, names: dict[str, str]) -> Non
     )
     found.turn(names[weight.name], out_axis, value)
     found.roles.append((names[weight.name], out_axis, False))
-    bias = _bias(value)
+    bias = bias_operand(value)
     if bias is not None:
         node, perm = source(bias)
         if node is None or node.name not in names or perm is not None or node.meta["val"].dim() != 1:
             raise NotAStream(f"{value.name}'s bias is not a stored vector")
         found.turn(names[node.name], 0, value)
     found.writers += 1
-
-
-def _bias(op: Node) -> Any:
-    import torch
-
-    aten = torch.ops.aten
-    position = {aten.linear: 2, aten.addmm: 0}.get(packet(op))
-    return op.args[position] if position is not None and position < len(op.args) else None
 
 
 def _scaled(node: Node, stream: set[Node], found: Stream, names: dict[str, str]) -> str:
@@ -197,7 +195,7 @@ def _scaled(node: Node, stream: set[Node], found: Stream, names: dict[str, str])
     if a in stream and b in stream:
         raise NotAStream(f"{node.name} multiplies the stream by itself")
     x, other = (a, b) if a in stream else (b, a)
-    if x is b and packet(node) is not _mul():
+    if x is b and packet(node) is not aten.mul:
         raise NotAStream(f"{node.name} divides by the stream")
     if not hasattr(other, "meta") or other.meta["val"].dim() == 0 or other.meta["val"].shape[-1] == 1:
         return "stream"  # a number or a per-row value
@@ -206,19 +204,13 @@ def _scaled(node: Node, stream: set[Node], found: Stream, names: dict[str, str])
     if (
         gain is None
         or gain.name not in names
-        or packet(node) is not _mul()
+        or packet(node) is not aten.mul
         or any(s != 1 for s in shape[:-1])
     ):
         raise NotAStream(f"{node.name} scales the stream's channels by {other.name}, not a stored gain")
     found.gains[node] = names[gain.name]
     found.claims.setdefault(names[gain.name], set()).add(node)
     return "stream"
-
-
-def _mul() -> Any:
-    import torch
-
-    return torch.ops.aten.mul
 
 
 def _reader(node: Node, stream: set[Node], found: Stream, names: dict[str, str]) -> None:
@@ -236,18 +228,6 @@ def _reader(node: Node, stream: set[Node], found: Stream, names: dict[str, str])
     found.turn(names[weight.name], in_axis, node)
     found.roles.append((names[weight.name], in_axis, True))
     found.readers += 1
-
-
-def _cuts(node: Node) -> bool:
-    """A slice, select or narrow along the stream's last axis."""
-    import torch
-
-    aten = torch.ops.aten
-    if packet(node) not in (aten.slice, aten.select, aten.narrow):
-        return False
-    rank = node.args[0].meta["val"].dim()
-    dim = node.args[1] if len(node.args) > 1 else 0
-    return int(dim) % rank == rank - 1
 
 
 def _reduction(node: Node, width: int) -> None:
