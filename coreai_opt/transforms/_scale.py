@@ -76,7 +76,7 @@ def _mlp_pairs(program: ExportedProgram) -> list[_Pair]:
         if facts is None or not facts.activations or packet(node) is aten.embedding:
             continue
         reader = _weight_reader(node, facts, names)
-        product = _through_views(node.args[facts.activations[0]], backward=True)
+        product = _through_views(node.args[facts.activations[0]])
         if (
             reader is None
             or getattr(product, "target", None) is not aten.mul.Tensor
@@ -84,7 +84,7 @@ def _mlp_pairs(program: ExportedProgram) -> list[_Pair]:
         ):
             continue
         for operand in product.args:
-            up = _through_views(operand, backward=True)
+            up = _through_views(operand)
             up_facts = WEIGHT_OPS.get(packet(up)) if hasattr(up, "op") else None
             if up_facts is None or len(up.users) != 1 or packet(up) is aten.embedding:
                 continue
@@ -120,8 +120,9 @@ def _rows(
     return tuple(found) if all(state[n].is_floating_point() for n, _ in found) else None
 
 
-def _through_views(value: Any, backward: bool) -> Any:
-    while backward and packet(value) in VIEW_PACKETS and len(value.users) == 1:
+def _through_views(value: Any) -> Any:
+    """What `value` is a view of, back through views used once."""
+    while packet(value) in VIEW_PACKETS and len(value.users) == 1:
         value = value.args[0]
     return value
 
