@@ -47,7 +47,9 @@ def main() -> None:
     parser.add_argument(
         "--candidates", default=None, help="as `coreopt optimize --candidates` (default: its defaults)"
     )
-    parser.add_argument("--rotate", default=None, help="as `coreopt optimize --rotate` (hadamard, random)")
+    parser.add_argument(
+        "--rotate", default=None, help="as `coreopt optimize --rotate` (hadamard, random, learned)"
+    )
     parser.add_argument("--out", type=Path, default=Path("build/optimize"))
     parser.add_argument(
         "--aimodel",
@@ -73,7 +75,8 @@ def main() -> None:
     for index, bits in enumerate(args.bits):
         began = time.perf_counter()
         target = args.out / f"smollm2.mixed{bits:g}{'.' + args.rotate if args.rotate else ''}.pt2"
-        found = optimize(ref, Goal(target_bits=bits), calibration, held, output=target, force=True, threshold=0, candidates=args.candidates,
+        chosen = {"candidates": args.candidates} if args.candidates else {}
+        found = optimize(ref, Goal(target_bits=bits), calibration, held, output=target, force=True, threshold=0, **chosen,
                          calibration_tokens=args.calibration_tokens, eval_tokens=args.tokens, trial_tokens=args.trial_tokens, uniform=args.uniform if index == 0 else 0, rotate=args.rotate,
                          say=lambda line: print(f"  {line}", flush=True))  # fmt: skip
         report = found.report

@@ -51,6 +51,8 @@ CONFIGS = {
     "mxfp4": QuantizeConfig(dtype=DType.FP4_E2M1FN),
     "lut1-tensor": PalettizeConfig(n_bits=1),
     "lut2-channel": PalettizeConfig(n_bits=2, granularity=G.PER_CHANNEL),
+    "lut3-tensor": PalettizeConfig(n_bits=3),  # converted through a repeated 16-entry table, narrowed back
+    "lut3-grouped": PalettizeConfig(n_bits=3, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
     "lut4-tensor": PalettizeConfig(n_bits=4),
     "lut6-grouped": PalettizeConfig(n_bits=6, granularity=G.PER_GROUPED_CHANNEL, group_size=16),
     "lut8-int8-scale": PalettizeConfig(
@@ -68,6 +70,7 @@ CONFIGS = {
     "sparse50-uint8": SparsifyConfig(target_sparsity=0.5, quantize_dtype=DType.UINT8),
     "sparse50-fp8": SparsifyConfig(target_sparsity=0.5, quantize_dtype=DType.FP8_E4M3FN),
     "sparse50-lut4": SparsifyConfig(target_sparsity=0.5, palettize_nbits=4),
+    "sparse50-lut3": SparsifyConfig(target_sparsity=0.5, palettize_nbits=3),
 }
 # cnn is not here: the converter folds its batch norms into the conv weights, so the converted
 # .aimodel holds other weights than the .pt2 (its compressed .pt2 is checked on the runtime below)
@@ -135,6 +138,7 @@ def test_the_fast_decoding_equals_coreai_torchs_own_ops_bit_for_bit(name: str) -
         ("transformer", "lut8-int8-scale"),
         ("transformer", "sparse-2of4-int8"),
         ("transformer", "sparse50-lut4"),
+        ("transformer", "lut3-grouped"),
         ("cnn", "uint4-channel-asym"),  # the converter folds batch norm into a decoded conv weight
         ("cnn", "lut4-uint8"),
     ],
@@ -177,10 +181,6 @@ def test_a_compressed_pt2_is_not_compressed_twice() -> None:
 
 
 def test_what_coreai_torch_cannot_carry_is_skipped_with_its_reason() -> None:
-    program, report = _compressed_pt2("mlp", PalettizeConfig(n_bits=3))
-    assert report.weights == []  # type: ignore[attr-defined]
-    layout = {s.reason for s in report.skipped if s.kind is SkipKind.LAYOUT}  # type: ignore[attr-defined]
-    assert layout == {"ui3 indices: coreai-torch converts 1-, 2-, 4-, 6- or 8-bit LUT indices"}
     conv = torch.nn.Conv2d(32, 8, 3)  # MX blocks of 32 along the input channels, 3 along the last axis
     program = torch.export.export(conv, (torch.randn(1, 32, 8, 8),))
     report = compress_(program, QuantizeConfig(dtype=DType.FP4_E2M1FN))
@@ -216,12 +216,33 @@ def test_the_seed_functions_take_an_exported_program_and_leave_it_alone() -> Non
     copy.deepcopy(compressed)  # still an ordinary ExportedProgram
 
 
-def test_converting_does_not_change_the_callers_program() -> None:
-    program, _ = _compressed_pt2("mlp", QuantizeConfig(dtype=DType.INT4, granularity=G.PER_BLOCK))
-    before = {k: (v.dtype, v.clone()) for k, v in program.state_dict.items()}
+@pytest.mark.parametrize("name", ["int4-block", "lut3-grouped"])
+def test_converting_does_not_change_the_callers_program(name: str) -> None:
+    program, _ = _compressed_pt2("mlp", CONFIGS[name])
+    before = {k: v.clone() for k, v in program.state_dict.items()}
+    shapes = {n.name: tuple(n.meta["val"].shape) for n in program.graph.nodes if n.op == "placeholder"}
     _quiet_convert(program)
-    assert {k: v.dtype for k, v in program.state_dict.items()} == {k: d for k, (d, _) in before.items()}
+    assert program.state_dict.keys() == before.keys()
+    assert all(
+        torch.equal(program.state_dict[k], v) and program.state_dict[k].dtype == v.dtype
+        for k, v in before.items()
+    )
+    assert {
+        n.name: tuple(n.meta["val"].shape) for n in program.graph.nodes if n.op == "placeholder"
+    } == shapes
     program.module()(torch.randn(4, 64))
+
+
+def test_3bit_tables_convert_to_3bit_indices_and_repeated_tables_narrow_exactly() -> None:
+    program, _ = _compressed_pt2("mlp", CONFIGS["lut3-grouped"])
+    converted = _quiet_convert(program)
+    luts = [op for op in _coreai.walk_ops(_coreai.mlir_module(converted)) if op.name == "coreai.lut_to_dense"]
+    assert [_coreai.element_name(op.operands[0].type) for op in luts] == ["ui3", "ui3"]
+    assert [_coreai.tensor_shape(op.operands[1].type) for op in luts] == [(8, 1, 8, 1), (8, 1, 8, 1)]
+    assert _coreai.narrow_repeated_luts(converted) == 0  # nothing left to narrow
+    # a genuine 4-bit table is left alone: its halves differ
+    program, _ = _compressed_pt2("mlp", CONFIGS["lut4-tensor"])
+    assert _coreai.narrow_repeated_luts(_quiet_convert(program)) == 0
 
 
 def test_cli_compresses_a_pt2_into_a_pt2(coreopt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -87,7 +87,6 @@ def test_choices_parse_names_defaults_and_configs_of_ones_own() -> None:
     assert [c.name for c in picked] == ["int8", "mine", "lut2", "keep"]
     assert picked[1].config.block_size == 16 and picked[1].config.granularity.value == "block"
     assert [c.name for c in parse_choices(None)][:3] == ["keep", "int8", "int4-b32"]
-    assert parse_choices("lut3")[0].pt2_refusal() is not None  # coreai-torch has no 3-bit indices
     tensor = parse_choices("lut4-tensor")[0].config_for(True, 0)  # optional: one table a weight, GPTQ onto it
     assert (tensor.n_bits, tensor.granularity.value, tensor.method) == (4, "tensor", "gptq")
     assert "lut4-tensor" not in [c.name for c in parse_choices(None)]

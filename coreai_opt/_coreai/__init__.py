@@ -31,6 +31,7 @@ from ._ir import (
     tensor_shape,
     walk_ops,
 )
+from ._narrow import narrow_repeated_luts
 from ._native import first_error, native_stderr
 from ._rewrite import canonical_symbol_names, name_constants
 from ._runtime import RunResult, run_in
@@ -61,6 +62,7 @@ __all__ = [
     "main_graph",
     "mlir_module",
     "name_constants",
+    "narrow_repeated_luts",
     "native_stderr",
     "new_context",
     "op_histogram",

@@ -209,6 +209,26 @@ def _element_type(name: str) -> Any:
     return factories[name]()
 
 
+def resource_constant(stored: Stored, key: str) -> Any:
+    """A resource constant named `key` holding `stored` (sub-byte codes packed low bits first), at
+    the current insertion point."""
+    from coreai._compiler import ir
+    from coreai._compiler.dialects import coreai as dialect
+
+    bits = stored.element.bits
+    if bits < 8:
+        import torch
+
+        import tcast
+
+        data = tcast.pack_codes(torch.from_numpy(np.require(stored.values, requirements="CW")), bits).numpy()
+    else:
+        data = np.ascontiguousarray(stored.values).view(np.uint8).reshape(-1)
+    tensor_type = ir.RankedTensorType.get(list(stored.shape), _element_type(stored.element.name))
+    attr = ir.DenseResourceElementsAttr.get_from_buffer(memoryview(data), key, tensor_type)
+    return dialect.ConstantOp(value=attr).result
+
+
 class CoreAIWeights:
     """A Core AI program's weights, compressed in place (a `weights.Container`)."""
 
@@ -284,27 +304,8 @@ class CoreAIWeights:
         return self._sparse(site, form)
 
     def _constant(self, site: WeightSite, stored: Stored) -> Any:
-        """A resource constant holding `stored` (sub-byte codes packed)."""
-        from coreai._compiler import ir
-        from coreai._compiler.dialects import coreai as dialect
-
-        bits = stored.element.bits
-        if bits < 8:
-            import torch
-
-            import tcast
-
-            data = tcast.pack_codes(
-                torch.from_numpy(np.require(stored.values, requirements="CW")), bits
-            ).numpy()
-        else:
-            data = np.ascontiguousarray(stored.values).view(np.uint8).reshape(-1)
         self._count += 1
-        tensor_type = ir.RankedTensorType.get(list(stored.shape), _element_type(stored.element.name))
-        attr = ir.DenseResourceElementsAttr.get_from_buffer(
-            memoryview(data), f"coreopt_{site.name}_{self._count}", tensor_type
-        )
-        return dialect.ConstantOp(value=attr).result
+        return resource_constant(stored, f"coreopt_{site.name}_{self._count}")
 
     @staticmethod
     def _zeros(name: str, shape: tuple[int, ...]) -> Any:

@@ -12,19 +12,27 @@ from coreai_opt._custom_ops import register_coreai_ops
 
 from ._describe import StateWalker
 from ._edit import ProgramEdit
-from ._ops import COREAI_OPS, coreai_decompositions, fold_decompression, is_decompression
+from ._ops import (
+    COREAI_OPS,
+    LUT_TO_DENSE,
+    coreai_decompositions,
+    fold_decompression,
+    is_decompression,
+    op_name,
+)
 from ._runnable import ready_to_run, runnable
-from ._weights import LUT_INDEX_BITS, ExportWeights
+from ._weights import ExportWeights
 
 __all__ = [
     "COREAI_OPS",
-    "LUT_INDEX_BITS",
+    "LUT_TO_DENSE",
     "ExportWeights",
     "ProgramEdit",
     "StateWalker",
     "coreai_decompositions",
     "fold_decompression",
     "is_decompression",
+    "op_name",
     "ready_to_run",
     "register_coreai_ops",
     "runnable",

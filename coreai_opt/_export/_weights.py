@@ -41,9 +41,6 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
     from torch.fx import Node
 
-# LUT indices it converts (its packing knows no 3-bit integers)
-LUT_INDEX_BITS = (1, 2, 4, 6, 8)  # what coreai-torch's lut_to_dense converts
-
 
 def _op_text(node: Node) -> str:
     name = getattr(node.target, "name", None)
@@ -286,10 +283,6 @@ class ExportWeights:
 
 
 def _refusal(form: Any, site: WeightSite) -> str | None:
-    if isinstance(form, Palettized) and form.indices.element.bits not in LUT_INDEX_BITS:
-        return (
-            f"{form.indices.element.name} indices: coreai-torch converts 1-, 2-, 4-, 6- or 8-bit LUT indices"
-        )
     if isinstance(form, Quantized):
         data = form.data.element
         if data.codes_per_byte > 1:

@@ -18,7 +18,7 @@ _SOURCE = (
 )
 _PROGRAM = (
     "For an .aimodel: the .pt2 it was converted from; the calibration runs through it and its statistics reach "
-    "the .aimodel's weights by name (3-bit LUTs with data: .aimodel only)."
+    "the .aimodel's weights by name."
 )
 _GRADIENTS = (
     "--method sensitive: the Fisher pass in the program's own dtypes (default on a CPU with bfloat16 "

@@ -7,8 +7,8 @@ import hashlib
 import io
 import logging
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -105,6 +105,39 @@ def _folded(values: np.ndarray, tensors: list[tuple[str, np.ndarray]]) -> str | 
     return None
 
 
+@contextlib.contextmanager
+def _repeated_luts(program: ExportedProgram) -> Iterator[None]:
+    """While coreai-torch converts: every 8-entry table a `lut_to_dense` reads (3-bit indices, which
+    its packing does not know) repeated to 16 entries, so it packs the indices as 4-bit codes; the
+    converted program is narrowed back (`narrow_repeated_luts`). The program is restored after."""
+    import torch
+
+    from coreai_opt._export import LUT_TO_DENSE, op_name
+
+    state, constants = program.state_dict, program.constants
+    placeholders = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs}
+    saved: list[tuple[Any, Any, dict[str, Any], str]] = []
+    try:
+        for node in program.graph.nodes:
+            lut = node.args[1] if op_name(node) == LUT_TO_DENSE else None
+            target = placeholders.get(getattr(lut, "name", None))
+            store = state if target in state else constants
+            table = store.get(target)
+            if table is None or table.dim() < 2 or table.shape[-2] != 8:
+                continue
+            saved.append((lut, lut.meta.get("val"), store, target))
+            store[target] = torch.cat([table, table], dim=-2)
+            fake = lut.meta.get("val")
+            lut.meta["val"] = (
+                fake.fake_mode.from_tensor(store[target]) if hasattr(fake, "fake_mode") else store[target]
+            )
+        yield
+    finally:
+        for lut, fake, store, target in reversed(saved):
+            store[target] = store[target][..., :8, :]
+            lut.meta["val"] = fake
+
+
 class ConverterFailure(RuntimeError):
     """coreai-torch raised; the message adds the MLIR diagnostic it printed, if any."""
 
@@ -125,7 +158,7 @@ def convert_with_log(program: ExportedProgram) -> tuple[AIProgram, str]:
         quiet = logging.getLogger("coreai_torch")
         level = quiet.level
         quiet.setLevel(logging.ERROR)  # "cannot infer nbits" for FP8 data: expected, not a problem
-        with contextlib.redirect_stdout(log), native_stderr() as diagnostics:
+        with contextlib.redirect_stdout(log), native_stderr() as diagnostics, _repeated_luts(program):
             try:
                 converter = coreai_torch.TorchConverter()
                 converter.add_exported_program(program)
@@ -140,8 +173,9 @@ def convert_with_log(program: ExportedProgram) -> tuple[AIProgram, str]:
         message = " ".join(str(failure).split()) or type(failure).__name__
         detail = first_error(diagnostics)
         raise ConverterFailure(f"{message} ({detail})" if detail else message) from failure
-    from coreai_opt._coreai import canonical_symbol_names, name_constants
+    from coreai_opt._coreai import canonical_symbol_names, name_constants, narrow_repeated_luts
 
+    narrow_repeated_luts(result)  # back to the 3-bit codes the .pt2 carries
     name_constants(result, _source_names(program), _module_of_node(program))
     canonical_symbol_names(result)  # coreai names composites at random: the same bytes every time
     return result, "\n".join([log.getvalue().strip(), *diagnostics]).strip()

@@ -48,21 +48,6 @@ class Choice:
                 f"a choice needs a name without commas, '=' or spaces, not {self.name!r}", "candidates"
             )
 
-    def pt2_refusal(self) -> str | None:
-        """Why a `.pt2` cannot carry this choice (coreai-torch's LUT ops take 1, 2, 4, 6 or 8-bit
-        indices), or None."""
-        from coreai_opt._export import LUT_INDEX_BITS
-
-        config = self.config
-        bits = (
-            getattr(config, "n_bits", None)
-            if isinstance(config, PalettizeConfig)
-            else getattr(config, "palettize_nbits", None)
-        )
-        if bits is not None and bits not in LUT_INDEX_BITS:
-            return f"{self.name}: coreai-torch's ops carry no {bits}-bit LUT indices"
-        return None
-
     def config_for(self, learns: bool, threshold: int) -> WeightConfig | None:
         """The config this choice compresses with (the learned method with data)."""
         if self.config is None:

@@ -72,12 +72,10 @@ def optimize(
     start = time.perf_counter()
     path, sidecars = _source(program)
     note = say or (lambda _: None)
-    picked, left_out = _usable(choices if choices is not None else config.candidates)
+    picked = _picked(choices if choices is not None else config.candidates)
     _check_goal(budget, evaluation, config.dry_run)
     out = None if config.dry_run else _output(path, output, config.to == "aimodel", force)
     loaded = _checked(path)  # checked, and its first run done, before anything is said or computed
-    for line in left_out:
-        note(line)
     samples = _samples(
         calibration, config.calibration_tokens, config.calibration_samples, sidecars.tokenizer_file(path)
     )
@@ -204,14 +202,12 @@ def _report(
                           trial_seconds=table.trial_seconds)  # fmt: skip
 
 
-def _usable(choices: str | tuple[Choice, ...] | None) -> tuple[tuple[Choice, ...], list[str]]:
-    """The candidates a `.pt2` can carry, and why each of the others is left out."""
+def _picked(choices: str | tuple[Choice, ...] | None) -> tuple[Choice, ...]:
+    """The candidates: parsed from text, or as given (at least one besides keep)."""
     picked = parse_choices(choices) if choices is None or isinstance(choices, str) else tuple(choices)
-    refused = [c for c in picked if c.pt2_refusal() is not None]
-    picked = tuple(c for c in picked if c not in refused)
     if len(picked) < 2:
         raise ConfigError("no candidate besides keep is left", "candidates")
-    return picked, [f"left out {c.pt2_refusal()}" for c in refused]
+    return picked
 
 
 def _output(path: Path, output: Path | str | None, to_aimodel: bool, force: bool) -> Path:
