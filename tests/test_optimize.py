@@ -446,3 +446,33 @@ def test_optimize_rotate_searches_the_rotated_program_and_its_recipe_starts_with
     applied = coreopt("apply", recipe, llama["ref"], "-o", again, "--quiet")
     assert applied.exit_code == 0, applied.stderr
     assert filecmp.cmp(out, again, shallow=False)
+
+
+def test_optimize_tunes_the_plans_tables_together_and_apply_reproduces_it(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """--tune-epochs: the same plan, its indices kept, its tables tuned end to end in the palettize
+    step, closer to the float model on the calibration windows than the untuned plan."""
+    monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache"))
+    from coreai_opt.optimization import optimize
+    from coreai_opt.recipes import apply_recipe
+
+    common = {"threshold": 0, "candidates": "lut4,lut2", "calibration_tokens": 256, "trial_tokens": 0,
+              "uniform": 0, "force": True}  # fmt: skip
+    plain = optimize(llama["ref"], Goal(target_bits=3), llama["calib"], llama["held"],
+                     output=llama["root"] / "tune" / "plain.pt2", **common)  # fmt: skip
+    tuned = optimize(llama["ref"], Goal(target_bits=3), llama["calib"], llama["held"],
+                     output=llama["root"] / "tune" / "tuned.pt2", tune_epochs=2, **common)  # fmt: skip
+    (step,) = [s for s in tuned.recipe.steps if s.config.KIND == "palettize"]
+    assert step.config.tune_epochs == 2
+    assert [w["choice"] for w in tuned.report.weights] == [w["choice"] for w in plain.report.weights]
+    from coreai_opt.io import load_pt2
+
+    a, b = load_pt2(plain.program).state_dict, load_pt2(tuned.program).state_dict
+    assert a.keys() == b.keys()
+    indices = [k for k in a if k.endswith(".indices")]
+    luts = [k for k in a if k.endswith(".lut")]
+    assert indices and all(torch.equal(a[k], b[k]) for k in indices)
+    assert luts and all(not torch.equal(a[k], b[k]) for k in luts)
+    assert tuned.report.rounds[-1].measured.kl_mean < plain.report.rounds[-1].measured.kl_mean
+    again = llama["root"] / "tune" / "again.pt2"
+    apply_recipe(tuned.recipe, llama["ref"], again, force=True)
+    assert filecmp.cmp(tuned.program, again, shallow=False)

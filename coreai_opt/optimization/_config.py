@@ -32,7 +32,8 @@ class OptimizeConfig:
     """The search's settings: the candidates a weight may take, how much calibration and
     evaluation data is read, the threshold below which weights stay, the measured trials, the
     confirmation rounds and uniform settings compared, where it runs, the output's format,
-    whether the program is rotated first (`rotate`) and whether it stops at the plan (`dry_run`)."""
+    whether the program is rotated first (`rotate`), whether the plan's tables are tuned end to
+    end (`tune_epochs`) and whether it stops at the plan (`dry_run`)."""
 
     candidates: str = option("default", "--candidates", _CANDIDATES)
     to: str = option(
@@ -54,6 +55,10 @@ class OptimizeConfig:
     )
     device: str | None = option(None, "--device", "Where calibration and the solves run (cpu, cuda).")
     rotate: str | None = option(None, "--rotate", _ROTATE, choices=("hadamard", "random", "learned"))
+    tune_epochs: int = option(
+        0, "--tune-epochs", "Passes over the calibration data that tune the plan's look-up tables "
+        "(entries and scales) together end to end, in every round (0: none).", minimum=0,
+    )  # fmt: skip
     dry_run: bool = option(
         False, "--dry-run", "Stop at the plan (size budgets): nothing written or evaluated."
     )

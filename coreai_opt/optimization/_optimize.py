@@ -83,7 +83,8 @@ def optimize(
     table = _costs(path, loaded, picked, samples, config, progress)
     loaded = None  # the rounds load the file afresh: let this copy go
     steps = Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
-                   config.calibration_tokens, config.calibration_samples, config.device, config.threshold)  # fmt: skip
+                   config.calibration_tokens, config.calibration_samples, config.device, config.threshold,
+                   config.tune_epochs)  # fmt: skip
     knapsack, plan, report = _search(path, out, budget, picked, table)
     if out is None:
         settle(report, table, plan)

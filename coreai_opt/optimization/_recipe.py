@@ -45,7 +45,8 @@ def _literal(name: str) -> str:
 class Steps:
     """Plans as recipe steps: one compress step per config kind (palettize, quantize, sparsify),
     its base the kind's most used choice, a per-weight override for every weight it takes (the
-    fields where its choice differs) and `*: skip` for the rest."""
+    fields where its choice differs) and `*: skip` for the rest; the palettize step tunes all its
+    tables together end to end when `tune_epochs` is set."""
 
     choices: tuple[Choice, ...]
     table: CostTable
@@ -54,6 +55,7 @@ class Steps:
     samples: int | None
     device: str | None
     threshold: int
+    tune_epochs: int = 0  # passes that tune the palettize step's tables end to end
 
     def of(self, plan: Plan, *, to_aimodel: bool) -> tuple[Any, ...]:
         from coreai_opt.compression import Override
@@ -83,6 +85,8 @@ class Steps:
                 overrides.append(Override.of(_literal(name), **changes))
             overrides.append(Override.of("*", skip=True))
             config = dataclasses.replace(base, overrides=tuple(overrides))
+            if kind == "palettize" and self.tune_epochs:
+                config = dataclasses.replace(config, tune_epochs=self.tune_epochs)
             found.append(Compress(config=config))
         if to_aimodel:
             found.extend(self.convert())

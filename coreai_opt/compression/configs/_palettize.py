@@ -44,7 +44,7 @@ class PalettizeConfig(WeightConfig):
     method: str = option("kmeans", "--method", _METHOD_HELP.format(default="kmeans"))
     tune_epochs: int = option(
         0, "--tune-epochs",
-        "Passes over the calibration data that tune the LUT entries end to end (0: none).",
+        "Passes over the calibration data that tune the LUT entries and scales end to end (0: none).",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -91,10 +91,6 @@ class PalettizeConfig(WeightConfig):
             or self.tune_epochs < 0
         ):
             raise ConfigError("tune_epochs must be 0 or more", "tune_epochs")
-        if self.tune_epochs and self.lut_dtype is not None:
-            raise ConfigError(
-                "tune_epochs tunes float LUT entries: leave lut_dtype unset", "tune_epochs", "lut_dtype"
-            )
 
     def check_algorithm(self, algorithm: Any) -> None:
         if self.tune_epochs and algorithm.data_free:
