@@ -50,6 +50,11 @@ def main() -> None:
     parser.add_argument(
         "--rotate", default=None, help="as `coreopt optimize --rotate` (hadamard, random, learned)"
     )
+    parser.add_argument("--tune-epochs", type=int, default=0, help="as `coreopt optimize --tune-epochs`")
+    parser.add_argument(
+        "--program", type=Path, default=Path("build/smollm2/smollm2.pt2"),
+        help="the program searched (default: the exported GGUF; e.g. one `coreopt transform` rotated)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("build/optimize"))
     parser.add_argument(
         "--aimodel",
@@ -67,8 +72,8 @@ def main() -> None:
     from coreai_opt.recipes import apply_recipe
 
     calibration, held = corpus(args.out)
-    ref = Path("build/smollm2/smollm2.pt2")
-    if not ref.exists():
+    ref = args.program
+    if not ref.exists() and ref == Path("build/smollm2/smollm2.pt2"):
         ref.parent.mkdir(parents=True, exist_ok=True)
         export_file(gguf_path(), ref, seq_len=128, force=True)
     results = []
@@ -77,7 +82,7 @@ def main() -> None:
         target = args.out / f"smollm2.mixed{bits:g}{'.' + args.rotate if args.rotate else ''}.pt2"
         chosen = {"candidates": args.candidates} if args.candidates else {}
         found = optimize(ref, Goal(target_bits=bits), calibration, held, output=target, force=True, threshold=0, **chosen,
-                         calibration_tokens=args.calibration_tokens, eval_tokens=args.tokens, trial_tokens=args.trial_tokens, uniform=args.uniform if index == 0 else 0, rotate=args.rotate,
+                         calibration_tokens=args.calibration_tokens, eval_tokens=args.tokens, trial_tokens=args.trial_tokens, uniform=args.uniform if index == 0 else 0, rotate=args.rotate, tune_epochs=args.tune_epochs,
                          say=lambda line: print(f"  {line}", flush=True))  # fmt: skip
         report = found.report
         recipe_path = found.recipe.save(args.out / f"mixed{bits:g}.recipe.yaml")

@@ -156,6 +156,12 @@ GRIDS = {
     "lut4 grouped, int8 LUT, channel scales": PalettizeConfig(
         n_bits=4, granularity="grouped", group_size=16, lut_dtype="int8", enable_per_channel_scale=True
     ),
+    "lut4 vectors of 2 grouped (GPTVQ)": PalettizeConfig(
+        n_bits=4, cluster_dim=2, granularity="grouped", group_size=16
+    ),
+    "lut6 vectors of 4 per tensor, channel scales": PalettizeConfig(
+        n_bits=6, cluster_dim=4, enable_per_channel_scale=True
+    ),
 }
 
 

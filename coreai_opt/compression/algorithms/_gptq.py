@@ -8,7 +8,8 @@ nearest would choose - symmetric integers' scales shrunk tile by tile where that
 importance-weighted error (`grids.weighted_grid`) - fixed from the weight before any column moves (so a
 block keeps its scale whatever order columns go in; tcast rounds each column onto them, the same
 cast as the final one); for `palettize`, the look-up tables of importance-weighted k-means (diag H), each
-element snapped to the nearest entry of its channel's table. Columns go in order of decreasing
+element snapped to the nearest entry of its channel's table (vector tables, GPTVQ: each run of
+`cluster_dim` channels of a column snapped to its table's nearest vector). Columns go in order of decreasing
 H_ii (act order), updated lazily in blocks of `_BLOCK`, in float64 on the weight's device (on a
 CUDA device a block's columns in one Triton kernel, `_gptq_kernel`), a piece of rows at a time;
 H is damped by 1% of its mean diagonal and inputs that never fire are zeroed. A weight the data gives
@@ -218,22 +219,57 @@ def _float_rounding(
 
 
 def _lut_rows(encoding: Encoding, site: WeightSite) -> torch.Tensor:
-    """Each output channel's look-up table as the device decodes it: [channels, entries]."""
+    """Each output channel's look-up table as the device decodes it: [channels, entries] - for
+    vector tables, each entry's component that lands on the channel."""
     form = encoding.form
     assert isinstance(form, Palettized)
     axis, rank = form.axis, len(site.shape)
     other = 1 if axis == 0 else 0
-    entries = form.lut.values.shape[-2]
+    entries, dim = form.lut.values.shape[-2], form.lut.values.shape[-1]
     shape = [1] * rank
-    shape[axis], shape[other] = site.shape[axis], entries
+    shape[axis], shape[other] = site.shape[axis] // dim, entries
     probe = torch.arange(entries, dtype=torch.uint8).reshape(
         [entries if a == other else 1 for a in range(rank)]
     )
     indices = Stored(probe.expand(shape).contiguous().numpy(), form.indices.element)
     dense = decode(replace(encoding, form=replace(form, indices=indices)))
     return (
-        dense.movedim(axis, 0).movedim(other if other > axis else other + 1, -1).reshape(shape[axis], entries)
+        dense.movedim(axis, 0)
+        .movedim(other if other > axis else other + 1, -1)
+        .reshape(site.shape[axis], entries)
     )
+
+
+def _vector_tables(rows: torch.Tensor, dim: int) -> torch.Tensor:
+    """[channels, entries] tables (`_lut_rows`) as each vector's: [channels / dim, entries, dim]."""
+    channels, entries = rows.shape
+    return rows.reshape(channels // dim, dim, entries).transpose(1, 2).contiguous()
+
+
+def nearest_vectors(values: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+    """The index of the entry of each vector's table [vectors, entries, dim] nearest (squared
+    distance, ties: the lower index) each of its values [vectors, n, dim]: [vectors, n]."""
+    vectors, n, _ = values.shape
+    step = max(1, (1 << 22) // max(1, n * tables.shape[1] * tables.shape[2]))
+    return torch.cat([
+        (values[a : a + step].double()[:, :, None, :] - tables[a : a + step].double()[:, None, :, :])
+        .pow(2).sum(-1).argmin(-1)
+        for a in range(0, vectors, step)
+    ])  # fmt: skip
+
+
+def _vector_rounding(tables: torch.Tensor) -> Rounding:
+    """A column's rounding onto vector tables: each run of `dim` channels to its table's nearest
+    entry (one column's values share H's diagonal, so the plain squared distance is GPTQ's)."""
+    count, _, dim = tables.shape
+    rows = torch.arange(count, device=tables.device)
+
+    def round_column(column: torch.Tensor, j: int) -> torch.Tensor:
+        del j
+        index = nearest_vectors(column.reshape(count, 1, dim), tables)[:, 0]
+        return tables[rows, index].reshape(-1).to(column.dtype)
+
+    return round_column
 
 
 def palettize_gptq(
@@ -245,20 +281,28 @@ def palettize_gptq(
     gram = gram_of(statistics, view)
     if gram is None or isinstance(free, str) or len(site.shape) < 2:
         return free
-    if config.cluster_dim != 1:
-        return "gptq rounds onto scalar look-up tables (cluster_dim 1)"
     tables_of = weighted_palettize(w, site, config, input_importance(statistics, site))
     if isinstance(tables_of, str):
         return tables_of
-    device = gram.device
+    device, dim = gram.device, config.cluster_dim
     tables = _lut_rows(tables_of, site).to(device)  # [channels, entries]
-
     matrix = view.matrix(w.to(device))  # in the weight's dtype: widened a piece of rows at a time
-    held = solve(matrix, gram, ColumnGrid("lut", table=tables.double().contiguous()))  # [channels, columns]
-    index = nearest_entries(held, tables).to(torch.uint8)
+    if dim == 1:
+        held = solve(
+            matrix, gram, ColumnGrid("lut", table=tables.double().contiguous())
+        )  # [channels, columns]
+        index = nearest_entries(held, tables).to(torch.uint8)
+    else:  # GPTVQ's rounding: a vector of `dim` channels at a time, its error pushed on as GPTQ's
+        vectors = _vector_tables(tables, dim)
+        held = solve(matrix, gram, _vector_rounding(vectors))
+        chunks = held.reshape(held.shape[0] // dim, dim, -1).transpose(1, 2)  # [vectors, columns, dim]
+        index = nearest_vectors(chunks, vectors).to(torch.uint8)
     del held
     form = tables_of.form
     assert isinstance(form, Palettized)
-    indices = Stored(view.weight(index).contiguous().cpu().numpy(), form.indices.element)
+    shape = list(view.shape)
+    shape[view.output_axis] //= dim
+    coded = MatrixView(tuple(shape), view.output_axis, view.input_axis).weight(index)
+    indices = Stored(coded.contiguous().cpu().numpy(), form.indices.element)
     encoding = replace(tables_of, form=replace(form, indices=indices))
     return with_output_error(config.method, encoding, free, view, matrix, gram)
