@@ -9,7 +9,8 @@ Each bin enters the k-means as one point at the exact mean of its values, weight
 so the clustering is optimal among all partitions that keep every bin whole - for 16-bit
 weights, optimal outright. Scalar clustering is the exact 1-D dynamic programme of `_kmeans_1d`;
 vector clustering (`cluster_dim` > 1, vectors of consecutive output channels) has no exact
-polynomial algorithm and uses Lloyd's iterations from seeded k-means++ starts.
+polynomial algorithm and uses Lloyd's iterations from seeded k-means++ starts, on a seeded sample
+of at most 32,768 of a table's vectors (every vector is then assigned its nearest entry).
 
 LUT entries stay in the weight's dtype or are quantized by tcast (int8 symmetric, uint8 with a zero
 point, FP8) with one float32 scale per LUT; a per-channel scale and the LUT's scale fold into one
@@ -230,9 +231,11 @@ def _vector_clusters(
     centroids = np.zeros((groups, entries, dim))
     index = torch.zeros(groups, m, dtype=torch.int64)
     for g in range(groups):
-        points = vectors[g].double()
-        pull = torch.ones_like(points) if weights is None else weights[g].double()
-        chosen = [int(torch.randint(m, (1,), generator=generator))]
+        every = vectors[g].double()
+        every_pull = torch.ones_like(every) if weights is None else weights[g].double()
+        sample = _vector_sample(m, generator)
+        points, pull = (every, every_pull) if sample is None else (every[sample], every_pull[sample])
+        chosen = [int(torch.randint(len(points), (1,), generator=generator))]
         nearest = ((points - points[chosen[0]]) ** 2).sum(1)
         for _ in range(1, min(entries, m)):
             total = float(nearest.sum())
@@ -250,20 +253,33 @@ def _vector_clusters(
             if torch.equal(moved, centers):
                 break
             centers = moved
-        labels = _nearest(points, pull, centers, weights is not None)
+        labels = _nearest(every, every_pull, centers, weights is not None)
         centroids[g, : len(centers)] = centers.numpy()
         centroids[g, len(centers) :] = centers[-1].numpy()
         index[g] = labels
     return centroids, index
 
 
+_VECTOR_SAMPLE = 1 << 15  # vectors a table's Lloyd iterations learn from, at most (all are assigned)
+
+
+def _vector_sample(count: int, generator: torch.Generator) -> torch.Tensor | None:
+    """A seeded sample of `_VECTOR_SAMPLE` of `count` vectors, in order; None to take them all
+    (a head's millions of vectors x 256 entries x 50 iterations would take hours on a CPU)."""
+    if count <= _VECTOR_SAMPLE:
+        return None
+    return torch.randperm(count, generator=generator)[:_VECTOR_SAMPLE].sort().values
+
+
 def _nearest(points: torch.Tensor, pull: torch.Tensor, centers: torch.Tensor, weighted: bool) -> torch.Tensor:
-    """Each point's centre: Euclidean, or under its coordinates' weights (in pieces of points)."""
-    if not weighted:
-        return torch.cdist(points, centers).argmin(1)
-    step = max(1, (1 << 22) // max(1, centers.numel()))
+    """Each point's centre: Euclidean, or under its coordinates' weights - the distance less its
+    part that is the same for every centre, sum(w q^2) - 2 sum(w p q), as two matrix products (in
+    float64, in pieces of points)."""
+    del weighted  # unweighted points come with weights of one
+    step = max(1, (1 << 22) // max(1, centers.shape[0]))
+    squares = centers.pow(2).T
     return torch.cat([
-        ((points[a:a + step, None, :] - centers[None]) ** 2 * pull[a:a + step, None, :]).sum(-1).argmin(1)
+        (pull[a : a + step] @ squares - 2 * (pull[a : a + step] * points[a : a + step]) @ centers.T).argmin(1)
         for a in range(0, len(points), step)
     ])  # fmt: skip
 
