@@ -476,3 +476,20 @@ def test_optimize_tunes_the_plans_tables_together_and_apply_reproduces_it(llama,
     again = llama["root"] / "tune" / "again.pt2"
     apply_recipe(tuned.recipe, llama["ref"], again, force=True)
     assert filecmp.cmp(tuned.program, again, shallow=False)
+
+
+def test_vector_tables_are_choices_whose_bits_the_writer_stores(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """lut6-v2 / lut8-v4: one table of 2- / 4-long vectors a weight (GPTQ onto it), stored as such
+    (on a tiny model the tables weigh a lot: 3 and 2 bits a weight plus a 0.5 / 4 KB table)."""
+    monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache"))
+    from coreai_opt.io import load_pt2
+    from coreai_opt.optimization import optimize
+
+    found = optimize(llama["ref"], Goal(target_bits=8), llama["calib"], llama["held"], threshold=0,
+                     candidates="lut6-v2,lut8-v4", calibration_tokens=256, trial_tokens=0, uniform=0,
+                     output=llama["root"] / "vq" / "plan.pt2", force=True)  # fmt: skip
+    picks = {w["choice"] for w in found.report.weights}
+    assert picks <= {"lut6-v2", "lut8-v4", "keep"} and found.report.bits <= 8
+    state = load_pt2(found.program).state_dict
+    shapes = {tuple(v.shape[-2:]) for k, v in state.items() if k.endswith(".lut")}
+    assert shapes == {(64, 2) if p == "lut6-v2" else (256, 4) for p in picks - {"keep"}} != set()

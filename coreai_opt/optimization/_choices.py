@@ -15,6 +15,10 @@ to keep the weight as stored), with the method it uses when calibration data is 
                     6 (for 16-bit weights about half the table bytes); on most of SmolLM2's weights
                     as good as float tables, on a few much worse: the solver tells them apart
                     (docs/benchmarks.md)
+    lut8-v2, lut6-v2, lut8-v4, lut4-v2   one table of 2- or 4-long vectors along the output
+                    channels for the whole weight, each channel under its own scale: 4, 3, 2 and
+                    2 bits a weight (GPTQ onto the weighted vector tables with data: GPTVQ);
+                    optional
     sparse50   half the values zeroed, the rest int8 (SparseGPT with data); optional
 
 `parse_choices("default,sparse50")`; a custom choice is `NAME=KIND:key=value,...` (a config as
@@ -71,6 +75,7 @@ def builtin_choices() -> dict[str, Choice]:
         Choice("uint4-b32", QuantizeConfig(dtype="uint4", granularity="block", block_size=32), "gptq"),
         *(_grouped_lut(f"lut{n}", n) for n in (8, 6, 4, 3, 2)),
         Choice("lut4-tensor", PalettizeConfig(n_bits=4, granularity="tensor", num_kmeans_workers=0), "gptq"),
+        *(_vector_lut(f"lut{n}-v{d}", n, d) for n, d in ((8, 2), (6, 2), (8, 4), (4, 2))),
         *(_grouped_lut(f"lut{n}-q8", n, lut_dtype="int8") for n in (6, 4)),
         Choice("sparse50", SparsifyConfig(target_sparsity=0.5, quantize_dtype="int8"), "sparsegpt"),
         Choice("sparse24", SparsifyConfig(n_m_ratio=(2, 4), quantize_dtype="int8"), "sparsegpt"),
@@ -84,6 +89,15 @@ def _grouped_lut(name: str, n_bits: int, **table: Any) -> Choice:
         n_bits=n_bits, granularity="grouped", group_size=16, num_kmeans_workers=0, **table
     )
     return Choice(name, config, "sensitive" if n_bits > 4 else "gptq")
+
+
+def _vector_lut(name: str, n_bits: int, dim: int) -> Choice:
+    """One table of `dim`-long vectors for the whole weight, its channels under their own scales
+    (n_bits / dim bits a weight): GPTQ onto the weighted vector tables (GPTVQ)."""
+    config = PalettizeConfig(
+        n_bits=n_bits, cluster_dim=dim, enable_per_channel_scale=True, num_kmeans_workers=0
+    )
+    return Choice(name, config, "gptq")
 
 
 DEFAULT_CHOICES = ("keep", "int8", "int4-b32", "lut8", "lut6", "lut6-q8", "lut4", "lut4-q8", "lut3", "lut2")

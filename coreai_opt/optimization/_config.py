@@ -13,7 +13,8 @@ from coreai_opt.errors import ConfigError
 
 _CANDIDATES = (
     "What a weight may take, comma separated: default (keep,int8,int4-b32,lut8,lut6,lut6-q8,lut4,lut4-q8,lut3,lut2), "
-    "int4, uint4-b32, sparse50, sparse24, or NAME=KIND:key=value,... of your own."
+    "int4, uint4-b32, lut4-tensor, lut8-v2, lut6-v2, lut8-v4, lut4-v2 (vector tables), sparse50, sparse24, "
+    "or NAME=KIND:key=value,... of your own."
 )
 _TRIALS = (
     "Language models: each weight's two smallest choices are also measured alone on the first calibration "
