@@ -210,6 +210,7 @@ def test_the_seed_functions_take_an_exported_program_and_leave_it_alone() -> Non
     before = {k: v.clone() for k, v in program.state_dict.items()}
     compressed = quantize_weights(program, DType.INT4, granularity=G.PER_BLOCK)
     assert program.state_dict.keys() == before.keys()
+    assert all(program.state_dict[k] is v for k, v in objects.items())  # the tensors themselves, put back
     assert all(torch.equal(program.state_dict[k], v) for k, v in before.items())
     x = torch.randn(4, 64)
     assert torch.allclose(compressed.module()(x), program.module()(x), atol=0.1)
@@ -219,10 +220,12 @@ def test_the_seed_functions_take_an_exported_program_and_leave_it_alone() -> Non
 @pytest.mark.parametrize("name", ["int4-block", "lut3-grouped"])
 def test_converting_does_not_change_the_callers_program(name: str) -> None:
     program, _ = _compressed_pt2("mlp", CONFIGS[name])
+    objects = dict(program.state_dict)
     before = {k: v.clone() for k, v in program.state_dict.items()}
     shapes = {n.name: tuple(n.meta["val"].shape) for n in program.graph.nodes if n.op == "placeholder"}
     _quiet_convert(program)
     assert program.state_dict.keys() == before.keys()
+    assert all(program.state_dict[k] is v for k, v in objects.items())  # the tensors themselves, put back
     assert all(
         torch.equal(program.state_dict[k], v) and program.state_dict[k].dtype == v.dtype
         for k, v in before.items()

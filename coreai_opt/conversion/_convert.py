@@ -116,7 +116,7 @@ def _repeated_luts(program: ExportedProgram) -> Iterator[None]:
 
     state, constants = program.state_dict, program.constants
     placeholders = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs}
-    saved: list[tuple[Any, Any, dict[str, Any], str]] = []
+    saved: list[tuple[Any, Any, dict[str, Any], str, Any]] = []
     try:
         for node in program.graph.nodes:
             lut = node.args[1] if op_name(node) == LUT_TO_DENSE else None
@@ -125,16 +125,14 @@ def _repeated_luts(program: ExportedProgram) -> Iterator[None]:
             table = store.get(target)
             if table is None or table.dim() < 2 or table.shape[-2] != 8:
                 continue
-            saved.append((lut, lut.meta.get("val"), store, target))
-            store[target] = torch.cat([table, table], dim=-2)
             fake = lut.meta.get("val")
-            lut.meta["val"] = (
-                fake.fake_mode.from_tensor(store[target]) if hasattr(fake, "fake_mode") else store[target]
-            )
+            saved.append((lut, fake, store, target, table))
+            store[target] = wide = torch.cat([table, table], dim=-2)
+            lut.meta["val"] = fake.fake_mode.from_tensor(wide) if hasattr(fake, "fake_mode") else wide
         yield
     finally:
-        for lut, fake, store, target in reversed(saved):
-            store[target] = store[target][..., :8, :]
+        for lut, fake, store, target, table in reversed(saved):
+            store[target] = table
             lut.meta["val"] = fake
 
 
