@@ -455,7 +455,7 @@ def test_optimize_tunes_the_plans_tables_together_and_apply_reproduces_it(llama,
     from coreai_opt.optimization import optimize
     from coreai_opt.recipes import apply_recipe
 
-    common = {"threshold": 0, "candidates": "lut4,lut2", "calibration_tokens": 256, "trial_tokens": 0,
+    common = {"threshold": 0, "candidates": "lut4,lut2", "calibration_tokens": 128, "trial_tokens": 0,
               "uniform": 0, "force": True}  # fmt: skip
     plain = optimize(llama["ref"], Goal(target_bits=3), llama["calib"], llama["held"],
                      output=llama["root"] / "tune" / "plain.pt2", **common)  # fmt: skip
