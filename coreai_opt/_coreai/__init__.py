@@ -31,7 +31,7 @@ from ._ir import (
     tensor_shape,
     walk_ops,
 )
-from ._narrow import narrow_repeated_luts
+from ._narrow import NARROWED_ENTRIES, narrow_repeated_luts
 from ._native import first_error, native_stderr
 from ._rewrite import canonical_symbol_names, name_constants
 from ._runtime import RunResult, run_in
@@ -41,6 +41,7 @@ __all__ = [
     "BYTECODE_FILE",
     "BYTECODE_MAGIC",
     "DECOMPRESSION_OPS",
+    "NARROWED_ENTRIES",
     "AssetWorker",
     "GraphSignature",
     "ProgramWeight",

@@ -20,6 +20,7 @@ from ._ir import constant_array, element_bits, element_name, mlir_module, tensor
 from ._rewrite import resource_constant
 
 _WIDE, _NARROW = 4, 3  # index bits: the converter's, and the codes they carry
+NARROWED_ENTRIES = 2**_NARROW  # the tables a converter is handed repeated to 2**_WIDE entries
 
 
 def narrow_repeated_luts(program: Any) -> int:
@@ -62,7 +63,7 @@ def _narrowed(op: Any) -> tuple[Any, Any] | None:
     if width % 8 or element_name(lut_type) not in ELEMENTS:
         return None
     table = constant_array(lut_op).view(f"<u{width // 8}").reshape(lut_shape)
-    half = 2**_NARROW
+    half = NARROWED_ENTRIES
     if not np.array_equal(table[..., :half, :], table[..., half:, :]):
         return None
     shape = tensor_shape(index_type)

@@ -112,6 +112,7 @@ def _repeated_luts(program: ExportedProgram) -> Iterator[None]:
     converted program is narrowed back (`narrow_repeated_luts`). The program is restored after."""
     import torch
 
+    from coreai_opt._coreai import NARROWED_ENTRIES
     from coreai_opt._export import LUT_TO_DENSE, op_name
 
     state, constants = program.state_dict, program.constants
@@ -123,7 +124,7 @@ def _repeated_luts(program: ExportedProgram) -> Iterator[None]:
             target = placeholders.get(getattr(lut, "name", None))
             store = state if target in state else constants
             table = store.get(target)
-            if table is None or table.dim() < 2 or table.shape[-2] != 8:
+            if table is None or table.dim() < 2 or table.shape[-2] != NARROWED_ENTRIES:
                 continue
             fake = lut.meta.get("val")
             saved.append((lut, fake, store, target, table))

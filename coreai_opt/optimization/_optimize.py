@@ -207,7 +207,7 @@ def _picked(choices: str | tuple[Choice, ...] | None) -> tuple[Choice, ...]:
     """The candidates: parsed from text, or as given (at least one besides keep)."""
     picked = parse_choices(choices) if choices is None or isinstance(choices, str) else tuple(choices)
     if len(picked) < 2:
-        raise ConfigError("no candidate besides keep is left", "candidates")
+        raise ConfigError("give at least one candidate besides keep", "candidates")
     return picked
 
 

@@ -246,14 +246,14 @@ def _vector_clusters(
             nearest = torch.minimum(nearest, ((points - points[pick]) ** 2).sum(1))
         centers = points[chosen].clone()
         for _ in range(50):
-            labels = _nearest(points, pull, centers, weights is not None)
+            labels = _nearest(points, pull, centers)
             sums = torch.zeros_like(centers).index_add_(0, labels, points * pull)
             counts = torch.zeros_like(centers).index_add_(0, labels, pull)
             moved = torch.where(counts > 0, sums / counts.clamp(min=1e-300), centers)
             if torch.equal(moved, centers):
                 break
             centers = moved
-        labels = _nearest(every, every_pull, centers, weights is not None)
+        labels = _nearest(every, every_pull, centers)
         centroids[g, : len(centers)] = centers.numpy()
         centroids[g, len(centers) :] = centers[-1].numpy()
         index[g] = labels
@@ -271,11 +271,10 @@ def _vector_sample(count: int, generator: torch.Generator) -> torch.Tensor | Non
     return torch.randperm(count, generator=generator)[:_VECTOR_SAMPLE].sort().values
 
 
-def _nearest(points: torch.Tensor, pull: torch.Tensor, centers: torch.Tensor, weighted: bool) -> torch.Tensor:
-    """Each point's centre: Euclidean, or under its coordinates' weights - the distance less its
-    part that is the same for every centre, sum(w q^2) - 2 sum(w p q), as two matrix products (in
-    float64, in pieces of points)."""
-    del weighted  # unweighted points come with weights of one
+def _nearest(points: torch.Tensor, pull: torch.Tensor, centers: torch.Tensor) -> torch.Tensor:
+    """Each point's centre under its coordinates' weights (all one: Euclidean) - the distance less
+    its part that is the same for every centre, sum(w q^2) - 2 sum(w p q), as two matrix products
+    (in float64, in pieces of points)."""
     step = max(1, (1 << 22) // max(1, centers.shape[0]))
     squares = centers.pow(2).T
     return torch.cat([

@@ -106,7 +106,8 @@ class _Tuned:
         if decode is not None:
             scale = torch_values(decode.scale)
             if _float_scale(decode):
-                scale = _Parameter.of(scale.float(), scale.float().abs())
+                scale = scale.float()
+                scale = _Parameter.of(scale, scale.abs())
             if decode.offset is not None and np.any(decode.offset.values):
                 offset = torch_values(decode.offset)
         return cls(site, encoding, torch_values(form.indices), entries, scale, offset)
