@@ -299,7 +299,9 @@ def test_statistics_planted_in_a_folder_that_fails_the_rule_are_never_read(
     ]
 
 
-@pytest.mark.parametrize("damage", ["header", "short", "rows deep", "rows list"])
+@pytest.mark.parametrize(
+    "damage", ["header", "short", "rows deep", "rows list", "same stranger", "same circle"]
+)
 def test_a_damaged_statistics_entry_is_a_miss(
     damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -314,6 +316,11 @@ def test_a_damaged_statistics_entry_is_a_miss(
         stored.write_bytes(stored.read_bytes()[:-8])
     elif damage == "rows deep":
         rows.write_text("[" * 100_000 + "]" * 100_000)
+    elif damage.startswith("same"):  # a weight said to share statistics another does not hold
+        index = json.loads(rows.read_text())
+        a, b = MLP_WEIGHTS[:2]
+        index["same"] = {a: "nothing.weight"} if damage == "same stranger" else {a: b, b: a}
+        rows.write_text(json.dumps(index))
     else:
         rows.write_text("[8, 8, 8]")
     assert _equal(_gram(samples), first)

@@ -671,3 +671,29 @@ def test_a_pass_that_is_not_final_keeps_the_replacements_and_the_weights_as_give
         calibration.replace(name, torch.zeros_like(program.state_dict[name]), keep_original=False)
     assert calibration.released == set(MLP_WEIGHTS) and not calibration.spent
     assert calibration.statistics(MLP_WEIGHTS, Needs.INPUT_MOMENTS)["fc1.weight"].rows == 8
+
+
+def test_readers_of_one_input_share_one_gram_computed_and_cached_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layer's q, k and v projections (and gate and up) read the same rows: one pass takes their
+    Gram matrix once and hands them the same tensor; the cache stores it once and loads it shared;
+    every other weight keeps its own."""
+    import _architectures as arch
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    program = arch.export(arch.MATRIX[0])  # llama-fp32
+    samples = Samples(Source.RANDOM, count=2, seed=4)
+    names = [k for k, v in program.state_dict.items() if k.endswith("proj.weight") and v.dim() == 2]
+    for found in (calibrate(program, samples).statistics(names, Needs.INPUT_GRAM),  # computed, then loaded
+                  calibrate(program, samples).statistics(names, Needs.INPUT_GRAM)):  # fmt: skip
+        by_tensor: dict[int, list[str]] = {}
+        for name in names:
+            by_tensor.setdefault(id(found[name].gram), []).append(name.split(".")[-2])
+        assert sorted(map(sorted, by_tensor.values())) == sorted(
+            [["k_proj", "q_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]]
+            * (len(names) // 7)
+        )
+    (stored,) = (tmp_path / "cache").glob("*.safetensors")
+    assert len([key for key in load_file(str(stored)) if key.endswith("/gram")]) == 4 * len(names) // 7

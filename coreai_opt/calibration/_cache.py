@@ -5,8 +5,9 @@
 An entry's key (`statistics_key`) names everything the statistics depend on: what they are (a
 version raised when that changes), the program as it is now (`program_fingerprint`: its code and
 every state tensor's bytes, so a replaced weight makes a new key), the samples, the seed and the
-weights asked for. Moments and Gram matrices are one safetensors file and a JSON of rows
-(`load_statistics`, `store_statistics`); a Fisher pass's squared gradients are a folder of raw
+weights asked for. Moments and Gram matrices are one safetensors file and a JSON of rows and of
+the weights that share another's statistics (stored once, shared again when loaded:
+`load_statistics`, `store_statistics`); a Fisher pass's squared gradients are a folder of raw
 float32 files that stream in and out as the pass hands them over (`FisherStore`). A cache that is
 damaged, refused or cannot be written only costs time: the statistics are taken afresh.
 """
@@ -35,9 +36,11 @@ if TYPE_CHECKING:
 CACHE_ENV = "COREOPT_CACHE"
 _WITHOUT = "statistics are taken afresh and not stored"  # what a refused cache folder costs
 _SQUARES_FILE = re.compile(r"\d{5,}\.f32")  # a Fisher pass's file a weight: what `_squares_file` makes
+_FIELDS = ("moments", "gram", "gradient_squares")  # a Statistics' tensors, in its order
 _JSON_LIMIT = 64 << 20  # a cache's JSON entry (rows, a Fisher index): a few hundred bytes a weight
-# Raised when what statistics a name gets changes (3: an embedding's twin head, `_readers.twins_of`).
-_STATISTICS_VERSION = "3"
+# Raised when what statistics a name gets changes (3: an embedding's twin head, `_readers.twins_of`;
+# 4: weights that share statistics store them once, the JSON names which).
+_STATISTICS_VERSION = "4"
 
 
 def cache_folder() -> Path:
@@ -90,20 +93,18 @@ def load_statistics(key: str, names: Sequence[str], device: torch.device) -> dic
         return None
     try:
         tensors = load_file(str(folder / f"{key}.safetensors"))  # each tensor's bytes fit its shape
-        rows = read_json_object(folder / f"{key}.json", limit=_JSON_LIMIT)
-        if rows is None:
+        index = read_json_object(folder / f"{key}.json", limit=_JSON_LIMIT)
+        if index is None:
             return None
+        rows, same = index["rows"], index["same"]
         here = {key: value.to(device) for key, value in tensors.items()}
-        return {
-            name: Statistics(
-                int(rows[name]),
-                here.get(f"{name}/moments"),
-                here.get(f"{name}/gram"),
-                here.get(f"{name}/gradient_squares"),
-            )
+        stored = {
+            name: Statistics(int(rows[name]), *(here.get(f"{name}/{field}") for field in _FIELDS))
             for name in names
+            if name not in same
         }
-    except (OSError, ValueError, KeyError, TypeError, SafetensorError):
+        return {name: stored[same.get(name, name)] for name in names}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError):
         return None  # a damaged cache entry is recomputed
 
 
@@ -113,9 +114,13 @@ def store_statistics(key: str, found: dict[str, Statistics]) -> None:
 
     from coreai_opt.io import ModelFileError, write_atomically
 
-    tensors = {}
+    tensors, first, same = {}, {}, {}
     for name, statistics in found.items():
-        for field in ("moments", "gram", "gradient_squares"):
+        if id(statistics) in first:
+            same[name] = first[id(statistics)]
+            continue
+        first[id(statistics)] = name
+        for field in _FIELDS:
             value = getattr(statistics, field)
             if value is not None:
                 tensors[f"{name}/{field}"] = value.contiguous().cpu()
@@ -124,7 +129,7 @@ def store_statistics(key: str, found: dict[str, Statistics]) -> None:
         if folder is None:
             return
         write_atomically(folder / f"{key}.safetensors", lambda tmp: save_file(tensors, str(tmp)))
-        text = json.dumps({name: s.rows for name, s in found.items()})
+        text = json.dumps({"rows": {name: s.rows for name, s in found.items()}, "same": same})
         write_atomically(folder / f"{key}.json", lambda tmp: tmp.write_text(text))
     except (OSError, ModelFileError):
         pass  # a cache that cannot be written only costs time

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt.weights import Needs, Statistics
 
 from ._readers import Reader, first_readers
-from ._sums import Sums
+from ._sums import Sums, rows_key
 
 if TYPE_CHECKING:
     import torch
@@ -35,12 +35,17 @@ def one_pass(
     by_node: dict[Node, list[Reader]] = {}
     for reader in chosen.values():
         by_node.setdefault(reader.node, []).append(reader)
-    sums = {name: Sums() for name in names}
+    shared: dict[object, Sums] = {}  # readers of the same rows add them once, to one sums
+    sums = {
+        name: shared.setdefault(rows_key(chosen[name]), Sums()) if name in chosen else Sums()
+        for name in names
+    }
     recorder = _Recording(gm, by_node, sums, needs)
     with torch.no_grad():
         for sample in inputs:
             recorder.run(*sample)
-    return {name: sums[name].mean() for name in names}
+    means = {id(one): one.mean() for one in {id(one): one for one in sums.values()}.values()}
+    return {name: means[id(sums[name])] for name in names}
 
 
 class _Recording:
@@ -56,13 +61,17 @@ class _Recording:
         class Interp(Interpreter):
             def run_node(self, n: Node) -> Any:
                 for reader in outer.by_node.get(n, ()):
-                    if reader.activation is not None:
+                    sums = outer.sums[reader.name]
+                    if reader.activation is not None and id(sums) not in outer.added:
                         args, _ = self.fetch_args_kwargs_from_env(n)
-                        outer.sums[reader.name].add(args[reader.activation], reader, outer.needs)
+                        sums.add(args[reader.activation], reader, outer.needs)
+                        outer.added.add(id(sums))
                 return super().run_node(n)
 
         self.interpreter = Interp(gm)
         self.by_node, self.sums, self.needs = by_node, sums, needs
+        self.added: set[int] = set()  # the sums this sample has added to
 
     def run(self, *inputs: Any) -> Any:
+        self.added.clear()
         return self.interpreter.run(*inputs)

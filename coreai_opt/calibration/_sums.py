@@ -4,7 +4,9 @@ An activation becomes rows of input channels (a convolution's channels moved las
 matrix of a convolution of one group, its unfolded patches), whose squares - and for the Gram
 matrix, products - are summed in float64 across samples, then divided by the number of rows.
 Both captures (`_one_pass`, `_layer_by_layer`) add to the same sums, so the same activations give
-the same statistics bit for bit whichever of them took them.
+the same statistics bit for bit whichever of them took them. Readers whose rows are the same (a
+layer's query, key and value projections) share one sums (`rows_key`), so one Gram matrix serves
+them all.
 """
 
 from __future__ import annotations
@@ -44,6 +46,36 @@ def _patches(activation: torch.Tensor, node: Node) -> torch.Tensor:
     return unfolded.transpose(1, 2).reshape(-1, unfolded.shape[1])
 
 
+_ROW_VIEWS = ("view", "reshape", "_unsafe_view")
+
+
+def rows_key(reader: Reader) -> object:
+    """What identifies the rows `reader` adds: its activation's source, looked through the views
+    that keep the last axis (every reshape to [rows, channels] of them is the same), for a reader
+    that takes rows of channels last; the reader itself for a convolution."""
+    from torch.fx import Node
+
+    value = reader.node.args[reader.activation] if reader.activation is not None else None
+    if reader.consumer is Consumer.CONV or not isinstance(value, Node):
+        return reader.node
+    while value.op == "call_function" and getattr(value.target, "__name__", "").split(".")[0] in _ROW_VIEWS:
+        source = value.args[0]
+        if (
+            not isinstance(source, Node)
+            or _last_axis(source) is None
+            or _last_axis(source) != _last_axis(value)
+        ):
+            break
+        value = source
+    return value
+
+
+def _last_axis(node: Node) -> int | None:
+    value = node.meta.get("val")
+    shape = getattr(value, "shape", None)
+    return int(shape[-1]) if shape else None
+
+
 class Sums:
     """Running sums of one weight's statistics."""
 
@@ -64,15 +96,17 @@ class Sums:
             rows = _rows(activation.float(), reader)
         self.rows += rows.shape[0]
         squares = (rows.double() ** 2).sum(0)
-        self.moments = squares if self.moments is None else self.moments + squares
+        self.moments = squares if self.moments is None else self.moments.add_(squares)
         if needs is Needs.INPUT_GRAM:
             gram = (rows.T @ rows).double()  # float32 products, float64 sums across batches
-            self.gram = gram if self.gram is None else self.gram + gram
+            self.gram = gram if self.gram is None else self.gram.add_(gram)
 
     def mean(self) -> Statistics:
+        """The sums divided by their rows, in place (a Gram matrix is not copied; the sums are
+        spent)."""
         rows = max(self.rows, 1)
         return Statistics(
             self.rows,
-            moments=None if self.moments is None else self.moments / rows,
-            gram=None if self.gram is None else self.gram / rows,
+            moments=None if self.moments is None else self.moments.div_(rows),
+            gram=None if self.gram is None else self.gram.div_(rows),
         )

@@ -352,6 +352,7 @@ def _budget(step: Budget, program: Any, run: _Run, index: int) -> StepOutcome:
 
 
 def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutcome:
+    from coreai_opt._memory import trim_heap
     from coreai_opt.transforms import TransformError, transform_
 
     if type(program).__name__ != "ExportedProgram":
@@ -367,9 +368,12 @@ def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutc
             )
         calibration = _calibrated(program, run)
     try:
-        return program, transform_(program, step.config, calibration), None
+        report = transform_(program, step.config, calibration)
     except TransformError as why:
         raise TransformError(f"{run.source}: {why}") from None
+    del calibration  # it holds the weights as they were: they go back before the save
+    trim_heap()
+    return program, report, None
 
 
 _RUNNERS: dict[type, Callable[[Any, Any, _Run, int], StepOutcome]] = {

@@ -38,7 +38,7 @@ def seeded_inputs(program: ExportedProgram, count: int) -> list[list[torch.Tenso
 
 
 def outputs(program: ExportedProgram, inputs: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
-    """The program's float outputs on each input set, as float64."""
+    """The program's float outputs on each input set (in their own dtype: `compare` sums in float64)."""
     import torch
     import torch.utils._pytree as pytree
 
@@ -48,19 +48,25 @@ def outputs(program: ExportedProgram, inputs: list[list[torch.Tensor]]) -> list[
     with torch.no_grad():
         runs = [pytree.tree_leaves(module(*sample)) for sample in inputs]
     return [
-        [t.detach().double() for t in run if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        for run in runs
+        [t.detach() for t in run if isinstance(t, torch.Tensor) and t.is_floating_point()] for run in runs
     ]
 
 
 def compare(before: list[list[torch.Tensor]], after: list[list[torch.Tensor]]) -> Equivalence:
+    """The worst relative RMS and largest absolute difference, with one temporary an output (a
+    difference of two close floats is exact in their dtype; the sums are taken in float64)."""
+    import torch
+
     worst, largest = 0.0, 0.0
     for was, now in zip(before, after, strict=True):
         for a, b in zip(was, now, strict=True):
             if a.shape != b.shape:
                 return Equivalence(math.inf, math.inf, len(before))
-            scale = math.sqrt(float((a * a).mean())) or 1.0
-            difference = (a - b).nan_to_num(nan=math.inf)
-            worst = max(worst, math.sqrt(float((difference * difference).mean())) / scale)
-            largest = max(largest, float(difference.abs().max()) if difference.numel() else 0.0)
+            count = math.sqrt(max(a.numel(), 1))
+            scale = float(torch.linalg.vector_norm(a, dtype=torch.float64)) / count or 1.0
+            difference = (a - b).nan_to_num_(nan=math.inf)
+            worst = max(
+                worst, float(torch.linalg.vector_norm(difference, dtype=torch.float64)) / count / scale
+            )
+            largest = max(largest, float(difference.abs_().max()) if difference.numel() else 0.0)
     return Equivalence(worst, largest, len(before))

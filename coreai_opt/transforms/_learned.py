@@ -16,6 +16,7 @@ ran (`--device`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     import torch
 
     from ._stream import Stream
+
+
+_PART = 1 << 22  # elements of a weight whose loss one product takes (16 MB in float32)
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,9 @@ def learned_rotation(
     for _ in range(config.steps):
         if not order:
             order = torch.randperm(len(groups), generator=generator).tolist()
-        terms = groups[order.pop()]
-        loss = sum(_loss(term, _cayley(q0, skew), config.bits) for term in terms)
         optimizer.zero_grad()
-        loss.backward()  # type: ignore[union-attr]
+        for part in _parts(groups[order.pop()]):  # gradients add up part by part
+            _loss(part, _cayley(q0, skew), config.bits).backward()
         optimizer.step()
     with torch.no_grad():
         q = _cayley(q0, skew)
@@ -67,25 +70,27 @@ def learned_rotation(
 
 def _terms(state: dict[str, Any], stream: Stream, calibration: Any, device: Any) -> list[list[_Term]]:
     """The stream's weights with a Gram matrix (every linear layer; not an embedding lookup),
-    grouped by layer (their names up to the last two parts), on `device`."""
+    grouped by layer (their names up to the last two parts), on `device`. A weight already in
+    float32 there is used as it is. The Gram matrices come layer by layer and each is kept in
+    float32 only, once for the readers of one input (equal to the one before it: q, k, v)."""
     import torch
 
-    roles = {(name, axis): reader for name, axis, reader in stream.roles}
-    names = sorted({name for name, _ in roles})
-    statistics = calibration.statistics(names, Needs.INPUT_GRAM)
-    grams: dict[int, torch.Tensor] = {}  # one float32 copy of a Gram its readers share
+    axes = {name: (axis, reader) for name, axis, reader in stream.roles}
     groups: dict[str, list[_Term]] = {}
-    for (name, axis), reader in sorted(roles.items()):
-        found = statistics.get(name)
-        weight = state[name].detach().to(device, torch.float64)
-        if found is None or found.gram is None or weight.dim() != 2:
+    last: torch.Tensor | None = None
+    for name, found in calibration.sequential(sorted(axes), Needs.INPUT_GRAM):
+        weight = state[name].detach()
+        if found.gram is None or weight.dim() != 2:
             continue
-        rows = weight if (axis == weight.dim() - 1) == reader else weight.T  # [out, in]
-        key = found.gram.data_ptr()
-        gram = grams.setdefault(key, found.gram.to(device, torch.float32))
-        energy = float(((rows.float() @ gram) * rows.float()).sum())
+        gram = found.gram.to(device, torch.float32)
+        last = last if last is not None and last.shape == gram.shape and torch.equal(last, gram) else gram
+        axis, reader = axes[name]
+        rows = (weight if (axis == weight.dim() - 1) == reader else weight.T).to(
+            device, torch.float32
+        )  # [out, in]
+        energy = float(((rows @ last) * rows).sum())
         if energy > 0:
-            groups.setdefault(name.rsplit(".", 2)[0], []).append(_Term(rows.float(), reader, gram, energy))
+            groups.setdefault(name.rsplit(".", 2)[0], []).append(_Term(rows, reader, last, energy))
     return [groups[key] for key in sorted(groups)] if groups else [[]]
 
 
@@ -95,6 +100,16 @@ def _cayley(q0: torch.Tensor, skew: torch.Tensor) -> torch.Tensor:
     a = (skew - skew.T) / 2
     eye = torch.eye(a.shape[0], dtype=a.dtype, device=a.device)
     return q0 @ torch.linalg.solve(eye - a, eye + a)
+
+
+def _parts(terms: list[_Term]) -> Iterator[_Term]:
+    """Each term, a reader's output rows cut into parts of at most `_PART` elements (its rows
+    round and count apart: the parts' losses add up to the whole's), so a tied head's products
+    are taken a slice at a time."""
+    for term in terms:
+        rows = max(1, _PART // term.weight.shape[1]) if term.reader else term.weight.shape[0]
+        for start in range(0, term.weight.shape[0], rows):
+            yield _Term(term.weight[start : start + rows], term.reader, term.gram, term.energy)
 
 
 def _loss(term: _Term, q: torch.Tensor, bits: int) -> torch.Tensor:
@@ -113,5 +128,7 @@ def _mean_loss(groups: list[list[_Term]], q: torch.Tensor, bits: int) -> float:
     import torch
 
     with torch.no_grad():
-        losses = [float(_loss(term, q, bits)) for terms in groups for term in terms]
+        losses = [
+            sum(float(_loss(part, q, bits)) for part in _parts([term])) for terms in groups for term in terms
+        ]
     return sum(losses) / max(len(losses), 1)
