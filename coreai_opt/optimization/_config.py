@@ -22,10 +22,12 @@ _TRIALS = (
     "estimates corrected by them (0: estimates only)."
 )
 _ROTATE = (
-    "Rotate the residual stream first (hadamard, random, learned - on --calibration): the search "
-    "runs on the rotated program and the recipe starts with that transform."
+    "Rotate the residual stream first (hadamard, random, learned - on --calibration; auto: learned "
+    "where the program's residual stream can be rotated, else none): the search runs on the rotated "
+    "program and the recipe starts with that transform."
 )
 CONFIG_VERSION = 1
+AUTO_TUNE_EPOCHS = 2  # tuning passes when none are given and the plan's tables learn from data
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +36,9 @@ class OptimizeConfig:
     evaluation data is read, the threshold below which weights stay, the measured trials, the
     confirmation rounds and uniform settings compared, where it runs, the output's format,
     whether the program is rotated first (`rotate`), whether the plan's tables are tuned end to
-    end (`tune_epochs`) and whether it stops at the plan (`dry_run`)."""
+    end (`tune_epochs`) and whether it stops at the plan (`dry_run`). The defaults are the path
+    that measured best below 4 bits (docs/benchmarks.md): a learned rotation where the program
+    has a residual stream, and two tuning passes."""
 
     candidates: str = option("default", "--candidates", _CANDIDATES)
     to: str = option(
@@ -55,10 +59,13 @@ class OptimizeConfig:
         1, "--uniform", "Uniform settings nearest in size also made and evaluated, for comparison.", minimum=0
     )
     device: str | None = option(None, "--device", "Where calibration and the solves run (cpu, cuda).")
-    rotate: str | None = option(None, "--rotate", _ROTATE, choices=("hadamard", "random", "learned"))
-    tune_epochs: int = option(
-        0, "--tune-epochs", "Passes over the calibration data that tune the plan's look-up tables "
-        "(entries and scales) together end to end, in every round (0: none).", minimum=0,
+    rotate: str | None = option(
+        "auto", "--rotate", _ROTATE, choices=("auto", "learned", "hadamard", "random", "none")
+    )  # None: none
+    tune_epochs: int | None = option(
+        None, "--tune-epochs", "Passes over the calibration data that tune the plan's look-up tables "
+        f"(entries and scales) together end to end, in every round (0: none; default: {AUTO_TUNE_EPOCHS} "
+        "where the plan's tables learn from data, else none).", minimum=0,
     )  # fmt: skip
     dry_run: bool = option(
         False, "--dry-run", "Stop at the plan (size budgets): nothing written or evaluated."
@@ -72,7 +79,11 @@ class OptimizeConfig:
             )
         from ._choices import parse_choices
 
-        parse_choices(self.candidates)  # refused now, naming the candidate, not after the model is read
+        picked = parse_choices(
+            self.candidates
+        )  # refused now, naming the candidate, not after the model is read
+        if self.tune_epochs:
+            _check_tunable(picked)
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": CONFIG_VERSION} | dataclasses.asdict(self)
@@ -80,3 +91,16 @@ class OptimizeConfig:
     @classmethod
     def from_dict(cls, data: Any) -> OptimizeConfig:
         return cls(**plain_fields(cls, data, CONFIG_VERSION))
+
+
+def _check_tunable(picked: Any) -> None:
+    """`tune_epochs` given: every table choice must learn from data (its tables are tuned on it)."""
+    from coreai_opt.compression import algorithm_for
+
+    for choice in picked:
+        config = choice.config_for(True, 0)
+        if config is not None and config.KIND == "palettize" and algorithm_for(config).data_free:
+            raise ConfigError(
+                f"tune_epochs tunes tables on calibration data: candidate {choice.name} does not learn "
+                "from data (give its method: sensitive, importance or gptq)", "tune_epochs",
+            )  # fmt: skip

@@ -65,15 +65,17 @@ def optimize(
     given here replacing the config's (`threshold=0`); `choices`, Choice records instead of
     the config's `candidates` text."""
     config = dataclasses.replace(config or OptimizeConfig(), **options)
-    if config.rotate is not None:
-        return _rotated(
-            program, budget, calibration, evaluation, config, output, choices, force, progress, say
-        )
-    start = time.perf_counter()
     path, sidecars = _source(program)
     note = say or (lambda _: None)
     picked = _picked(choices if choices is not None else config.candidates)
     _check_goal(budget, evaluation, config.dry_run)
+    if config.rotate == "auto":
+        config = dataclasses.replace(config, rotate=_auto_rotation(path, note))
+    if config.rotate not in (None, "none"):
+        return _rotated(
+            program, budget, calibration, evaluation, config, output, choices, force, progress, say
+        )
+    start = time.perf_counter()
     out = None if config.dry_run else _output(path, output, config.to == "aimodel", force)
     loaded = _checked(path)  # checked, and its first run done, before anything is said or computed
     samples = _samples(
@@ -131,6 +133,18 @@ def _rotated(
     found.report.program = path
     recipe = Recipe((step, *found.recipe.steps), found.recipe.calibration or spec)
     return Optimized(found.program, recipe, found.report)
+
+
+def _auto_rotation(path: Path, note: Say) -> str:
+    """`--rotate auto`: learned where the program's residual stream can be rotated, else none
+    (said with the reason)."""
+    from coreai_opt.io import load_pt2
+    from coreai_opt.transforms import rotation_problem
+
+    problem = rotation_problem(load_pt2(path))
+    if problem is not None:
+        note(f"no rotation: {problem}")
+    return "none" if problem is not None else "learned"
 
 
 def _source(program: Path | str) -> tuple[Path, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 from coreai_opt.errors import ConfigError
 
 from ._choices import Choice
+from ._config import AUTO_TUNE_EPOCHS
 from ._costs import CostTable
 from ._solve import Plan
 
@@ -41,12 +42,23 @@ def _literal(name: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
+def _epochs(asked: int | None, config: Any) -> int:
+    """The palettize step's tuning passes: as asked, or (None) `AUTO_TUNE_EPOCHS` where its
+    method learns from data and none where it does not."""
+    from coreai_opt.compression import algorithm_for
+
+    if asked is not None:
+        return asked
+    return 0 if algorithm_for(config).data_free else AUTO_TUNE_EPOCHS
+
+
 @dataclass
 class Steps:
     """Plans as recipe steps: one compress step per config kind (palettize, quantize, sparsify),
     its base the kind's most used choice, a per-weight override for every weight it takes (the
     fields where its choice differs) and `*: skip` for the rest; the palettize step tunes all its
-    tables together end to end when `tune_epochs` is set."""
+    tables together end to end when `tune_epochs` is set (None: `AUTO_TUNE_EPOCHS` where its method
+    learns from data)."""
 
     choices: tuple[Choice, ...]
     table: CostTable
@@ -55,7 +67,7 @@ class Steps:
     samples: int | None
     device: str | None
     threshold: int
-    tune_epochs: int = 0  # passes that tune the palettize step's tables end to end
+    tune_epochs: int | None = 0  # passes that tune the palettize step's tables end to end (None: auto)
 
     def of(self, plan: Plan, *, to_aimodel: bool) -> tuple[Any, ...]:
         from coreai_opt.compression import Override
@@ -85,8 +97,8 @@ class Steps:
                 overrides.append(Override.of(_literal(name), **changes))
             overrides.append(Override.of("*", skip=True))
             config = dataclasses.replace(base, overrides=tuple(overrides))
-            if kind == "palettize" and self.tune_epochs:
-                config = dataclasses.replace(config, tune_epochs=self.tune_epochs)
+            if kind == "palettize" and _epochs(self.tune_epochs, config):
+                config = dataclasses.replace(config, tune_epochs=_epochs(self.tune_epochs, config))
             found.append(Compress(config=config))
         if to_aimodel:
             found.extend(self.convert())

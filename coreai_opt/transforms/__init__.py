@@ -55,6 +55,7 @@ __all__ = [
     "largest_hadamard_factor",
     "register_transform",
     "rotation_matrix",
+    "rotation_problem",
     "transform_",
     "transform_for",
     "transform_from_dict",
@@ -74,6 +75,18 @@ class TransformReport:
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "changes": list(self.changes),
                 "equivalence": self.equivalence.to_dict() if self.equivalence else None}  # fmt: skip
+
+
+def rotation_problem(program: Any) -> str | None:
+    """Why `program`'s residual stream cannot be rotated (one line), or None where it can: what
+    `RotateConfig` meets, known from the graph alone, before any weight is read or run."""
+    from ._stream import NotAStream, trace_stream
+
+    try:
+        trace_stream(program)
+    except NotAStream as why:
+        return str(why)
+    return None
 
 
 def transform_(program: Any, config: TransformConfig, calibration: Any = None) -> TransformReport:
