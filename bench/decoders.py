@@ -126,20 +126,28 @@ def program(size: str, fp32: bool = False, sequence: int = SEQUENCE) -> Path:
     path = CACHE / f"decoder_{size}{tail}.pt2"
     if path.is_file():
         return path
-    import coreai_torch
-
     from coreai_opt.io import save_pt2
 
     model = _decoder(size, torch.float32 if fp32 else torch.float16)
     with torch.no_grad():
         exported = torch.export.export(model, (torch.zeros(1, sequence, dtype=torch.long),))
-        exported = exported.run_decompositions(coreai_torch.get_decomp_table())
+        exported = exported.run_decompositions(_decompositions())
     CACHE.mkdir(parents=True, exist_ok=True)
     del model
     saved = save_pt2(exported, path)
     del exported
     gc.collect()
     return saved
+
+
+def _decompositions() -> dict | None:
+    """coreai-torch's decomposition table, or torch's own (None) on a machine without it (a GPU
+    image: the programs a rotation or a compression reads need none of coreai's ops)."""
+    try:
+        import coreai_torch
+    except ImportError:
+        return None
+    return coreai_torch.get_decomp_table()
 
 
 def asset(size: str) -> Path:

@@ -556,7 +556,7 @@ class _Masked(torch.nn.Module):
 def test_tensor_factories_follow_the_calibration_device() -> None:
     """torch.export records the CPU as the mask's device; a graph moved to another device must
     build it there too (the meta device stands in for a GPU: mixing it with the CPU fails)."""
-    from coreai_opt.calibration._device import place_factories
+    from coreai_opt._export._runnable import place_factories
 
     program = torch.export.export(_Masked(), (torch.randn(1, 4, 8),))
     unplaced = program.module().to("meta")

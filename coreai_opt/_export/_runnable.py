@@ -11,17 +11,40 @@ from coreai_opt.io import file_run, first_run, zero_inputs
 from ._ops import fold_decompression
 
 if TYPE_CHECKING:
+    import torch
     from torch.export import ExportedProgram
     from torch.fx import GraphModule
 
 
-def runnable(program: ExportedProgram) -> GraphModule:
+def runnable(program: ExportedProgram, device: torch.device | str | None = None) -> GraphModule:
     """`program.module()` with its compressed weights decoded once (`fold_decompression`), after
-    the program's first run (`ready_to_run`)."""
+    the program's first run (`ready_to_run`); on `device` when given (its weights copied there,
+    the program's own left where they are)."""
     module = program.module()
     fold_decompression(module)
     ready_to_run(program, module)
+    if device is not None:
+        import torch
+
+        place_factories(module, torch.device(device))
+        module.to(device)
     return module
+
+
+def place_factories(gm: GraphModule, device: torch.device) -> None:
+    """Point the graph's tensor factories (a causal mask's `full`, `arange`, `_to_copy`) at
+    `device`: torch.export records the device they were traced on, and a graph moved to a GPU
+    would still build those tensors on the CPU."""
+    import torch
+
+    changed = False
+    for node in gm.graph.nodes:
+        placed = node.kwargs.get("device") if node.op == "call_function" else None
+        if placed is not None and torch.device(placed) != device:
+            node.kwargs = {**node.kwargs, "device": device}
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 def ready_to_run(program: ExportedProgram, module: GraphModule | None = None) -> None:

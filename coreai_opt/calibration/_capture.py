@@ -52,9 +52,7 @@ class ProgramCalibration:
         self.samples = samples
         self.state = dict(program.state_dict)  # as exported (tied tensors under both names)
         self.device = torch.device(device or "cpu")
-        self.gm = runnable(program)
-        _device.place_factories(self.gm, self.device)
-        self.gm.to(self.device)
+        self.gm = runnable(program, self.device)
         with torch.no_grad():
             self.inputs = [tuple(t.to(self.device) for t in inputs) for _, inputs in samples.inputs(program)]
         if not self.inputs:

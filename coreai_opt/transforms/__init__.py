@@ -25,6 +25,7 @@ from ._config import (
     RotateConfig,
     ScaleConfig,
     TransformConfig,
+    default_tolerance,
 )
 from ._equivalence import Equivalence, TransformError
 from ._orthogonal import hadamard_matrix, largest_hadamard_factor, rotation_matrix
@@ -51,6 +52,7 @@ __all__ = [
     "TransformConfig",
     "TransformError",
     "TransformReport",
+    "default_tolerance",
     "hadamard_matrix",
     "largest_hadamard_factor",
     "register_transform",
@@ -102,18 +104,20 @@ def transform_(program: Any, config: TransformConfig, calibration: Any = None) -
         raise TransformError(f"{config.KIND} learns from data: give it a calibration")
     arguments = (program, config, calibration) if config.learns() else (program, config)
     inputs = seeded_inputs(program, config.samples)
-    before = outputs(program, inputs)
+    device = getattr(calibration, "device", None)  # the check runs where the calibration does
+    before = outputs(program, inputs, device)
     snapshot = Snapshot(program)
     try:
         report = TransformReport(config.KIND, edit(*arguments))
-        report.equivalence = compare(before, outputs(program, inputs))
+        report.equivalence = compare(before, outputs(program, inputs, device))
     except BaseException:
         snapshot.restore()
         raise
-    if not report.equivalence.relative_rms <= config.tolerance:
+    tolerance = config.tolerance if config.tolerance is not None else default_tolerance(snapshot.state)
+    if not report.equivalence.relative_rms <= tolerance:
         snapshot.restore()
         raise TransformError(
             f"{config.KIND} would change the program's outputs by {report.equivalence.relative_rms:.3g} "
-            f"(relative RMS; tolerance {config.tolerance:g}): not applied"
+            f"(relative RMS; tolerance {tolerance:.3g}): not applied"
         )
     return report

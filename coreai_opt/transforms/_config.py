@@ -11,22 +11,34 @@ from coreai_opt.errors import ConfigError
 
 CONFIG_VERSION = 1  # of `to_dict`'s layout
 T = TypeVar("T", bound="TransformConfig")
+_ROUNDINGS = 10  # a default tolerance: this many machine epsilons of the weights' coarsest float dtype
+
+
+def default_tolerance(state: dict[str, Any]) -> float:
+    """`_ROUNDINGS` machine epsilons of the coarsest float dtype among the program's weights
+    (float32: 1.2e-5; float16: 9.8e-3; bfloat16: 7.8e-2): a transform stores every weight it
+    turns again in its own dtype, so a float16 program cannot come closer than its rounding."""
+    import torch
+
+    dtypes = {value.dtype for value in state.values() if value.is_floating_point()} or {torch.float32}
+    return _ROUNDINGS * max(torch.finfo(dtype).eps for dtype in dtypes)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformConfig:
     """What every transform shares: how closely the transformed program must reproduce the
     original's outputs - the RMS of the difference over the RMS of the outputs, on `samples`
-    seeded inputs - before anything is written (`tolerance`: a few fp32 roundings by default)."""
+    seeded inputs - before anything is written (`tolerance`; None: `default_tolerance` of the
+    program, what storing its weights again in their own dtype may cost)."""
 
     KIND: ClassVar[str]
     TAG: ClassVar[str]  # in default output names: model.<tag>.pt2
     NEEDS_DATA: ClassVar[bool] = False  # True: its edit takes a calibration (weights.Calibration)
-    tolerance: float = 1e-5
+    tolerance: float | None = None
     samples: int = 2
 
     def __post_init__(self) -> None:
-        if (
+        if self.tolerance is not None and (
             isinstance(self.tolerance, bool)
             or not isinstance(self.tolerance, (int, float))
             or not (0 < self.tolerance < 1)

@@ -37,18 +37,23 @@ def seeded_inputs(program: ExportedProgram, count: int) -> list[list[torch.Tenso
     return [drawn_inputs(program, seed)[0] for seed in range(count)]
 
 
-def outputs(program: ExportedProgram, inputs: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
-    """The program's float outputs on each input set (in their own dtype: `compare` sums in float64)."""
+def outputs(
+    program: ExportedProgram, inputs: list[list[torch.Tensor]], device: torch.device | None = None
+) -> list[list[torch.Tensor]]:
+    """The program's float outputs on each input set (in their own dtype: `compare` sums in
+    float64), run on `device` (a calibration's: a 1B program's check on a GPU, not the CPU)."""
     import torch
     import torch.utils._pytree as pytree
 
     from coreai_opt._export import runnable
 
-    module = runnable(program)
+    module, where = runnable(program, device), torch.device(device or "cpu")
     with torch.no_grad():
-        runs = [pytree.tree_leaves(module(*sample)) for sample in inputs]
+        runs = [pytree.tree_leaves(module(*(t.to(where) for t in sample))) for sample in inputs]
+    del module
     return [
-        [t.detach() for t in run if isinstance(t, torch.Tensor) and t.is_floating_point()] for run in runs
+        [t.detach().cpu() for t in run if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        for run in runs
     ]
 
 
