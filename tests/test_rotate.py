@@ -230,15 +230,17 @@ def test_what_the_rotation_cannot_pass_is_refused_and_the_program_left_as_it_was
     program = load_pt2(tied_llama)
     held, nodes = dict(program.state_dict), [n.name for n in program.graph.nodes]
     specs = list(program.graph_signature.input_specs)
+    inputs = _drawn(program, seed=0)
+    with torch.no_grad():
+        was = program.module()(*inputs)
     with pytest.raises(TransformError, match="would change the program's outputs"):
         transform_(program, RotateConfig(tolerance=1e-12))
     assert [n.name for n in program.graph.nodes] == nodes and program.graph_signature.input_specs == specs
     assert program.state_dict.keys() == held.keys() and all(
         program.state_dict[k] is v for k, v in held.items()
     )
-    inputs = _drawn(program, seed=0)
-    with torch.no_grad():
-        assert torch.isfinite(program.module()(*inputs)).all()
+    with torch.no_grad():  # the weights paged out of memory while it ran are read again from the file
+        assert torch.equal(program.module()(*inputs), was)
 
 
 def test_a_float16_program_is_held_to_its_own_rounding_and_a_float32_one_to_fp32s(llama: Path) -> None:

@@ -91,6 +91,17 @@ def rotation_problem(program: Any) -> str | None:
     return None
 
 
+def _page_out_replaced(before: dict[str, Any], after: dict[str, Any]) -> None:
+    """The weights a transform replaced, as read from the program's file, leave the resident set
+    (read again from the file only if the program is restored): a 1.1B program is not held twice."""
+    from coreai_opt._memory import page_out_mapped
+
+    kept = {id(value) for value in after.values()}
+    page_out_mapped(
+        [value.data_ptr() for value in before.values() if id(value) not in kept and not value.is_cuda]
+    )
+
+
 def transform_(program: Any, config: TransformConfig, calibration: Any = None) -> TransformReport:
     """Transform `program` (a `torch.export` program) in place as `config` says, checked against
     its own outputs on `config.samples` seeded inputs; `TransformError` (the program unchanged)
@@ -109,6 +120,7 @@ def transform_(program: Any, config: TransformConfig, calibration: Any = None) -
     snapshot = Snapshot(program)
     try:
         report = TransformReport(config.KIND, edit(*arguments))
+        _page_out_replaced(snapshot.state, program.state_dict)
         report.equivalence = compare(before, outputs(program, inputs, device))
     except BaseException:
         snapshot.restore()

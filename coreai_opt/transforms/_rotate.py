@@ -93,7 +93,11 @@ def _turn_heads(state: dict[str, Any], pairs: list[HeadPair], config: Any) -> li
 
 def turn_weights(state: dict[str, Any], stream: Stream, q: torch.Tensor) -> None:
     """Every stored tensor along each of its stream axes times Q (in float64, stored back in its
-    dtype); another name for the same storage (an exported tied embedding keeps two) turns with it."""
+    dtype); another name for the same storage (an exported tied embedding keeps two) turns with it.
+    Each tensor read from the program's file leaves the resident set once turned (`page_out_mapped`:
+    read again only if the transform is undone), so the weights are never all held twice."""
+    from coreai_opt._memory import page_out_mapped
+
     for name, axes in stream.axes.items():
         old = state[name]
         value = old.double()
@@ -102,6 +106,8 @@ def turn_weights(state: dict[str, Any], stream: Stream, q: torch.Tensor) -> None
         replace_tensor(state, name, value)
         for alias in [k for k, v in state.items() if k != name and _same_storage(v, old)]:
             state[alias] = state[name]
+        if not old.is_cuda:
+            page_out_mapped([old.data_ptr()])
 
 
 def _same_storage(a: Any, b: Any) -> bool:
