@@ -366,7 +366,7 @@ def test_a_cosine_bound_holds_on_samples_the_search_never_saw(coreopt, tmp_path:
     out, recipe = tmp_path / "cnn.mixed.aimodel", tmp_path / "cnn.recipe.json"
     result = coreopt("optimize", SAMPLES / "cnn.pt2", "--calibration", tmp_path / "calib.safetensors",
                      "--eval", tmp_path / "val.safetensors", "--min-cosine", "0.999", "--threshold", "0",
-                     "--candidates", "int8,int4,lut4,lut2", "--uniform", "0", "--to", "aimodel", "-o", out,
+                     "--candidates", "int8,int4,lut4,lut2", "--uniform", "0", "--tune-epochs", "0", "--to", "aimodel", "-o", out,
                      "--recipe", recipe, "--json")  # fmt: skip
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)
