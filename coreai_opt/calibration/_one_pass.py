@@ -35,17 +35,15 @@ def one_pass(
     by_node: dict[Node, list[Reader]] = {}
     for reader in chosen.values():
         by_node.setdefault(reader.node, []).append(reader)
-    shared: dict[object, Sums] = {}  # readers of the same rows add them once, to one sums
-    sums = {
-        name: shared.setdefault(rows_key(chosen[name]), Sums()) if name in chosen else Sums()
-        for name in names
-    }
+    keys = {name: rows_key(chosen[name]) if name in chosen else name for name in names}
+    shared = {key: Sums() for key in keys.values()}  # readers of the same rows add them once, to one sums
+    sums = {name: shared[keys[name]] for name in names}
     recorder = _Recording(gm, by_node, sums, needs)
     with torch.no_grad():
         for sample in inputs:
             recorder.run(*sample)
-    means = {id(one): one.mean() for one in {id(one): one for one in sums.values()}.values()}
-    return {name: means[id(sums[name])] for name in names}
+    means = {key: one.mean() for key, one in shared.items()}
+    return {name: means[keys[name]] for name in names}
 
 
 class _Recording:

@@ -60,11 +60,8 @@ def rows_key(reader: Reader) -> object:
         return reader.node
     while value.op == "call_function" and getattr(value.target, "__name__", "").split(".")[0] in _ROW_VIEWS:
         source = value.args[0]
-        if (
-            not isinstance(source, Node)
-            or _last_axis(source) is None
-            or _last_axis(source) != _last_axis(value)
-        ):
+        axis = _last_axis(source) if isinstance(source, Node) else None
+        if axis is None or axis != _last_axis(value):
             break
         value = source
     return value

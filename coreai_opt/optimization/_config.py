@@ -79,9 +79,7 @@ class OptimizeConfig:
             )
         from ._choices import parse_choices
 
-        picked = parse_choices(
-            self.candidates
-        )  # refused now, naming the candidate, not after the model is read
+        picked = parse_choices(self.candidates)  # refused now, not after the model is read
         if self.tune_epochs:
             _check_tunable(picked)
 

@@ -97,8 +97,9 @@ class Steps:
                 overrides.append(Override.of(_literal(name), **changes))
             overrides.append(Override.of("*", skip=True))
             config = dataclasses.replace(base, overrides=tuple(overrides))
-            if kind == "palettize" and _epochs(self.tune_epochs, config):
-                config = dataclasses.replace(config, tune_epochs=_epochs(self.tune_epochs, config))
+            epochs = _epochs(self.tune_epochs, config) if kind == "palettize" else 0
+            if epochs:
+                config = dataclasses.replace(config, tune_epochs=epochs)
             found.append(Compress(config=config))
         if to_aimodel:
             found.extend(self.convert())
