@@ -19,6 +19,7 @@ from .commands import (
     convert,
     evaluate,
     export,
+    generate,
     inspect,
     optimize,
     sensitivity,
@@ -54,6 +55,7 @@ for _command in (
     sensitivity,
     optimize,
     apply,
+    generate,
 ):
     _command.register(app)
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from .._common import force_option, human_bytes, json_option, print_json, quiet_option, shown, user_errors
+
+_CONTEXT = 512  # --kv-cache's positions unless --context says
 
 
 def register(app: typer.Typer) -> None:
@@ -20,6 +23,12 @@ def export(
     output: Path = typer.Option(..., "--output", "-o", help="The .pt2 to write."),
     seq_len: int = typer.Option(128, "--seq-len", min=2, help="Tokens per sequence the program takes."),
     batch: int = typer.Option(1, "--batch", min=1, help="Sequences per run."),
+    kv_cache: bool = typer.Option(
+        False, "--kv-cache", help="A stateful decoder for coreopt generate: its key/value cache as state."
+    ),
+    context: int | None = typer.Option(
+        None, "--context", min=2, help=f"Positions the --kv-cache holds (default {_CONTEXT})."
+    ),
     force: bool = force_option(),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
@@ -39,22 +48,49 @@ def export(
     Example: coreopt export model.Q8_0.gguf -o model.pt2 --json
 
     Example: coreopt export ./bert-base-uncased -o bert.pt2 --seq-len 128 --batch 4
+
+    With --kv-cache, a causal language model becomes a stateful decoder for `coreopt generate`:
+    input_ids [1, T] (T from 1 to --context: a prefill chunk or one token) and their first
+    position in, logits out, each layer's keys and values written into cache buffers
+    [1, kv-heads, context, head-dim] kept as the program's state.
+
+    Example: coreopt export ./SmolLM2-135M-Instruct -o smol.kv.pt2 --kv-cache --context 512
     """
     from coreai_opt.models import export_file
 
     from .._progress import spinner
-    from ..render import console, print_line
 
-    flags = {"seq_len": "--seq-len", "batch": "--batch"}
+    context = _context(kv_cache, context)
+    flags = {"seq_len": "--seq-len", "batch": "--batch", "context": "--context"}
     with user_errors(as_json, flags), spinner(not (quiet or as_json), f"exporting {shown(source.name)}"):
-        result = export_file(source, output, seq_len=seq_len, batch=batch, force=force)
+        result = export_file(source, output, seq_len=seq_len, batch=batch, context=context, force=force)
     if as_json:
         print_json(result.to_dict())
-        return
+    else:
+        _render(result, quiet)
+
+
+def _context(kv_cache: bool, context: int | None) -> int | None:
+    """The cache's positions (None: a window program); --context alone is a usage error."""
+    if context is not None and not kv_cache:
+        raise typer.BadParameter(
+            "--context sizes the --kv-cache; give --kv-cache too", param_hint="--context"
+        )
+    return (context or _CONTEXT) if kv_cache else None
+
+
+def _render(result: Any, quiet: bool) -> None:
+    from ..render import console, print_line
+
     info = result.info
+    shape = (
+        f"[{info.batch}, {info.seq_len}] tokens"
+        if info.context is None
+        else f"a cache of {info.context} tokens"
+    )
     line = (
         f"export {result.source} -> {result.output}: {info.model_type} {info.kind.value}, "
-        f"{result.parameters / 1e6:.1f}M parameters, [{info.batch}, {info.seq_len}] tokens, "
+        f"{result.parameters / 1e6:.1f}M parameters, {shape}, "
         f"{human_bytes(result.output_bytes)} in {result.seconds:.1f} s"
     )
     if quiet:

@@ -216,6 +216,21 @@ def _sympy_leaf_bits(node: ast.AST) -> float | None:
     return None
 
 
+def bare_symbol(text: Any) -> str | None:
+    """The name of the one shape symbol `text` is (`Symbol('s3', positive=True, integer=True)`), or
+    None when it is anything else."""
+    tree = _parse(text)
+    if isinstance(tree, str):
+        return None
+    call = tree.body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Symbol"):
+        return None
+    first = call.args[0] if call.args else None
+    if isinstance(first, ast.Constant) and isinstance(first.value, str) and _SYMBOL.match(first.value):
+        return first.value
+    return None
+
+
 def sympy_problem(text: str) -> str | None:
     """Why `text` is not a plain sympy shape expression, or None when it is one."""
     tree = _parse(text)

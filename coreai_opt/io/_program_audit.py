@@ -33,7 +33,7 @@ from functools import cache
 from typing import Any, NoReturn
 
 from ._allowlist import STRING_ARGUMENTS, is_symbolic, operator_problem
-from ._expressions import sympy_problem
+from ._expressions import bare_symbol, sympy_problem
 from ._signatures import arguments_problem
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -262,6 +262,8 @@ class _Audit:
         self.ranks: dict[str, int] = {}  # declared tensor name -> number of dimensions
         self.largest_dim = 1
         self.symbols: set[str] = set()
+        self.ranges: dict[str, int] = {}  # shape symbol -> the largest value the program declares for it
+        self.bounds: dict[str, int] = {}  # symbolic value that is one such symbol -> that largest value
 
     # ----- the whole document --------------------------------------------------------------------
 
@@ -278,6 +280,7 @@ class _Audit:
         if not isinstance(module, dict) or not isinstance(module.get("graph"), dict):
             _refuse("has no graph")
         graph = module["graph"]
+        self._ranges(self.document.get("range_constraints", {}))
         self._values(graph)
         self._graph(graph)
         self._signature(module.get("signature"))
@@ -316,8 +319,32 @@ class _Audit:
             for name, value in values.items():
                 self.symbols.add(_check_name(name, "symbolic value"))
                 _symbolic(value, f"symbolic value {name}", plain)
+                symbol = (
+                    bare_symbol(value.get("as_expr", {}).get("expr_str")) if key == "sym_int_values" else None
+                )
+                if symbol in self.ranges:
+                    self.bounds[name] = self.ranges[symbol]
         if graph.get("custom_obj_values"):
             _refuse("the graph holds custom (pickled) objects")
+
+    def _ranges(self, ranges: Any) -> None:
+        """The declared range of each shape symbol or derived dimension (`range_constraints`: min_val /
+        max_val, None for unbounded), a symbol's largest value kept where it is finite: what bounds a
+        count given by the symbol (`torch.export.Dim(max=...)`; the loaded program checks every input against it)."""
+        if not isinstance(ranges, dict):
+            _refuse("range_constraints is not a mapping")
+        for symbol, bounds in ranges.items():
+            if not isinstance(symbol, str) or sympy_problem(symbol) is not None:
+                _refuse(f"range_constraints names {_shown(symbol)}, which is not a shape expression")
+            if not isinstance(bounds, dict) or set(bounds) - {"min_val", "max_val"}:
+                _refuse(f"the range of {symbol} is not a min_val / max_val pair")
+            low, high = bounds.get("min_val"), bounds.get("max_val")
+            if any(v is not None and type(v) is not int for v in (low, high)):
+                _refuse(f"the range of {symbol} is not made of integers")
+            if low is not None and high is not None and low > high:
+                _refuse(f"the range of {symbol} is empty ({low} > {high})")
+            if high is not None and bare_symbol(f"Symbol({symbol!r})") == symbol:
+                self.ranges[symbol] = high  # a derived dimension's range (2*s0) bounds no count here
 
     def _declared_elements(self, sizes: Any, what: str) -> int | None:
         if not isinstance(sizes, list):
@@ -482,6 +509,7 @@ class _Audit:
             start, end, step = (
                 self._scalar(given.get(a), default) for a, default in zip(counted, (0, None, 1), strict=True)
             )
+            end = self._largest(given.get(counted[1])) if end is None else end
             if end is None or not step or not all(map(math.isfinite, (start, end, step))):
                 _refuse(f"{label} ({target}) asks for a count it does not bound")
             if (end - start) / step > self.budget:
@@ -521,6 +549,13 @@ class _Audit:
         if kind == "as_sym_int" and isinstance(number, dict) and type(number.get("as_int")) is int:
             return float(number["as_int"])
         return None
+
+    def _largest(self, value: tuple[str, Any] | None) -> float | None:
+        """The largest value a symbolic integer argument can take (a declared symbol's range), or None."""
+        if value is None or value[0] != "as_sym_int" or not isinstance(value[1], dict):
+            return None
+        bound = self.bounds.get(value[1].get("as_name"))  # type: ignore[arg-type]
+        return None if bound is None else float(bound)
 
     def _metadata(self, metadata: Any, label: str) -> None:
         if not isinstance(metadata, dict):

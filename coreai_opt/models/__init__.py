@@ -1,5 +1,6 @@
 """Models from where people keep them: a local Hugging Face folder or a GGUF file, exported to a
-`.pt2` for Core AI (`export_model`, `export_file`), with what the model is and its tokenizer kept
+`.pt2` for Core AI (`export_model`, `export_file`; a causal language model also as a stateful
+decoder with its key/value cache, taking `STATE_INPUTS`), with what the model is and its tokenizer kept
 beside the program (`model_info`, `model_tokenizer`) for the commands that follow."""
 
 from ._exporter import ExportedModel, export_model
@@ -18,9 +19,11 @@ from ._sidecar import (
     write_sidecars,
 )
 from ._source import ModelSource, open_source
+from ._stateful import INPUTS as STATE_INPUTS
 
 __all__ = [
     "FAMILIES",
+    "STATE_INPUTS",
     "ExportFileResult",
     "ExportedModel",
     "Family",

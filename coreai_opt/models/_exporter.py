@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 _POSITIONS = ("max_position_embeddings", "n_positions")
 _SHOWN_MISSING = 3  # weights named when some are missing
+_TRACED_TOKENS = 8  # a stateful decoder is traced on this many tokens (its token count is dynamic)
 
 
 @dataclass
@@ -48,28 +49,40 @@ class ExportedModel:
     seconds: float
 
 
-def export_model(source: Path | str, *, seq_len: int = 128, batch: int = 1, seed: int = 0) -> ExportedModel:
+def export_model(
+    source: Path | str, *, seq_len: int = 128, batch: int = 1, seed: int = 0, context: int | None = None
+) -> ExportedModel:
     """Export a local Hugging Face folder or GGUF file (see `open_source`) for Core AI.
 
     A causal language model takes `input_ids [batch, seq_len]` (int64) and returns logits
     `[batch, seq_len, vocab]`; an encoder takes `input_ids` and `attention_mask` and returns its
-    last hidden state (and its pooled output where it has a pooler). `ModelFileError` names the
-    source and the problem; `ConfigError` a bad length.
+    last hidden state (and its pooled output where it has a pooler). With `context`, a causal
+    language model is exported as a stateful decoder instead (`_stateful`: its key/value cache of
+    `context` positions as state; 1 to `context` tokens a call at a given position; batch 1).
+    `ModelFileError` names the source and the problem; `ConfigError` a bad length.
     """
-    for name, value, least in (("seq_len", seq_len, 2), ("batch", batch, 1)):
+    for name, value, least in (("seq_len", seq_len, 2), ("batch", batch, 1), ("context", context, 2)):
+        if value is None and name == "context":
+            continue
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ConfigError(f"{name} must be an integer of at least {least}, not {value!r}", name)
+    if context is not None and batch != 1:
+        raise ConfigError("a stateful decoder (context) takes one sequence: batch must be 1", "batch")
     start = time.perf_counter()
     src = open_source(source)
+    if context is not None and src.family.kind is not ModelKind.CAUSAL_LM:
+        raise ModelFileError(src.path, f"is a {src.family.kind.value}; only causal language models keep a "
+                             "key/value cache")  # fmt: skip
+    length = seq_len if context is None else context
     with given_folder(src) as given:  # the source's checked files only
         tokenizer = source_tokenizer(src, given)
         model = _load(src, given)
-    _check_positions(src, model.config, seq_len)
-    program = _export(src, model, seq_len, batch, seed)
+    _check_positions(src, model.config, length, "seq_len" if context is None else "context")
+    program = _export(src, model, length, batch, seed, stateful=context is not None)
     config = json.loads(json.dumps(model.config.to_dict(), default=str))
     info = ModelInfo(
-        src.family.kind, src.family.model_type, batch, seq_len,
-        getattr(model.config, "vocab_size", None), str(src.path), config,
+        src.family.kind, src.family.model_type, batch, length,
+        getattr(model.config, "vocab_size", None), str(src.path), config, context,
     )  # fmt: skip
     parameters = sum(p.numel() for p in model.parameters())
     return ExportedModel(program, info, tokenizer, parameters, time.perf_counter() - start)
@@ -123,13 +136,11 @@ def _transformers(src: ModelSource, call: Callable[[], Any]) -> Any:
         raise ModelFileError(src.path, f"transformers could not load it ({text})") from None
 
 
-def _check_positions(src: ModelSource, config: Any, seq_len: int) -> None:
+def _check_positions(src: ModelSource, config: Any, length: int, option: str) -> None:
     for name in _POSITIONS:
         limit = getattr(config, name, None)
-        if isinstance(limit, int) and seq_len > limit:
-            raise ConfigError(
-                f"seq_len {seq_len} exceeds the {limit} positions {src.path.name} has", "seq_len"
-            )
+        if isinstance(limit, int) and length > limit:
+            raise ConfigError(f"{option} {length} exceeds the {limit} positions {src.path.name} has", option)
 
 
 def _plain_outputs(model: Any, kind: ModelKind) -> None:
@@ -151,22 +162,30 @@ def _plain_outputs(model: Any, kind: ModelKind) -> None:
     model.__class__ = type(base.__name__, (base,), {"forward": forward})
 
 
-def _export(src: ModelSource, model: Any, seq_len: int, batch: int, seed: int) -> ExportedProgram:
+def _export(
+    src: ModelSource, model: Any, seq_len: int, batch: int, seed: int, *, stateful: bool = False
+) -> ExportedProgram:
     import torch
 
     from coreai_opt._export import coreai_decompositions
 
+    from ._stateful import stateful_program
+
     vocab = int(getattr(model.config, "vocab_size", 2) or 2)
-    ids = torch.randint(0, vocab, (batch, seq_len), generator=torch.Generator().manual_seed(seed))
+    length = min(seq_len, _TRACED_TOKENS) if stateful else seq_len
+    ids = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
     kwargs = {"input_ids": ids}
     if src.family.kind is ModelKind.ENCODER:
         kwargs["attention_mask"] = torch.ones_like(ids)
-    _plain_outputs(model, src.family.kind)
+    if not stateful:
+        _plain_outputs(model, src.family.kind)
     try:
         with torch.no_grad():
-            program = torch.export.export(model, tuple(kwargs.values()), strict=False)
+            if stateful:
+                program = stateful_program(model, seq_len, ids)
+            else:
+                program = torch.export.export(model, tuple(kwargs.values()), strict=False)
             return program.run_decompositions(coreai_decompositions())
     except Exception as exc:  # torch.export raises many types for code it cannot trace
-        raise ModelFileError(
-            src.path, f"does not export at batch {batch}, seq_len {seq_len} ({one_line(exc, 200)})"
-        ) from None
+        shape = f"a context of {seq_len}" if stateful else f"batch {batch}, seq_len {seq_len}"
+        raise ModelFileError(src.path, f"does not export at {shape} ({one_line(exc, 200)})") from None

@@ -49,12 +49,13 @@ class ModelInfo:
     vocab_size: int | None = None
     source: str = ""
     config: dict[str, Any] = field(default_factory=dict)
+    context: int | None = None  # a stateful decoder's cache positions (models._stateful); None: a window
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT, "version": VERSION, "kind": self.kind.value, "model_type": self.model_type,
             "batch": self.batch, "seq_len": self.seq_len, "vocab_size": self.vocab_size,
-            "source": self.source, "config": self.config,
+            "source": self.source, "config": self.config, "context": self.context,
         }  # fmt: skip
 
     @classmethod
@@ -70,9 +71,10 @@ class ModelInfo:
         try:
             kind = ModelKind(data["kind"])
             batch, seq_len, vocab = data["batch"], data["seq_len"], data.get("vocab_size")
-            ints = [batch, seq_len] + ([] if vocab is None else [vocab])
+            context = data.get("context")
+            ints = [batch, seq_len] + [v for v in (vocab, context) if v is not None]
             if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in ints):
-                raise ValueError("batch, seq_len and vocab_size must be positive integers")
+                raise ValueError("batch, seq_len, vocab_size and context must be positive integers")
             config = data.get("config", {})
             if not isinstance(config, dict) or not isinstance(data["model_type"], str):
                 raise ValueError("model_type must be a string and config an object")
@@ -81,7 +83,7 @@ class ModelInfo:
         except (KeyError, ValueError) as exc:
             raise ModelFileError(path, f"malformed model description ({one_line(exc, 120)})") from None
         check_depth(config, path, "its config")
-        return cls(kind, data["model_type"], batch, seq_len, vocab, data.get("source", ""), config)
+        return cls(kind, data["model_type"], batch, seq_len, vocab, data.get("source", ""), config, context)
 
 
 def _stem(program: Path) -> Path:

@@ -1,0 +1,21 @@
+"""Text from a stateful decoder (`coreopt export --kv-cache`): `StatefulDecoder` runs the program
+with its key/value cache as state, `generate` makes tokens from a prompt (greedy or sampled, as
+`GenerateConfig` says), timing the prefill and the decode steps."""
+
+from ._config import GenerateConfig
+from ._decoder import NotADecoder, StatefulDecoder, decoder_problem
+from ._files import OpenDecoder, TextStream, check_decoder_path, open_decoder
+from ._generate import Generation, generate
+
+__all__ = [
+    "GenerateConfig",
+    "Generation",
+    "NotADecoder",
+    "OpenDecoder",
+    "StatefulDecoder",
+    "TextStream",
+    "check_decoder_path",
+    "decoder_problem",
+    "generate",
+    "open_decoder",
+]

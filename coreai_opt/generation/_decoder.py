@@ -1,0 +1,78 @@
+"""A stateful decoder program (`models.export_model(context=...)`) ready to call token by token:
+its inputs and cache checked once, the cache zeroed for each new sequence."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+
+class NotADecoder(ValueError):
+    """The program is not a stateful decoder (what it is instead, and how to make one)."""
+
+
+def decoder_problem(program: ExportedProgram) -> str | None:
+    """Why `program` is not a stateful decoder - `input_ids [1, T]` and `position [1]` (int64) in,
+    logits out, key/value buffers of one context length updated - or None when it is one."""
+    import torch
+
+    from coreai_opt.models import STATE_INPUTS
+
+    signature = program.graph_signature
+    inputs = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    names = list(signature.user_inputs)
+    if tuple(names) != STATE_INPUTS:
+        return f"takes {', '.join(names) or 'nothing'}, not {', '.join(STATE_INPUTS)}"
+    if any(not isinstance(inputs[n], torch.Tensor) or inputs[n].dtype != torch.long for n in names):
+        return "its input_ids and position are not int64 tensors"
+    mutated = list(signature.buffers_to_mutate.values())
+    if not mutated or signature.user_inputs_to_mutate:
+        return "updates no key/value cache (export it with --kv-cache)"
+    lengths = {program.state_dict[name].shape[2] for name in mutated if program.state_dict[name].dim() == 4}
+    if len(lengths) != 1 or len(mutated) != sum(program.state_dict[n].dim() == 4 for n in mutated):
+        return "its state is not key/value buffers of one context length"
+    return None
+
+
+class StatefulDecoder:
+    """`program` made runnable (`_export.runnable`: a program read from a file runs first in a
+    worker); `__call__(ids, position)` runs ids at positions position.. and returns their logits,
+    the cache keeping every key and value written until `reset`."""
+
+    def __init__(self, program: ExportedProgram, device: Any = None) -> None:
+        from coreai_opt._export import runnable
+
+        problem = decoder_problem(program)
+        if problem:
+            raise NotADecoder(problem)
+        self.module = runnable(program, device)
+        names = list(program.graph_signature.buffers_to_mutate.values())
+        self.state = [self.module.get_buffer(name) for name in names]
+        self.context = int(self.state[0].shape[2])
+        self.device = self.state[0].device
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.state)
+
+    def reset(self) -> None:
+        """Zero the cache (a new sequence)."""
+        for tensor in self.state:
+            tensor.zero_()
+
+    def __call__(self, ids: Sequence[int], position: int) -> torch.Tensor:
+        """Logits `[len(ids), vocab]` of `ids` written at `position`, `position + 1`, ..."""
+        import torch
+
+        if not ids or position < 0 or position + len(ids) > self.context:
+            raise ValueError(
+                f"{len(ids)} tokens at position {position} do not fit a context of {self.context}"
+            )
+        tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        where = torch.tensor([position], dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            return self.module(tokens, where)[0]

@@ -1,0 +1,159 @@
+"""Stateful decoders (`export --kv-cache`) and `generate`: transformers' own greedy tokens, the
+decode path's logits equal to the window program's, sampling by seed, and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from coreai_opt.generation import GenerateConfig, StatefulDecoder, generate
+from coreai_opt.io import load_pt2
+
+CONTEXT = 24
+PROMPT = [5, 7, 9, 11]
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny LLaMA and GPT-2 (learned positions) exported with a cache of CONTEXT positions."""
+    from coreai_opt.models import export_file
+    from tests._hf import hf_folder
+
+    root = tmp_path_factory.mktemp("decoders")
+    return {
+        family: export_file(hf_folder(family, root), root / f"{family}.kv.pt2", context=CONTEXT).output
+        for family in ("llama", "gpt2")
+    }
+
+
+def _transformers_greedy(family: str, new: int) -> list[int]:
+    from tests._hf import tiny_model
+
+    with torch.no_grad():
+        out = tiny_model(family).generate(
+            torch.tensor([PROMPT]), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return out[0, len(PROMPT) :].tolist()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_greedy_tokens_are_transformers_own(decoders: dict[str, Path], family: str) -> None:
+    decoder = StatefulDecoder(load_pt2(decoders[family]))
+    made = generate(decoder, PROMPT, GenerateConfig(max_new_tokens=16, ignore_eos=True))
+    assert made.tokens == _transformers_greedy(family, 16)
+    assert made.stopped == "length" and made.prompt_tokens == PROMPT
+    again = generate(decoder, PROMPT, GenerateConfig(max_new_tokens=16, ignore_eos=True))
+    assert again.tokens == made.tokens  # the cache is reset for every sequence
+
+
+def test_the_decode_path_scores_as_the_window_program_does(decoders: dict[str, Path], tiny_llama) -> None:  # type: ignore[no-untyped-def]
+    """The same 16 tokens through the window program, one prefill call, and 16 decode calls."""
+    from coreai_opt._export import runnable
+
+    ids = list(range(3, 19))
+    with torch.no_grad():
+        window = runnable(load_pt2(tiny_llama["ref"]))(torch.tensor([ids]))[0]
+    decoder = StatefulDecoder(load_pt2(decoders["llama"]))
+    decoder.reset()
+    prefill = decoder(ids, 0)
+    decoder.reset()
+    steps = torch.cat([decoder([t], i) for i, t in enumerate(ids)])
+    torch.testing.assert_close(prefill, window, rtol=0, atol=2e-6)
+    torch.testing.assert_close(steps, window, rtol=0, atol=2e-6)
+    logp = window.log_softmax(-1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])
+    decoded = steps.log_softmax(-1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])
+    assert abs(float(decoded.mean() / logp.mean()) - 1) < 1e-6  # perplexity within 1e-6 relative
+
+
+def test_the_state_is_one_key_and_value_buffer_a_layer_of_kv_heads(decoders: dict[str, Path]) -> None:
+    program = load_pt2(decoders["llama"])
+    state = {n: program.state_dict[n] for n in program.graph_signature.buffers_to_mutate.values()}
+    assert sorted(state) == ["key_cache_0", "key_cache_1", "value_cache_0", "value_cache_1"]
+    assert {tuple(t.shape) for t in state.values()} == {(1, 2, CONTEXT, 8)}  # 2 kv-heads of 4 heads
+    assert StatefulDecoder(program).state_bytes == 4 * 2 * CONTEXT * 8 * 4
+
+
+def test_sampling_follows_its_seed_and_top_k_one_is_greedy(decoders: dict[str, Path]) -> None:
+    decoder = StatefulDecoder(load_pt2(decoders["llama"]))
+
+    def tokens(**options: object) -> list[int]:
+        return generate(decoder, PROMPT, GenerateConfig(max_new_tokens=12, ignore_eos=True, **options)).tokens  # type: ignore[arg-type]
+
+    sampled = tokens(temperature=1.5, seed=1)
+    assert sampled == tokens(temperature=1.5, seed=1)
+    assert sampled != tokens(temperature=1.5, seed=2)
+    assert tokens(temperature=1.5, top_k=1, seed=3) == tokens()
+    assert tokens(temperature=1.5, top_p=1e-6, seed=4) == tokens()
+
+
+def test_generation_stops_at_eos_and_at_a_full_cache(decoders: dict[str, Path]) -> None:
+    decoder = StatefulDecoder(load_pt2(decoders["llama"]))
+    greedy = generate(decoder, PROMPT, GenerateConfig(max_new_tokens=40, ignore_eos=True))
+    assert greedy.stopped == "context" and len(greedy.tokens) == CONTEXT - len(PROMPT) + 1
+    stop = greedy.tokens[3]
+    ended = generate(decoder, PROMPT, GenerateConfig(max_new_tokens=40), eos=[stop])
+    assert ended.stopped == "eos" and ended.tokens == greedy.tokens[: greedy.tokens.index(stop) + 1]
+
+
+def test_the_audit_bounds_a_count_by_the_declared_range(decoders: dict[str, Path]) -> None:
+    """`arange(T)` on the dynamic token count is bounded by its symbol's declared maximum."""
+    import _hostile as h
+
+    from coreai_opt.io._program_audit import program_problem
+
+    _, members = h._pt2_members(decoders["llama"])
+    document = json.loads(members[h.MODEL_JSON])
+    (symbol,) = document["range_constraints"]
+    assert document["range_constraints"][symbol]["max_val"] == CONTEXT
+    assert program_problem(document, [1 << 20]) is None
+    for bounds, said in (({"min_val": 1, "max_val": 1 << 40}, "asks for more than"),
+                         ({"min_val": 1, "max_val": None}, "does not bound"),
+                         ({"min_val": 9, "max_val": 2}, "is empty"),
+                         ({"min_val": 1, "max_val": "24"}, "not made of integers")):  # fmt: skip
+        document["range_constraints"][symbol] = bounds
+        assert said in program_problem(document, [1 << 20])  # type: ignore[operator]
+    document["range_constraints"] = {"__import__('os')": {"min_val": 1, "max_val": 2}}
+    assert "not a shape expression" in program_problem(document, [1 << 20])  # type: ignore[operator]
+
+
+def test_generate_on_the_command_line(decoders: dict[str, Path], coreopt) -> None:  # type: ignore[no-untyped-def]
+    model = decoders["llama"]
+    result = coreopt("generate", model, "--prompt", "the model reads", "--max-new-tokens", "6", "--ignore-eos",
+                     "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out) >= {"prompt_tokens", "tokens", "text", "prefill_tokens_per_s", "decode_tokens_per_s"}
+    decoder = StatefulDecoder(load_pt2(model))
+    assert out["tokens"] == generate(decoder, out["prompt_tokens"], GenerateConfig(max_new_tokens=6,
+                                                                                  ignore_eos=True)).tokens  # fmt: skip
+    assert len(out["tokens"]) == 6 and out["state_bytes"] == decoder.state_bytes
+    shown = coreopt("generate", model, "--prompt", "the model reads", "--max-new-tokens", "3")
+    assert shown.exit_code == 0 and shown.stdout.startswith("the model reads")
+    assert "tokens/s" in shown.stderr
+
+
+def test_generate_refuses_in_one_line(decoders: dict[str, Path], tiny_llama, tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    model = decoders["llama"]
+    (tmp_path / "m.aimodel").mkdir()
+    cases = [
+        (["generate", tiny_llama["ref"], "--prompt", "the"], 1, "is not a stateful decoder"),
+        (["generate", model], 2, "give --prompt or --prompt-file"),
+        (["generate", model, "--prompt", "a", "--prompt-file", tiny_llama["text"]], 2, "give --prompt or"),
+        (["generate", model, "--prompt", "the " * (CONTEXT + 1)], 1, "context holds 1 to 24"),
+        (["generate", model, "--prompt", "a", "--temperature", "-1"], 2, "--temperature"),
+        (["generate", tmp_path / "none.pt2", "--prompt", "a"], 1, "no such file"),
+        (["generate", tmp_path / "m.aimodel", "--prompt", "a"], 1, "an .aimodel cannot generate yet"),
+        (["export", tiny_llama["ref"], "-o", tmp_path / "x.pt2", "--context", "8"], 2, "give --kv-cache too"),
+    ]
+    for args, code, said in cases:
+        result = coreopt(*args)
+        assert result.exit_code == code, (args, result.stderr)
+        if code == 1:  # bad input: one line
+            assert result.stderr.count("\n") == 1 and said in result.stderr, (args, result.stderr)
+        else:  # a usage error: click's panel, the message wrapped inside it
+            assert said in " ".join(result.stderr.replace("│", " ").split()), (args, result.stderr)
