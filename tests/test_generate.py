@@ -157,3 +157,46 @@ def test_generate_refuses_in_one_line(decoders: dict[str, Path], tiny_llama, tmp
             assert result.stderr.count("\n") == 1 and said in result.stderr, (args, result.stderr)
         else:  # a usage error: click's panel, the message wrapped inside it
             assert said in " ".join(result.stderr.replace("│", " ").split()), (args, result.stderr)
+
+
+def test_eval_and_calibration_read_a_stateful_decoder_as_its_window_program(
+    decoders: dict[str, Path], tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """Windows of the context written from position 0: eval scores the decode path as the window
+    program (KL 0), and GPTQ calibrated on the same text makes the same codes."""
+    from coreai_opt.evaluation import evaluate_text
+    from coreai_opt.models import export_file
+    from tests._hf import TEXT, hf_folder
+
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    window = export_file(hf_folder("llama", tmp_path), tmp_path / "w.pt2", seq_len=CONTEXT).output
+    scored = evaluate_text(window, [decoders["llama"]], text=text)
+    (candidate,) = scored.candidates
+    assert candidate.perplexity == pytest.approx(scored.reference.perplexity, rel=1e-6)
+    assert candidate.kl_mean < 1e-9 and candidate.top1 == 1.0
+    outputs = {}
+    for name, program in (("w", window), ("kv", decoders["llama"])):
+        outputs[name] = tmp_path / f"{name}.gptq.pt2"
+        done = coreopt("quantize", program, "-o", outputs[name], "--dtype", "int4", "--method", "gptq",
+                       "--calibration", text, "-q")  # fmt: skip
+        assert done.exit_code == 0, done.stderr
+    window_state, stateful_state = (load_pt2(outputs[n]).state_dict for n in ("w", "kv"))
+    codes = [n for n in window_state if window_state[n].dtype in (torch.int8, torch.uint8)]
+    assert codes and all(torch.equal(window_state[n], stateful_state[n]) for n in codes)
+
+
+def test_a_cast_decoder_keeps_its_cache_in_the_activations_dtype(
+    decoders: dict[str, Path], tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    half = tmp_path / "half.pt2"
+    done = coreopt("cast", decoders["llama"], "-o", half, "-q")
+    assert done.exit_code == 0, done.stderr
+    program = load_pt2(half)
+    assert {program.state_dict[n].dtype for n in program.graph_signature.buffers_to_mutate.values()} == {
+        torch.float16
+    }
+    full, cast = StatefulDecoder(load_pt2(decoders["llama"])), StatefulDecoder(program)
+    assert cast.state_bytes * 2 == full.state_bytes
+    with torch.no_grad():
+        torch.testing.assert_close(cast(PROMPT, 0).float(), full(PROMPT, 0), rtol=0, atol=2e-2)

@@ -81,7 +81,9 @@ class Samples:
         if self.kind is Source.RANDOM:
             found = self._random(program, specs)
         elif self.kind is Source.TEXT:
-            found = self._text(specs)
+            from coreai_opt.models import decoder_context
+
+            found = self._text(specs, decoder_context(program))
         else:
             found = self._files(specs)
         limit = self.count if self.count is not None or self.kind is not Source.RANDOM else 32
@@ -110,8 +112,9 @@ class Samples:
                     raise ModelFileError(self.path, f"sample {label}: input {name} holds NaN or Inf")
             yield label, sample
 
-    def _text(self, specs: list[Any]) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
-        """Consecutive windows of the text's tokens, each the length of the program's token input."""
+    def _text(self, specs: list[Any], context: int | None) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+        """Consecutive windows of the text's tokens, each the length of the program's token input
+        (a stateful decoder's: its context, every window written from position 0)."""
         import torch
 
         assert self.path is not None
@@ -120,14 +123,14 @@ class Samples:
             raise ModelFileError(
                 self.path, "text calibrates a language model: the program takes no [batch, tokens] ids"
             )
-        batch, length = ids[0].shape
+        batch, length = ids[0].shape if context is None else (1, context)
         tokens = text_tokens(self.path, self.tokenizer)[: self.tokens]
         window = batch * length
         for start in range(0, len(tokens) - window + 1, window):
             chunk = torch.tensor(tokens[start : start + window], dtype=torch.int64).reshape(batch, length)
             sample = {ids[0].name: chunk}
-            for other in specs[1:]:  # an attention mask: everything attended
-                sample[other.name] = torch.ones(other.shape, dtype=torch.int64)
+            for other in specs[1:]:  # an attention mask: everything attended; a decoder's position: 0
+                sample[other.name] = (torch.zeros if context else torch.ones)(other.shape, dtype=torch.int64)
             yield f"tokens {start}..{start + window}", sample
 
     def digest(self) -> str:

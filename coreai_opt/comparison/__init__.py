@@ -15,10 +15,12 @@ from ._compare import (
 from ._inputs import parse_int_range
 from ._plot import check_plot_path, plot_sweep
 from ._sweep import SweepResult, SweepRow, compare_sweep
+from ._torch import ExportedSide
 
 __all__ = [
     "Agreement",
     "ComparisonResult",
+    "ExportedSide",
     "OutputComparison",
     "SampleSpread",
     "Side",

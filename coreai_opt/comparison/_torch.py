@@ -9,7 +9,7 @@ import numpy as np
 
 from coreai_opt._coreai import RunResult, TensorSpec
 from coreai_opt.inputs import InputRule, InputSpec, input_rules, user_input_nodes
-from coreai_opt.io import ModelFileError, load_pt2, running
+from coreai_opt.io import ModelFileError, declared_shape, load_pt2, running
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,9 @@ class ExportedSide:
         users = user_input_nodes(self.program)
         self.dtypes = [n.meta["val"].dtype for n in users]
         self.inputs = tuple(
-            TensorSpec(n.name, _numpy_dtype(d), tuple(int(x) for x in n.meta["val"].shape))
+            TensorSpec(
+                n.name, _numpy_dtype(d), tuple(declared_shape(n.meta["val"]))
+            )  # hints: int() would pin them
             for n, d in zip(users, self.dtypes, strict=True)
         )
 

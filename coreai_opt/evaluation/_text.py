@@ -133,7 +133,7 @@ def evaluate_text(
         model_format(path)
     ids, source, _ = token_stream(reference, text, tokens, tokenizer, max_tokens)
     with contextlib.ExitStack() as stack:
-        ref = _LanguageSide.open(reference, trust_pickle, stack)
+        ref = _LanguageSide.open(reference, trust_pickle, stack, None)
         windows = Windows(len(ids), ref.length, stride or ref.length)
         runs = len(windows.starts) * (1 + len(paths))
         counter = _Counter(progress, runs)
@@ -141,7 +141,7 @@ def evaluate_text(
     result = TextEvaluation(source, windows, ref_score)
     for path in paths:
         with contextlib.ExitStack() as stack:
-            side = _LanguageSide.open(path, trust_pickle, stack)
+            side = _LanguageSide.open(path, trust_pickle, stack, ref.length)
             if side.length != ref.length or side.batch != ref.batch:
                 raise ModelFileError(path, f"takes [{side.batch}, {side.length}] tokens; the reference takes "
                                      f"[{ref.batch}, {ref.length}]")  # fmt: skip
@@ -170,12 +170,24 @@ class _LanguageSide:
     length: int
     fixed: dict[str, np.ndarray]  # other inputs (an attention mask: all ones)
     seconds: float = 0.0  # spent running the program
+    decoder: Any = None  # a stateful decoder's (generation.StatefulDecoder): each window one prefill
 
     @classmethod
-    def open(cls, path: Path, trust_pickle: bool, stack: contextlib.ExitStack) -> _LanguageSide:
+    def open(
+        cls, path: Path, trust_pickle: bool, stack: contextlib.ExitStack, length: int | None
+    ) -> _LanguageSide:
+        """A program to score windows with; a stateful decoder takes windows of `length` tokens
+        (None: its context), written from position 0 - the decode path's perplexity."""
         from coreai_opt.comparison import open_side
 
         side = open_side(path, trust_pickle, stack)
+        decoder = _decoder(side)
+        if decoder is not None:
+            window = length or decoder.context
+            if window > decoder.context:
+                raise ModelFileError(path, f"holds {decoder.context} positions; the reference's windows are "
+                                     f"{window} tokens")  # fmt: skip
+            return cls(path, side, "input_ids", 1, window, {}, decoder=decoder)
         ints = [s for s in side.inputs if np.issubdtype(s.dtype, np.integer) and len(s.shape) == 2]
         if not ints:
             raise ModelFileError(path, "takes no [batch, tokens] integer ids: not a language model")
@@ -193,15 +205,39 @@ class _LanguageSide:
         for first, group, stacked in window_batches(ids, windows, self.batch):
             arrays = {self.ids_name: stacked.astype(dtype), **self.fixed}
             begun = time.perf_counter()
-            result = self.side.run(arrays)
+            out = self._run(arrays)
             self.seconds += time.perf_counter() - begun  # the model's time, not the metrics'
-            out = result.values[result.outputs[0].name]
+
             if out.ndim != 3 or out.shape[:2] != (self.batch, self.length):
                 raise ModelFileError(self.path, f"returns {list(out.shape)} first, not logits "
                                      f"[{self.batch}, {self.length}, vocab]")  # fmt: skip
             for k in range(len(group)):
                 counter.step(f"{self.path.name} window {first + k + 1}")
                 yield first + k, torch.from_numpy(np.asarray(out[k], dtype=np.float32))
+
+    def _run(self, arrays: dict[str, np.ndarray]) -> Any:
+        """The logits of one batch of windows: a stateful decoder's from one call at position 0."""
+        if self.decoder is not None:
+            from coreai_opt.io import running
+
+            with running(self.path):
+                return self.decoder(arrays[self.ids_name][0].tolist(), 0)[None].float().numpy()
+        result = self.side.run(arrays)
+        return result.values[result.outputs[0].name]
+
+
+def _decoder(side: Side) -> Any:
+    """The stateful decoder a `.pt2` side holds (its module reused), or None."""
+    from coreai_opt.comparison import ExportedSide
+
+    if not isinstance(side, ExportedSide):
+        return None
+    from coreai_opt.generation import StatefulDecoder
+    from coreai_opt.models import decoder_problem
+
+    if decoder_problem(side.program) is not None:
+        return None
+    return StatefulDecoder(side.program, module=side.module)
 
 
 def _targets(ids: np.ndarray, windows: Windows, index: int) -> tuple[int, torch.Tensor]:

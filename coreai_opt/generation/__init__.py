@@ -3,7 +3,7 @@ with its key/value cache as state, `generate` makes tokens from a prompt (greedy
 `GenerateConfig` says), timing the prefill and the decode steps."""
 
 from ._config import GenerateConfig
-from ._decoder import NotADecoder, StatefulDecoder, decoder_problem
+from ._decoder import NotADecoder, StatefulDecoder
 from ._files import OpenDecoder, TextStream, check_decoder_path, open_decoder
 from ._generate import Generation, generate
 
@@ -15,7 +15,6 @@ __all__ = [
     "StatefulDecoder",
     "TextStream",
     "check_decoder_path",
-    "decoder_problem",
     "generate",
     "open_decoder",
 ]

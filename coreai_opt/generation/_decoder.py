@@ -15,41 +15,19 @@ class NotADecoder(ValueError):
     """The program is not a stateful decoder (what it is instead, and how to make one)."""
 
 
-def decoder_problem(program: ExportedProgram) -> str | None:
-    """Why `program` is not a stateful decoder - `input_ids [1, T]` and `position [1]` (int64) in,
-    logits out, key/value buffers of one context length updated - or None when it is one."""
-    import torch
-
-    from coreai_opt.models import STATE_INPUTS
-
-    signature = program.graph_signature
-    inputs = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
-    names = list(signature.user_inputs)
-    if tuple(names) != STATE_INPUTS:
-        return f"takes {', '.join(names) or 'nothing'}, not {', '.join(STATE_INPUTS)}"
-    if any(not isinstance(inputs[n], torch.Tensor) or inputs[n].dtype != torch.long for n in names):
-        return "its input_ids and position are not int64 tensors"
-    mutated = list(signature.buffers_to_mutate.values())
-    if not mutated or signature.user_inputs_to_mutate:
-        return "updates no key/value cache (export it with --kv-cache)"
-    lengths = {program.state_dict[name].shape[2] for name in mutated if program.state_dict[name].dim() == 4}
-    if len(lengths) != 1 or len(mutated) != sum(program.state_dict[n].dim() == 4 for n in mutated):
-        return "its state is not key/value buffers of one context length"
-    return None
-
-
 class StatefulDecoder:
     """`program` made runnable (`_export.runnable`: a program read from a file runs first in a
-    worker); `__call__(ids, position)` runs ids at positions position.. and returns their logits,
+    worker; or its `module`, made so already); `__call__(ids, position)` runs ids at positions position.. and returns their logits,
     the cache keeping every key and value written until `reset`."""
 
-    def __init__(self, program: ExportedProgram, device: Any = None) -> None:
+    def __init__(self, program: ExportedProgram, device: Any = None, module: Any = None) -> None:
         from coreai_opt._export import runnable
+        from coreai_opt.models import decoder_problem
 
         problem = decoder_problem(program)
         if problem:
             raise NotADecoder(problem)
-        self.module = runnable(program, device)
+        self.module = module if module is not None else runnable(program, device)  # one made already
         names = list(program.graph_signature.buffers_to_mutate.values())
         self.state = [self.module.get_buffer(name) for name in names]
         self.context = int(self.state[0].shape[2])

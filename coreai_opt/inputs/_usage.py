@@ -14,6 +14,13 @@ if TYPE_CHECKING:
     from torch.fx import Node
 
 
+def _shape_reads() -> frozenset[Any]:
+    import torch
+
+    aten = torch.ops.aten
+    return frozenset({aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int})
+
+
 def user_input_nodes(ep: ExportedProgram) -> list[Node]:
     """The placeholders of the program's user inputs, in input order."""
     names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
@@ -41,6 +48,7 @@ def exported_program_usage(ep: ExportedProgram) -> dict[str, Usage]:
     from coreai_opt._aten import CAST_PACKETS, VIEW_PACKETS, index_arguments, indexed_rows, packet
 
     usage = {}
+    shape_reads = _shape_reads()
     for start in user_input_nodes(ep):
         rows: list[int] = []
         arithmetic = False
@@ -49,8 +57,8 @@ def exported_program_usage(ep: ExportedProgram) -> dict[str, Usage]:
         while queue:
             node, changed = queue.popleft()
             for user in node.users:
-                if user.op != "call_function":
-                    continue
+                if user.op != "call_function" or user.target in shape_reads:
+                    continue  # a tensor's size is not its values (a stateful decoder's token count)
                 if node in index_arguments(user):
                     found = indexed_rows(user)
                     if found is not None:

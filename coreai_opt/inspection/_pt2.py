@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from coreai_opt._elements import core_ai_name
 from coreai_opt._export import StateWalker, is_decompression
-from coreai_opt.io import flattened_outputs
+from coreai_opt.io import declared_shape, flattened_outputs
 
 from ._report import ModelReport, TensorInfo, WeightInfo
 
@@ -25,7 +25,7 @@ def torch_dtype_name(dtype: torch.dtype) -> str:
 
 def _tensor_info(name: str, value: object) -> TensorInfo:
     dtype = getattr(value, "dtype", None)
-    shape = tuple(int(d) for d in getattr(value, "shape", ()))
+    shape = tuple(declared_shape(value)) if hasattr(value, "shape") else ()  # a symbolic size at its hint
     return TensorInfo(name, torch_dtype_name(dtype) if dtype is not None else type(value).__name__, shape)
 
 

@@ -34,6 +34,7 @@ from ._paths import (
 )
 from ._pt2 import load_pt2, save_pt2
 from ._runs import FileRun, file_run, first_run, running, zero_inputs
+from ._shapes import declared_shape
 from ._treespec import FlattenedOutput, flattened_outputs
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "check_depth",
     "check_links",
     "check_output",
+    "declared_shape",
     "file_run",
     "first_run",
     "flattened_outputs",

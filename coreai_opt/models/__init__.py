@@ -20,6 +20,7 @@ from ._sidecar import (
 )
 from ._source import ModelSource, open_source
 from ._stateful import INPUTS as STATE_INPUTS
+from ._stateful import decoder_context, decoder_problem
 
 __all__ = [
     "FAMILIES",
@@ -32,6 +33,8 @@ __all__ = [
     "ModelSource",
     "Sidecars",
     "copy_sidecars",
+    "decoder_context",
+    "decoder_problem",
     "export_file",
     "export_model",
     "info_path",

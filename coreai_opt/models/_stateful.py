@@ -84,3 +84,33 @@ def _positioned_layer(context: int, where: list[Any]) -> Any:
             return where[0][0]
 
     return PositionedLayer(context)
+
+
+def decoder_problem(program: ExportedProgram) -> str | None:
+    """Why `program` is not a stateful decoder - `input_ids [1, T]` and `position [1]` (int64) in,
+    logits out, key/value buffers of one context length updated - or None when it is one."""
+    import torch
+
+    signature = program.graph_signature
+    inputs = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    names = list(signature.user_inputs)
+    if tuple(names) != INPUTS:
+        return f"takes {', '.join(names) or 'nothing'}, not {', '.join(INPUTS)}"
+    if any(not isinstance(inputs[n], torch.Tensor) or inputs[n].dtype != torch.long for n in names):
+        return "its input_ids and position are not int64 tensors"
+    mutated = list(signature.buffers_to_mutate.values())
+    if not mutated or signature.user_inputs_to_mutate:
+        return "updates no key/value cache (export it with --kv-cache)"
+    lengths = {program.state_dict[name].shape[2] for name in mutated if program.state_dict[name].dim() == 4}
+    if len(lengths) != 1 or len(mutated) != sum(program.state_dict[n].dim() == 4 for n in mutated):
+        return "its state is not key/value buffers of one context length"
+    return None
+
+
+def decoder_context(program: ExportedProgram) -> int | None:
+    """The positions a stateful decoder's cache holds (the most tokens one call takes), or None
+    when `program` is not one."""
+    if decoder_problem(program) is not None:
+        return None
+    first = next(iter(program.graph_signature.buffers_to_mutate.values()))
+    return int(program.state_dict[first].shape[2])
