@@ -147,7 +147,8 @@ def test_generate_refuses_in_one_line(decoders: dict[str, Path], tiny_llama, tmp
         (["generate", model, "--prompt", "the " * (CONTEXT + 1)], 1, "context holds 1 to 24"),
         (["generate", model, "--prompt", "a", "--temperature", "-1"], 2, "--temperature"),
         (["generate", tmp_path / "none.pt2", "--prompt", "a"], 1, "no such file"),
-        (["generate", tmp_path / "m.aimodel", "--prompt", "a"], 1, "an .aimodel cannot generate yet"),
+        (["generate", tmp_path / "m.aimodel", "--prompt", "a"], 1, "asset has no main.mlirb"),
+        (["generate", tiny_llama["ref"].with_suffix(".onnx"), "--prompt", "a"], 1, "no such file"),
         (["export", tiny_llama["ref"], "-o", tmp_path / "x.pt2", "--context", "8"], 2, "give --kv-cache too"),
     ]
     for args, code, said in cases:
@@ -200,3 +201,28 @@ def test_a_cast_decoder_keeps_its_cache_in_the_activations_dtype(
     assert cast.state_bytes * 2 == full.state_bytes
     with torch.no_grad():
         torch.testing.assert_close(cast(PROMPT, 0).float(), full(PROMPT, 0), rtol=0, atol=2e-2)
+
+
+def test_the_converted_decoder_runs_on_the_core_ai_runtime(
+    decoders: dict[str, Path], tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """`convert` makes a one-token "main" and a chunk-wide "prefill" over one state; `generate` and
+    `eval` run it in the runtime's worker: the .pt2's tokens, and its logits window by window."""
+    from coreai_opt.evaluation import evaluate_text
+    from coreai_opt.generation import open_decoder
+    from tests._hf import TEXT
+
+    asset = tmp_path / "llama.kv.aimodel"
+    done = coreopt("convert", decoders["llama"], "-o", asset, "-q")
+    assert done.exit_code == 0, done.stderr
+    config = GenerateConfig(max_new_tokens=12, ignore_eos=True)
+    with open_decoder(asset) as opened:
+        assert (opened.decoder.context, opened.decoder.chunk) == (CONTEXT, CONTEXT)
+        assert opened.decoder.state_bytes == StatefulDecoder(load_pt2(decoders["llama"])).state_bytes
+        on_runtime = generate(opened.decoder, PROMPT, config).tokens
+    assert on_runtime == generate(StatefulDecoder(load_pt2(decoders["llama"])), PROMPT, config).tokens
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    scored = evaluate_text(decoders["llama"], [asset], text=text)  # windows of 24: prefill calls
+    assert scored.candidates[0].kl_mean < 1e-6 and scored.candidates[0].top1 == 1.0
+    assert scored.candidates[0].perplexity == pytest.approx(scored.reference.perplexity, rel=1e-5)

@@ -21,7 +21,9 @@ def register(app: typer.Typer) -> None:
     app.command("generate")(generate)
 
 
-_MODEL = typer.Argument(..., help="A stateful decoder .pt2 (coreopt export --kv-cache).")
+_MODEL = typer.Argument(
+    ..., help="A stateful decoder: a .pt2 (coreopt export --kv-cache) or the .aimodel converted from it."
+)
 _PROMPT = typer.Option(None, "--prompt", "-p", help="The text to continue.")
 _PROMPT_FILE = typer.Option(None, "--prompt-file", help="A UTF-8 file holding the text to continue.")
 _TOKENIZER = typer.Option(
@@ -34,6 +36,9 @@ def generate(**values: Any) -> None:
     """Generate text with a stateful decoder: the prompt in one prefill call, then one call per new
     token, the key/value cache kept as the program's state. Tokens are printed as they come;
     at the end, the prefill and decode speeds (tokens per second) and the state's bytes.
+
+    A .pt2 runs in PyTorch; an .aimodel (coreopt convert of such a .pt2: a "prefill" function
+    of a fixed chunk and a one-token "main", sharing weights and cache) on the Core AI runtime.
 
     Greedy by default (the most likely token: transformers' own greedy tokens); --temperature
     above 0 samples (with --top-k, --top-p and --seed). Stops at the model's end-of-sequence
@@ -103,10 +108,16 @@ def _prompt(text: str | None, file: Path | None) -> str:
 
 def _run(model: Path, prompt: str, tokenizer: Path | None, config: GenerateConfig, trust_pickle: bool,
          stream: bool) -> tuple[Any, str]:  # fmt: skip
-    from coreai_opt.errors import ConfigError
-    from coreai_opt.generation import TextStream, generate, open_decoder
+    from coreai_opt.generation import open_decoder
 
-    opened = open_decoder(model, tokenizer=tokenizer, trust_pickle=trust_pickle)
+    with open_decoder(model, tokenizer=tokenizer, trust_pickle=trust_pickle) as opened:
+        return _generate(opened, model, prompt, config, stream)
+
+
+def _generate(opened: Any, model: Path, prompt: str, config: GenerateConfig, stream: bool) -> tuple[Any, str]:
+    from coreai_opt.errors import ConfigError
+    from coreai_opt.generation import TextStream, generate
+
     if opened.tokenizer is None:
         raise ConfigError(f"{model} has no tokenizer beside it; give --tokenizer", "tokenizer")
     ids = opened.tokenizer.encode(prompt).ids

@@ -202,19 +202,32 @@ class AssetWorker:
         verify, convert, walk and print the program."""
         self._ask({"op": "verify", "sha256": sha256}, "reading")
 
-    def signature(self) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-        reply = self._ask({"op": "signature"}, "lowering")
+    def signature(self, function: str = "main") -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        inputs, outputs, _ = self.signatures(function)
+        return inputs, outputs
+
+    def signatures(
+        self, function: str = "main"
+    ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+        """A function's inputs, outputs and the state it keeps (a stateful decoder's cache)."""
+        reply = self._ask({"op": "signature", "function": function}, "lowering")
 
         def specs(items: list[dict[str, Any]]) -> tuple[TensorSpec, ...]:
             return tuple(TensorSpec(i["name"], np.dtype(i["dtype"]), tuple(i["shape"])) for i in items)
 
-        return specs(reply["inputs"]), specs(reply["outputs"])
+        return specs(reply["inputs"]), specs(reply["outputs"]), specs(reply.get("states", []))
 
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def reset(self, function: str = "main") -> None:
+        """Zero the state `function` keeps (every function of the asset shares it)."""
+        self._ask({"op": "reset", "function": function}, "running")
+
+    def run(self, inputs: dict[str, np.ndarray], function: str = "main") -> dict[str, np.ndarray]:
         with tempfile.TemporaryDirectory(prefix="coreopt-run-") as folder:
             given, taken = Path(folder) / "inputs.npz", Path(folder) / "outputs.npz"
             np.savez(given, **inputs)
-            self._ask({"op": "run", "inputs": str(given), "outputs": str(taken)}, "running")
+            self._ask(
+                {"op": "run", "function": function, "inputs": str(given), "outputs": str(taken)}, "running"
+            )
             with np.load(taken, allow_pickle=False) as outputs:
                 return {name: outputs[name] for name in outputs.files}
 

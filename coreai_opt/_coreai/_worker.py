@@ -7,7 +7,8 @@ every constant, print - and, for `compare`, lowers and runs it on the CPU runtim
 only it dies: `_sandbox.AssetWorker` reports the death as a one-line error.
 
 Protocol: one JSON request per line in, one JSON reply per line out. Arrays travel as `.npz` files
-(no pickles) in a directory the parent owns. Requests: verify, signature, run, close. A worker
+(no pickles) in a directory the parent owns. Requests: verify, signature, reset, run, close (each
+names its function; reset zeroes the state the functions share). A worker
 that only verifies is forked on Linux, with coreai-core already imported (`serve`); one that
 lowers and runs starts as `python -m coreai_opt._coreai._worker` on stdin and stdout (a fork
 would inherit the Core AI runtime's state without its dispatch threads, and wait on them for
@@ -119,14 +120,12 @@ def _specs(names: list[str], describe: Any) -> list[dict[str, Any]]:
 
 
 async def _serve(path: Path, requests: Any, reply: Any, runs: bool) -> None:
-    """Answer requests until close; the lowered model lives across signature and run (refused
-    unless `runs`)."""
+    """Answer requests until close; the lowered model lives across signature, reset and run
+    (refused unless `runs`), and so does the state its functions share (`reset` makes it)."""
     import contextlib
 
-    import numpy as np
-
     async with contextlib.AsyncExitStack() as stack:
-        function = None
+        served = _Served(path, stack)
         for line in requests:
             request = json.loads(line)
             op = request["op"]
@@ -136,29 +135,10 @@ async def _serve(path: Path, requests: Any, reply: Any, runs: bool) -> None:
                 if op == "verify":
                     verify(path, str(request.get("sha256", "")))
                     reply({"ok": True})
-                elif op in ("signature", "run") and not runs:
+                elif op in ("signature", "run", "reset") and not runs:
                     reply({"ok": False, "kind": "protocol", "error": "this worker only verifies the asset"})
-                elif op in ("signature", "run"):
-                    if function is None:
-                        from coreai.authoring import AIModelAsset
-
-                        model = await stack.enter_async_context(AIModelAsset.load(path).executable())
-                        function = model.load_function(request.get("function", "main"))
-                    desc = function.desc
-                    if op == "signature":
-                        reply({
-                            "ok": True,
-                            "inputs": _specs(list(desc.input_names), desc.input_descriptor),
-                            "outputs": _specs(list(desc.output_names), desc.output_descriptor),
-                        })  # fmt: skip
-                        continue
-                    from coreai.runtime import NDArray
-
-                    with np.load(request["inputs"], allow_pickle=False) as given:
-                        arrays = {name: NDArray(np.ascontiguousarray(given[name])) for name in given.files}
-                    result = await function(arrays)
-                    np.savez(request["outputs"], **{n: result[n].numpy() for n in desc.output_names})
-                    reply({"ok": True})
+                elif op in ("signature", "run", "reset"):
+                    reply(await getattr(served, op)(request))
                 else:
                     reply({"ok": False, "kind": "protocol", "error": f"unknown request {op!r}"})
             except WorkerError as exc:
@@ -166,6 +146,63 @@ async def _serve(path: Path, requests: Any, reply: Any, runs: bool) -> None:
             except Exception as exc:
                 reply({"ok": False, "kind": "run", "error": _first_line(exc)})
     reply({"ok": True})  # to close, after the lowered model is released
+
+
+class _Served:
+    """The lowered asset, its functions by name, and the state they read and write (a stateful
+    decoder's key/value cache: one array per state name, the same for every function)."""
+
+    def __init__(self, path: Path, stack: Any) -> None:
+        self.path, self.stack = path, stack
+        self.model: Any = None
+        self.functions: dict[str, Any] = {}
+        self.state: dict[str, Any] = {}
+
+    async def function(self, request: dict[str, Any]) -> Any:
+        name = str(request.get("function", "main"))
+        if self.model is None:
+            from coreai.authoring import AIModelAsset
+
+            self.model = await self.stack.enter_async_context(AIModelAsset.load(self.path).executable())
+        if name not in self.functions:
+            self.functions[name] = self.model.load_function(name)
+        return self.functions[name]
+
+    async def signature(self, request: dict[str, Any]) -> dict[str, Any]:
+        desc = (await self.function(request)).desc
+        return {
+            "ok": True,
+            "inputs": _specs(list(desc.input_names), desc.input_descriptor),
+            "outputs": _specs(list(desc.output_names), desc.output_descriptor),
+            "states": _specs(list(desc.state_names), desc.state_descriptor),
+        }  # fmt: skip
+
+    async def reset(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Zeros for every state the function names (a new sequence)."""
+        import numpy as np
+        from coreai.runtime import NDArray
+
+        desc = (await self.function(request)).desc
+        self.state = {}
+        for name in desc.state_names:
+            spec = desc.state_descriptor(name)
+            self.state[name] = NDArray(np.zeros([int(s) for s in spec.shape], np.dtype(spec.dtype)))
+        return {"ok": True}
+
+    async def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+        from coreai.runtime import NDArray
+
+        function = await self.function(request)
+        desc = function.desc
+        if list(desc.state_names) and set(desc.state_names) != set(self.state):
+            raise WorkerError("run", "the function keeps state: reset it before the first run")
+        with np.load(request["inputs"], allow_pickle=False) as given:
+            arrays = {name: NDArray(np.ascontiguousarray(given[name])) for name in given.files}
+        result = await function(arrays, state={n: self.state[n] for n in desc.state_names})
+        names = [n for n in desc.output_names if n not in self.state]  # a state's token is no value
+        np.savez(request["outputs"], **{n: result[n].numpy() for n in names})
+        return {"ok": True}
 
 
 def preload() -> None:

@@ -142,9 +142,13 @@ class ConverterFailure(RuntimeError):
 
 
 def convert_with_log(program: ExportedProgram) -> tuple[AIProgram, str]:
-    """The converted program and what the converter printed (its log and MLIR diagnostics)."""
+    """The converted program and what the converter printed (its log and MLIR diagnostics). A
+    stateful decoder converts as two functions over one set of weights and one state
+    (`models.decoder_entries`: "main" decodes a token, "prefill" takes a chunk)."""
     from coreai_opt._coreai import first_error, native_stderr
+    from coreai_opt.models import decoder_entries, decoder_problem
 
+    entries = {"main": program} if decoder_problem(program) is not None else decoder_entries(program)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import coreai_torch
@@ -153,20 +157,23 @@ def convert_with_log(program: ExportedProgram) -> tuple[AIProgram, str]:
         failure = None
         # the converter replaces compressed weights' codes in the state_dict by packed sub-byte
         # tensors: the caller's program must stay as it was (and runnable)
-        state = dict(program.state_dict)
+        states = [(entry, dict(entry.state_dict)) for entry in entries.values()]
         quiet = logging.getLogger("coreai_torch")
         level = quiet.level
         quiet.setLevel(logging.ERROR)  # "cannot infer nbits" for FP8 data: expected, not a problem
-        with contextlib.redirect_stdout(log), native_stderr() as diagnostics, _repeated_luts(program):
+        with contextlib.redirect_stdout(log), native_stderr() as diagnostics, contextlib.ExitStack() as luts:
             try:
                 converter = coreai_torch.TorchConverter()
-                converter.add_exported_program(program)
+                for name, entry in entries.items():
+                    luts.enter_context(_repeated_luts(entry))
+                    converter.add_exported_program(entry, entrypoint_name=name)
                 result = converter.to_coreai()
             except Exception as exc:
                 failure = exc
             finally:
-                program.state_dict.clear()
-                program.state_dict.update(state)
+                for entry, state in states:
+                    entry.state_dict.clear()
+                    entry.state_dict.update(state)
                 quiet.setLevel(level)
     if failure is not None:
         message = " ".join(str(failure).split()) or type(failure).__name__

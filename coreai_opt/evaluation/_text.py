@@ -220,24 +220,28 @@ class _LanguageSide:
         if self.decoder is not None:
             from coreai_opt.io import running
 
-            with running(self.path):
+            with running(self.path):  # an asset's decoder reports its worker's failures itself
+                self.decoder.reset()  # a new sequence
                 return self.decoder(arrays[self.ids_name][0].tolist(), 0)[None].float().numpy()
         result = self.side.run(arrays)
         return result.values[result.outputs[0].name]
 
 
 def _decoder(side: Side) -> Any:
-    """The stateful decoder a `.pt2` side holds (its module reused), or None."""
+    """The stateful decoder a side holds (a `.pt2`'s module or an `.aimodel`'s worker reused), or None."""
     from coreai_opt.comparison import ExportedSide
+    from coreai_opt.generation import AssetDecoder, StatefulDecoder
+    from coreai_opt.models import STATE_INPUTS, decoder_problem
 
-    if not isinstance(side, ExportedSide):
+    if isinstance(side, ExportedSide):
+        return (
+            StatefulDecoder(side.program, module=side.module)
+            if decoder_problem(side.program) is None
+            else None
+        )
+    if tuple(s.name for s in side.inputs) != STATE_INPUTS:
         return None
-    from coreai_opt.generation import StatefulDecoder
-    from coreai_opt.models import decoder_problem
-
-    if decoder_problem(side.program) is not None:
-        return None
-    return StatefulDecoder(side.program, module=side.module)
+    return AssetDecoder(side.path, side.worker)
 
 
 def _targets(ids: np.ndarray, windows: Windows, index: int) -> tuple[int, torch.Tensor]:

@@ -3,7 +3,8 @@ end-of-sequence ids (the sidecars `coreopt export` wrote beside it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,42 +15,76 @@ from ._decoder import NotADecoder, StatefulDecoder
 
 @dataclass
 class OpenDecoder:
-    decoder: StatefulDecoder
+    """A decoder ready to run (`StatefulDecoder` in PyTorch, `AssetDecoder` on the Core AI runtime),
+    its tokenizer and end-of-sequence ids; a context manager (an asset's worker closes with it)."""
+
+    decoder: Any
     tokenizer: Any  # a tokenizers.Tokenizer, or None when none was given or found
     eos: tuple[int, ...]
+    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def __enter__(self) -> OpenDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.stack.close()
 
 
-def check_decoder_path(path: Path) -> None:
-    """What can be told of `path` before it is read: it exists and is a `.pt2` (generation on the
-    Core AI runtime is not built yet: an `.aimodel` is refused in one line)."""
+def check_decoder_path(path: Path) -> ModelFormat:
+    """What can be told of `path` before it is read: it exists and is a `.pt2` or an `.aimodel`."""
     require_existing(path)
-    if model_format(path, (ModelFormat.PT2, ModelFormat.AIMODEL)) is ModelFormat.AIMODEL:
-        raise ModelFileError(
-            path, "generation runs .pt2 programs in PyTorch; an .aimodel cannot generate yet"
-        )
+    return model_format(path, (ModelFormat.PT2, ModelFormat.AIMODEL))
 
 
 def open_decoder(
     path: Path | str, *, tokenizer: Path | str | None = None, trust_pickle: bool = False, device: Any = None
 ) -> OpenDecoder:
-    """The stateful decoder `path` holds, ready to run, with the tokenizer given or saved beside it
-    (None when neither exists) and its end-of-sequence ids; `ModelFileError` names the file."""
-    from coreai_opt.io import load_pt2
+    """The stateful decoder `path` holds, ready to run - a `.pt2` in PyTorch, an `.aimodel` on the
+    Core AI runtime (in a worker process, closed with the result) - with the tokenizer given or
+    saved beside it (None when neither exists) and its end-of-sequence ids; `ModelFileError` names
+    the file."""
     from coreai_opt.models import model_info, model_tokenizer, read_tokenizer
 
     path = Path(path)
-    check_decoder_path(path)
+    kind = check_decoder_path(path)
     found = Path(tokenizer) if tokenizer is not None else model_tokenizer(path)
     coder = read_tokenizer(found) if found is not None else None
     info = model_info(path)
-    program = load_pt2(path, trust_pickle=trust_pickle)
+    opened = OpenDecoder(None, coder, _eos(info.config if info is not None else {}))
     try:
-        decoder = StatefulDecoder(program, device)
+        if kind is ModelFormat.AIMODEL:
+            opened.decoder = _asset(path, opened.stack)
+        else:
+            opened.decoder = _program(path, trust_pickle, device)
     except NotADecoder as why:
+        opened.close()
         raise ModelFileError(
             path, f"is not a stateful decoder: {why} (coreopt export --kv-cache makes one)"
         ) from None
-    return OpenDecoder(decoder, coder, _eos(info.config if info is not None else {}))
+    except BaseException:
+        opened.close()
+        raise
+    return opened
+
+
+def _program(path: Path, trust_pickle: bool, device: Any) -> StatefulDecoder:
+    from coreai_opt.io import load_pt2
+
+    return StatefulDecoder(load_pt2(path, trust_pickle=trust_pickle), device)
+
+
+def _asset(path: Path, stack: contextlib.ExitStack) -> Any:
+    from coreai_opt._coreai import AssetWorker
+    from coreai_opt.io import verify_aimodel
+
+    from ._asset import AssetDecoder
+
+    worker = stack.enter_context(AssetWorker(path))
+    verify_aimodel(path, worker)
+    return AssetDecoder(path, worker)
 
 
 def _eos(config: dict[str, Any]) -> tuple[int, ...]:

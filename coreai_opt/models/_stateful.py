@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
 INPUTS = ("input_ids", "position")  # what a stateful decoder takes, in order
+PREFILL_CHUNK = 64  # tokens the converted program's prefill entry takes a call (at most the context)
 KEY, VALUE = "key_cache_{}", "value_cache_{}"  # its state buffers, by layer
 
 
@@ -114,3 +115,26 @@ def decoder_context(program: ExportedProgram) -> int | None:
         return None
     first = next(iter(program.graph_signature.buffers_to_mutate.values()))
     return int(program.state_dict[first].shape[2])
+
+
+def decoder_entries(program: ExportedProgram, chunk: int = PREFILL_CHUNK) -> dict[str, ExportedProgram]:
+    """A stateful decoder at fixed token counts, as Core AI converts it (an `index_put` on a dynamic
+    dimension does not convert): "main" takes one token (decode), "prefill" `chunk` tokens (at
+    most the context); both write the same cache, and the converted program stores the weights
+    once. Each is `program` traced again at its count (a program read from a file has passed the
+    audit before this runs its graph)."""
+    import torch
+
+    from coreai_opt._export import coreai_decompositions
+
+    context = decoder_context(program)
+    if context is None:
+        raise ValueError(f"not a stateful decoder: {decoder_problem(program)}")
+    module = program.module()
+    entries = {}
+    for name, tokens in (("main", 1), ("prefill", min(chunk, context))):
+        example = (torch.zeros(1, tokens, dtype=torch.long), torch.zeros(1, dtype=torch.long))
+        with torch.no_grad():
+            traced = torch.export.export(module, example, strict=False)
+        entries[name] = traced.run_decompositions(coreai_decompositions())
+    return entries
