@@ -117,6 +117,89 @@ def speed(decoder, window, context: int, repeats: int = 3) -> None:  # type: ign
           f"({per_window:.2f} s a window), decode {1 / per_step:.1f} tokens/s: {per_window / per_step:.1f}x")  # fmt: skip
 
 
+def _converted(source: Path, name: str, *steps: list[str]) -> Path:
+    """`source` after each `coreopt` step (cast, palettize, ...), converted to `name`.aimodel."""
+    import subprocess
+
+    path = BUILD / f"{name}.aimodel"
+    if path.exists():
+        return path
+    current = source
+    for i, step in enumerate(steps):
+        after = BUILD / f"{name}.step{i}.pt2"
+        if not after.exists():
+            subprocess.run([sys.executable, "-m", "cli.coreopt_app", step[0], str(current), "-o", str(after), "-q",
+                            *step[1:]], check=True, cwd=ROOT)  # fmt: skip
+        current = after
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "cli.coreopt_app", "convert", str(current), "-o", str(path), "-q"],
+                   check=True, cwd=ROOT)  # fmt: skip
+    print(f"converted {path.name} in {time.perf_counter() - began:.1f} s")
+    return path
+
+
+def on_runtime(stateful: Path, tokenizer, new: int, kinds: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """The converted program's tokens against the .pt2's (fp32: all of them; fp16: the first 32),
+    and its prefill / decode speed on the runtime, with the worker's peak memory."""
+    from coreai_opt.generation import GenerateConfig, StatefulDecoder, generate, open_decoder
+    from coreai_opt.io import load_pt2
+
+    config = GenerateConfig(max_new_tokens=new, ignore_eos=True)
+    reference = StatefulDecoder(load_pt2(stateful))
+    expected = {p: generate(reference, tokenizer.encode(p).ids, config).tokens for p in PROMPTS}
+    # steps, tokens compared with the .pt2's, prefill chunks timed (fp16: one took over 280 s in a probe)
+    programs = {
+        "fp32": ([], new, 4),
+        "fp16": ([["cast"]], 32, 0),
+        "lut4": ([["palettize", "--nbits", "4"]], 0, 4),
+    }
+    for name in kinds:
+        steps, compared, chunks = programs[name]
+        asset = _converted(stateful, f"smollm2.kv.{name}", *steps)
+        with open_decoder(asset) as opened:
+            same, prefill, decode = 0, [], []
+            for prompt in PROMPTS:
+                made = generate(opened.decoder, tokenizer.encode(prompt).ids,
+                                GenerateConfig(max_new_tokens=compared or 8, ignore_eos=True))  # fmt: skip
+                same += made.tokens[:compared] == expected[prompt][:compared]
+                prefill.append(made.prefill_tokens_per_s)
+                decode.append(made.decode_tokens_per_s)
+            long = list(range(100, 100 + chunks * opened.decoder.chunk))
+            opened.decoder.reset()
+            began = time.perf_counter()
+            if long:
+                opened.decoder(long, 0)
+            chunked = len(long) / (time.perf_counter() - began)
+        worker = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+        said = (
+            f"first {compared} tokens as the .pt2's: {same}/{len(PROMPTS)}"
+            if compared
+            else "tokens not compared"
+        )
+        print(f"  {asset.name}: {said}; prefill {sum(prefill) / len(prefill):.1f} tokens/s on the prompts, "
+              f"{chunked:.1f} tokens/s on {len(long)} tokens (chunks of {opened.decoder.chunk}); decode "
+              f"{sum(decode) / len(decode):.1f} tokens/s; workers' peak RSS so far {worker:.2f} GiB")  # fmt: skip
+
+
+def kv_codes(stateful: Path, context: int, tokens: int) -> None:
+    """The cache as int8 and int4 codes: perplexity and KL against the float cache on two texts."""
+    from coreai_opt.evaluation import evaluate_text
+    from coreai_opt.generation import StatefulDecoder
+    from coreai_opt.io import load_pt2
+
+    programs = [_program(f"smollm2.kv{context}.{dtype}.pt2", context=context, kv_cache_dtype=dtype)
+                for dtype in ("int8", "int4")]  # fmt: skip
+    full = StatefulDecoder(load_pt2(stateful)).state_bytes
+    for text in ("evaluation.txt", "license.txt"):
+        scored = evaluate_text(stateful, programs, text=ROOT / "build" / "rotate" / text, max_tokens=tokens)
+        print(f"{text}: {scored.windows.scored} tokens scored in windows of {context}; float cache ppl "
+              f"{scored.reference.perplexity:.4f}")  # fmt: skip
+        for path, score in zip(programs, scored.candidates, strict=True):
+            state = StatefulDecoder(load_pt2(path)).state_bytes
+            print(f"  {path.name}: ppl {score.perplexity:.4f} ({100 * score.perplexity_increase:+.2f}%), KL mean "
+                  f"{score.kl_mean:.5f}, top-1 {score.top1:.4f}; state {state:,} bytes ({full / state:.2f}x fewer)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -125,6 +208,9 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--runtime", nargs="*", choices=["fp32", "fp16", "lut4"], default=None,
+                        help="Only these converted programs on the runtime (none named: all three).")  # fmt: skip
+    parser.add_argument("--kv", action="store_true", help="Only the quantized caches' perplexity.")
     args = parser.parse_args()
     torch.set_num_threads(2)
     from coreai_opt._export import runnable
@@ -134,6 +220,12 @@ def main() -> None:
     stateful = _program(f"smollm2.kv{args.context}.pt2", context=args.context)
     windowed = _program(f"smollm2.w{args.context}.pt2", seq_len=args.context)
     opened = open_decoder(stateful)
+    if args.runtime is not None:
+        on_runtime(stateful, opened.tokenizer, args.new, args.runtime or ["fp32", "fp16", "lut4"])
+        return
+    if args.kv:
+        kv_codes(stateful, args.context, args.tokens)
+        return
     window = runnable(load_pt2(windowed))
     print(f"{stateful.name}: context {opened.decoder.context}, state {opened.decoder.state_bytes:,} bytes")
     greedy(opened.decoder, opened.tokenizer, args.new)

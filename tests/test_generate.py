@@ -226,3 +226,74 @@ def test_the_converted_decoder_runs_on_the_core_ai_runtime(
     scored = evaluate_text(decoders["llama"], [asset], text=text)  # windows of 24: prefill calls
     assert scored.candidates[0].kl_mean < 1e-6 and scored.candidates[0].top1 == 1.0
     assert scored.candidates[0].perplexity == pytest.approx(scored.reference.perplexity, rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_quantized_cache_holds_codes_and_float16_parameters_per_token_and_head(
+    decoders: dict[str, Path], tmp_path: Path, dtype: str
+) -> None:  # fmt: skip
+    """int8: symmetric codes of each written token's head vector and its largest magnitude; int4:
+    codes in [0, 15] between the vector's least and largest (the tiny model's head dim of 8 is one
+    run, too short to rotate), two a byte. Decoded where attention reads them: logits stay near
+    the float cache's."""
+    from coreai_opt.models import export_file
+    from tests._hf import hf_folder
+
+    path = export_file(
+        hf_folder("llama", tmp_path), tmp_path / "q.pt2", context=CONTEXT, kv_cache_dtype=dtype
+    ).output
+    decoder, full = StatefulDecoder(load_pt2(path)), StatefulDecoder(load_pt2(decoders["llama"]))
+    per_vector = 8 + 2 if dtype == "int8" else 4 + 4  # bytes of codes + float16 parameters
+    assert decoder.state_bytes == 4 * 2 * CONTEXT * per_vector
+    ids = list(range(3, 3 + CONTEXT))
+    decoder.reset()
+    with torch.no_grad():
+        logits, reference = decoder(ids, 0), full(ids, 0)
+    keys = full.module.key_cache_0  # the float cache of layer 0 after the same tokens
+    codes, parameters = decoder.module.key_cache_0, decoder.module.key_scale_0
+    assert parameters.dtype == torch.float16
+    if dtype == "int8":
+        scale = (keys.abs().amax(-1, keepdim=True) / 127).half()
+        assert torch.equal(parameters, scale)
+        expected = torch.round(keys / scale.float()).clamp(-127, 127)
+    else:
+        least = keys.amin(-1, keepdim=True).half()
+        scale = ((keys.amax(-1, keepdim=True) - least.float()) / 15).half()
+        assert torch.equal(parameters, torch.cat([scale, least], -1))
+        expected = torch.round((keys - least.float()) / scale.float()).clamp(0, 15)
+        codes = torch.stack([codes % 16, codes // 16], -1).flatten(-2)
+    assert torch.equal(codes.to(torch.int16), expected.to(torch.int16))
+    error = float((logits - reference).norm() / reference.norm())
+    assert error < (2e-3 if dtype == "int8" else 5e-2)
+
+
+def test_an_int4_cache_is_turned_by_a_hadamard_rotation_that_attention_undoes(tmp_path: Path) -> None:
+    """Head dim 16: the cached keys are codes of k R (R tcast's seeded Hadamard rotation, entries
+    +-1/4), attention turns the queries by R and its output back by R^T."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import tcast
+    from coreai_opt.models import export_file
+    from tests._hf import tokenizer_json
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    folder = tmp_path / "wide"
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder, safe_serialization=True)
+    (folder / "tokenizer.json").write_text(tokenizer_json(), encoding="utf-8")
+    floats = export_file(folder, tmp_path / "f.pt2", context=CONTEXT).output
+    turned = export_file(folder, tmp_path / "q.pt2", context=CONTEXT, kv_cache_dtype="int4").output
+    program = load_pt2(turned)
+    rotation = program.state_dict["kv_rotation"]
+    assert torch.equal(rotation, tcast.hadamard(torch.eye(16), -1, 16, 0)) and torch.equal(
+        rotation.abs() * 4, torch.ones(16, 16)
+    )
+    decoder, full = StatefulDecoder(program), StatefulDecoder(load_pt2(floats))
+    ids = list(range(3, 3 + CONTEXT))
+    with torch.no_grad():
+        logits, reference = decoder(ids, 0), full(ids, 0)
+    keys = full.module.key_cache_0 @ rotation
+    least = keys.amin(-1, keepdim=True).half()
+    assert torch.equal(decoder.module.key_scale_0[..., 1:], least)
+    assert float((logits - reference).norm() / reference.norm()) < 5e-2

@@ -16,11 +16,18 @@ if TYPE_CHECKING:
     from torch.fx import GraphModule
 
 
-def runnable(program: ExportedProgram, device: torch.device | str | None = None) -> GraphModule:
+def runnable(
+    program: ExportedProgram, device: torch.device | str | None = None, *, stateless: bool = False
+) -> GraphModule:
     """`program.module()` with its compressed weights decoded once (`fold_decompression`), after
     the program's first run (`ready_to_run`); on `device` when given (its weights copied there,
-    the program's own left where they are)."""
+    the program's own left where they are). `stateless`: the writes back into mutated buffers
+    dropped - for runs that are each a sequence of their own (a stateful decoder's calibration
+    windows from position 0 read only what they write, and a gradient pass must not carry one
+    sample's graph into the next through the state)."""
     module = program.module()
+    if stateless:
+        _drop_state_writes(module, set(program.graph_signature.buffers_to_mutate.values()))
     fold_decompression(module)
     ready_to_run(program, module)
     if device is not None:
@@ -29,6 +36,21 @@ def runnable(program: ExportedProgram, device: torch.device | str | None = None)
         place_factories(module, torch.device(device))
         module.to(device)
     return module
+
+
+def _drop_state_writes(gm: GraphModule, buffers: set[str]) -> None:
+    """Erase the unlifted module's `copy_(buffer, new value)` nodes into `buffers`."""
+    import torch
+
+    dropped = [
+        node for node in gm.graph.nodes
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and not node.users
+        and node.args[0].op == "get_attr" and node.args[0].target in buffers
+    ]  # fmt: skip
+    for node in dropped:
+        gm.graph.erase_node(node)
+    if dropped:
+        gm.recompile()
 
 
 def place_factories(gm: GraphModule, device: torch.device) -> None:

@@ -52,7 +52,7 @@ class ProgramCalibration:
         self.samples = samples
         self.state = dict(program.state_dict)  # as exported (tied tensors under both names)
         self.device = torch.device(device or "cpu")
-        self.gm = runnable(program, self.device)
+        self.gm = runnable(program, self.device, stateless=True)  # each sample a sequence of its own
         with torch.no_grad():
             self.inputs = [tuple(t.to(self.device) for t in inputs) for _, inputs in samples.inputs(program)]
         if not self.inputs:

@@ -173,13 +173,15 @@ class _Resumable:
     batch of 1,024 tokens at SmolLM2-135M), which the trials' products are read off (`_deltas`)."""
 
     def __init__(self, ep: Any, path: Path, differences: bool) -> None:
+        import torch
         from torch.fx import Interpreter
 
         from coreai_opt._export import runnable
+        from coreai_opt.models import decoder_context
 
         from ._deltas import DeltaProducts
 
-        self.gm: GraphModule = runnable(ep)
+        self.gm: GraphModule = runnable(ep, stateless=True)  # each window a sequence of its own
         self.nodes = list(self.gm.graph.nodes)
         position = {n: i for i, n in enumerate(self.nodes)}
         self.last_use = {n: max((position[u] for u in n.users), default=i) for i, n in enumerate(self.nodes)}
@@ -194,8 +196,10 @@ class _Resumable:
         self.placeholders = placeholders
         differences = differences and DeltaProducts.applies(self.gm.graph)
         self.deltas = DeltaProducts(self.gm.graph) if differences else None
-        self.batch, self.length = tuple(ints[0].meta["val"].shape)
-        if self._first_output_shape()[:2] != (self.batch, self.length):
+        context = decoder_context(ep)  # a stateful decoder: windows of its context from position 0
+        self.fill = torch.zeros if context else torch.ones  # its position; else an attention mask
+        self.batch, self.length = (1, context) if context else tuple(ints[0].meta["val"].shape)
+        if not context and self._first_output_shape()[:2] != (self.batch, self.length):
             raise ModelFileError(
                 path, "returns no [batch, tokens, vocabulary] logits first: not a language model"
             )
@@ -295,7 +299,7 @@ class _Resumable:
                 batch = torch.from_numpy(stacked)
                 env: dict[Node, Any] = {self.placeholders[0]: batch}
                 for extra in self.placeholders[1:]:
-                    env[extra] = torch.ones(tuple(extra.meta["val"].shape), dtype=extra.meta["val"].dtype)
+                    env[extra] = self.fill(tuple(extra.meta["val"].shape), dtype=extra.meta["val"].dtype)
                 if self.deltas is not None:
                     self.deltas.clear()
                 output, saved = self._run(env, 0, keep)

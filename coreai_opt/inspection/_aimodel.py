@@ -15,7 +15,8 @@ def inspect_ai_program(program: Any, path: Path | str = "") -> ModelReport:
     module = _coreai.mlir_module(program)
     signatures = _coreai.graph_signatures(module)
     found, scalars = _coreai.program_weights(program)
-    weights = tuple(WeightInfo(w.name, w.shape, w.encoding, w.nbytes) for w in found)
+    # functions of one program (a stateful decoder's main and prefill) read the same stored weights
+    weights = tuple(dict.fromkeys(WeightInfo(w.name, w.shape, w.encoding, w.nbytes) for w in found))
     main = next((s for s in signatures if s.name == "main"), signatures[0] if signatures else None)
     notes = [f"{scalars} float scalar constants not listed"] if scalars else []
     if len(signatures) > 1:

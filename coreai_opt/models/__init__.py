@@ -20,10 +20,11 @@ from ._sidecar import (
 )
 from ._source import ModelSource, open_source
 from ._stateful import INPUTS as STATE_INPUTS
-from ._stateful import PREFILL_CHUNK, decoder_context, decoder_entries, decoder_problem
+from ._stateful import KV_DTYPES, PREFILL_CHUNK, decoder_context, decoder_entries, decoder_problem
 
 __all__ = [
     "FAMILIES",
+    "KV_DTYPES",
     "PREFILL_CHUNK",
     "STATE_INPUTS",
     "ExportFileResult",

@@ -27,6 +27,7 @@ from ._loading import Given, given_folder, quiet
 from ._sidecar import ModelInfo
 from ._sizes import check_sizes, stated_values
 from ._source import ModelSource, open_source
+from ._stateful import KV_DTYPES
 from ._tokenizer import source_tokenizer
 
 if TYPE_CHECKING:
@@ -50,7 +51,13 @@ class ExportedModel:
 
 
 def export_model(
-    source: Path | str, *, seq_len: int = 128, batch: int = 1, seed: int = 0, context: int | None = None
+    source: Path | str,
+    *,
+    seq_len: int = 128,
+    batch: int = 1,
+    seed: int = 0,
+    context: int | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> ExportedModel:
     """Export a local Hugging Face folder or GGUF file (see `open_source`) for Core AI.
 
@@ -58,8 +65,9 @@ def export_model(
     `[batch, seq_len, vocab]`; an encoder takes `input_ids` and `attention_mask` and returns its
     last hidden state (and its pooled output where it has a pooler). With `context`, a causal
     language model is exported as a stateful decoder instead (`_stateful`: its key/value cache of
-    `context` positions as state; 1 to `context` tokens a call at a given position; batch 1).
-    `ModelFileError` names the source and the problem; `ConfigError` a bad length.
+    `context` positions as state; 1 to `context` tokens a call at a given position; batch 1), its
+    cache holding `kv_cache_dtype` codes and scales where given ("int8", "int4"; None: floats).
+    `ModelFileError` names the source and the problem; `ConfigError` a bad length or dtype.
     """
     for name, value, least in (("seq_len", seq_len, 2), ("batch", batch, 1), ("context", context, 2)):
         if value is None and name == "context":
@@ -68,6 +76,9 @@ def export_model(
             raise ConfigError(f"{name} must be an integer of at least {least}, not {value!r}", name)
     if context is not None and batch != 1:
         raise ConfigError("a stateful decoder (context) takes one sequence: batch must be 1", "batch")
+    if kv_cache_dtype is not None and (context is None or kv_cache_dtype not in KV_DTYPES):
+        raise ConfigError(f"kv_cache_dtype is one of {', '.join(KV_DTYPES)} for a stateful decoder (context), "
+                          f"not {kv_cache_dtype!r}", "kv_cache_dtype")  # fmt: skip
     start = time.perf_counter()
     src = open_source(source)
     if context is not None and src.family.kind is not ModelKind.CAUSAL_LM:
@@ -78,7 +89,7 @@ def export_model(
         tokenizer = source_tokenizer(src, given)
         model = _load(src, given)
     _check_positions(src, model.config, length, "seq_len" if context is None else "context")
-    program = _export(src, model, length, batch, seed, stateful=context is not None)
+    program = _export(src, model, length, batch, seed, stateful=context is not None, kv_dtype=kv_cache_dtype)
     config = json.loads(json.dumps(model.config.to_dict(), default=str))
     info = ModelInfo(
         src.family.kind, src.family.model_type, batch, length,
@@ -163,8 +174,9 @@ def _plain_outputs(model: Any, kind: ModelKind) -> None:
 
 
 def _export(
-    src: ModelSource, model: Any, seq_len: int, batch: int, seed: int, *, stateful: bool = False
-) -> ExportedProgram:
+    src: ModelSource, model: Any, seq_len: int, batch: int, seed: int, *, stateful: bool = False,
+    kv_dtype: str | None = None,
+) -> ExportedProgram:  # fmt: skip
     import torch
 
     from coreai_opt._export import coreai_decompositions
@@ -182,7 +194,7 @@ def _export(
     try:
         with torch.no_grad():
             if stateful:
-                program = stateful_program(model, seq_len, ids)
+                program = stateful_program(model, seq_len, ids, kv_dtype)
             else:
                 program = torch.export.export(model, tuple(kwargs.values()), strict=False)
             return program.run_decompositions(coreai_decompositions())

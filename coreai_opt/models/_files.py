@@ -39,17 +39,20 @@ def export_file(
     seq_len: int = 128,
     batch: int = 1,
     context: int | None = None,
+    kv_cache_dtype: str | None = None,
     force: bool = False,
 ) -> ExportFileResult:
     """Export `source` to the `.pt2` `output`, with `<stem>.model.json` and (when the source has
-    a tokenizer) `<stem>.tokenizer.json` beside it; with `context`, as a stateful decoder (see
-    `export_model`). Nothing is written when the export fails."""
+    a tokenizer) `<stem>.tokenizer.json` beside it; with `context` (and `kv_cache_dtype`), as a
+    stateful decoder (see `export_model`). Nothing is written when the export fails."""
     source, output = Path(source), Path(output)
     model_format(output, (ModelFormat.PT2,))
     check_output(output, force=force, inputs=(source,))
     if output.resolve().is_relative_to(source.resolve()) and source.is_dir():
         raise ModelFileError(output, "lies inside the source folder; write the program elsewhere")
-    exported = export_model(source, seq_len=seq_len, batch=batch, context=context)
+    exported = export_model(
+        source, seq_len=seq_len, batch=batch, context=context, kv_cache_dtype=kv_cache_dtype
+    )
     save_pt2(exported.program, output, force=force, inputs=(source,))
     write_info(output, exported.info)
     tokenizer = write_tokenizer(output, exported.tokenizer) if exported.tokenizer is not None else None

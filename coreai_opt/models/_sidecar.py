@@ -55,8 +55,8 @@ class ModelInfo:
         return {
             "format": FORMAT, "version": VERSION, "kind": self.kind.value, "model_type": self.model_type,
             "batch": self.batch, "seq_len": self.seq_len, "vocab_size": self.vocab_size,
-            "source": self.source, "config": self.config, "context": self.context,
-        }  # fmt: skip
+            "source": self.source, "config": self.config,
+        } | ({} if self.context is None else {"context": self.context})  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Any, path: Path) -> ModelInfo:

@@ -20,23 +20,60 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
 INPUTS = ("input_ids", "position")  # what a stateful decoder takes, in order
+KV_DTYPES = ("int8", "int4")  # a quantized cache's codes (None: the activations' float dtype)
 PREFILL_CHUNK = 64  # tokens the converted program's prefill entry takes a call (at most the context)
 KEY, VALUE = "key_cache_{}", "value_cache_{}"  # its state buffers, by layer
+KEY_SCALE, VALUE_SCALE = "key_scale_{}", "value_scale_{}"  # a quantized cache's scales, by layer
+_FP16_MAX = 65504.0
+_ROTATABLE = (16, 4096)  # head dims tcast.hadamard turns (powers of two)
+_INT4_RUN = 32  # values of a head vector that share one int4 scale and least
+_KV_SEED = 0  # the cache rotation's signs
+_ATTENTION = "coreopt_rotated_kv"  # the attention that meets a rotated cache
+ROTATION = "kv_rotation"  # the buffer of a rotated cache's [head-dim, head-dim] turning matrix
 
 
-def stateful_program(model: Any, context: int, example: torch.Tensor) -> ExportedProgram:
+def _rotated_attention(model: Any, head_dim: int, turn: list[Any]) -> None:
+    """Give `model` the cache's rotation (`ROTATION`: tcast's seeded random Hadamard matrix, whose
+    entries are all +-1/sqrt(head-dim)) and make it attend through `_ATTENTION`: transformers' SDPA
+    attention of queries turned as the cached keys were (x R), its output turned back (x R^T: the
+    cached values are turned too). `turn[0]` is the matrix as the trace under way sees it."""
+    import torch
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    import tcast
+
+    model.register_buffer(
+        ROTATION, tcast.hadamard(torch.eye(head_dim), -1, head_dim, _KV_SEED), persistent=True
+    )
+
+    def attention(module: Any, query: Any, key: Any, value: Any, mask: Any, **kwargs: Any) -> Any:
+        rotation = turn[0].to(query.dtype)
+        out, weights = sdpa_attention_forward(module, query @ rotation, key, value, mask, **kwargs)
+        return out @ rotation.T, weights
+
+    AttentionInterface.register(_ATTENTION, attention)
+    AttentionMaskInterface.register(_ATTENTION, sdpa_mask)
+    model.config._attn_implementation = _ATTENTION
+
+
+def stateful_program(
+    model: Any, context: int, example: torch.Tensor, kv_dtype: str | None = None
+) -> ExportedProgram:
     """`model` (a causal LM, float32) exported with a cache of `context` positions: T tokens from 1 to
-    `context` per call (a dynamic dimension), traced on `example` [1, T] at position 0."""
+    `context` per call (a dynamic dimension), traced on `example` [1, T] at position 0; with
+    `kv_dtype`, the cache holds codes (`_KVCodes`) and their scales instead of floats."""
     import torch
 
-    _give_cache(model, context)
+    _give_cache(model, context, kv_dtype)
     tokens = torch.export.Dim("tokens", min=1, max=context)
     return torch.export.export(
         model, (example, torch.zeros(1, dtype=torch.long)), dynamic_shapes=({1: tokens}, None), strict=False
     )
 
 
-def _give_cache(model: Any, context: int) -> None:
+def _give_cache(model: Any, context: int, kv_dtype: str | None) -> None:
     """Register the cache's buffers on `model` itself (its weights keep their names) and give its
     class a forward of (input_ids, position) that writes them."""
     import torch
@@ -48,17 +85,27 @@ def _give_cache(model: Any, context: int) -> None:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     cache = StaticCache(max_cache_len=context, config=config)
     where: list[Any] = [None]  # the position tensor of the call under way, read by every layer
-    cache.layers = [_positioned_layer(context, where) for _ in cache.layers]
+    turn: list[Any] = [None]  # a rotated cache's matrix, as the trace under way sees it
+    codes = _KVCodes(kv_dtype, head_dim, turn) if kv_dtype is not None else None
+    if codes is not None and codes.rotated:
+        _rotated_attention(model, head_dim, turn)
+    cache.layers = [_positioned_layer(context, where, codes) for _ in cache.layers]
     cache.early_initialization(1, kv_heads, head_dim, torch.float32, torch.device("cpu"))
+    names = [KEY, VALUE] if codes is None else [KEY, VALUE, KEY_SCALE, VALUE_SCALE]
     for index, layer in enumerate(cache.layers):
-        model.register_buffer(KEY.format(index), layer.keys, persistent=True)
-        model.register_buffer(VALUE.format(index), layer.values, persistent=True)
+        if codes is not None:
+            layer.keys, layer.values = codes.empty(layer.keys), codes.empty(layer.values)
+            layer.key_scales, layer.value_scales = codes.scales(layer.keys), codes.scales(layer.values)
+        for name, attribute in zip(names, ("keys", "values", "key_scales", "value_scales"), strict=False):
+            model.register_buffer(name.format(index), getattr(layer, attribute), persistent=True)
     base = type(model)
 
     def forward(self: Any, input_ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         where[0] = position
+        turn[0] = getattr(self, ROTATION, None)
         for i, layer in enumerate(cache.layers):  # the buffers as this trace sees them
-            layer.keys, layer.values = getattr(self, KEY.format(i)), getattr(self, VALUE.format(i))
+            for name, attribute in zip(names, ("keys", "values", "key_scales", "value_scales"), strict=False):
+                setattr(layer, attribute, getattr(self, name.format(i)))
         positions = (position + torch.arange(input_ids.shape[1], device=input_ids.device))[None]
         out = base.forward(self, input_ids=input_ids, position_ids=positions, past_key_values=cache,
                            use_cache=True, return_dict=True)  # fmt: skip
@@ -67,8 +114,9 @@ def _give_cache(model: Any, context: int) -> None:
     model.__class__ = type(base.__name__, (base,), {"forward": forward})
 
 
-def _positioned_layer(context: int, where: list[Any]) -> Any:
-    """A static cache layer that writes at `where[0] + 0..T-1` instead of counting what it was given."""
+def _positioned_layer(context: int, where: list[Any], codes: _KVCodes | None) -> Any:
+    """A static cache layer that writes at `where[0] + 0..T-1` instead of counting what it was given;
+    with `codes`, it writes each token's codes and scale and returns the whole cache decoded."""
     import torch
     from transformers.cache_utils import StaticLayer
 
@@ -77,9 +125,14 @@ def _positioned_layer(context: int, where: list[Any]) -> Any:
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
         ) -> Any:
             at = where[0] + torch.arange(key_states.shape[-2], device=key_states.device)
-            self.keys.index_copy_(2, at, key_states)
-            self.values.index_copy_(2, at, value_states)
-            return self.keys, self.values
+            if codes is None:
+                self.keys.index_copy_(2, at, key_states)
+                self.values.index_copy_(2, at, value_states)
+                return self.keys, self.values
+            return (
+                codes.write(self.keys, self.key_scales, key_states, at),
+                codes.write(self.values, self.value_scales, value_states, at),
+            )
 
         def get_seq_length(self) -> Any:
             return where[0][0]
@@ -138,3 +191,81 @@ def decoder_entries(program: ExportedProgram, chunk: int = PREFILL_CHUNK) -> dic
             traced = torch.export.export(module, example, strict=False)
         entries[name] = traced.run_decompositions(coreai_decompositions())
     return entries
+
+
+class _KVCodes:
+    """A quantized cache: each token's vector of one kv-head (its head-dim values) as integer codes
+    with float16 parameters in a second buffer `[1, kv-heads, context, k]`, decoded where attention
+    reads the whole cache (in the activations' dtype); rounding is to nearest even.
+    - int8: symmetric codes in [-127, 127] of the vector's largest magnitude (k = 1 scale: 66
+      bytes for 64 values);
+    - int4: first turned by a seeded random Hadamard rotation of the head dim (where it is a power of
+      two from 16: QuaRot's online rotation of the cache, so the keys' outlier channels spread over
+      all of them; attention turns the queries the same way and its output back, `_rotated_attention`),
+      then asymmetric codes in [0, 15] of each run of 32 values between its least and largest
+      (k = a scale and a least per run), two codes a byte, the even element in the low nibble
+      (40 bytes for 64 values)."""
+
+    def __init__(self, dtype: str, head_dim: int, turn: list[Any]) -> None:
+        if dtype not in KV_DTYPES:
+            raise ValueError(f"a key/value cache holds {' or '.join(KV_DTYPES)} codes, not {dtype!r}")
+        self.packed = dtype == "int4"
+        self.rotated = (
+            self.packed and _ROTATABLE[0] <= head_dim <= _ROTATABLE[1] and not head_dim & (head_dim - 1)
+        )
+        self.turn = turn
+        self.run = (
+            min(_INT4_RUN, head_dim) if self.packed and head_dim % min(_INT4_RUN, head_dim) == 0 else head_dim
+        )
+
+    def empty(self, floats: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        if self.packed:
+            return torch.zeros((*floats.shape[:-1], floats.shape[-1] // 2), dtype=torch.uint8)
+        return torch.zeros(floats.shape, dtype=torch.int8)
+
+    def scales(self, codes: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        per_token = 2 * (2 * codes.shape[-1] // self.run) if self.packed else 1
+        return torch.zeros((*codes.shape[:-1], per_token), dtype=torch.float16)
+
+    def write(
+        self, store: torch.Tensor, scales: torch.Tensor, states: torch.Tensor, at: torch.Tensor
+    ) -> torch.Tensor:
+        """Encode `states` [1, heads, T, dim] into `store` / `scales` at positions `at`; the whole
+        cache decoded in the states' dtype."""
+        import torch
+
+        if not self.packed:
+            scale = (states.abs().amax(-1, keepdim=True) / 127).clamp(max=_FP16_MAX).to(scales.dtype)
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+            codes = torch.round(states / scale.to(states.dtype)).clamp(-127, 127)
+            parameters = scale
+        else:
+            if self.rotated:
+                states = states @ self.turn[0].to(states.dtype)
+            runs = states.unflatten(-1, (-1, self.run))
+            least = runs.amin(-1, keepdim=True).clamp(-_FP16_MAX, _FP16_MAX).to(scales.dtype)
+            scale = ((runs.amax(-1, keepdim=True) - least.to(states.dtype)) / 15).clamp(max=_FP16_MAX)
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale)).to(scales.dtype)
+            codes = (
+                torch.round((runs - least.to(states.dtype)) / scale.to(states.dtype)).clamp(0, 15).flatten(-2)
+            )
+            codes = codes[..., 1::2] * 16 + codes[..., 0::2]
+            parameters = torch.cat([scale, least], -1).flatten(-2)
+        store.index_copy_(2, at, codes.to(store.dtype))
+        scales.index_copy_(2, at, parameters)
+        return self.decode(store, scales, states.dtype)
+
+    def decode(self, store: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        import torch
+
+        values = store.to(dtype)
+        if not self.packed:
+            return values * scales.to(dtype)
+        high = torch.floor(values / 16)
+        codes = torch.stack([values - 16 * high, high], -1).flatten(-2).unflatten(-1, (-1, self.run))
+        scale, least = scales.to(dtype).unflatten(-1, (-1, 2)).unbind(-1)
+        return (codes * scale[..., None] + least[..., None]).flatten(-2)
