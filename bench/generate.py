@@ -139,7 +139,8 @@ def _converted(source: Path, name: str, *steps: list[str]) -> Path:
 
 
 def on_runtime(stateful: Path, tokenizer, new: int, kinds: list[str]) -> None:  # type: ignore[no-untyped-def]
-    """The converted program's tokens against the .pt2's (fp32: all of them; fp16: the first 32),
+    """The converted program's tokens against those of the .pt2 it was converted from (fp32: all of
+    them; the fp16 cast: the first 32),
     and its prefill / decode speed on the runtime, with the worker's peak memory."""
     from coreai_opt.generation import GenerateConfig, StatefulDecoder, generate, open_decoder
     from coreai_opt.io import load_pt2
@@ -156,6 +157,9 @@ def on_runtime(stateful: Path, tokenizer, new: int, kinds: list[str]) -> None:  
     for name in kinds:
         steps, compared, chunks = programs[name]
         asset = _converted(stateful, f"smollm2.kv.{name}", *steps)
+        if steps:  # the converted program against the .pt2 it was converted from (the fp16 cast's tokens)
+            source = StatefulDecoder(load_pt2(BUILD / f"smollm2.kv.{name}.step{len(steps) - 1}.pt2"))
+            expected = {p: generate(source, tokenizer.encode(p).ids, config).tokens for p in PROMPTS}
         with open_decoder(asset) as opened:
             same, prefill, decode = 0, [], []
             for prompt in PROMPTS:

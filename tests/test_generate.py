@@ -14,21 +14,23 @@ pytest.importorskip("transformers")
 from coreai_opt.generation import GenerateConfig, StatefulDecoder, generate
 from coreai_opt.io import load_pt2
 
-CONTEXT = 24
+CONTEXT = 16  # the tiny_llama fixture's window length: its window program scores the same windows
 PROMPT = [5, 7, 9, 11]
 
 
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny LLaMA and GPT-2 (learned positions) exported with a cache of CONTEXT positions."""
+    """The tiny LLaMA and GPT-2 (learned positions) exported with a cache of CONTEXT positions, and
+    the LLaMA's folder (`folder`)."""
     from coreai_opt.models import export_file
     from tests._hf import hf_folder
 
     root = tmp_path_factory.mktemp("decoders")
-    return {
+    made = {
         family: export_file(hf_folder(family, root), root / f"{family}.kv.pt2", context=CONTEXT).output
         for family in ("llama", "gpt2")
     }
+    return made | {"folder": root / "llama"}
 
 
 def _transformers_greedy(family: str, new: int) -> list[int]:
@@ -44,10 +46,10 @@ def _transformers_greedy(family: str, new: int) -> list[int]:
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_greedy_tokens_are_transformers_own(decoders: dict[str, Path], family: str) -> None:
     decoder = StatefulDecoder(load_pt2(decoders[family]))
-    made = generate(decoder, PROMPT, GenerateConfig(max_new_tokens=16, ignore_eos=True))
-    assert made.tokens == _transformers_greedy(family, 16)
+    made = generate(decoder, PROMPT, GenerateConfig(max_new_tokens=12, ignore_eos=True))
+    assert made.tokens == _transformers_greedy(family, 12)
     assert made.stopped == "length" and made.prompt_tokens == PROMPT
-    again = generate(decoder, PROMPT, GenerateConfig(max_new_tokens=16, ignore_eos=True))
+    again = generate(decoder, PROMPT, GenerateConfig(max_new_tokens=12, ignore_eos=True))
     assert again.tokens == made.tokens  # the cache is reset for every sequence
 
 
@@ -144,7 +146,7 @@ def test_generate_refuses_in_one_line(decoders: dict[str, Path], tiny_llama, tmp
         (["generate", tiny_llama["ref"], "--prompt", "the"], 1, "is not a stateful decoder"),
         (["generate", model], 2, "give --prompt or --prompt-file"),
         (["generate", model, "--prompt", "a", "--prompt-file", tiny_llama["text"]], 2, "give --prompt or"),
-        (["generate", model, "--prompt", "the " * (CONTEXT + 1)], 1, "context holds 1 to 24"),
+        (["generate", model, "--prompt", "the " * (CONTEXT + 1)], 1, f"context holds 1 to {CONTEXT}"),
         (["generate", model, "--prompt", "a", "--temperature", "-1"], 2, "--temperature"),
         (["generate", tmp_path / "none.pt2", "--prompt", "a"], 1, "no such file"),
         (["generate", tmp_path / "m.aimodel", "--prompt", "a"], 1, "asset has no main.mlirb"),
@@ -161,17 +163,13 @@ def test_generate_refuses_in_one_line(decoders: dict[str, Path], tiny_llama, tmp
 
 
 def test_eval_and_calibration_read_a_stateful_decoder_as_its_window_program(
-    decoders: dict[str, Path], tmp_path: Path, coreopt
+    decoders: dict[str, Path], tiny_llama, tmp_path: Path, coreopt
 ) -> None:  # type: ignore[no-untyped-def]
     """Windows of the context written from position 0: eval scores the decode path as the window
     program (KL 0), and GPTQ calibrated on the same text makes the same codes."""
     from coreai_opt.evaluation import evaluate_text
-    from coreai_opt.models import export_file
-    from tests._hf import TEXT, hf_folder
 
-    text = tmp_path / "text.txt"
-    text.write_text(TEXT, encoding="utf-8")
-    window = export_file(hf_folder("llama", tmp_path), tmp_path / "w.pt2", seq_len=CONTEXT).output
+    text, window = tiny_llama["text"], tiny_llama["ref"]  # the same model, windows of CONTEXT tokens
     scored = evaluate_text(window, [decoders["llama"]], text=text)
     (candidate,) = scored.candidates
     assert candidate.perplexity == pytest.approx(scored.reference.perplexity, rel=1e-6)
@@ -237,11 +235,8 @@ def test_a_quantized_cache_holds_codes_and_float16_parameters_per_token_and_head
     run, too short to rotate), two a byte. Decoded where attention reads them: logits stay near
     the float cache's."""
     from coreai_opt.models import export_file
-    from tests._hf import hf_folder
 
-    path = export_file(
-        hf_folder("llama", tmp_path), tmp_path / "q.pt2", context=CONTEXT, kv_cache_dtype=dtype
-    ).output
+    path = export_file(decoders["folder"], tmp_path / "q.pt2", context=CONTEXT, kv_cache_dtype=dtype).output
     decoder, full = StatefulDecoder(load_pt2(path)), StatefulDecoder(load_pt2(decoders["llama"]))
     per_vector = 8 + 2 if dtype == "int8" else 4 + 4  # bytes of codes + float16 parameters
     assert decoder.state_bytes == 4 * 2 * CONTEXT * per_vector
