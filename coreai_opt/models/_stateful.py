@@ -27,6 +27,7 @@ KEY_SCALE, VALUE_SCALE = "key_scale_{}", "value_scale_{}"  # a quantized cache's
 _FP16_MAX = 65504.0
 _ROTATABLE = (16, 4096)  # head dims tcast.hadamard turns (powers of two)
 _INT4_RUN = 32  # values of a head vector that share one int4 scale and least
+_SHRINKS = (1.0, 0.95, 0.9, 0.85)  # int4 ranges tried for each run, as shares of its own
 _KV_SEED = 0  # the cache rotation's signs
 _ATTENTION = "coreopt_rotated_kv"  # the attention that meets a rotated cache
 ROTATION = "kv_rotation"  # the buffer of a rotated cache's [head-dim, head-dim] turning matrix
@@ -193,6 +194,31 @@ def decoder_entries(program: ExportedProgram, chunk: int = PREFILL_CHUNK) -> dic
     return entries
 
 
+def _int4_runs(runs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes in [0, 15], scale and least (in `dtype`) of each run [..., n, run]: of the ranges
+    `_SHRINKS` of the run's own (centred on it), the one whose codes lose the least squared error."""
+    import torch
+
+    low, high = runs.amin(-1, keepdim=True), runs.amax(-1, keepdim=True)
+    middle, half = (low + high) / 2, (high - low) / 2
+    found = []
+    for shrink in _SHRINKS:
+        least = (middle - half * shrink).clamp(-_FP16_MAX, _FP16_MAX).to(dtype)
+        scale = (2 * half * shrink / 15).clamp(max=_FP16_MAX).to(dtype)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        base, step = least.to(runs.dtype), scale.to(runs.dtype)
+        codes = torch.round((runs - base) / step).clamp(0, 15)
+        found.append((codes, scale, least, ((codes * step + base - runs) ** 2).sum(-1, keepdim=True)))
+    errors = torch.stack([f[3] for f in found])
+    best = errors.argmin(0, keepdim=True)
+
+    def pick(i: int) -> torch.Tensor:
+        stacked = torch.stack([f[i] for f in found])  # [shrinks, ..., n, k]
+        return stacked.gather(0, best.expand((1, *stacked.shape[1:])))[0]
+
+    return pick(0), pick(1), pick(2)
+
+
 class _KVCodes:
     """A quantized cache: each token's vector of one kv-head (its head-dim values) as integer codes
     with float16 parameters in a second buffer `[1, kv-heads, context, k]`, decoded where attention
@@ -202,8 +228,9 @@ class _KVCodes:
     - int4: first turned by a seeded random Hadamard rotation of the head dim (where it is a power of
       two from 16: QuaRot's online rotation of the cache, so the keys' outlier channels spread over
       all of them; attention turns the queries the same way and its output back, `_rotated_attention`),
-      then asymmetric codes in [0, 15] of each run of 32 values between its least and largest
-      (k = a scale and a least per run), two codes a byte, the even element in the low nibble
+      then asymmetric codes in [0, 15] of each run of 32 values over a range chosen among the run's
+      own and that range shrunk around its middle (`_SHRINKS`: whichever loses the least squared
+      error; k = a scale and a least per run), two codes a byte, the even element in the low nibble
       (40 bytes for 64 values)."""
 
     def __init__(self, dtype: str, head_dim: int, turn: list[Any]) -> None:
@@ -247,12 +274,8 @@ class _KVCodes:
             if self.rotated:
                 states = states @ self.turn[0].to(states.dtype)
             runs = states.unflatten(-1, (-1, self.run))
-            least = runs.amin(-1, keepdim=True).clamp(-_FP16_MAX, _FP16_MAX).to(scales.dtype)
-            scale = ((runs.amax(-1, keepdim=True) - least.to(states.dtype)) / 15).clamp(max=_FP16_MAX)
-            scale = torch.where(scale > 0, scale, torch.ones_like(scale)).to(scales.dtype)
-            codes = (
-                torch.round((runs - least.to(states.dtype)) / scale.to(states.dtype)).clamp(0, 15).flatten(-2)
-            )
+            codes, scale, least = _int4_runs(runs, scales.dtype)
+            codes = codes.flatten(-2)
             codes = codes[..., 1::2] * 16 + codes[..., 0::2]
             parameters = torch.cat([scale, least], -1).flatten(-2)
         store.index_copy_(2, at, codes.to(store.dtype))
