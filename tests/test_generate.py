@@ -170,7 +170,7 @@ def test_eval_and_calibration_read_a_stateful_decoder_as_its_window_program(
     from coreai_opt.evaluation import evaluate_text
 
     text, window = tiny_llama["text"], tiny_llama["ref"]  # the same model, windows of CONTEXT tokens
-    scored = evaluate_text(window, [decoders["llama"]], text=text)
+    scored = evaluate_text(window, [decoders["llama"]], text=text, max_tokens=8 * CONTEXT)
     (candidate,) = scored.candidates
     assert candidate.perplexity == pytest.approx(scored.reference.perplexity, rel=1e-6)
     assert candidate.kl_mean < 1e-9 and candidate.top1 == 1.0
@@ -221,7 +221,7 @@ def test_the_converted_decoder_runs_on_the_core_ai_runtime(
     assert on_runtime == generate(StatefulDecoder(load_pt2(decoders["llama"])), PROMPT, config).tokens
     text = tmp_path / "text.txt"
     text.write_text(TEXT, encoding="utf-8")
-    scored = evaluate_text(decoders["llama"], [asset], text=text)  # windows of 24: prefill calls
+    scored = evaluate_text(decoders["llama"], [asset], text=text, max_tokens=4 * CONTEXT)  # prefill calls
     assert scored.candidates[0].kl_mean < 1e-6 and scored.candidates[0].top1 == 1.0
     assert scored.candidates[0].perplexity == pytest.approx(scored.reference.perplexity, rel=1e-5)
 

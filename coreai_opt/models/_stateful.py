@@ -196,27 +196,21 @@ def decoder_entries(program: ExportedProgram, chunk: int = PREFILL_CHUNK) -> dic
 
 def _int4_runs(runs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Codes in [0, 15], scale and least (in `dtype`) of each run [..., n, run]: of the ranges
-    `_SHRINKS` of the run's own (centred on it), the one whose codes lose the least squared error."""
+    `_SHRINKS` of the run's own (centred on it), the one whose codes lose the least squared error
+    (all tried at once along a leading axis)."""
     import torch
 
     low, high = runs.amin(-1, keepdim=True), runs.amax(-1, keepdim=True)
     middle, half = (low + high) / 2, (high - low) / 2
-    found = []
-    for shrink in _SHRINKS:
-        least = (middle - half * shrink).clamp(-_FP16_MAX, _FP16_MAX).to(dtype)
-        scale = (2 * half * shrink / 15).clamp(max=_FP16_MAX).to(dtype)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        base, step = least.to(runs.dtype), scale.to(runs.dtype)
-        codes = torch.round((runs - base) / step).clamp(0, 15)
-        found.append((codes, scale, least, ((codes * step + base - runs) ** 2).sum(-1, keepdim=True)))
-    errors = torch.stack([f[3] for f in found])
-    best = errors.argmin(0, keepdim=True)
-
-    def pick(i: int) -> torch.Tensor:
-        stacked = torch.stack([f[i] for f in found])  # [shrinks, ..., n, k]
-        return stacked.gather(0, best.expand((1, *stacked.shape[1:])))[0]
-
-    return pick(0), pick(1), pick(2)
+    shrinks = torch.tensor(_SHRINKS, dtype=runs.dtype, device=runs.device).reshape(-1, *[1] * runs.dim())
+    least = (middle - half * shrinks).clamp(-_FP16_MAX, _FP16_MAX).to(dtype)
+    scale = (2 * half * shrinks / 15).clamp(max=_FP16_MAX).to(dtype)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    base, step = least.to(runs.dtype), scale.to(runs.dtype)
+    codes = torch.round((runs - base) / step).clamp(0, 15)
+    best = ((codes * step + base - runs) ** 2).sum(-1, keepdim=True).argmin(0, keepdim=True)
+    codes = codes.gather(0, best.expand((1, *codes.shape[1:])))[0]
+    return codes, scale.gather(0, best)[0], least.gather(0, best)[0]
 
 
 class _KVCodes:
