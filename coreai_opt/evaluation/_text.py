@@ -230,15 +230,14 @@ class _LanguageSide:
 def _decoder(side: Side) -> Any:
     """The stateful decoder a side holds (a `.pt2`'s module or an `.aimodel`'s worker reused), or None."""
     from coreai_opt.comparison import ExportedSide
-    from coreai_opt.generation import AssetDecoder, StatefulDecoder
-    from coreai_opt.models import STATE_INPUTS, decoder_problem
+    from coreai_opt.generation import AssetDecoder, NotADecoder, StatefulDecoder
+    from coreai_opt.models import STATE_INPUTS
 
     if isinstance(side, ExportedSide):
-        return (
-            StatefulDecoder(side.program, module=side.module)
-            if decoder_problem(side.program) is None
-            else None
-        )
+        try:
+            return StatefulDecoder(side.program, module=side.module)
+        except NotADecoder:
+            return None
     if tuple(s.name for s in side.inputs) != STATE_INPUTS:
         return None
     return AssetDecoder(side.path, side.worker)

@@ -5,12 +5,13 @@ runtime, `generate` makes tokens from a prompt (greedy or sampled, as
 
 from ._asset import AssetDecoder
 from ._config import GenerateConfig
-from ._decoder import NotADecoder, StatefulDecoder
+from ._decoder import Decoder, NotADecoder, StatefulDecoder
 from ._files import OpenDecoder, TextStream, check_decoder_path, open_decoder
 from ._generate import Generation, generate
 
 __all__ = [
     "AssetDecoder",
+    "Decoder",
     "GenerateConfig",
     "Generation",
     "NotADecoder",

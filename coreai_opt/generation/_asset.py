@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._decoder import NotADecoder
+from ._decoder import NotADecoder, check_fit
 
 if TYPE_CHECKING:
     import torch
@@ -50,10 +50,7 @@ class AssetDecoder:
         """Logits `[len(ids), vocab]`: whole chunks through prefill, the rest token by token."""
         import torch
 
-        if not ids or position < 0 or position + len(ids) > self.context:
-            raise ValueError(
-                f"{len(ids)} tokens at position {position} do not fit a context of {self.context}"
-            )
+        check_fit(ids, position, self.context)
         pieces, at = [], 0
         while at < len(ids):
             function, count = ("prefill", self.chunk) if len(ids) - at >= self.chunk > 1 else ("main", 1)
@@ -62,6 +59,7 @@ class AssetDecoder:
         return torch.from_numpy(np.concatenate(pieces).astype(np.float32, copy=False))
 
     def _run(self, function: str, ids: Sequence[int], position: int) -> np.ndarray:
+        from coreai_opt.io import worker_errors
         from coreai_opt.models import STATE_INPUTS
 
         tokens, where = STATE_INPUTS
@@ -69,8 +67,6 @@ class AssetDecoder:
             tokens: np.asarray([list(ids)], dtype=self.dtypes[tokens]),
             where: np.asarray([position], dtype=self.dtypes[where]),
         }
-        from coreai_opt.io import worker_errors
-
         with worker_errors(self.path):
             (logits,) = self.worker.run(arrays, function).values()
         return np.asarray(logits)[0]

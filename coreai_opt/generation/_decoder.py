@@ -4,7 +4,7 @@ its inputs and cache checked once, the cache zeroed for each new sequence."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -13,6 +13,25 @@ if TYPE_CHECKING:
 
 class NotADecoder(ValueError):
     """The program is not a stateful decoder (what it is instead, and how to make one)."""
+
+
+class Decoder(Protocol):
+    """What `generate` and `eval` call: `StatefulDecoder` (PyTorch), `AssetDecoder` (Core AI)."""
+
+    context: int
+
+    @property
+    def state_bytes(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def __call__(self, ids: Sequence[int], position: int) -> torch.Tensor: ...
+
+
+def check_fit(ids: Sequence[int], position: int, context: int) -> None:
+    """`ValueError` unless `ids` (at least one) written from `position` fit a cache of `context`."""
+    if not ids or position < 0 or position + len(ids) > context:
+        raise ValueError(f"{len(ids)} tokens at position {position} do not fit a context of {context}")
 
 
 class StatefulDecoder:
@@ -46,10 +65,7 @@ class StatefulDecoder:
         """Logits `[len(ids), vocab]` of `ids` written at `position`, `position + 1`, ..."""
         import torch
 
-        if not ids or position < 0 or position + len(ids) > self.context:
-            raise ValueError(
-                f"{len(ids)} tokens at position {position} do not fit a context of {self.context}"
-            )
+        check_fit(ids, position, self.context)
         tokens = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         where = torch.tensor([position], dtype=torch.long, device=self.device)
         with torch.no_grad():

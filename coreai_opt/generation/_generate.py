@@ -10,7 +10,7 @@ from typing import Any
 from coreai_opt.errors import ConfigError
 
 from ._config import GenerateConfig
-from ._decoder import StatefulDecoder
+from ._decoder import Decoder
 from ._sampling import next_token
 
 
@@ -46,7 +46,7 @@ class Generation:
 
 
 def generate(
-    decoder: StatefulDecoder,
+    decoder: Decoder,
     prompt: Sequence[int],
     config: GenerateConfig | None = None,
     *,
@@ -72,7 +72,6 @@ def generate(
     logits = decoder(prompt, 0)[-1]
     tokens: list[int] = []
     prefill = decode_began = 0.0
-    stopped = "length"
     while True:
         token = next_token(logits, config, generator)
         tokens.append(token)
@@ -81,12 +80,15 @@ def generate(
             decode_began = time.perf_counter()
         if on_token is not None:
             on_token(token)
-        position = len(prompt) + len(tokens) - 1
-        if token in stops or len(tokens) >= config.max_new_tokens or position >= decoder.context:
-            stopped = (
-                "eos" if token in stops else "length" if len(tokens) >= config.max_new_tokens else "context"
-            )
+        position = len(prompt) + len(tokens) - 1  # where the token just made would be written
+        stopped = _stop(token in stops, len(tokens) >= config.max_new_tokens, position >= decoder.context)
+        if stopped:
             break
         logits = decoder([token], position)[-1]
     decode = time.perf_counter() - decode_began
     return Generation(prompt, tokens, stopped, prefill, decode, decoder.state_bytes)
+
+
+def _stop(eos: bool, enough: bool, full: bool) -> str | None:
+    """Why generation stops after a token, or None: "eos", "length" (max_new_tokens), "context"."""
+    return "eos" if eos else "length" if enough else "context" if full else None

@@ -93,11 +93,14 @@ def _give_cache(model: Any, context: int, kv_dtype: str | None) -> None:
     cache.layers = [_positioned_layer(context, where, codes) for _ in cache.layers]
     cache.early_initialization(1, kv_heads, head_dim, torch.float32, torch.device("cpu"))
     names = [KEY, VALUE] if codes is None else [KEY, VALUE, KEY_SCALE, VALUE_SCALE]
+    slots = list(
+        zip(names, ("keys", "values", "key_scales", "value_scales"), strict=False)
+    )  # buffer, attribute
     for index, layer in enumerate(cache.layers):
         if codes is not None:
             layer.keys, layer.values = codes.empty(layer.keys), codes.empty(layer.values)
             layer.key_scales, layer.value_scales = codes.scales(layer.keys), codes.scales(layer.values)
-        for name, attribute in zip(names, ("keys", "values", "key_scales", "value_scales"), strict=False):
+        for name, attribute in slots:
             model.register_buffer(name.format(index), getattr(layer, attribute), persistent=True)
     base = type(model)
 
@@ -105,7 +108,7 @@ def _give_cache(model: Any, context: int, kv_dtype: str | None) -> None:
         where[0] = position
         turn[0] = getattr(self, ROTATION, None)
         for i, layer in enumerate(cache.layers):  # the buffers as this trace sees them
-            for name, attribute in zip(names, ("keys", "values", "key_scales", "value_scales"), strict=False):
+            for name, attribute in slots:
                 setattr(layer, attribute, getattr(self, name.format(i)))
         positions = (position + torch.arange(input_ids.shape[1], device=input_ids.device))[None]
         out = base.forward(self, input_ids=input_ids, position_ids=positions, past_key_values=cache,
