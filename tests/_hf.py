@@ -99,11 +99,16 @@ def _add_gguf_tokenizer(writer: Any) -> None:
 
 
 def llama_gguf_variant(
-    path: Path, *, drop: tuple[str, ...] = (), block_count: int | None = None, tokenizer: bool = False
+    path: Path,
+    *,
+    drop: tuple[str, ...] = (),
+    block_count: int | None = None,
+    tokenizer: bool = False,
+    chat_template: str | None = None,
 ) -> Path:
     """`llama_gguf` without the tensors named in `drop` (llama.cpp's names), stating `block_count`
     layers when given (a hostile file's claims); with a byte-level BPE tokenizer in its metadata
-    when `tokenizer`."""
+    when `tokenizer`, and `chat_template` when given."""
     import gguf
 
     model = tiny_model("llama")
@@ -111,6 +116,8 @@ def llama_gguf_variant(
     writer = gguf.GGUFWriter(str(path), "llama")
     if tokenizer:
         _add_gguf_tokenizer(writer)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)

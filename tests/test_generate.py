@@ -26,11 +26,73 @@ def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from tests._hf import hf_folder
 
     root = tmp_path_factory.mktemp("decoders")
-    made = {
-        family: export_file(hf_folder(family, root), root / f"{family}.kv.pt2", context=CONTEXT).output
-        for family in ("llama", "gpt2")
-    }
+    folders = {family: hf_folder(family, root) for family in ("llama", "gpt2")}
+    _give_a_chat_template(folders["llama"])
+    made = {family: export_file(folder, root / f"{family}.kv.pt2", context=CONTEXT).output
+            for family, folder in folders.items()}  # fmt: skip
     return made | {"folder": root / "llama"}
+
+
+# ChatML templates of our own, in the three ways sources write them: a default system message in
+# a literal with newlines, one with its newlines escaped (as a JSON file's text reads once parsed),
+# none; and a template of another layout.
+SMOL_LIKE = (
+    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}{{ '<|im_start|>system\nYou are "
+    "a careful assistant.<|im_end|>\n' }}{% endif %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+ESCAPED = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
+    "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are a tiny test model.<|im_end|>\\n' }}"
+    "{%- endif %}{%- for m in messages %}{%- if m['role'] != 'system' %}{{- '<|im_start|>' + m['role'] + "
+    "'\\n' + m['content'] + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+NO_SYSTEM = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+INST = "{{ bos_token }}{% for m in messages %}{{ '[INST] ' + m['content'] + ' [/INST]' }}{% endfor %}"
+SPECIALS = ("<|im_start|>", "<|im_end|>")
+
+
+def _give_a_chat_template(folder: Path) -> None:
+    """SMOL_LIKE in the folder's tokenizer_config.json, and ChatML's two special tokens in its
+    tokenizer (in place of its last two filler words, so the ids stay inside the vocabulary)."""
+    from tokenizers import Tokenizer
+
+    data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    for special, (word, index) in zip(
+        SPECIALS, sorted(vocab.items(), key=lambda item: item[1])[-2:], strict=True
+    ):
+        del vocab[word]
+        vocab[special] = index
+    tokenizer = Tokenizer.from_str(json.dumps(data))
+    tokenizer.add_special_tokens(list(SPECIALS))
+    (folder / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": SMOL_LIKE}), encoding="utf-8")
+
+
+@pytest.mark.parametrize("template", [SMOL_LIKE, ESCAPED, NO_SYSTEM])
+def test_a_chatml_template_renders_as_transformers_renders_it(template: str) -> None:
+    """Our rendering of the recognised format against transformers' run of the template itself."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    from coreai_opt.models import chat_format
+
+    oracle = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+    oracle.chat_template = template
+    chat = chat_format(template)
+    assert chat is not None and chat.style == "chatml"
+    user = [{"role": "user", "content": "Name a river.\nOne, please."}]
+    for system in (None, "Answer in French."):
+        said = [{"role": "system", "content": system}] if system is not None else []
+        theirs = oracle.apply_chat_template(said + user, tokenize=False, add_generation_prompt=True)
+        assert chat.render(user[0]["content"], system) == theirs
+    assert chat_format(INST) is None and chat_format(None) is None
 
 
 def _transformers_greedy(family: str, new: int) -> list[int]:
@@ -139,6 +201,49 @@ def test_generate_on_the_command_line(decoders: dict[str, Path], coreopt) -> Non
     assert "tokens/s" in shown.stderr
 
 
+def test_generate_lays_a_chat_prompt_out_in_the_model_s_chat_format(
+    decoders: dict[str, Path], coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """The source's template became a chat format in the model's description; --chat writes the
+    prompt as one user turn (special tokens as tokens) and stops at the end of a turn too."""
+    from coreai_opt.generation import open_decoder
+    from coreai_opt.models import model_info, read_tokenizer, tokenizer_path
+
+    model = decoders["llama"]
+    chat = model_info(model).chat
+    assert chat is not None and chat.system == "You are a careful assistant."
+    result = coreopt("generate", model, "--chat", "--system", "be brief", "--prompt", "the model reads",
+                     "--max-new-tokens", "2", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    tokenizer = read_tokenizer(tokenizer_path(model))
+    ids = tokenizer.encode(chat.render("the model reads", "be brief"), add_special_tokens=False).ids
+    start, end = (tokenizer.token_to_id(t) for t in SPECIALS)
+    assert json.loads(result.stdout)["prompt_tokens"] == ids and ids.count(start) == 3 and ids.count(end) == 2
+    with open_decoder(model) as opened:
+        assert opened.stop_ids(chat=True) == (*opened.eos, end) and opened.stop_ids() == opened.eos
+
+
+def test_a_gguf_chat_template_is_read_as_text_and_a_bad_chat_format_refused(tmp_path: Path) -> None:
+    from coreai_opt.io import ModelFileError
+    from coreai_opt.models import ModelInfo, chat_format, open_source
+    from tests._hf import llama_gguf_variant
+
+    source = open_source(llama_gguf_variant(tmp_path / "chat.gguf", chat_template=ESCAPED))
+    assert source.chat_template == ESCAPED
+    assert chat_format(source.chat_template).system == "You are a tiny test model."
+    good = {"format": "coreopt-model", "version": 1, "kind": "causal-lm", "model_type": "llama", "batch": 1,
+            "seq_len": 8, "chat": {"style": "chatml", "system": None}}  # fmt: skip
+    assert ModelInfo.from_dict(good, tmp_path / "m.json").chat == chat_format(NO_SYSTEM)
+    for chat in (
+        {"style": "jinja", "system": None},
+        {"style": "chatml"},
+        {"style": "chatml", "system": 3},
+        "chatml",
+    ):
+        with pytest.raises(ModelFileError, match="malformed chat format"):
+            ModelInfo.from_dict(good | {"chat": chat}, tmp_path / "m.json")
+
+
 def test_generate_refuses_in_one_line(decoders: dict[str, Path], tiny_llama, tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
     model = decoders["llama"]
     (tmp_path / "m.aimodel").mkdir()
@@ -148,6 +253,8 @@ def test_generate_refuses_in_one_line(decoders: dict[str, Path], tiny_llama, tmp
         (["generate", model, "--prompt", "a", "--prompt-file", tiny_llama["text"]], 2, "give --prompt or"),
         (["generate", model, "--prompt", "the " * (CONTEXT + 1)], 1, f"context holds 1 to {CONTEXT}"),
         (["generate", model, "--prompt", "a", "--temperature", "-1"], 2, "--temperature"),
+        (["generate", decoders["gpt2"], "--chat", "--prompt", "a"], 1, "has no chat format coreopt renders"),
+        (["generate", model, "--system", "a", "--prompt", "a"], 2, "give --chat too"),
         (["generate", tmp_path / "none.pt2", "--prompt", "a"], 1, "no such file"),
         (["generate", tmp_path / "m.aimodel", "--prompt", "a"], 1, "asset has no main.mlirb"),
         (["generate", tiny_llama["ref"].with_suffix(".onnx"), "--prompt", "a"], 1, "no such file"),

@@ -29,6 +29,15 @@ _PROMPT_FILE = typer.Option(None, "--prompt-file", help="A UTF-8 file holding th
 _TOKENIZER = typer.Option(
     None, "--tokenizer", help="A tokenizer.json (default: the one coreopt export saved beside MODEL)."
 )
+_CHAT = typer.Option(
+    False,
+    "--chat",
+    help="Lay the prompt out as one user turn of the model's chat format (from its source's "
+    "chat template; ChatML), opening the assistant's turn; stop at the end of that turn.",
+)
+_SYSTEM = typer.Option(
+    None, "--system", help="With --chat: the system message (default: the one the chat template writes)."
+)
 _FIELDS = {f.name for f in dataclasses.fields(GenerateConfig)}
 
 
@@ -49,6 +58,8 @@ def generate(**values: Any) -> None:
 
     Example: coreopt generate smol.kv.pt2 --prompt "The capital of France is" --max-new-tokens 32
 
+    Example: coreopt generate smol.kv.pt2 --chat --prompt "Name three rivers of Europe."
+
     Example: coreopt generate smol.kv.pt2 --prompt-file story.txt --temperature 0.7 --top-p 0.9 --seed 1 --json
     """
     from coreai_opt.generation import check_decoder_path
@@ -56,10 +67,15 @@ def generate(**values: Any) -> None:
     as_json, quiet = values["as_json"], values["quiet"]
     config = config_from_options(GenerateConfig, {k: v for k, v in values.items() if k in _FIELDS})
     prompt = _prompt(values["prompt"], values["prompt_file"])
+    if values["system"] is not None and not values["chat"]:
+        raise typer.BadParameter(
+            "--system sets the system message of --chat: give --chat too", param_hint="--system"
+        )
+    chat = (values["chat"], values["system"])
     model = values["model"]
     with user_errors(as_json, flag_names(GenerateConfig)):
         check_decoder_path(model)
-        result, text = _run(model, prompt, values["tokenizer"], config, values["trust_pickle"],
+        result, text = _run(model, prompt, chat, values["tokenizer"], config, values["trust_pickle"],
                             stream=not (as_json or quiet))  # fmt: skip
     if as_json:
         print_json(result.to_dict() | {"text": text})
@@ -77,7 +93,8 @@ def generate(**values: Any) -> None:
 def _signature() -> inspect.Signature:
     return inspect.Signature([
         keyword("model", _MODEL, Path), keyword("prompt", _PROMPT, str | None),
-        keyword("prompt_file", _PROMPT_FILE, Path | None), keyword("tokenizer", _TOKENIZER, Path | None),
+        keyword("prompt_file", _PROMPT_FILE, Path | None), keyword("chat", _CHAT, bool),
+        keyword("system", _SYSTEM, str | None), keyword("tokenizer", _TOKENIZER, Path | None),
         *config_parameters(GenerateConfig), keyword("trust_pickle", trust_pickle_option(), bool),
         keyword("quiet", quiet_option(), bool), keyword("as_json", json_option(), bool),
     ])  # fmt: skip
@@ -106,21 +123,20 @@ def _prompt(text: str | None, file: Path | None) -> str:
     return read
 
 
-def _run(model: Path, prompt: str, tokenizer: Path | None, config: GenerateConfig, trust_pickle: bool,
-         stream: bool) -> tuple[Any, str]:  # fmt: skip
+def _run(model: Path, prompt: str, chat: tuple[bool, str | None], tokenizer: Path | None,
+         config: GenerateConfig, trust_pickle: bool, stream: bool) -> tuple[Any, str]:  # fmt: skip
     from coreai_opt.generation import open_decoder
 
     with open_decoder(model, tokenizer=tokenizer, trust_pickle=trust_pickle) as opened:
-        return _generate(opened, model, prompt, config, stream)
+        return _generate(opened, prompt, chat, config, stream)
 
 
-def _generate(opened: Any, model: Path, prompt: str, config: GenerateConfig, stream: bool) -> tuple[Any, str]:
-    from coreai_opt.errors import ConfigError
+def _generate(
+    opened: Any, prompt: str, chat: tuple[bool, str | None], config: GenerateConfig, stream: bool
+) -> tuple[Any, str]:
     from coreai_opt.generation import TextStream, generate
 
-    if opened.tokenizer is None:
-        raise ConfigError(f"{model} has no tokenizer beside it; give --tokenizer", "tokenizer")
-    ids = opened.tokenizer.encode(prompt).ids
+    ids = opened.prompt_ids(prompt, chat=chat[0], system=chat[1])
     text = TextStream(opened.tokenizer)
 
     def show(token: int) -> None:
@@ -129,9 +145,9 @@ def _generate(opened: Any, model: Path, prompt: str, config: GenerateConfig, str
             sys.stdout.write(added)
             sys.stdout.flush()
 
-    if stream:
+    if stream and not chat[0]:
         sys.stdout.write(prompt)
-    result = generate(opened.decoder, ids, config, eos=opened.eos, on_token=show)
+    result = generate(opened.decoder, ids, config, eos=opened.stop_ids(chat=chat[0]), on_token=show)
     if stream:
         sys.stdout.write(text.text()[len(text.shown) :] + "\n")
     return result, text.text()

@@ -6,22 +6,53 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from coreai_opt.errors import ConfigError
 from coreai_opt.io import ModelFileError, ModelFormat, model_format, require_existing
 
 from ._decoder import NotADecoder, StatefulDecoder
+
+if TYPE_CHECKING:
+    from coreai_opt.models import ChatFormat
 
 
 @dataclass
 class OpenDecoder:
     """A decoder ready to run (`StatefulDecoder` in PyTorch, `AssetDecoder` on the Core AI runtime),
-    its tokenizer and end-of-sequence ids; a context manager (an asset's worker closes with it)."""
+    its tokenizer, end-of-sequence ids and chat format; a context manager (an asset's worker
+    closes with it)."""
 
     decoder: Any
     tokenizer: Any  # a tokenizers.Tokenizer, or None when none was given or found
     eos: tuple[int, ...]
+    chat: ChatFormat | None = None  # from the source's chat template, when coreopt recognised it
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    name: str = ""  # the file, as messages name it
+
+    def prompt_ids(self, text: str, *, chat: bool = False, system: str | None = None) -> list[int]:
+        """`text`'s token ids; with `chat`, as one user turn of the model's chat format (after
+        `system`, else the format's default system message) opening the assistant's turn, the
+        chat format's own special tokens written as it writes them."""
+        if self.tokenizer is None:
+            raise ConfigError(f"{self.name} has no tokenizer beside it; give --tokenizer", "tokenizer")
+        if not chat:
+            return list(self.tokenizer.encode(text).ids)
+        if self.chat is None:
+            raise ConfigError(
+                f"{self.name} has no chat format coreopt renders (a ChatML chat template in the source "
+                "coreopt export read); give the prompt without --chat", "chat",
+            )  # fmt: skip
+        return list(self.tokenizer.encode(self.chat.render(text, system), add_special_tokens=False).ids)
+
+    def stop_ids(self, *, chat: bool = False) -> tuple[int, ...]:
+        """The end-of-sequence ids, and with `chat` the token that ends a turn."""
+        turn = (
+            self.tokenizer.token_to_id(self.chat.end_of_turn)
+            if chat and self.chat and self.tokenizer
+            else None
+        )
+        return self.eos + ((turn,) if turn is not None and turn not in self.eos else ())
 
     def __enter__(self) -> OpenDecoder:
         return self
@@ -53,7 +84,8 @@ def open_decoder(
     found = Path(tokenizer) if tokenizer is not None else model_tokenizer(path)
     coder = read_tokenizer(found) if found is not None else None
     info = model_info(path)
-    opened = OpenDecoder(None, coder, _eos(info.config if info is not None else {}))
+    eos = _eos(info.config if info is not None else {})
+    opened = OpenDecoder(None, coder, eos, info.chat if info is not None else None, name=str(path))
     try:
         if kind is ModelFormat.AIMODEL:
             opened.decoder = _asset(path, opened.stack)

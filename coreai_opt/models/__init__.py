@@ -3,6 +3,7 @@
 decoder with its key/value cache, taking `STATE_INPUTS`), with what the model is and its tokenizer kept
 beside the program (`model_info`, `model_tokenizer`) for the commands that follow."""
 
+from ._chat import ChatFormat, chat_format
 from ._exporter import ExportedModel, export_model
 from ._families import FAMILIES, Family, ModelKind, supported
 from ._files import ExportFileResult, export_file
@@ -27,6 +28,7 @@ __all__ = [
     "KV_DTYPES",
     "PREFILL_CHUNK",
     "STATE_INPUTS",
+    "ChatFormat",
     "ExportFileResult",
     "ExportedModel",
     "Family",
@@ -34,6 +36,7 @@ __all__ = [
     "ModelKind",
     "ModelSource",
     "Sidecars",
+    "chat_format",
     "copy_sidecars",
     "decoder_context",
     "decoder_entries",

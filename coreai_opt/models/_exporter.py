@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt.errors import ConfigError
 from coreai_opt.io import ModelFileError, one_line
 
+from ._chat import chat_format
 from ._families import ModelKind
 from ._loading import Given, given_folder, quiet
 from ._sidecar import ModelInfo
@@ -93,7 +94,7 @@ def export_model(
     config = json.loads(json.dumps(model.config.to_dict(), default=str))
     info = ModelInfo(
         src.family.kind, src.family.model_type, batch, length,
-        getattr(model.config, "vocab_size", None), str(src.path), config, context,
+        getattr(model.config, "vocab_size", None), str(src.path), config, context, chat_format(src.chat_template),
     )  # fmt: skip
     parameters = sum(p.numel() for p in model.parameters())
     return ExportedModel(program, info, tokenizer, parameters, time.perf_counter() - start)

@@ -28,6 +28,7 @@ from coreai_opt.io import (
     write_atomically,
 )
 
+from ._chat import ChatFormat
 from ._families import ModelKind
 
 FORMAT = "coreopt-model"
@@ -50,20 +51,26 @@ class ModelInfo:
     source: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     context: int | None = None  # a stateful decoder's cache positions (models._stateful); None: a window
+    chat: ChatFormat | None = None  # how its chat template lays out a conversation (models._chat)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT, "version": VERSION, "kind": self.kind.value, "model_type": self.model_type,
             "batch": self.batch, "seq_len": self.seq_len, "vocab_size": self.vocab_size,
             "source": self.source, "config": self.config,
-        } | ({} if self.context is None else {"context": self.context})  # fmt: skip
+        } | ({} if self.context is None else {"context": self.context}) | (
+            {} if self.chat is None else {"chat": self.chat.to_dict()})  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Any, path: Path) -> ModelInfo:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ModelFileError(path, f"not a {FORMAT} file")
-        if any(isinstance(value, dict | list) for key, value in data.items() if key != "config"):
-            raise ModelFileError(path, "malformed model description (only its config holds objects or lists)")
+        if any(
+            isinstance(value, dict | list) for key, value in data.items() if key not in ("config", "chat")
+        ):
+            raise ModelFileError(
+                path, "malformed model description (only its config and chat format hold objects or lists)"
+            )
         if data.get("version") != VERSION:
             raise ModelFileError(
                 path, f"version {one_line(repr(data.get('version')), 40)} is not one this coreopt reads"
@@ -83,7 +90,10 @@ class ModelInfo:
         except (KeyError, ValueError) as exc:
             raise ModelFileError(path, f"malformed model description ({one_line(exc, 120)})") from None
         check_depth(config, path, "its config")
-        return cls(kind, data["model_type"], batch, seq_len, vocab, data.get("source", ""), config, context)
+        chat = None if data.get("chat") is None else ChatFormat.from_dict(data["chat"], path)
+        return cls(
+            kind, data["model_type"], batch, seq_len, vocab, data.get("source", ""), config, context, chat
+        )
 
 
 def _stem(program: Path) -> Path:

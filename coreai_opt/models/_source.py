@@ -27,6 +27,7 @@ from coreai_opt.io import (
     read_json,
 )
 
+from ._chat import folder_chat_template, gguf_chat_template
 from ._families import FAMILIES, GGUF_ARCHITECTURES, Family, supported
 from ._sizes import check_sizes, gguf_values
 from ._stored import Stored, gguf_stored, safetensors_stored
@@ -47,6 +48,7 @@ class ModelSource:
     config: dict[str, Any]  # config.json (a folder) or the GGUF metadata's architecture facts
     stored: Stored
     real: Path  # where `path` leads, every link followed: the folder or file that was checked
+    chat_template: str | None = None  # its chat template's text, never run (`_chat`)
 
     @property
     def config_path(self) -> Path:
@@ -92,7 +94,7 @@ def _folder(path: Path, real: Path) -> ModelSource:
             )  # fmt: skip
         raise ModelFileError(path, "holds no *.safetensors weights (model.safetensors or its shard index)")
     check_sizes(family, config, stored, config_file)
-    return ModelSource(path, family, False, config, stored, real)
+    return ModelSource(path, family, False, config, stored, real, folder_chat_template(path))
 
 
 def _gguf(path: Path, real: Path) -> ModelSource:
@@ -119,4 +121,4 @@ def _gguf(path: Path, real: Path) -> ModelSource:
     stored = gguf_stored(path, reader)
     check_sizes(family, gguf_values(family, reader, arch), stored, path)
     config = {"model_type": family.model_type, "gguf_architecture": arch}
-    return ModelSource(path, family, True, config, stored, real)
+    return ModelSource(path, family, True, config, stored, real, gguf_chat_template(reader))
