@@ -186,13 +186,13 @@ def on_runtime(stateful: Path, tokenizer, new: int, kinds: list[str]) -> None:  
 
 
 def kv_codes(stateful: Path, context: int, tokens: int) -> None:
-    """The cache as int8 and int4 codes: perplexity and KL against the float cache on two texts."""
+    """The cache as int8, fp8 and int4 codes: perplexity and KL against the float cache on two texts."""
     from coreai_opt.evaluation import evaluate_text
     from coreai_opt.generation import StatefulDecoder
     from coreai_opt.io import load_pt2
 
     programs = [_program(f"smollm2.kv{context}.{dtype}.pt2", context=context, kv_cache_dtype=dtype)
-                for dtype in ("int8", "int4")]  # fmt: skip
+                for dtype in ("int8", "fp8", "int4")]  # fmt: skip
     full = StatefulDecoder(load_pt2(stateful)).state_bytes
     for text in ("evaluation.txt", "license.txt"):
         scored = evaluate_text(stateful, programs, text=ROOT / "build" / "rotate" / text, max_tokens=tokens)

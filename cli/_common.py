@@ -100,9 +100,10 @@ def bad_parameter(
     fields = getattr(exc, "fields", ())
     flag = next((flags[f] for f in fields if f in flags), default)
     message = " ".join(str(exc).split())
-    if "overrides" not in fields:
+    if "overrides" not in fields:  # the error's own fields, and names no English word can be (with a _)
         for name, option in flags.items():
-            message = re.sub(rf"(?<![\w-]){re.escape(name)}\b", option, message)
+            if name in fields or "_" in name:
+                message = re.sub(rf"(?<![\w-]){re.escape(name)}\b", option, message)
     return typer.BadParameter(message, param_hint=flag)
 
 
@@ -118,6 +119,27 @@ def quiet_library_warnings() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
 
 
+# typer checks option values with pydantic, whose messages speak of "Input" and "Value error": ours
+# say what the option must be.
+_PYDANTIC_WORDS = (
+    (re.compile(r"^Value error, "), ""),
+    (re.compile(r"^Input should be greater than or equal to "), "must be at least "),
+    (re.compile(r"^Input should be less than or equal to "), "must be at most "),
+    (re.compile(r"^Input should be greater than "), "must be above "),
+    (re.compile(r"^Input should be less than "), "must be below "),
+    (re.compile(r"^Input should be a valid integer.*"), "must be a whole number"),
+    (re.compile(r"^Input should be a valid number.*"), "must be a number"),
+    (re.compile(r"^Input should be "), "must be "),
+)
+
+
+def plain_words(message: str) -> str:
+    """A usage error's message with pydantic's phrasing said in ours."""
+    for pattern, words in _PYDANTIC_WORDS:
+        message = pattern.sub(words, message)
+    return message
+
+
 def run(app: typer.Typer) -> None:
     """Run a CLI as its console script: usage errors exit 2 as click prints them, and with --json
     also print a JSON error object on stdout, as every other failure does."""
@@ -125,6 +147,8 @@ def run(app: typer.Typer) -> None:
         code = app(standalone_mode=False)
     except typer.TyperException as exc:  # click's usage errors (typer carries its own click)
         exit_code = getattr(exc, "exit_code", EXIT_USAGE)
+        if isinstance(getattr(exc, "message", None), str):
+            exc.message = plain_words(exc.message)
         if "--json" in sys.argv[1:]:
             print_json(error_document(" ".join(exc.format_message().split()), exit_code))
         exc.show()

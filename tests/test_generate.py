@@ -333,11 +333,31 @@ def test_the_converted_decoder_runs_on_the_core_ai_runtime(
     assert scored.candidates[0].perplexity == pytest.approx(scored.reference.perplexity, rel=1e-5)
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_float8_codes_are_a_cast_to_float8_e4m3fn_bit_for_bit() -> None:
+    """Every code's value, and the codes of every code's value, midpoint (ties to even) and the
+    float next to each midpoint, against torch's own cast; only -0 is written as +0 (same value)."""
+    from coreai_opt.models._stateful import _fp8_codes, _fp8_magnitudes, _fp8_values
+
+    every = torch.arange(256, dtype=torch.uint8)
+    cast = every.view(torch.float8_e4m3fn).float()
+    finite = ~cast.isnan()
+    assert torch.equal(_fp8_values(every.float())[finite], cast[finite])
+    values = torch.tensor(_fp8_magnitudes())
+    middles = (values[:-1] + values[1:]) / 2
+    near = [torch.nextafter(middles, torch.full_like(middles, bound)) for bound in (0.0, 1e3)]
+    x = torch.cat(
+        [values[1:], middles, *near, torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 40]
+    )
+    x = torch.cat([x, -x]).clamp(-448, 448)
+    assert torch.equal(_fp8_codes(x).to(torch.uint8), x.to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp8", "int4"])
 def test_a_quantized_cache_holds_codes_and_float16_parameters_per_token_and_head(
     decoders: dict[str, Path], tmp_path: Path, dtype: str
 ) -> None:  # fmt: skip
-    """int8: symmetric codes of each written token's head vector and its largest magnitude; int4:
+    """int8: symmetric codes of each written token's head vector and its largest magnitude; fp8: its
+    float8 e4m3fn cast over that magnitude / 448; int4:
     codes in [0, 15] between the vector's least and largest (the tiny model's head dim of 8 is one
     run, too short to rotate), two a byte. Decoded where attention reads them: logits stay near
     the float cache's."""
@@ -345,7 +365,7 @@ def test_a_quantized_cache_holds_codes_and_float16_parameters_per_token_and_head
 
     path = export_file(decoders["folder"], tmp_path / "q.pt2", context=CONTEXT, kv_cache_dtype=dtype).output
     decoder, full = StatefulDecoder(load_pt2(path)), StatefulDecoder(load_pt2(decoders["llama"]))
-    per_vector = 8 + 2 if dtype == "int8" else 4 + 4  # bytes of codes + float16 parameters
+    per_vector = 8 + 2 if dtype in ("int8", "fp8") else 4 + 4  # bytes of codes + float16 parameters
     assert decoder.state_bytes == 4 * 2 * CONTEXT * per_vector
     ids = list(range(3, 3 + CONTEXT))
     decoder.reset()
@@ -359,6 +379,11 @@ def test_a_quantized_cache_holds_codes_and_float16_parameters_per_token_and_head
         assert torch.equal(parameters, scale)
         expected = torch.round(keys / scale.float()).clamp(-127, 127)
         assert torch.equal(codes.to(torch.int16), expected.to(torch.int16))
+    elif dtype == "fp8":  # a cast to float8 e4m3fn of each vector over its largest magnitude / 448
+        scale = (keys.abs().amax(-1, keepdim=True) / 448).half()
+        assert torch.equal(parameters, scale)
+        expected = (keys / scale.float()).clamp(-448, 448).to(torch.float8_e4m3fn)
+        assert torch.equal(codes.view(torch.float8_e4m3fn).float(), expected.float())
     else:  # of the ranges tried for each run, the codes that lose least: no worse than the run's own
         codes = torch.stack([codes % 16, codes // 16], -1).flatten(-2).float()
         scale, least = parameters.float().unbind(-1)
@@ -369,7 +394,7 @@ def test_a_quantized_cache_holds_codes_and_float16_parameters_per_token_and_head
         assert codes.min() >= 0 and codes.max() <= 15
         assert bool((((decoded - keys) ** 2).sum(-1) <= ((plain - keys) ** 2).sum(-1) * (1 + 1e-6)).all())
     error = float((logits - reference).norm() / reference.norm())
-    assert error < (2e-3 if dtype == "int8" else 5e-2)
+    assert error < {"int8": 2e-3, "fp8": 1e-2, "int4": 5e-2}[dtype]
 
 
 def test_an_int4_cache_is_turned_by_a_hadamard_rotation_that_attention_undoes(tmp_path: Path) -> None:

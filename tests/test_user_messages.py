@@ -61,3 +61,55 @@ def test_the_header_spells_options_as_the_command_line_does(coreopt, tmp_path: P
         "sparsify", SAMPLES / "mlp.aimodel", "--nm", "2:4", "-o", tmp_path / "q.aimodel", "--quiet"
     )
     assert "3 weights compressed, 3 skipped;" in quiet.stdout
+
+
+def test_mistakes_are_refused_before_any_model_loads(coreopt, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A method that learns from data with no --calibration (also through an --override), calibration
+    or token files of no kind coreopt reads, an empty text, a size budget above float32: each exits 2
+    in the words of the flags, and no program is read."""
+
+    def no_load(*_: object, **__: object) -> None:
+        raise AssertionError("a program was loaded")
+
+    for module in ("coreai_opt.recipes._apply", "coreai_opt.io"):
+        monkeypatch.setattr(f"{module}.load_pt2", no_load)
+    model, empty, jsonl = SAMPLES / "mlp.pt2", tmp_path / "empty.txt", tmp_path / "calib.jsonl"
+    empty.write_text("", encoding="utf-8")
+    jsonl.write_text('{"text": "a"}\n', encoding="utf-8")
+    out = ["-o", tmp_path / "out.pt2"]
+    cases = [
+        (["palettize", model, "--method", "gptq", *out], "--method gptq learns from data: give --calibration"),
+        (["palettize", model, "--override", "*:method=gptq", *out], "--method gptq learns from data"),
+        (["quantize", model, "--method", "gptq", "--calibration", jsonl, *out],
+         f"{jsonl}: not calibration data coreopt reads; give a text file (.txt, .md, .text), a .safetensors"),
+        (["eval", model, model, "--text", empty], f"{empty} is empty"),
+        (["eval", model, model, "--tokens", jsonl], "give token ids as a .safetensors file"),
+        (["optimize", model, "--target-bits", "40", "--calibration", "random", "--eval", "random", *out],
+         "--target-bits 40 is not below 32, a float32 weight's bits: no plan compresses to it"),
+    ]  # fmt: skip
+    for args, said in cases:
+        result = coreopt(*args)
+        assert result.exit_code == 2, (args, result.stderr)
+        assert said in " ".join(result.stderr.replace("│", " ").split()), (args, result.stderr)
+    assert not (tmp_path / "out.pt2").exists()
+
+
+def test_typer_s_pydantic_phrasing_is_said_in_ours(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from cli._common import plain_words, run
+    from cli.coreopt_app import app
+
+    assert plain_words("Input should be greater than or equal to 2") == "must be at least 2"
+    assert plain_words("Value error, 'x' is not one of 'a', 'b'.") == "'x' is not one of 'a', 'b'."
+    for args, said in (
+        (["export", "m", "-o", "m.pt2", "--kv-cache", "--context", "1"], "'--context': must be at least 2"),
+        (["quantize", "m.pt2", "--block-size", "abc"], "'--block-size': must be a whole number"),
+        (["quantize", "m.pt2", "--granularity", "blockwise"], "'--granularity': 'blockwise' is not one of"),
+    ):
+        monkeypatch.setattr(sys, "argv", ["coreopt", *args])
+        with pytest.raises(SystemExit) as stop:
+            run(app)
+        assert stop.value.code == 2
+        err = " ".join(capsys.readouterr().err.replace("│", " ").split())
+        assert said in err and "Input should" not in err and "Value error" not in err, err

@@ -90,7 +90,7 @@ def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
     if palettizes(config) and Path(values["model"]).exists():
         kmeans_kernels(not (as_json or quiet))
     with (
-        user_errors(as_json, {"calibration": "--calibration"}),
+        user_errors(as_json, {"calibration": "--calibration", "source": "--calibration"}),
         weight_progress(not (as_json or quiet), what) as progress,
     ):
         result = compress_file(

@@ -123,9 +123,16 @@ def _exclusive(as_csv: bool, as_json: bool) -> None:
 
 
 def _check_text(text: Path | None, tokens: Path | None, plot: Path | None) -> None:
-    """Usage errors before any model loads: exactly one of --text and --tokens, a writable --plot."""
+    """Usage errors before any model loads: exactly one of --text and --tokens (a .safetensors
+    file), not an empty file; a writable --plot."""
     if (text is None) == (tokens is None):
         raise typer.BadParameter("give --text or --tokens (one of them)", param_hint="--text")
+    given, flag = (text, "--text") if text is not None else (tokens, "--tokens")
+    assert given is not None
+    if tokens is not None and tokens.suffix.lower() != ".safetensors":
+        raise typer.BadParameter(f"{tokens}: give token ids as a .safetensors file", param_hint=flag)
+    if given.is_file() and given.stat().st_size == 0:
+        raise typer.BadParameter(f"{given} is empty", param_hint=flag)
     if plot is not None:
         from coreai_opt.comparison import check_plot_path
 

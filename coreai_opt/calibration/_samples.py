@@ -31,6 +31,21 @@ class Source(enum.Enum):
     TEXT = "text"  # token windows of a text file, cut with a tokenizer
 
 
+TEXT_SUFFIXES = (".txt", ".md", ".text")  # a text calibration file: cut into token windows
+
+
+def check_source(source: str) -> None:
+    """Refuse, before any model loads, a calibration source of no kind `Samples.of` reads: 'random',
+    a text file (`TEXT_SUFFIXES`), a .safetensors file, or a folder of them."""
+    path = Path(source)
+    if source == RANDOM or path.suffix.lower() in (*TEXT_SUFFIXES, ".safetensors") or path.is_dir():
+        return
+    raise ConfigError(
+        f"{source}: not calibration data coreopt reads; give a text file ({', '.join(TEXT_SUFFIXES)}), "
+        "a .safetensors file or a folder of them, or 'random'", "source",
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Samples:
     """Where calibration samples come from, and how many to take at most."""
@@ -56,8 +71,9 @@ class Samples:
         """`random`, a text file (`.txt`, `.md`: cut into token windows), or safetensors."""
         if str(source) == RANDOM:
             return cls(Source.RANDOM, count=count, seed=seed)
+        check_source(str(source))
         path = Path(source)
-        if path.suffix in (".txt", ".md", ".text"):
+        if path.suffix.lower() in TEXT_SUFFIXES:
             return cls(Source.TEXT, path, count, seed, tokens, Path(tokenizer) if tokenizer else None)
         return cls(Source.FILES, path, count, seed)
 

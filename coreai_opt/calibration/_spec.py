@@ -11,6 +11,8 @@ from typing import Any
 from coreai_opt.compression import check_options, option, plain_fields
 from coreai_opt.errors import ConfigError
 
+from ._samples import check_source
+
 _SOURCE = (
     "Calibration samples for methods that learn from data: a safetensors file (one tensor per input, optionally "
     "[N, *shape] or [N, ...] for an input of [1, ...]) or a directory of them, a text file (token windows), or "
@@ -57,6 +59,7 @@ class CalibrationSpec:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{name} is a non-empty text, not {value!r}", name)
+        check_source(self.source)
         if not isinstance(self.exact_gradients, bool):
             raise ConfigError(
                 f"exact_gradients is true or false, not {self.exact_gradients!r}", "exact_gradients"

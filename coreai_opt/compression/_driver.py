@@ -30,7 +30,7 @@ from ._executors import Executor, executor_of
 from ._results import CompressionReport, Progress, WeightResult
 from ._sites import select_sites
 from .configs import WeightConfig
-from .registry import Algorithm, algorithm_for
+from .registry import Algorithm, algorithm_for, learns_from_data
 
 
 def compress_container(
@@ -58,8 +58,7 @@ def compress_container(
     plan = [(site, cfg, algorithm_for(cfg)) for site, cfg in sites]
     learned = [(site, cfg, a) for site, cfg, a in plan if not a.data_free]
     if learned and calibration is None:
-        names = sorted({a.name for _, _, a in learned})
-        raise ConfigError(f"{', '.join(names)} learn(s) from data: give calibration samples", "calibration")
+        raise ConfigError(learns_from_data(sorted({a.method for _, _, a in learned})), "calibration")
     run = _Run(container, report, len(sites), progress, calibration if learned else None, learned)
     run.data_free([(site, cfg) for site, cfg, a in plan if a.data_free], executor_of(executor))
     if learned:

@@ -42,6 +42,8 @@ __all__ = [
     "config_from_dict",
     "config_type",
     "config_types",
+    "learning_methods",
+    "learns_from_data",
     "load_plugins",
     "methods",
     "register",
@@ -197,6 +199,23 @@ def algorithm_for(config: WeightConfig) -> Algorithm:
     algorithm = algorithm_named(type(config), config.method)
     config.check_algorithm(algorithm)
     return algorithm
+
+
+def learning_methods(config: WeightConfig) -> list[str]:
+    """The methods of `config` and of its per-weight overrides that learn from data, sorted."""
+    named = {
+        config.method,
+        *(dict(o.changes).get("method", config.method) for o in config.overrides if not o.skip),
+    }
+    return sorted(m for m in named if not algorithm_named(type(config), m).data_free)
+
+
+def learns_from_data(methods: list[str]) -> str:
+    """What a run of `methods` (that learn from data) given no calibration is told."""
+    return (
+        f"--method {', '.join(methods)} learns from data: give --calibration (a text file, safetensors "
+        "samples or 'random')"
+    )
 
 
 check_methods_with(algorithm_for)  # every config is checked against the registry when it is made

@@ -13,6 +13,7 @@ write at the given positions), so the tokens it predicts are transformers' own.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
 INPUTS = ("input_ids", "position")  # what a stateful decoder takes, in order
-KV_DTYPES = ("int8", "int4")  # a quantized cache's codes (None: the activations' float dtype)
+KV_DTYPES = ("int8", "fp8", "int4")  # a quantized cache's codes (None: the activations' float dtype)
 PREFILL_CHUNK = 64  # tokens the converted program's prefill entry takes a call (at most the context)
 KEY, VALUE = "key_cache_{}", "value_cache_{}"  # its state buffers, by layer
 KEY_SCALE, VALUE_SCALE = "key_scale_{}", "value_scale_{}"  # a quantized cache's scales, by layer
@@ -29,6 +30,7 @@ _ROTATABLE = (16, 4096)  # head dims tcast.hadamard turns (powers of two)
 _INT4_RUN = 32  # values of a head vector that share one int4 scale and least
 _SHRINKS = (1.0, 0.95, 0.9, 0.85)  # int4 ranges tried for each run, as shares of its own
 _KV_SEED = 0  # the cache rotation's signs
+_FP8_MAX = 448.0  # float8 e4m3fn's largest finite value (code 0x7E; 0x7F is NaN, never written)
 _ATTENTION = "coreopt_rotated_kv"  # the attention that meets a rotated cache
 ROTATION = "kv_rotation"  # the buffer of a rotated cache's [head-dim, head-dim] turning matrix
 
@@ -216,12 +218,47 @@ def _int4_runs(runs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
     return codes, scale.gather(0, best)[0], least.gather(0, best)[0]
 
 
+def _fp8_magnitudes() -> list[float]:
+    """The values of float8 e4m3fn's magnitude codes 0..126 (exponent bias 7, 3 mantissa bits;
+    exponent 0: subnormals of 2^-9)."""
+    return [(m % 8) * 2.0**-9 if m < 8 else (8 + m % 8) * 2.0 ** (m // 8 - 10) for m in range(127)]
+
+
+def _fp8_codes(values: torch.Tensor) -> torch.Tensor:
+    """float8 e4m3fn codes of `values` (at most 448 in magnitude; larger saturate) as floats 0..255:
+    the sign in the top bit, the magnitude code counting the midpoints below it - to nearest, a tie
+    to the even code (a code's parity is its mantissa's) - exactly what a cast to float8_e4m3fn gives."""
+    import torch
+
+    table = _fp8_magnitudes()
+    middles = [(a + b) / 2 for a, b in itertools.pairwise(table)]
+    strict = torch.tensor(middles[0::2], dtype=values.dtype)  # below an even code: a tie stays there
+    loose = torch.tensor(middles[1::2], dtype=values.dtype)  # below an odd code: a tie goes up, to even
+    size = values.abs().unsqueeze(-1)
+    magnitude = (size > strict).sum(-1) + (size >= loose).sum(-1)
+    return magnitude.to(values.dtype) + 128 * (values < 0).to(values.dtype)
+
+
+def _fp8_values(codes: torch.Tensor) -> torch.Tensor:
+    """The values of float8 e4m3fn codes (floats 0..255; 127 and 255, NaN codes, read as 480)."""
+    import torch
+
+    sign = torch.floor(codes / 128)
+    magnitude = codes - 128 * sign
+    exponent = torch.floor(magnitude / 8)
+    mantissa = magnitude - 8 * exponent
+    normal = (8 + mantissa) * torch.exp2(exponent - 10)
+    return torch.where(exponent > 0, normal, mantissa * 2.0**-9) * (1 - 2 * sign)
+
+
 class _KVCodes:
     """A quantized cache: each token's vector of one kv-head (its head-dim values) as integer codes
     with float16 parameters in a second buffer `[1, kv-heads, context, k]`, decoded where attention
     reads the whole cache (in the activations' dtype); rounding is to nearest even.
     - int8: symmetric codes in [-127, 127] of the vector's largest magnitude (k = 1 scale: 66
       bytes for 64 values);
+    - fp8: float8 e4m3fn codes (stored as bytes, encoded and decoded by arithmetic Core AI
+      converts) of the vector over its largest magnitude times 448 (k = 1 scale);
     - int4: first turned by a seeded random Hadamard rotation of the head dim (where it is a power of
       two from 16: QuaRot's online rotation of the cache, so the keys' outlier channels spread over
       all of them; attention turns the queries the same way and its output back, `_rotated_attention`),
@@ -234,6 +271,7 @@ class _KVCodes:
         if dtype not in KV_DTYPES:
             raise ValueError(f"a key/value cache holds {' or '.join(KV_DTYPES)} codes, not {dtype!r}")
         self.packed = dtype == "int4"
+        self.float8 = dtype == "fp8"
         self.rotated = (
             self.packed and _ROTATABLE[0] <= head_dim <= _ROTATABLE[1] and not head_dim & (head_dim - 1)
         )
@@ -247,7 +285,7 @@ class _KVCodes:
 
         if self.packed:
             return torch.zeros((*floats.shape[:-1], floats.shape[-1] // 2), dtype=torch.uint8)
-        return torch.zeros(floats.shape, dtype=torch.int8)
+        return torch.zeros(floats.shape, dtype=torch.uint8 if self.float8 else torch.int8)
 
     def scales(self, codes: torch.Tensor) -> torch.Tensor:
         import torch
@@ -263,9 +301,11 @@ class _KVCodes:
         import torch
 
         if not self.packed:
-            scale = (states.abs().amax(-1, keepdim=True) / 127).clamp(max=_FP16_MAX).to(scales.dtype)
+            top = _FP8_MAX if self.float8 else 127
+            scale = (states.abs().amax(-1, keepdim=True) / top).clamp(max=_FP16_MAX).to(scales.dtype)
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-            codes = torch.round(states / scale.to(states.dtype)).clamp(-127, 127)
+            scaled = states / scale.to(states.dtype)
+            codes = _fp8_codes(scaled) if self.float8 else torch.round(scaled).clamp(-127, 127)
             parameters = scale
         else:
             if self.rotated:
@@ -284,7 +324,7 @@ class _KVCodes:
 
         values = store.to(dtype)
         if not self.packed:
-            return values * scales.to(dtype)
+            return (_fp8_values(values) if self.float8 else values) * scales.to(dtype)
         high = torch.floor(values / 16)
         codes = torch.stack([values - 16 * high, high], -1).flatten(-2).unflatten(-1, (-1, self.run))
         scale, least = scales.to(dtype).unflatten(-1, (-1, 2)).unbind(-1)

@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 from coreai_opt.errors import ConfigError
 
+_FLOAT_BITS = 32  # a float32 weight's bits: the most a weight takes as stored
+
 
 @dataclass(frozen=True)
 class Goal:
@@ -42,6 +44,11 @@ class Goal:
             raise ConfigError(f"{name} must be a positive number, not {value!r}", name)
         if name == "min_cosine" and value >= 1:
             raise ConfigError("min_cosine must lie below 1", name)
+        if name == "target_bits" and value >= _FLOAT_BITS:
+            raise ConfigError(
+                f"target_bits {value:g} is not below {_FLOAT_BITS}, a float32 weight's bits: no plan compresses "
+                "to it", name,
+            )  # fmt: skip
 
     @property
     def kind(self) -> str:

@@ -140,12 +140,16 @@ def apply_recipe(
 
 
 def _check_steps(recipe: Recipe, run: _Run) -> None:
-    """What can fail before the load fails now: executors, op names, calibration sources."""
-    from coreai_opt.compression import executor_of
+    """What can fail before the load fails now: executors, op names, a method that learns from
+    data given none."""
+    from coreai_opt.compression import executor_of, learning_methods, learns_from_data
 
     for step in recipe.steps:
         if isinstance(step, Compress):
             executor_of(run.executor)  # an unknown name or a missing extra
+            learning = learning_methods(step.config)
+            if learning and run.calibration is None:
+                raise ConfigError(learns_from_data(learning), "calibration")
         if isinstance(step, Cast):
             from coreai_opt.casting import resolve_op
 
@@ -187,15 +191,10 @@ def _compress(step: Compress, program: Any, run: _Run, index: int) -> StepOutcom
 
 def _calibration(step: Compress, program: Any, run: _Run) -> Any:
     """The statistics source for methods that learn from data (None when none does)."""
-    from coreai_opt.compression import algorithm_named
+    from coreai_opt.compression import learning_methods
 
-    config = step.config
-    methods = {
-        config.method,
-        *(dict(o.changes).get("method", config.method) for o in config.overrides if not o.skip),
-    }
-    if all(algorithm_named(type(config), method).data_free for method in methods) or run.calibration is None:
-        return None  # data-free; or the driver names the missing --calibration
+    if not learning_methods(step.config) or run.calibration is None:
+        return None  # data-free (a missing calibration is refused before the load)
     return _calibrated(program, run)
 
 
