@@ -399,7 +399,8 @@ def test_a_quantized_cache_holds_codes_and_float16_parameters_per_token_and_head
 
 def test_an_int4_cache_is_turned_by_a_hadamard_rotation_that_attention_undoes(tmp_path: Path) -> None:
     """Head dim 16: the cached keys are codes of k R (R tcast's seeded Hadamard rotation, entries
-    +-1/4), attention turns the queries by R and its output back by R^T."""
+    +-1/4), attention turns the queries by R and its output back by R^T; converted, the runtime
+    makes the .pt2's tokens."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     import tcast
@@ -430,3 +431,10 @@ def test_an_int4_cache_is_turned_by_a_hadamard_rotation_that_attention_undoes(tm
     decoded = codes * scale[..., None] + least[..., None]
     assert float((decoded - keys).norm() / keys.norm()) < 0.1
     assert float((logits - reference).norm() / reference.norm()) < 5e-2
+    from coreai_opt.generation import open_decoder
+    from coreai_opt.recipes import convert_file
+
+    asset = convert_file(turned, tmp_path / "q.aimodel").output  # the choice of range: no argmin there
+    config = GenerateConfig(max_new_tokens=8, ignore_eos=True)
+    with open_decoder(asset) as opened:
+        assert generate(opened.decoder, PROMPT, config).tokens == generate(decoder, PROMPT, config).tokens

@@ -202,7 +202,7 @@ def decoder_entries(program: ExportedProgram, chunk: int = PREFILL_CHUNK) -> dic
 def _int4_runs(runs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Codes in [0, 15], scale and least (in `dtype`) of each run [..., n, run]: of the ranges
     `_SHRINKS` of the run's own (centred on it), the one whose codes lose the least squared error
-    (all tried at once along a leading axis)."""
+    (all tried at once along a leading axis, then kept by comparison)."""
     import torch
 
     low, high = runs.amin(-1, keepdim=True), runs.amax(-1, keepdim=True)
@@ -213,9 +213,15 @@ def _int4_runs(runs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     base, step = least.to(runs.dtype), scale.to(runs.dtype)
     codes = torch.round((runs - base) / step).clamp(0, 15)
-    best = ((codes * step + base - runs) ** 2).sum(-1, keepdim=True).argmin(0, keepdim=True)
-    codes = codes.gather(0, best.expand((1, *codes.shape[1:])))[0]
-    return codes, scale.gather(0, best)[0], least.gather(0, best)[0]
+    errors = ((codes * step + base - runs) ** 2).sum(-1, keepdim=True)
+    found = codes[0], scale[0], least[0], errors[0]
+    for i in range(1, len(_SHRINKS)):  # the first of the least errors (Core AI converts no argmin)
+        better = errors[i] < found[3]
+        found = tuple(
+            torch.where(better, new[i], old)
+            for new, old in zip((codes, scale, least, errors), found, strict=True)
+        )
+    return found[0], found[1], found[2]
 
 
 def _fp8_magnitudes() -> list[float]:
