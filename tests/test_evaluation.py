@@ -111,6 +111,25 @@ def test_kl_and_top1_are_those_of_the_programs_logits(lineage) -> None:
     assert lut.size_bytes < result.reference.size_bytes
 
 
+def test_candidates_scored_in_groups_score_as_together(lineage, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every program runs window by window in lockstep; where memory holds one candidate beside the
+    reference at a time, the reference runs once a candidate and every number stays the same."""
+    from coreai_opt.evaluation import _text, evaluate_text
+
+    runs: list[str] = []
+    together = evaluate_text(lineage["ref"], [lineage["ref"], lineage["lut"]], tokens=lineage["ids"])
+    monkeypatch.setattr(_text, "_available_bytes", lambda: 1)  # room for one candidate at a time
+    apart = evaluate_text(lineage["ref"], [lineage["ref"], lineage["lut"]], tokens=lineage["ids"],
+                          progress=lambda done, total, label: runs.append(label))  # fmt: skip
+    numbers = ("perplexity", "kl_mean", "kl_p99", "top1", "perplexity_increase", "bits_per_weight")
+    for a, b in zip(
+        (together.reference, *together.candidates), (apart.reference, *apart.candidates), strict=True
+    ):
+        assert [getattr(a, n) for n in numbers] == [getattr(b, n) for n in numbers]
+    windows = len(together.windows.starts)
+    assert len(runs) == windows * 4 and sum(label.startswith("ref.pt2") for label in runs) == windows * 3
+
+
 def test_the_core_ai_runtime_scores_the_converted_program_alike(lineage, tmp_path: Path) -> None:
     from coreai_opt.evaluation import evaluate_text
     from coreai_opt.recipes import convert_file

@@ -52,6 +52,12 @@ _INPUTS = typer.Option(
     "--inputs",
     help="Not a language model: a safetensors dataset (file or folder) to compare outputs on.",
 )
+_TASK = typer.Option(
+    None,
+    "--task",
+    help="Multiple-choice accuracy instead: JSON lines of context, choices and label (or HellaSwag, "
+    "ARC, PIQA, Winogrande lines as distributed), scored as lm-eval-harness scores them.",
+)
 _CSV = typer.Option(False, "--csv", help="Print one CSV row per program instead of a table.")
 _PLOT = typer.Option(None, "--plot", help="Also write a PNG of the metric against bits per weight.")
 _PLOT_METRIC = typer.Option(PlotMetric.perplexity, "--plot-metric", help="What --plot draws.")
@@ -73,7 +79,13 @@ def evaluate(**values: Any) -> None:
 
     Example: coreopt eval ref.pt2 a.pt2 b.pt2 --text corpus.txt --csv --plot ppl.png
 
+    With --task, each program's multiple-choice accuracy instead (acc, and acc_norm: each choice's
+    log-likelihood over its length in characters), with its standard error, as lm-eval-harness
+    scores loglikelihood tasks; contexts longer than the window are cut from the left.
+
     Example: coreopt eval bert.pt2 bert.int8.pt2 --inputs batch.safetensors
+
+    Example: coreopt eval smol.pt2 smol.int4.pt2 --task hellaswag_val.jsonl --max-items 500 --json
     """
     as_csv, as_json, quiet, plot = values["as_csv"], values["as_json"], values["quiet"], values["plot"]
     reference, candidates, text, tokens = (
@@ -84,6 +96,12 @@ def evaluate(**values: Any) -> None:
     )
     _exclusive(as_csv, as_json)
     config = config_from_options(EvalConfig, {k: v for k, v in values.items() if k in _SCORING})
+    if values["task"] is not None:
+        from ._task import check_task, run_task
+
+        check_task(values["task"], values)
+        run_task(values, config, quiet or as_json or as_csv)
+        return
     if values["inputs"] is not None:
         _outputs(reference, candidates, values["inputs"], text or tokens, values["trust_pickle"], quiet, as_json,
                  as_csv, plot)  # fmt: skip
@@ -107,6 +125,7 @@ def _signature() -> inspect.Signature:
     return inspect.Signature([
         keyword("reference", _REFERENCE, Path), keyword("candidates", _CANDIDATES, list[Path]),
         keyword("text", _TEXT, Path | None), keyword("tokens", _TOKENS, Path | None),
+        keyword("task", _TASK, Path | None),
         keyword("tokenizer", _TOKENIZER, Path | None), *config_parameters(EvalConfig),
         keyword("inputs", _INPUTS, Path | None), keyword("as_csv", _CSV, bool), keyword("plot", _PLOT, Path | None),
         keyword("plot_metric", _PLOT_METRIC, PlotMetric), keyword("trust_pickle", trust_pickle_option(), bool),

@@ -1,9 +1,11 @@
 """How much compression costs on real data: perplexity, KL divergence and top-1 agreement of
-language models on a text (`evaluate_text`); what each weight's compression alone costs
+language models on a text (`evaluate_text`, in bounded memory), multiple-choice task accuracy as
+lm-eval-harness scores it (`evaluate_task`, `read_task`); what each weight's compression alone costs
 (`weight_sensitivity`, `trial_divergences`); other models' output agreement over a dataset is
 `coreai_opt.comparison.compare_many` with `inputs=`."""
 
 from ._config import EvalConfig
+from ._layouts import TaskItem
 from ._plot import plot_evaluation
 from ._sensitivity import (
     NotALanguageModel,
@@ -14,6 +16,7 @@ from ._sensitivity import (
     trial_products,
     weight_sensitivity,
 )
+from ._tasks import TaskEvaluation, TaskScore, evaluate_task, read_task
 from ._text import TextEvaluation, TextScore, evaluate_text
 from ._tokens import Windows, file_token_ids, text_token_ids
 
@@ -21,13 +24,18 @@ __all__ = [
     "EvalConfig",
     "NotALanguageModel",
     "SensitivityResult",
+    "TaskEvaluation",
+    "TaskItem",
+    "TaskScore",
     "TextEvaluation",
     "TextScore",
     "WeightSensitivity",
     "Windows",
+    "evaluate_task",
     "evaluate_text",
     "file_token_ids",
     "plot_evaluation",
+    "read_task",
     "spearman",
     "text_token_ids",
     "trial_divergences",

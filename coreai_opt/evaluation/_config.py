@@ -16,10 +16,13 @@ CONFIG_VERSION = 1
 
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-    """`max_tokens` scored at most, windows every `stride` tokens (None: the window), and the
+    """`max_tokens` scored at most (`max_items` of a task), windows every `stride` tokens (None: the window), and the
     bounds a candidate fails (`max_ppl_increase` in percent, `max_kl` mean per token)."""
 
     max_tokens: int | None = option(None, "--max-tokens", "Score at most this many tokens.", minimum=2)
+    max_items: int | None = option(
+        None, "--max-items", "With --task: score at most this many items.", minimum=1
+    )
     stride: int | None = option(
         None, "--stride", "Tokens between window starts (default: the window; less gives context).", minimum=1
     )

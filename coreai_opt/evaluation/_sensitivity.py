@@ -27,7 +27,7 @@ import numpy as np
 
 from coreai_opt.io import ModelFileError, ProgramRunError, load_pt2, require_existing, running
 
-from ._text import Progress, _Counter
+from ._language import Counter, Progress
 from ._tokens import Windows, token_stream, window_batches
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def weight_sensitivity(
         trials, skipped = _trials(ep, config, trial_encodings)
         windows = Windows(len(ids), runner.length, runner.length)
         batches = -(-len(windows.starts) // runner.batch)
-        counter = _Counter(progress, batches * (1 + len(trials)))
+        counter = Counter(progress, batches * (1 + len(trials)))
         rows, ppl = runner.measure(ids, windows, trials, counter)
         result = SensitivityResult(path, config.to_dict(), source, windows, ppl, rows, skipped)
         result.products = "bfloat16 differences" if runner.deltas and runner.deltas.recorded else "exact"
@@ -267,7 +267,7 @@ class _Resumable:
         return first
 
     def measure(
-        self, ids: np.ndarray, windows: Windows, trials: dict[str, tuple[Any, Any, Any]], counter: _Counter
+        self, ids: np.ndarray, windows: Windows, trials: dict[str, tuple[Any, Any, Any]], counter: Counter
     ) -> tuple[list[WeightSensitivity], float]:
         sums, ref_nll = self.sums(ids, windows, {name: t[2] for name, t in trials.items()}, counter)
         scored = windows.scored
@@ -282,7 +282,7 @@ class _Resumable:
         return found, ppl
 
     def sums(
-        self, ids: np.ndarray, windows: Windows, decoded: dict[str, Any], counter: _Counter
+        self, ids: np.ndarray, windows: Windows, decoded: dict[str, Any], counter: Counter
     ) -> tuple[dict[str, list[float]], float]:
         """Per weight swapped in alone: KL, NLL and top-1 agreements summed over the scored
         tokens; the reference's NLL summed."""
@@ -367,7 +367,7 @@ def trial_divergences(
         raise NotALanguageModel(f"the program {exc.problem}") from None
     windows = Windows(len(ids), runner.length, runner.length)
     batches = -(-len(windows.starts) // runner.batch)
-    sums, _ = runner.sums(ids, windows, decoded, _Counter(progress, batches * (1 + len(decoded))))
+    sums, _ = runner.sums(ids, windows, decoded, Counter(progress, batches * (1 + len(decoded))))
     return {name: total[0] / windows.scored for name, total in sums.items()}
 
 

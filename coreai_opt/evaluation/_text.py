@@ -1,10 +1,12 @@
 """How well language models predict a text: perplexity of each program, and each candidate's
 next-token distributions against the reference's (KL divergence, top-1 agreement).
 
-The reference runs once over every window; its log-probabilities at the scored positions are
-kept (tokens x vocab float32) and each candidate then runs alone, so memory holds one model at a
-time. `.pt2` programs run in PyTorch (compressed weights decoded once), `.aimodel` programs on
-the Core AI runtime - the comparison room's sides.
+Every program runs window by window in lockstep: each window's reference log-probabilities are
+compared with every candidate's at once and then dropped, so memory does not grow with the text.
+Candidates run in groups that fit in half the memory available (each counted at the reference's
+size): the reference runs once a group - once for all of them wherever they fit. `.pt2` programs
+run in PyTorch (compressed weights decoded once), `.aimodel` programs on the Core AI runtime - the
+comparison room's sides.
 """
 
 from __future__ import annotations
@@ -12,27 +14,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from coreai_opt.errors import ConfigError
 from coreai_opt.io import ModelFileError, asset_bytes, model_format, require_existing
 
 from ._config import EvalConfig
-from ._tokens import Windows, token_stream, window_batches
+from ._language import Counter, LanguageSide, Progress
+from ._tokens import Windows, token_stream
 
 if TYPE_CHECKING:
     import torch
-
-    from coreai_opt.comparison import Side
-
-Progress = Callable[[int, int, str], None]
-_HELD_LIMIT = 6 << 30  # bytes of reference log-probabilities kept at most
 
 
 @dataclass
@@ -133,114 +128,60 @@ def evaluate_text(
         model_format(path)
     ids, source, _ = token_stream(reference, text, tokens, tokenizer, max_tokens)
     with contextlib.ExitStack() as stack:
-        ref = _LanguageSide.open(reference, trust_pickle, stack, None)
+        ref = LanguageSide.open(reference, trust_pickle, stack, None)
         windows = Windows(len(ids), ref.length, stride or ref.length)
-        runs = len(windows.starts) * (1 + len(paths))
-        counter = _Counter(progress, runs)
-        held, ref_score = _score_reference(ref, ids, windows, counter)
-    result = TextEvaluation(source, windows, ref_score)
-    for path in paths:
-        with contextlib.ExitStack() as stack:
-            side = _LanguageSide.open(path, trust_pickle, stack, ref.length)
-            if side.length != ref.length or side.batch != ref.batch:
-                raise ModelFileError(path, f"takes [{side.batch}, {side.length}] tokens; the reference takes "
-                                     f"[{ref.batch}, {ref.length}]")  # fmt: skip
-            result.candidates.append(_score_candidate(side, ids, windows, held, ref_score, counter))
+        groups = _groups(paths, ref)
+        counter = Counter(progress, len(windows.starts) * (len(groups) + len(paths)))
+        result: TextEvaluation | None = None
+        for group in groups:
+            with contextlib.ExitStack() as held:
+                sides = [_candidate(path, trust_pickle, held, ref) for path in group]
+                ref_score, scores = _score_lockstep(ref, sides, ids, windows, counter)
+            result = result or TextEvaluation(source, windows, ref_score)
+            result.candidates.extend(scores)
+    assert result is not None
     return result
 
 
-class _Counter:
-    def __init__(self, progress: Progress | None, total: int) -> None:
-        self.progress, self.total, self.done = progress, total, 0
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        if self.progress is not None:
-            self.progress(self.done, self.total, label)
+def _groups(paths: list[Path], ref: LanguageSide) -> list[list[Path]]:
+    """The candidates in groups scored together: as many as fit in half the memory available beside
+    the reference, each counted at the reference's size (a compressed candidate runs decoded);
+    one group of none when there are no candidates."""
+    room = max(1, int(_available_bytes() / 2 // max(_resident_bytes(ref), 1)) - 1)
+    return [paths[i : i + room] for i in range(0, len(paths), room)] or [[]]
 
 
-@dataclass
-class _LanguageSide:
-    """A program that takes `[batch, length]` token ids and returns logits first."""
+def _available_bytes() -> int:
+    """MemAvailable of /proc/meminfo (Linux); elsewhere the machine's memory."""
+    import os
 
-    path: Path
-    side: Side
-    ids_name: str
-    batch: int
-    length: int
-    fixed: dict[str, np.ndarray]  # other inputs (an attention mask: all ones)
-    seconds: float = 0.0  # spent running the program
-    decoder: Any = None  # a stateful decoder's (generation.StatefulDecoder): each window one prefill
-
-    @classmethod
-    def open(
-        cls, path: Path, trust_pickle: bool, stack: contextlib.ExitStack, length: int | None
-    ) -> _LanguageSide:
-        """A program to score windows with; a stateful decoder takes windows of `length` tokens
-        (None: its context), written from position 0 - the decode path's perplexity."""
-        from coreai_opt.comparison import open_side
-
-        side = open_side(path, trust_pickle, stack)
-        decoder = _decoder(side)
-        if decoder is not None:
-            window = length or decoder.context
-            if window > decoder.context:
-                raise ModelFileError(path, f"holds {decoder.context} positions; the reference's windows are "
-                                     f"{window} tokens")  # fmt: skip
-            return cls(path, side, "input_ids", 1, window, {}, decoder=decoder)
-        ints = [s for s in side.inputs if np.issubdtype(s.dtype, np.integer) and len(s.shape) == 2]
-        if not ints:
-            raise ModelFileError(path, "takes no [batch, tokens] integer ids: not a language model")
-        ids = ints[0]
-        fixed = {s.name: np.ones(s.shape, s.dtype) for s in side.inputs if s.name != ids.name}
-        return cls(path, side, ids.name, ids.shape[0], ids.shape[1], fixed)
-
-    def logits(
-        self, ids: np.ndarray, windows: Windows, counter: _Counter
-    ) -> Iterator[tuple[int, torch.Tensor]]:
-        """(window index, its logits [length, vocab] float32), the batch filled window by window."""
-        import torch
-
-        dtype = next(s.dtype for s in self.side.inputs if s.name == self.ids_name)
-        for first, group, stacked in window_batches(ids, windows, self.batch):
-            arrays = {self.ids_name: stacked.astype(dtype), **self.fixed}
-            begun = time.perf_counter()
-            out = self._run(arrays)
-            self.seconds += time.perf_counter() - begun  # the model's time, not the metrics'
-
-            if out.ndim != 3 or out.shape[:2] != (self.batch, self.length):
-                raise ModelFileError(self.path, f"returns {list(out.shape)} first, not logits "
-                                     f"[{self.batch}, {self.length}, vocab]")  # fmt: skip
-            for k in range(len(group)):
-                counter.step(f"{self.path.name} window {first + k + 1}")
-                yield first + k, torch.from_numpy(np.asarray(out[k], dtype=np.float32))
-
-    def _run(self, arrays: dict[str, np.ndarray]) -> Any:
-        """The logits of one batch of windows: a stateful decoder's from one call at position 0."""
-        if self.decoder is not None:
-            from coreai_opt.io import running
-
-            with running(self.path):  # an asset's decoder reports its worker's failures itself
-                self.decoder.reset()  # a new sequence
-                return self.decoder(arrays[self.ids_name][0].tolist(), 0)[None].float().numpy()
-        result = self.side.run(arrays)
-        return result.values[result.outputs[0].name]
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def _decoder(side: Side) -> Any:
-    """The stateful decoder a side holds (a `.pt2`'s module or an `.aimodel`'s worker reused), or None."""
-    from coreai_opt.comparison import ExportedSide
-    from coreai_opt.generation import AssetDecoder, NotADecoder, StatefulDecoder
-    from coreai_opt.models import STATE_INPUTS
+def _resident_bytes(side: LanguageSide) -> int:
+    """What a program takes in memory: a `.pt2`'s tensors, an `.aimodel`'s files."""
+    program = getattr(side.side, "program", None)
+    if program is None:
+        return asset_bytes(side.path)
+    tensors = [*program.state_dict.values(), *program.constants.values()]
+    return sum(t.numel() * t.element_size() for t in tensors if hasattr(t, "element_size"))
 
-    if isinstance(side, ExportedSide):
-        try:
-            return StatefulDecoder(side.program, module=side.module)
-        except NotADecoder:
-            return None
-    if tuple(s.name for s in side.inputs) != STATE_INPUTS:
-        return None
-    return AssetDecoder(side.path, side.worker)
+
+def _candidate(
+    path: Path, trust_pickle: bool, stack: contextlib.ExitStack, ref: LanguageSide
+) -> LanguageSide:
+    side = LanguageSide.open(path, trust_pickle, stack, ref.length)
+    if side.length != ref.length or side.batch != ref.batch:
+        raise ModelFileError(path, f"takes [{side.batch}, {side.length}] tokens; the reference takes "
+                             f"[{ref.batch}, {ref.length}]")  # fmt: skip
+    return side
 
 
 def _targets(ids: np.ndarray, windows: Windows, index: int) -> tuple[int, torch.Tensor]:
@@ -251,51 +192,57 @@ def _targets(ids: np.ndarray, windows: Windows, index: int) -> tuple[int, torch.
     return row, torch.from_numpy(ids[start + row + 1 : start + windows.length].copy())
 
 
-def _score_reference(
-    ref: _LanguageSide, ids: np.ndarray, windows: Windows, counter: _Counter
-) -> tuple[list[torch.Tensor], TextScore]:
+def _score_lockstep(
+    ref: LanguageSide, sides: list[LanguageSide], ids: np.ndarray, windows: Windows, counter: Counter
+) -> tuple[TextScore, list[TextScore]]:
+    """The reference's score and each candidate's, every program a window at a time."""
     import torch
 
-    held: list[torch.Tensor] = []
-    nll, kept = 0.0, 0
-    for index, logits in ref.logits(ids, windows, counter):
+    ref.seconds = 0.0  # this pass's time: the reference runs once a group
+    nll, tallies = 0.0, [_Tally() for _ in sides]
+    streams = [ref.logits(ids, windows, counter), *(side.logits(ids, windows, counter) for side in sides)]
+    for (index, logits), *others in zip(*streams, strict=True):
         row, targets = _targets(ids, windows, index)
-        logp = torch.log_softmax(logits[row:-1].double(), dim=-1).float()
-        kept += logp.numel() * 4
-        if kept > _HELD_LIMIT:
-            raise ConfigError(f"{windows.scored} tokens x {logp.shape[-1]} logits exceed the memory kept for "
-                              "the reference: evaluate fewer tokens (--max-tokens)", "max_tokens")  # fmt: skip
-        nll -= float(logp.gather(1, targets[:, None]).double().sum())
-        held.append(logp)
-    score = _score(ref, nll / windows.scored, windows)
-    return held, score
+        logp = torch.log_softmax(logits[row:-1].double(), dim=-1).float().double()  # as float32 keeps it
+        nll -= float(logp.gather(1, targets[:, None]).sum())
+        for tally, (_, theirs) in zip(tallies, others, strict=True):
+            tally.add(logp, theirs[row:-1], targets)
+    reference = _score(ref, nll / windows.scored, windows)
+    return reference, [
+        tally.score(side, windows, reference) for tally, side in zip(tallies, sides, strict=True)
+    ]
 
 
-def _score_candidate(
-    side: _LanguageSide, ids: np.ndarray, windows: Windows, held: list[torch.Tensor],
-    reference: TextScore, counter: _Counter,
-) -> TextScore:  # fmt: skip
-    import torch
+@dataclass
+class _Tally:
+    """A candidate's sums so far: negative log-likelihood, KL per scored token, top-1 agreements."""
 
-    nll, kls, agree = 0.0, [], 0
-    for index, logits in side.logits(ids, windows, counter):
-        row, targets = _targets(ids, windows, index)
-        logq = torch.log_softmax(logits[row:-1].double(), dim=-1).float().double()  # as the reference is kept
-        logp = held[index].double()
-        nll -= float(logq.gather(1, targets[:, None]).sum())
-        kls.append((logp.exp() * (logp - logq)).sum(-1).float())
-        agree += int((logp.argmax(-1) == logq.argmax(-1)).sum())
-    score = _score(side, nll / windows.scored, windows)
-    kl = torch.cat(kls).double()
-    finite = bool(torch.isfinite(kl).all())
-    score.kl_mean = float(kl.mean()) if finite else math.inf
-    score.kl_p99 = float(torch.quantile(kl, 0.99)) if finite else math.inf
-    score.top1 = agree / windows.scored
-    score.perplexity_increase = score.perplexity / reference.perplexity - 1.0
-    return score
+    nll: float = 0.0
+    agree: int = 0
+    kls: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, logp: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        import torch
+
+        logq = torch.log_softmax(logits.double(), dim=-1).float().double()
+        self.nll -= float(logq.gather(1, targets[:, None]).sum())
+        self.kls.append((logp.exp() * (logp - logq)).sum(-1).float())
+        self.agree += int((logp.argmax(-1) == logq.argmax(-1)).sum())
+
+    def score(self, side: LanguageSide, windows: Windows, reference: TextScore) -> TextScore:
+        import torch
+
+        score = _score(side, self.nll / windows.scored, windows)
+        kl = torch.cat(self.kls).double()
+        finite = bool(torch.isfinite(kl).all())
+        score.kl_mean = float(kl.mean()) if finite else math.inf
+        score.kl_p99 = float(torch.quantile(kl, 0.99)) if finite else math.inf
+        score.top1 = self.agree / windows.scored
+        score.perplexity_increase = score.perplexity / reference.perplexity - 1.0
+        return score
 
 
-def _score(side: _LanguageSide, mean_nll: float, windows: Windows) -> TextScore:
+def _score(side: LanguageSide, mean_nll: float, windows: Windows) -> TextScore:
     perplexity = math.exp(mean_nll) if math.isfinite(mean_nll) and mean_nll < 700 else math.inf
     processed = len(windows.starts) * windows.length
     return TextScore(
@@ -308,7 +255,7 @@ def _score(side: _LanguageSide, mean_nll: float, windows: Windows) -> TextScore:
     )
 
 
-def _bits_per_weight(side: _LanguageSide) -> float | None:
+def _bits_per_weight(side: LanguageSide) -> float | None:
     """Of the program the side already loaded (a `.pt2`), or of the file (an `.aimodel`)."""
     from coreai_opt.inspection import inspect_exported_program, inspect_model
 

@@ -112,7 +112,7 @@ def token_stream(
 
     if (text is None) == (tokens is None):
         raise ConfigError("give a text file or a tokens file (one of them)", "text")
-    found = _tokenizer_for(program, text, tokenizer)
+    found = tokenizer_for(program, text, tokenizer)
     source = Path(text if text is not None else tokens)  # type: ignore[arg-type]
     ids = text_token_ids(source, found) if text is not None else file_token_ids(source)
     ids = ids[:max_tokens] if max_tokens is not None else ids
@@ -121,7 +121,7 @@ def token_stream(
     return ids, str(source), found
 
 
-def _tokenizer_for(program: Path, text: object, given: Path | str | None) -> Path | None:
+def tokenizer_for(program: Path, text: object, given: Path | str | None) -> Path | None:
     """The tokenizer a text is cut with: the one given, else the one `coreopt export` saved beside
     the program; a one-line error naming the program when there is neither."""
     from coreai_opt.models import model_tokenizer, tokenizer_path

@@ -1,0 +1,199 @@
+"""Multiple-choice task accuracy, scored as lm-eval-harness scores its loglikelihood tasks.
+
+A task file holds one JSON object a line: ours (`context`, `choices`, the index `label`), or an item
+as HellaSwag, ARC, PIQA and Winogrande are distributed (read into the same form as lm-eval-harness
+words them: `_layouts`). Each choice is a continuation of its context (ours: a space and the
+choice); its log-likelihood is the sum of the log-probabilities of the continuation's tokens after
+the context's, the pair cut into tokens as lm-eval-harness cuts it (the context's trailing spaces
+moved to the continuation; the continuation's tokens those of the whole past the context's), the
+sequence cut from the left to the program's window. `acc`: how often the most likely choice is the
+label; `acc_norm`: the same with each log-likelihood divided by the choice's length in characters
+(lm-eval-harness's normalisation: bytes for ASCII text); each with its standard error. Programs
+run one at a time, so memory holds one model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coreai_opt.errors import ConfigError
+from coreai_opt.io import (
+    ModelFileError,
+    asset_bytes,
+    model_format,
+    one_line,
+    read_in_folder,
+    require_existing,
+)
+
+from ._language import Counter, LanguageSide, Progress
+from ._layouts import TaskItem, task_item
+
+_TASK_LIMIT = 1 << 30  # bytes of a task file read at most
+
+
+@dataclass
+class TaskScore:
+    """One program's accuracy on a task, with each item's choices' log-likelihoods (`lls`)."""
+
+    path: Path
+    size_bytes: int
+    acc: float
+    acc_stderr: float | None
+    acc_norm: float
+    acc_norm_stderr: float | None
+    seconds: float
+    lls: list[list[float]] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path), "size_bytes": self.size_bytes, "acc": self.acc, "acc_stderr": self.acc_stderr,
+            "acc_norm": self.acc_norm, "acc_norm_stderr": self.acc_norm_stderr, "seconds": round(self.seconds, 3),
+        }  # fmt: skip
+
+
+@dataclass
+class TaskEvaluation:
+    """A task's items and every program's score on them (the reference first)."""
+
+    source: str
+    items: int
+    scores: list[TaskScore] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.source, "items": self.items, "programs": [s.to_dict() for s in self.scores]}
+
+    def to_csv(self) -> str:
+        head = "program,size_bytes,acc,acc_stderr,acc_norm,acc_norm_stderr,seconds\n"
+        return head + "".join(
+            f"{s.path},{s.size_bytes},{s.acc},{s.acc_stderr},{s.acc_norm},{s.acc_norm_stderr},{s.seconds:.3f}\n"
+            for s in self.scores
+        )
+
+
+def read_task(path: Path | str, limit: int | None = None) -> list[TaskItem]:
+    """The items of a task file (at most `limit`), one JSON object a line; a line that is not one
+    of the layouts `_layouts` reads is refused in one line naming the file and the line."""
+    path = Path(path)
+    require_existing(path)
+    text = read_in_folder(path, limit=_TASK_LIMIT).decode("utf-8", errors="replace")
+    items: list[TaskItem] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            items.append(task_item(json.loads(line)))
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            raise ModelFileError(path, f"line {number}: {one_line(exc, 160)}") from None
+        if limit is not None and len(items) >= limit:
+            break
+    if not items:
+        raise ModelFileError(path, "holds no task items (one JSON object a line)")
+    return items
+
+
+def evaluate_task(
+    reference: Path | str,
+    candidates: list[Path | str] | tuple[Path | str, ...] = (),
+    *,
+    task: Path | str,
+    tokenizer: Path | str | None = None,
+    max_items: int | None = None,
+    trust_pickle: bool = False,
+    progress: Progress | None = None,
+) -> TaskEvaluation:
+    """`acc` and `acc_norm` of the reference and every candidate on the items of `task` (at most
+    `max_items`), the text cut with `tokenizer` (default: the one `coreopt export` saved beside
+    the reference)."""
+    from ._tokens import tokenizer_for
+
+    paths = [Path(reference), *(Path(c) for c in candidates)]
+    for path in paths:
+        require_existing(path)
+        model_format(path)
+    items = read_task(task, max_items)
+    found = tokenizer_for(paths[0], task, tokenizer)
+    assert found is not None
+    coder = _Coder(found, paths[0])
+    runs = sum(len(item.pairs) for item in items)
+    counter = Counter(progress, runs * len(paths))
+    result = TaskEvaluation(str(task), len(items))
+    for path in paths:
+        with contextlib.ExitStack() as stack:
+            side = LanguageSide.open(path, trust_pickle, stack, None)
+            result.scores.append(_score(side, items, coder, counter))
+    return result
+
+
+class _Coder:
+    """A tokenizer with lm-eval-harness's way of cutting a (context, continuation) pair."""
+
+    def __init__(self, tokenizer: Path, program: Path) -> None:
+        from coreai_opt.models import model_info, read_tokenizer
+
+        self.tokenizer = read_tokenizer(tokenizer)
+        info = model_info(program)
+        config = info.config if info is not None else {}
+        first = [config.get(k) for k in ("bos_token_id", "eos_token_id")]
+        self.prefix = next((v for v in first if isinstance(v, int) and not isinstance(v, bool)), None)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        if not context:
+            if self.prefix is None:
+                raise ConfigError(
+                    "a task item has an empty context and the model names no start token", "task"
+                )
+            return [self.prefix], self.encode(continuation)
+        whole, start = self.encode(context + continuation), self.encode(context)
+        return start, whole[len(start) :]
+
+
+def _score(side: LanguageSide, items: list[TaskItem], coder: _Coder, counter: Counter) -> TaskScore:
+    lls = []
+    for item in items:
+        lls.append([_loglikelihood(side, coder.pair(*pair)) for pair in item.pairs])
+        for _ in item.pairs:
+            counter.step(f"{side.path.name} item {len(lls)}")
+    hits = [
+        max(range(len(ll)), key=ll.__getitem__) == item.label for ll, item in zip(lls, items, strict=True)
+    ]
+    normed = [
+        max(range(len(ll)), key=lambda k, ll=ll, item=item: ll[k] / item.lengths[k]) == item.label
+        for ll, item in zip(lls, items, strict=True)
+    ]
+    acc, acc_norm = sum(hits) / len(items), sum(normed) / len(items)
+    return TaskScore(side.path, asset_bytes(side.path), acc, _stderr(acc, len(items)), acc_norm,
+                     _stderr(acc_norm, len(items)), side.seconds, lls)  # fmt: skip
+
+
+def _loglikelihood(side: LanguageSide, pair: tuple[list[int], list[int]]) -> float:
+    """The sum of the log-probabilities of the continuation's tokens after the context's, the
+    sequence cut from the left to the program's window."""
+    import torch
+
+    context, continuation = pair
+    if not continuation:
+        raise ConfigError("a task choice is empty: it has no tokens to score", "task")
+    if len(continuation) > side.length:
+        raise ConfigError(f"a task choice has {len(continuation)} tokens; the program's window holds "
+                          f"{side.length}", "task")  # fmt: skip
+    whole = (context + continuation)[-(side.length + 1) :]
+    logp = torch.log_softmax(side.sequence_logits(whole[:-1]).double(), dim=-1)
+    rows = torch.arange(len(whole) - 1 - len(continuation), len(whole) - 1)
+    return float(logp[rows, torch.tensor(continuation)].sum())
+
+
+def _stderr(share: float, count: int) -> float | None:
+    """The standard error of a mean of 0/1 outcomes (sample deviation, as lm-eval-harness's)."""
+    return math.sqrt(share * (1 - share) / (count - 1)) if count > 1 else None

@@ -1,0 +1,138 @@
+"""`coreopt eval --task`: multiple-choice accuracy as lm-eval-harness scores it - each choice's
+log-likelihood checked against an independent scoring with transformers' own model - and the public
+tasks' layouts read as lm-eval-harness words them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+
+from coreai_opt.evaluation import TaskItem, evaluate_task, read_task
+
+ITEMS = [
+    {"context": "the model reads the", "choices": ["text", "word", "next word of a small"], "label": 0},
+    {"context": "a small model of words predicts the next", "choices": ["word", "model reads"], "label": 0},
+    {
+        "context": "the next word of a small text is a word the model has  ",
+        "choices": ["read", "a"],
+        "label": 0,
+    },
+    # longer than the window of 16: cut from the left
+    {
+        "context": "the text feeds the model ; " * 4 + "the model",
+        "choices": ["reads", "has read"],
+        "label": 1,
+    },
+]
+
+
+def _write(path: Path, items: list[dict]) -> Path:  # type: ignore[type-arg]
+    path.write_text("".join(json.dumps(i) + "\n" for i in items), encoding="utf-8")
+    return path
+
+
+def _independent(items: list[TaskItem], window: int) -> list[list[float]]:
+    """lm-eval-harness's loglikelihood of each pair with transformers' model of the same weights."""
+    from tokenizers import Tokenizer
+
+    from tests._hf import tiny_model, tokenizer_json
+
+    model, tokenizer = tiny_model("llama"), Tokenizer.from_str(tokenizer_json())
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    scores = []
+    for item in items:
+        row = []
+        for context, continuation in item.pairs:
+            moved = len(context) - len(context.rstrip())
+            context, continuation = (
+                context[: len(context) - moved],
+                context[len(context) - moved :] + continuation,
+            )
+            start = encode(context)
+            tail = encode(context + continuation)[len(start) :]
+            sequence = (start + tail)[-(window + 1) :]
+            with torch.no_grad():
+                logits = model(torch.tensor([sequence[:-1]])).logits[0].double()
+            logp = logits.log_softmax(-1)
+            row.append(sum(float(logp[len(sequence) - 1 - len(tail) + k, t]) for k, t in enumerate(tail)))
+        scores.append(row)
+    return scores
+
+
+def test_accuracy_is_an_independent_scoring_of_the_same_definition(tiny_llama, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    task = _write(tmp_path / "task.jsonl", ITEMS)
+    result = evaluate_task(tiny_llama["ref"], [tiny_llama["ref"]], task=task)
+    expected = _independent(read_task(task), 16)
+    for score in result.scores:
+        for ours, theirs in zip(score.lls, expected, strict=True):
+            assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-5)
+    hits = [
+        max(range(len(ll)), key=ll.__getitem__) == item["label"]
+        for ll, item in zip(expected, ITEMS, strict=True)
+    ]
+    lengths = [[len(c) for c in item["choices"]] for item in ITEMS]
+    normed = [max(range(len(ll)), key=lambda k, ll=ll, n=n: ll[k] / n[k]) == item["label"]
+              for ll, n, item in zip(expected, lengths, ITEMS, strict=True)]  # fmt: skip
+    reference, same = result.scores
+    assert reference.acc == same.acc == sum(hits) / 4 and reference.acc_norm == sum(normed) / 4
+    p = reference.acc
+    assert reference.acc_stderr == pytest.approx((p * (1 - p) / 3) ** 0.5)
+
+
+def test_public_layouts_read_as_lm_eval_harness_words_them(tmp_path: Path) -> None:
+    lines = [
+        {"activity_label": "Baking", "ctx_a": "She mixes the flour.", "ctx_b": "then she", "label": "1",
+         "endings": ["eats it [title] Step 2.", "bakes  the cake."]},
+        {"question": {"stem": "What melts?", "choices": [{"text": "ice", "label": "A"}, {"text": "rock", "label": "B"}]},
+         "answerKey": "A"},
+        {"question": "What floats?", "choices": {"text": ["stone", "wood"], "label": ["1", "2"]}, "answerKey": "2"},
+        {"goal": "Open a jar", "sol1": "twist the lid", "sol2": "paint the lid", "label": 0},
+        {"sentence": "The cup fell off the table because _ was tilted.", "option1": "the cup", "option2": "the table",
+         "answer": "2"},
+    ]  # fmt: skip
+    items = read_task(_write(tmp_path / "mixed.jsonl", lines))
+    assert items[0] == TaskItem(
+        (("Baking: She mixes the flour. Then she", " eats it. Step 2."), ("Baking: She mixes the flour. Then she",
+         " bakes the cake.")), 1, (16, 15))  # fmt: skip
+    assert items[1].pairs == (
+        ("Question: What melts?\nAnswer:", " ice"),
+        ("Question: What melts?\nAnswer:", " rock"),
+    )
+    assert items[1].label == 0 and items[2].label == 1 and items[2].pairs[1][1] == " wood"
+    assert items[3].pairs[0] == ("Question: Open a jar\nAnswer:", " twist the lid") and items[3].label == 0
+    assert items[4].pairs == (("The cup fell off the table because the cup", " was tilted."),
+                              ("The cup fell off the table because the table", " was tilted."))  # fmt: skip
+    assert items[4].label == 1
+
+
+def test_task_on_the_command_line_and_its_refusals(tiny_llama, tmp_path: Path, coreopt) -> None:  # type: ignore[no-untyped-def]
+    task = _write(tmp_path / "task.jsonl", ITEMS)
+    result = coreopt("eval", tiny_llama["ref"], "--task", task, "--max-items", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["items"] == 2 and set(out["programs"][0]) >= {
+        "acc",
+        "acc_norm",
+        "acc_stderr",
+        "acc_norm_stderr",
+    }
+    bad = _write(tmp_path / "bad.jsonl", [ITEMS[0], {"context": "a", "choices": ["b", "c"], "label": 5}])
+    cases = [
+        (["--task", bad], 1, f"{bad}: line 2: label 5 is not the index of one of the 2 choices"),
+        (["--task", tmp_path / "t.csv"], 2, "give a task as JSON lines"),
+        (["--task", task, "--text", tiny_llama["text"]], 2, "give --task or --text, not both"),
+        (["--task", task, "--max-kl", "1"], 2, "--max-kl serves --text, not --task"),
+    ]
+    for args, code, said in cases:
+        result = coreopt("eval", tiny_llama["ref"], *args)
+        assert result.exit_code == code, (args, result.stderr)
+        assert said in " ".join(result.stderr.replace("│", " ").split()), (args, result.stderr)
