@@ -697,3 +697,20 @@ def test_readers_of_one_input_share_one_gram_computed_and_cached_once(
         )
     (stored,) = (tmp_path / "cache").glob("*.safetensors")
     assert len([key for key in load_file(str(stored)) if key.endswith("/gram")]) == 4 * len(names) // 7
+
+
+def test_a_text_calibration_takes_a_default_token_budget_or_every_token(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from coreai_opt.calibration import DEFAULT_TEXT_TOKENS, CalibrationSpec, Samples
+    from coreai_opt.errors import ConfigError
+
+    text = tmp_path / "calib.txt"
+    text.write_text("some words", encoding="utf-8")
+    assert Samples.of(text).tokens == DEFAULT_TEXT_TOKENS == 16384
+    assert "the default: --calibration-tokens all takes every one" in Samples.of(text).describe()
+    assert Samples.of(text, tokens="all").tokens is None and Samples.of(text, tokens="300").tokens == 300
+    assert CalibrationSpec(source=str(text), tokens="512").tokens == 512
+    for bad in ("some", "0", -3, True):
+        with pytest.raises(ConfigError, match="a count of 1 or more or 'all'"):
+            CalibrationSpec(source=str(text), tokens=bad)

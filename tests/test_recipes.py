@@ -233,7 +233,7 @@ def test_steps_made_in_python_are_checked_too() -> None:
         (lambda: Budget(max_bytes=float("inf")), "max_bytes must be an integer, not inf"),
         (lambda: Cast(ignored_ops="aten.exp.default"), "ignored_ops must be a list, not 'aten.exp.default'"),
         (lambda: Recipe((Compress(config=QuantizeConfig()),), CalibrationSpec(source="random", tokens=True)),
-         "tokens must be an integer of 1 or more, not True"),
+         "tokens is a count of 1 or more or 'all', not True"),
         (lambda: Compress(config={"kind": "quantize"}),
          "config must be a WeightConfig, not {'kind': 'quantize'}"),
     ]:  # fmt: skip

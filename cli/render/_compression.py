@@ -100,7 +100,8 @@ def render_compression(result: CompressionFileResult) -> None:
     if learned := [w.learned for w in report.weights if w.learned is not None]:
         gain = sum(x.snr_db - x.data_free_snr_db for x in learned if _finite(x.snr_db, x.data_free_snr_db))
         console.print(
-            f"[bold]Data[/bold]: {len(learned)} weights learned from calibration ({learned[0].weighting}-weighted "
+            f"[bold]Data[/bold]: {len(learned)} weights learned from {shown(report.calibration or 'calibration')} "
+            f"({learned[0].weighting}-weighted "
             f"error, 'data SNR'): {gain / len(learned):+.2f} dB on average against the data-free encoding"
         )
     if report.tuning:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._samples import RANDOM, Samples, Source, text_tokens
+from ._samples import ALL_TOKENS, DEFAULT_TEXT_TOKENS, RANDOM, Samples, Source, text_tokens, token_budget
 from ._spec import CalibrationSpec
 
 if TYPE_CHECKING:
@@ -20,7 +20,18 @@ if TYPE_CHECKING:
 
     from ._capture import ProgramCalibration
 
-__all__ = ["RANDOM", "CalibrationSpec", "Samples", "Source", "cache_folder", "calibrate", "text_tokens"]
+__all__ = [
+    "ALL_TOKENS",
+    "DEFAULT_TEXT_TOKENS",
+    "RANDOM",
+    "CalibrationSpec",
+    "Samples",
+    "Source",
+    "cache_folder",
+    "calibrate",
+    "text_tokens",
+    "token_budget",
+]
 
 
 def cache_folder() -> Path:

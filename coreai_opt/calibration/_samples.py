@@ -32,6 +32,20 @@ class Source(enum.Enum):
 
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")  # a text calibration file: cut into token windows
+ALL_TOKENS = "all"  # a token budget that takes the whole text
+DEFAULT_TEXT_TOKENS = 16384  # the tokens of a text calibration takes unless told (GPTQ's usual 128 x 128)
+
+
+def token_budget(value: object, name: str = "tokens") -> int | str | None:
+    """A text calibration's token budget as given: None (the default, `DEFAULT_TEXT_TOKENS`),
+    "all", or a count of 1 or more (also as digits, as the command line gives it)."""
+    if value is None or value == ALL_TOKENS:
+        return value  # type: ignore[return-value]
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} is a count of 1 or more or {ALL_TOKENS!r}, not {value!r}", name)
+    return value
 
 
 def check_source(source: str) -> None:
@@ -54,7 +68,7 @@ class Samples:
     path: Path | None = None
     count: int | None = None  # at most this many samples (random: exactly; default 32)
     seed: int = 0
-    tokens: int | None = None  # text: at most this many tokens
+    tokens: int | None = None  # text: at most this many tokens (None: all; `of` applies the default budget)
     tokenizer: Path | None = None  # text: a tokenizer.json, or a folder holding one
 
     def __post_init__(self) -> None:
@@ -66,12 +80,15 @@ class Samples:
             raise ConfigError(f"{self.kind.value} samples need a path", "path")
 
     @classmethod
-    def of(cls, source: str | Path, *, count: int | None = None, seed: int = 0, tokens: int | None = None,
+    def of(cls, source: str | Path, *, count: int | None = None, seed: int = 0, tokens: int | str | None = None,
            tokenizer: Path | str | None = None) -> Samples:  # fmt: skip
-        """`random`, a text file (`.txt`, `.md`: cut into token windows), or safetensors."""
+        """`random`, a text file (`.txt`, `.md`: cut into token windows; at most `tokens` of it -
+        `DEFAULT_TEXT_TOKENS` when None, every one with "all"), or safetensors."""
         if str(source) == RANDOM:
             return cls(Source.RANDOM, count=count, seed=seed)
         check_source(str(source))
+        budget = token_budget(tokens)
+        tokens = DEFAULT_TEXT_TOKENS if budget is None else None if budget == ALL_TOKENS else budget
         path = Path(source)
         if path.suffix.lower() in TEXT_SUFFIXES:
             return cls(Source.TEXT, path, count, seed, tokens, Path(tokenizer) if tokenizer else None)
@@ -83,7 +100,10 @@ class Samples:
 
             return seeded_source(range(self.seed, self.seed + (self.count or 32)))
         if self.kind is Source.TEXT:
-            return f"{self.path} (token windows)"
+            budget = "every token" if self.tokens is None else f"at most {self.tokens} tokens"
+            if self.tokens == DEFAULT_TEXT_TOKENS:
+                budget += ", the default: --calibration-tokens all takes every one"
+            return f"{self.path} (token windows, {budget})"
         return str(self.path)
 
     def inputs(self, program: ExportedProgram) -> Iterator[tuple[str, tuple[torch.Tensor, ...]]]:

@@ -11,13 +11,14 @@ from typing import Any
 from coreai_opt.compression import check_options, option, plain_fields
 from coreai_opt.errors import ConfigError
 
-from ._samples import check_source
+from ._samples import check_source, token_budget
 
 _SOURCE = (
     "Calibration samples for methods that learn from data: a safetensors file (one tensor per input, optionally "
     "[N, *shape] or [N, ...] for an input of [1, ...]) or a directory of them, a text file (token windows), or "
     "'random' (seeded draws)."
 )
+_TOKENS = "At most this many tokens of a text --calibration (default 16384; 'all': every one)."
 _PROGRAM = (
     "For an .aimodel: the .pt2 it was converted from; the calibration runs through it and its statistics reach "
     "the .aimodel's weights by name."
@@ -40,9 +41,7 @@ class CalibrationSpec:
         None, "--calibration-samples",
         "At most this many calibration samples (--calibration random draws this many; default 32).", minimum=1,
     )  # fmt: skip
-    tokens: int | None = option(
-        None, "--calibration-tokens", "At most this many tokens of a text --calibration.", minimum=1
-    )
+    tokens: int | str | None = option(None, "--calibration-tokens", _TOKENS)
     program: str | None = option(None, "--calibration-program", _PROGRAM)
     device: str | None = option(
         None,
@@ -60,6 +59,7 @@ class CalibrationSpec:
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{name} is a non-empty text, not {value!r}", name)
         check_source(self.source)
+        object.__setattr__(self, "tokens", token_budget(self.tokens))
         if not isinstance(self.exact_gradients, bool):
             raise ConfigError(
                 f"exact_gradients is true or false, not {self.exact_gradients!r}", "exact_gradients"

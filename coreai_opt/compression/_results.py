@@ -44,6 +44,7 @@ class CompressionReport:
     )  # a method learning from data had no statistics for these
     # the mean divergence from the given program over each pass of end-to-end table tuning
     tuning: list[float] = field(default_factory=list)
+    calibration: str | None = None  # what the methods that learn from data learned from (its budget)
 
     @property
     def bytes_before(self) -> int:
@@ -173,5 +174,6 @@ class CompressionReport:
             "already_compressed": self.already_compressed,
             "data_free": list(self.data_free),
             "tuning": list(self.tuning),
+            "calibration": self.calibration,
             "warnings": self.warnings,
         }

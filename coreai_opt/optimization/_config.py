@@ -8,9 +8,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from coreai_opt.calibration import token_budget
 from coreai_opt.compression import check_options, option, plain_fields
 from coreai_opt.errors import ConfigError
 
+_TOKENS = "Use at most this many tokens of a text calibration (default 16384; 'all': every one)."
 _CANDIDATES = (
     "What a weight may take, comma separated: default (keep,int8,int4-b32,lut8,lut6,lut6-q8,lut4,lut4-q8,lut3,lut2), "
     "int4, uint4-b32, lut4-tensor, lut8-v2, lut6-v2, lut8-v4, lut4-v2 (vector tables), sparse50, sparse24, "
@@ -44,9 +46,7 @@ class OptimizeConfig:
     to: str = option(
         "pt2", "--to", "pt2, or aimodel (converted after compressing).", choices=("pt2", "aimodel")
     )
-    calibration_tokens: int | None = option(
-        None, "--calibration-tokens", "Use at most this many calibration tokens.", minimum=1
-    )
+    calibration_tokens: int | str | None = option(None, "--calibration-tokens", _TOKENS)
     calibration_samples: int | None = option(
         None, "--calibration-samples", "Use at most this many calibration samples.", minimum=1
     )
@@ -73,6 +73,9 @@ class OptimizeConfig:
 
     def __post_init__(self) -> None:
         check_options(self)
+        object.__setattr__(
+            self, "calibration_tokens", token_budget(self.calibration_tokens, "calibration_tokens")
+        )
         if not isinstance(self.candidates, str):
             raise ConfigError(
                 f"candidates is text (choices, comma separated), not {self.candidates!r}", "candidates"

@@ -176,6 +176,8 @@ def _compress(step: Compress, program: Any, run: _Run, index: int) -> StepOutcom
     calibration = _calibration(step, program, run)
     start = time.perf_counter()
     report = compress_(program, step.config, run.progress, run.executor, calibration)
+    if calibration is not None and hasattr(calibration, "samples"):
+        report.calibration = calibration.samples.describe()
     seconds = time.perf_counter() - start
     if report.problems and not run.allow_empty:
         raise NothingDoneError(

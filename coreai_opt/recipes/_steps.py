@@ -57,15 +57,19 @@ class QuantizeActivations:
     config: Any  # a quantization.QuantizerConfig
     calibration: str
     calibration_samples: int = field(default=32, metadata=least(1))  # seeded draws of "random"
-    calibration_tokens: int | None = field(default=None, metadata=least(1))  # at most this many of a text
+    calibration_tokens: int | str | None = None  # at most this many of a text ("all": every one)
     seed: int = field(default=0, metadata=least(0))
 
     KIND = "quantize_activations"
 
     def __post_init__(self) -> None:
+        from coreai_opt.calibration import token_budget
         from coreai_opt.quantization import QuantizerConfig
 
         check_record(self)
+        object.__setattr__(
+            self, "calibration_tokens", token_budget(self.calibration_tokens, "calibration_tokens")
+        )
         if not isinstance(self.config, QuantizerConfig):
             raise ConfigError(f"config must be a QuantizerConfig, not {type(self.config).__name__}", "config")
 
