@@ -113,3 +113,31 @@ def test_typer_s_pydantic_phrasing_is_said_in_ours(monkeypatch, capsys) -> None:
         assert stop.value.code == 2
         err = " ".join(capsys.readouterr().err.replace("│", " ").split())
         assert said in err and "Input should" not in err and "Value error" not in err, err
+
+
+def test_a_broken_compression_of_a_language_model_is_said_plainly(
+    tiny_llama, tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """After writing a .pt2 language model, a spot check on Python's own documentation: int8 keeps
+    the original's predictions; 95% of weights pruned keeps none of its top tokens, and the report
+    says the result looks broken and names the sparsify method that learns from data."""
+    import json
+
+    from coreai_opt.compression import QuantizeConfig
+    from coreai_opt.recipes import compress_file
+
+    kept = compress_file(
+        tiny_llama["ref"], tmp_path / "int8.pt2", QuantizeConfig(dtype="int8", weight_num_threshold=0)
+    )
+    assert kept.spot_check is not None and not kept.spot_check.broken
+    assert kept.spot_check.top1 > 0.9 and kept.spot_check.kl_mean < 1e-5 and kept.spot_check.tokens == 240
+    pruned = ["sparsify", tiny_llama["ref"], "--sparsity", "0.95", "--threshold", "0"]
+    shown = coreopt(*pruned, "-o", tmp_path / "sp.pt2")
+    assert shown.exit_code == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "Spot check (240 tokens of Python's documentation, against the original)" in text
+    assert "the result looks broken" in text and "--method sparsegpt --calibration TEXT" in text
+    quiet = json.loads(coreopt(*pruned, "-o", tmp_path / "sp2.pt2", "--json").stdout)
+    assert quiet["spot_check"]["broken"] is True and quiet["spot_check"]["top1"] < 0.5
+    skipped = json.loads(coreopt(*pruned, "-o", tmp_path / "sp3.pt2", "--json", "--no-spot-check").stdout)
+    assert skipped["spot_check"] is None

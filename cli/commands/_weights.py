@@ -38,6 +38,12 @@ def _executor_option() -> Any:
     )
 
 
+_SPOT = typer.Option(
+    False,
+    "--no-spot-check",
+    help="Skip comparing a language model written with its input on a few windows of "
+    "Python's documentation (KL, top-1; seconds), which says when a result is broken.",
+)
 # the command's names for CalibrationSpec's fields (its flags and help are the spec's)
 _SPEC_NAMES = {"source": "calibration", "samples": "calibration_samples", "tokens": "calibration_tokens",
                "program": "calibration_program", "device": "device", "exact_gradients": "exact_gradients"}  # fmt: skip
@@ -59,6 +65,7 @@ def common_parameters(output_help: str) -> list[inspect.Parameter]:
         keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
         keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
         keyword("allow_empty", allow_empty_option(), bool),
+        keyword("no_spot_check", _SPOT, bool),
         keyword("force", force_option(), bool),
         keyword("trust_pickle", trust_pickle_option(), bool),
         keyword("quiet", quiet_option(), bool),
@@ -99,7 +106,7 @@ def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
             allow_empty=values["allow_empty"], calibration=values["calibration"],
             calibration_samples=values["calibration_samples"], calibration_tokens=values["calibration_tokens"],
             calibration_program=values["calibration_program"], device=values["device"],
-            exact_gradients=values["exact_gradients"],
+            exact_gradients=values["exact_gradients"], spot_check=not values["no_spot_check"],
         )  # fmt: skip
     show(result, as_json, quiet)
 

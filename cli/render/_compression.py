@@ -113,6 +113,31 @@ def render_compression(result: CompressionFileResult) -> None:
         )
     for warning in report.warnings:
         console.print(f"[yellow]warning: {shown(warning)}[/yellow]")
+    if result.spot_check is not None:
+        console.print(spot_line(result))
+
+
+def spot_line(result: CompressionFileResult) -> str:
+    """The spot check's numbers; where the result is broken, a plain warning naming the methods
+    that learn from data (when the run used none)."""
+    from coreai_opt.compression import algorithm_named, config_type, methods
+    from coreai_opt.evaluation import BROKEN_TOP1
+
+    spot = result.spot_check
+    line = (f"[bold]Spot check[/bold] ({spot.tokens} tokens of Python's documentation, against the original): "
+            f"KL {spot.kl_mean:.4f}, top-1 {spot.top1:.3f}, perplexity {100 * spot.perplexity_increase:+.1f}%")  # fmt: skip
+    if not spot.broken:
+        return line
+    kind = config_type(result.method)
+    learning = sorted((m for m in methods(kind) if not algorithm_named(kind, m).data_free),
+                      key=lambda m: m not in ("gptq", "sparsegpt"))  # the Hessian methods first  # fmt: skip
+    hint = ""
+    if result.report.calibration is None and learning:  # the run learned nothing from data
+        hint = (
+            f" A method that learns from data usually fixes this: --method {learning[0]} --calibration TEXT."
+        )
+    return (f"{line}\n[red]warning: the result looks broken: its most likely next token is the original's "
+            f"{100 * spot.top1:.0f}% of the time (below {100 * BROKEN_TOP1:.0f}% or KL above 1 says broken).{hint}[/red]")  # fmt: skip
 
 
 def _finite(*values: float) -> bool:
@@ -123,6 +148,11 @@ def compression_line(result: CompressionFileResult) -> str:
     report = result.report
     ratio = f" ({report.total_ratio:.2f}x)" if report.total_ratio else ""
     warnings = f", {len(report.warnings)} warnings" if report.warnings else ""
+    spot = result.spot_check
+    if spot is not None:
+        warnings += f"; spot check KL {spot.kl_mean:.4f}, top-1 {spot.top1:.3f}" + (
+            " - BROKEN" if spot.broken else ""
+        )
     return (
         f"{result.method} {result.source} -> {result.output}: {len(report.weights)} weights compressed, "
         f"{len(report.skipped)} skipped; float tensors {human_bytes(report.total_bytes_before)} -> "

@@ -16,14 +16,18 @@ from ._sensitivity import (
     trial_products,
     weight_sensitivity,
 )
+from ._spot import BROKEN_KL, BROKEN_TOP1, SpotCheck, shipped_text, spot_check
 from ._tasks import TaskEvaluation, TaskScore, evaluate_task, read_task
 from ._text import TextEvaluation, TextScore, evaluate_text
 from ._tokens import Windows, file_token_ids, text_token_ids
 
 __all__ = [
+    "BROKEN_KL",
+    "BROKEN_TOP1",
     "EvalConfig",
     "NotALanguageModel",
     "SensitivityResult",
+    "SpotCheck",
     "TaskEvaluation",
     "TaskItem",
     "TaskScore",
@@ -36,7 +40,9 @@ __all__ = [
     "file_token_ids",
     "plot_evaluation",
     "read_task",
+    "shipped_text",
     "spearman",
+    "spot_check",
     "text_token_ids",
     "trial_divergences",
     "trial_products",

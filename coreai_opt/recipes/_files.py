@@ -20,10 +20,11 @@ def compress_file(
     *,
     calibration: str | Path | None = None,
     calibration_samples: int | None = None,
-    calibration_tokens: int | None = None,
+    calibration_tokens: int | str | None = None,
     calibration_program: str | Path | None = None,
     device: str | None = None,
     exact_gradients: bool = False,
+    spot_check: bool = True,
     **options: Any,
 ) -> CompressionFileResult:
     """Compress a model's weights as `config` says into a new file of the input's format (an
@@ -31,7 +32,9 @@ def compress_file(
     learn from data run `calibration` through the `.pt2` itself, or for an `.aimodel` through
     `calibration_program` (the `.pt2` it was converted from: weights match by name), on `device`
     (a torch device; default the CPU; `exact_gradients`: see `calibration.calibrate`). `options`:
-    force, progress, trust_pickle, executor, allow_empty (see `apply_recipe`)."""
+    force, progress, trust_pickle, executor, allow_empty (see `apply_recipe`). A `.pt2` language
+    model written is then compared with its source on a few windows of shipped text
+    (`evaluation.spot_check`, unless `spot_check` is False): the result's `spot_check`."""
     from coreai_opt.calibration import CalibrationSpec
 
     spec = None
@@ -41,7 +44,14 @@ def compress_file(
             program=None if calibration_program is None else str(calibration_program), device=device,
             exact_gradients=exact_gradients,
         )  # fmt: skip
-    return one_step(Compress(config=config), source, output, spec, **options)  # type: ignore[return-value]
+    result: CompressionFileResult = one_step(Compress(config=config), source, output, spec, **options)  # type: ignore[assignment]
+    if spot_check and result.output.suffix == ".pt2":
+        from coreai_opt.evaluation import spot_check as check
+
+        result.spot_check = check(
+            result.source, result.output, trust_pickle=options.get("trust_pickle", False)
+        )
+    return result
 
 
 def quantize_file(

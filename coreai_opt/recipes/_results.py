@@ -28,6 +28,7 @@ class CompressionFileResult:
     seconds: float
     file_bytes_before: int
     file_bytes_after: int
+    spot_check: Any = None  # an evaluation.SpotCheck of a language model written, or None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -39,6 +40,7 @@ class CompressionFileResult:
             "file_bytes_before": self.file_bytes_before,
             "file_bytes_after": self.file_bytes_after,
             "report": self.report.to_dict(),
+            "spot_check": None if self.spot_check is None else self.spot_check.to_dict(),
         }
 
 

@@ -35,7 +35,12 @@ class Compress:
         check_record(self)
 
     def tag(self) -> str:
-        return str(self.config.tag)
+        """The config's tag, and the method where it learns from data (`lut4-gptq`): a data-free
+        and a data-aware run of the same setting write different default names."""
+        from coreai_opt.compression import learning_methods
+
+        learns = self.config.method in learning_methods(self.config)
+        return str(self.config.tag) + (f"-{self.config.method}" if learns else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config.to_dict()}
