@@ -135,3 +135,14 @@ def test_a_cast_that_fails_its_check_says_so_in_one_line_and_writes_nothing(tmp_
     assert "--keep-failed" in lines[0] and not (tmp_path / "out.pt2").exists()
     kept = coreopt("cast", source, "--to", "fp16", "-o", tmp_path / "out.pt2", "--keep-failed")
     assert kept.exit_code == 1 and (tmp_path / "out.pt2").exists()
+
+
+def test_the_state_table_names_a_few_tensors_per_outcome(tiny_llama, tmp_path: Path, coreopt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A language model's 20-odd tensors: three named per outcome and a count of the rest, so the
+    report stays a screen long at 80 columns (--json lists each)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    result = coreopt("cast", tiny_llama["ref"], "--to", "fp16", "-o", tmp_path / "c.pt2", "--no-check")
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stdout.replace("│", " ").split())
+    assert "more" in text and "model.layers.1.mlp.up_proj.weight" not in text
+    assert len(result.stdout.splitlines()) < 60

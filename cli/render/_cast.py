@@ -43,14 +43,18 @@ def render_cast(result: CastFileResult) -> None:
         _cast_check(result.check)
 
 
+_NAMED = 3  # tensors named per outcome in the table (--json lists each)
+
+
 def _cast_state(report: Any) -> None:
     groups: dict[str, list] = {}
     for s in report.state:
         groups.setdefault(s.outcome.value, []).append(s)
     rows = []
     for outcome, items in groups.items():
-        detail = ", ".join(
-            f"{s.name} (max {s.max_abs:g})" if s.max_abs is not None else s.name for s in items
+        named = [f"{s.name} (max {s.max_abs:g})" if s.max_abs is not None else s.name for s in items]
+        detail = ", ".join(named[:_NAMED]) + (
+            f", and {len(named) - _NAMED} more" if len(named) > _NAMED else ""
         )
         nbytes = f"{human_bytes(sum(s.bytes_before for s in items))} -> {human_bytes(sum(s.bytes_after for s in items))}"
         rows.append([outcome, str(len(items)), nbytes, detail])
