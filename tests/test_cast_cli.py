@@ -137,7 +137,9 @@ def test_a_cast_that_fails_its_check_says_so_in_one_line_and_writes_nothing(tmp_
     assert kept.exit_code == 1 and (tmp_path / "out.pt2").exists()
 
 
-def test_the_state_table_names_a_few_tensors_per_outcome(tiny_llama, tmp_path: Path, coreopt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_state_table_names_a_few_tensors_per_outcome(
+    tiny_llama, tmp_path: Path, coreopt, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     """A language model's 20-odd tensors: three named per outcome and a count of the rest, so the
     report stays a screen long at 80 columns (--json lists each)."""
     monkeypatch.setenv("COLUMNS", "80")

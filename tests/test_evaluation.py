@@ -239,3 +239,23 @@ def test_the_scoring_settings_are_one_config_that_the_cli_options_come_from(core
     for args, flag in ((["--max-tokens", "1"], "--max-tokens"), (["--max-kl", "-1"], "--max-kl")):
         done = coreopt("eval", SAMPLES / "mlp.pt2", "--text", text, *args)
         assert done.exit_code == 2 and flag in done.stderr, (args, done.stderr)
+
+
+def test_the_plot_draws_the_reference_as_a_line_and_stacks_labels_of_equal_size(
+    tmp_path: Path, monkeypatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from coreai_opt import _plot
+    from coreai_opt.evaluation import TextEvaluation, TextScore, Windows, plot_evaluation
+
+    drawn = []
+    monkeypatch.setattr(_plot, "save_figure", lambda figure, path: drawn.append(figure))
+    reference = TextScore(Path("ref.pt2"), 100, 32.0, 10.0, 1.0, 1.0)
+    candidates = [TextScore(Path(f"{n}.pt2"), 10, bits, ppl, 1.0, 1.0, kl_mean=0.1)
+                  for n, bits, ppl in (("a", 4.0, 11.0), ("b", 4.0, 11.5), ("c", 3.0, 14.0))]  # fmt: skip
+    plot_evaluation(TextEvaluation("t.txt", Windows(64, 16, 16), reference, candidates), tmp_path / "p.png")
+    axes = drawn[0].axes[0]
+    offsets = {a.get_text(): a.xyann for a in axes.texts}
+    assert offsets["a.pt2"] != offsets["b.pt2"] and offsets["c.pt2"] == (4, 4)  # stacked in the 4-bit column
+    assert [line.get_ydata()[0] for line in axes.lines] == [10.0] and "ref.pt2: 10.000" in offsets
+    assert max(axes.get_xlim()) < 8  # no point at the reference's 32 bits
