@@ -711,6 +711,9 @@ def test_a_text_calibration_takes_a_default_token_budget_or_every_token(tmp_path
     assert "the default: --calibration-tokens all takes every one" in Samples.of(text).describe()
     assert Samples.of(text, tokens="all").tokens is None and Samples.of(text, tokens="300").tokens == 300
     assert CalibrationSpec(source=str(text), tokens="512").tokens == 512
+    written = CalibrationSpec(source=str(text)).to_dict()  # a text's budget is written out
+    assert written["tokens"] == 16384 and CalibrationSpec.from_dict(written).tokens == 16384
+    assert CalibrationSpec.from_dict({"source": str(text)}).tokens == "all"  # a recipe from before the budget
     for bad in ("some", "0", -3, True):
         with pytest.raises(ConfigError, match="a count of 1 or more or 'all'"):
             CalibrationSpec(source=str(text), tokens=bad)

@@ -131,6 +131,8 @@ def test_task_on_the_command_line_and_its_refusals(tiny_llama, tmp_path: Path, c
         (["--task", tmp_path / "t.csv"], 2, "give a task as JSON lines"),
         (["--task", task, "--text", tiny_llama["text"]], 2, "give --task or --text, not both"),
         (["--task", task, "--max-kl", "1"], 2, "--max-kl serves --text, not --task"),
+        (["--task", task, "--stride", "4"], 2, "--stride serves --text, not --task"),
+        (["--text", tiny_llama["text"], "--max-items", "3"], 2, "--max-items serves --task"),
     ]
     for args, code, said in cases:
         result = coreopt("eval", tiny_llama["ref"], *args)

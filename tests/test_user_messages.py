@@ -64,7 +64,7 @@ def test_the_header_spells_options_as_the_command_line_does(coreopt, tmp_path: P
 
 
 def test_mistakes_are_refused_before_any_model_loads(coreopt, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A method that learns from data with no --calibration (also through an --override), calibration
+    """A method that learns from data with no --calibration, calibration
     or token files of no kind coreopt reads, an empty text, a size budget above float32: each exits 2
     in the words of the flags, and no program is read."""
 
@@ -73,13 +73,14 @@ def test_mistakes_are_refused_before_any_model_loads(coreopt, tmp_path: Path, mo
 
     for module in ("coreai_opt.recipes._apply", "coreai_opt.io"):
         monkeypatch.setattr(f"{module}.load_pt2", no_load)
+    monkeypatch.setenv("COLUMNS", "400")  # no box border inside a long path
+    monkeypatch.setenv("TERMINAL_WIDTH", "400")
     model, empty, jsonl = SAMPLES / "mlp.pt2", tmp_path / "empty.txt", tmp_path / "calib.jsonl"
     empty.write_text("", encoding="utf-8")
     jsonl.write_text('{"text": "a"}\n', encoding="utf-8")
     out = ["-o", tmp_path / "out.pt2"]
     cases = [
         (["palettize", model, "--method", "gptq", *out], "--method gptq learns from data: give --calibration"),
-        (["palettize", model, "--override", "*:method=gptq", *out], "--method gptq learns from data"),
         (["quantize", model, "--method", "gptq", "--calibration", jsonl, *out],
          f"{jsonl}: not calibration data coreopt reads; give a text file (.txt, .md, .text), a .safetensors"),
         (["eval", model, model, "--text", empty], f"{empty} is empty"),
@@ -127,7 +128,10 @@ def test_a_broken_compression_of_a_language_model_is_said_plainly(
     from coreai_opt.recipes import compress_file
 
     kept = compress_file(
-        tiny_llama["ref"], tmp_path / "int8.pt2", QuantizeConfig(dtype="int8", weight_num_threshold=0)
+        tiny_llama["ref"],
+        tmp_path / "int8.pt2",
+        QuantizeConfig(dtype="int8", weight_num_threshold=0),
+        spot_check=True,
     )
     assert kept.spot_check is not None and not kept.spot_check.broken
     assert kept.spot_check.top1 > 0.9 and kept.spot_check.kl_mean < 1e-5 and kept.spot_check.tokens == 240

@@ -28,7 +28,9 @@ def check_task(task: Path, values: dict[str, Any]) -> None:
         raise typer.BadParameter(
             f"{task}: give a task as JSON lines ({', '.join(TASK_SUFFIXES)})", param_hint="--task"
         )
-    for key, flag in (("max_ppl_increase", "--max-ppl-increase"), ("max_kl", "--max-kl"), ("plot", "--plot")):
+    text_only = (("max_ppl_increase", "--max-ppl-increase"), ("max_kl", "--max-kl"), ("plot", "--plot"),
+                 ("max_tokens", "--max-tokens"), ("stride", "--stride"))  # fmt: skip
+    for key, flag in text_only:
         if values.get(key) is not None:
             raise typer.BadParameter(f"{flag} serves --text, not --task", param_hint=flag)
 

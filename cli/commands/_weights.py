@@ -38,6 +38,9 @@ def _executor_option() -> Any:
     )
 
 
+# the calibration spec's fields -> this command's flags (a late refusal names the flag)
+_CALIBRATION_FLAGS = {"calibration": "--calibration", "source": "--calibration", "tokens": "--calibration-tokens",
+                      "samples": "--calibration-samples"}  # fmt: skip
 _SPOT = typer.Option(
     False,
     "--no-spot-check",
@@ -97,7 +100,7 @@ def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
     if palettizes(config) and Path(values["model"]).exists():
         kmeans_kernels(not (as_json or quiet))
     with (
-        user_errors(as_json, {"calibration": "--calibration", "source": "--calibration"}),
+        user_errors(as_json, _CALIBRATION_FLAGS),
         weight_progress(not (as_json or quiet), what) as progress,
     ):
         result = compress_file(

@@ -96,6 +96,8 @@ def evaluate(**values: Any) -> None:
     )
     _exclusive(as_csv, as_json)
     config = config_from_options(EvalConfig, {k: v for k, v in values.items() if k in _SCORING})
+    if values["max_items"] is not None and values["task"] is None:
+        raise typer.BadParameter("--max-items serves --task", param_hint="--max-items")
     if values["task"] is not None:
         from ._task import check_task, run_task
 

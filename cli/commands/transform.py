@@ -25,7 +25,8 @@ from .._config_options import keyword
 from ._weights import calibration_parameters
 
 _FLAGS = {"rotation": "--rotate", "seed": "--seed", "tolerance": "--tolerance", "samples": "--samples",
-          "method": "--scale", "alpha": "--scale-alpha", "bits": "--bits", "steps": "--steps", "group_size": "--scale-group-size", "source": "--calibration"}  # fmt: skip
+          "method": "--scale", "alpha": "--scale-alpha", "bits": "--bits", "steps": "--steps", "group_size": "--scale-group-size", "source": "--calibration",
+          "tokens": "--calibration-tokens"}  # fmt: skip
 _CALIBRATION = ("calibration", "calibration_samples", "calibration_tokens", "device")
 _DOC = """Write an equivalent .pt2 whose weights compress with less error.
 

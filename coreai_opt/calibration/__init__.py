@@ -12,7 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._samples import ALL_TOKENS, DEFAULT_TEXT_TOKENS, RANDOM, Samples, Source, text_tokens, token_budget
+from ._samples import (
+    ALL_TOKENS,
+    DEFAULT_TEXT_TOKENS,
+    RANDOM,
+    Samples,
+    Source,
+    check_source,
+    is_text,
+    text_tokens,
+    token_budget,
+)
 from ._spec import CalibrationSpec
 
 if TYPE_CHECKING:
@@ -29,6 +39,8 @@ __all__ = [
     "Source",
     "cache_folder",
     "calibrate",
+    "check_source",
+    "is_text",
     "text_tokens",
     "token_budget",
 ]

@@ -36,6 +36,11 @@ ALL_TOKENS = "all"  # a token budget that takes the whole text
 DEFAULT_TEXT_TOKENS = 16384  # the tokens of a text calibration takes unless told (GPTQ's usual 128 x 128)
 
 
+def is_text(source: object) -> bool:
+    """Whether a calibration source is a text file (cut into token windows)."""
+    return Path(str(source)).suffix.lower() in TEXT_SUFFIXES
+
+
 def token_budget(value: object, name: str = "tokens") -> int | str | None:
     """A text calibration's token budget as given: None (the default, `DEFAULT_TEXT_TOKENS`),
     "all", or a count of 1 or more (also as digits, as the command line gives it)."""
@@ -160,8 +165,11 @@ class Samples:
                 self.path, "text calibrates a language model: the program takes no [batch, tokens] ids"
             )
         batch, length = ids[0].shape if context is None else (1, context)
-        tokens = text_tokens(self.path, self.tokenizer)[: self.tokens]
         window = batch * length
+        budget = (
+            max(self.tokens, window) if self.tokens == DEFAULT_TEXT_TOKENS else self.tokens
+        )  # a window at least
+        tokens = text_tokens(self.path, self.tokenizer)[:budget]
         for start in range(0, len(tokens) - window + 1, window):
             chunk = torch.tensor(tokens[start : start + window], dtype=torch.int64).reshape(batch, length)
             sample = {ids[0].name: chunk}

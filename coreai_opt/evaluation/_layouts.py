@@ -8,7 +8,8 @@ contexts), so the scores are comparable with its own.
   object of `text` and `label` lists) and `answerKey`;
 - PIQA: `goal`, `sol1`, `sol2`, `label`;
 - Winogrande: `sentence` (with one `_`), `option1`, `option2`, `answer` ("1" or "2"): each option
-  completes the sentence up to the blank, and the words after it are what is scored.
+  completes the sentence up to the blank, and the words after it are what is scored (`acc_norm`
+  divides by those partial contexts' lengths, as lm-eval-harness would; it reports `acc` only).
 """
 
 from __future__ import annotations
@@ -95,4 +96,5 @@ def _winogrande(data: dict[str, Any]) -> TaskItem:
     label = int(data["answer"]) - 1
     if label not in (0, 1):
         raise ValueError(f"answer {data['answer']!r} is not 1 or 2")
-    return TaskItem(tuple((sentence[:blank] + o, after) for o in options), label, (len(after),) * 2)
+    contexts = tuple(sentence[:blank] + o for o in options)
+    return TaskItem(tuple((c, after) for c in contexts), label, tuple(len(c) for c in contexts))  # as lm-eval

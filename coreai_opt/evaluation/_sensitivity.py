@@ -384,10 +384,10 @@ def _estimate(
     """Each row's 1/2 sum(F dW^2) per token, F the squared gradients of a sample's next-token
     loss on the text, a mean over the samples: divided by the tokens a sample counts, not by all
     of them (which made the estimate shrink as the text grew)."""
-    from coreai_opt.calibration import Samples, calibrate
+    from coreai_opt.calibration import ALL_TOKENS, Samples, calibrate
     from coreai_opt.weights import Needs
 
-    samples = Samples.of(text, tokens=max_tokens, tokenizer=tokenizer)
+    samples = Samples.of(text, tokens=max_tokens or ALL_TOKENS, tokenizer=tokenizer)  # the text measured
     calibration = calibrate(ep, samples, cache=False, exact_gradients=exact)
     found = calibration.statistics(list(trials), Needs.GRADIENT_SQUARES)
     count = max(calibration.sample_count, 1)

@@ -5,13 +5,14 @@ documentation topics, `pydoc_data.topics`), so a broken result is said at once, 
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SPOT_TOKENS = 256  # tokens scored: whole windows of the program's length, at least one
-_TEXT_CHARACTERS = 16384  # of the shipped text: ~4k tokens, more than any spot check scores
+_TEXT_CHARACTERS = 65536  # of the shipped text: ~15k tokens, a window of most models
 BROKEN_TOP1 = 0.5  # fewer of the original's most likely tokens kept than this: broken
 BROKEN_KL = 1.0  # a mean KL from the original above this (nats per token): broken
 
@@ -30,8 +31,11 @@ class SpotCheck:
         return self.top1 < BROKEN_TOP1 or not self.kl_mean <= BROKEN_KL
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tokens": self.tokens, "kl_mean": self.kl_mean, "top1": self.top1,
-                "perplexity_increase": self.perplexity_increase, "broken": self.broken}  # fmt: skip
+        def num(value: float) -> float | str:  # JSON has no infinity: a broken result's KL may be one
+            return value if math.isfinite(value) else str(value)
+
+        return {"tokens": self.tokens, "kl_mean": num(self.kl_mean), "top1": self.top1,
+                "perplexity_increase": num(self.perplexity_increase), "broken": self.broken}  # fmt: skip
 
 
 def shipped_text() -> str:
@@ -44,9 +48,12 @@ def shipped_text() -> str:
 def spot_check(
     reference: Path | str, candidate: Path | str, *, trust_pickle: bool = False
 ) -> SpotCheck | None:
-    """The candidate against the reference on about `SPOT_TOKENS` tokens of `shipped_text()`, or
-    None when the reference is not a language model with a tokenizer beside it (as `coreopt
-    export` leaves one)."""
+    """The candidate against the reference on about `SPOT_TOKENS` tokens of `shipped_text()` (whole
+    windows, one at least), or None when the reference is not a language model with a tokenizer
+    beside it (as `coreopt export` leaves one) or the check cannot run (a window longer than the
+    text, too little memory): it never fails what it looks at."""
+    from coreai_opt.errors import ConfigError
+    from coreai_opt.io import ModelFileError
     from coreai_opt.models import ModelKind, model_info, model_tokenizer
 
     from ._text import evaluate_text
@@ -56,10 +63,15 @@ def spot_check(
         return None
     window = info.context or info.seq_len
     tokens = max(1, SPOT_TOKENS // window) * window
-    with tempfile.TemporaryDirectory(prefix="coreopt-spot-") as folder:
-        text = Path(folder) / "topics.txt"
-        text.write_text(shipped_text(), encoding="utf-8")
-        found = evaluate_text(reference, [candidate], text=text, max_tokens=tokens, trust_pickle=trust_pickle)
+    try:
+        with tempfile.TemporaryDirectory(prefix="coreopt-spot-") as folder:
+            text = Path(folder) / "topics.txt"
+            text.write_text(shipped_text(), encoding="utf-8")
+            found = evaluate_text(
+                reference, [candidate], text=text, max_tokens=tokens, trust_pickle=trust_pickle
+            )
+    except (ConfigError, ModelFileError, ImportError, MemoryError, OSError):
+        return None
     score = found.candidates[0]
     return SpotCheck(
         found.windows.scored, score.kl_mean or 0.0, score.top1 or 0.0, score.perplexity_increase or 0.0

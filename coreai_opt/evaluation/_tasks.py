@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from coreai_opt.errors import ConfigError
 from coreai_opt.io import (
     ModelFileError,
@@ -33,6 +35,7 @@ from coreai_opt.io import (
 
 from ._language import Counter, LanguageSide, Progress
 from ._layouts import TaskItem, task_item
+from ._tokens import check_ids
 
 _TASK_LIMIT = 1 << 30  # bytes of a task file read at most
 
@@ -123,9 +126,13 @@ def evaluate_task(
     runs = sum(len(item.pairs) for item in items)
     counter = Counter(progress, runs * len(paths))
     result = TaskEvaluation(str(task), len(items))
+    window = None
     for path in paths:
         with contextlib.ExitStack() as stack:
-            side = LanguageSide.open(path, trust_pickle, stack, None)
+            side = LanguageSide.open(path, trust_pickle, stack, window)
+            if window is not None and side.length != window:
+                raise ModelFileError(path, f"takes {side.length} tokens; the reference takes {window}")
+            window = side.length
             result.scores.append(_score(side, items, coder, counter))
     return result
 
@@ -136,25 +143,28 @@ class _Coder:
     def __init__(self, tokenizer: Path, program: Path) -> None:
         from coreai_opt.models import model_info, read_tokenizer
 
-        self.tokenizer = read_tokenizer(tokenizer)
+        self.tokenizer, self.path = read_tokenizer(tokenizer), tokenizer
         info = model_info(program)
+        self.vocab = info.vocab_size if info is not None else None
         config = info.config if info is not None else {}
         first = [config.get(k) for k in ("bos_token_id", "eos_token_id")]
         self.prefix = next((v for v in first if isinstance(v, int) and not isinstance(v, bool)), None)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        check_ids(np.asarray(ids, dtype=np.int64), self.vocab, self.path)
+        return ids
 
     def pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        spaces = len(context) - len(context.rstrip())
-        if spaces:
-            context, continuation = context[:-spaces], context[-spaces:] + continuation
-        if not context:
+        if not context:  # the model's start token stands for it (before any space is moved)
             if self.prefix is None:
                 raise ConfigError(
                     "a task item has an empty context and the model names no start token", "task"
                 )
             return [self.prefix], self.encode(continuation)
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole, start = self.encode(context + continuation), self.encode(context)
         return start, whole[len(start) :]
 

@@ -145,24 +145,47 @@ def evaluate_text(
 
 def _groups(paths: list[Path], ref: LanguageSide) -> list[list[Path]]:
     """The candidates in groups scored together: as many as fit in half the memory available beside
-    the reference, each counted at the reference's size (a compressed candidate runs decoded);
-    one group of none when there are no candidates."""
-    room = max(1, int(_available_bytes() / 2 // max(_resident_bytes(ref), 1)) - 1)
+    the reference, each counted at the reference's size (a compressed candidate runs decoded) and
+    a batch of its logits; one at least (two programs in memory), one group of none when there
+    are no candidates."""
+    each = _resident_bytes(ref) + ref.batch * ref.length * _vocab(ref) * 4  # its weights, a batch of logits
+    room = max(1, int(_available_bytes() / 2 // max(each, 1)) - 1)
     return [paths[i : i + room] for i in range(0, len(paths), room)] or [[]]
 
 
 def _available_bytes() -> int:
-    """MemAvailable of /proc/meminfo (Linux); elsewhere the machine's memory."""
+    """The memory this process may still take: MemAvailable of /proc/meminfo (Linux; elsewhere the
+    machine's memory), less where a cgroup's limit (a container's) leaves less."""
     import os
 
+    found = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     try:
         with open("/proc/meminfo", encoding="ascii") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            found = next(
+                (int(line.split()[1]) * 1024 for line in info if line.startswith("MemAvailable:")), found
+            )
     except (OSError, ValueError, IndexError):
         pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return min(found, _cgroup_room())
+
+
+def _cgroup_room() -> int:
+    """What a cgroup v2 limit leaves (memory.max less memory.current), or no bound."""
+    try:
+        limit, used = (
+            Path(f"/sys/fs/cgroup/memory.{n}").read_text(encoding="ascii").strip() for n in ("max", "current")
+        )
+        return max(int(limit) - int(used), 0) if limit.isdigit() and used.isdigit() else 1 << 62
+    except OSError:
+        return 1 << 62
+
+
+def _vocab(side: LanguageSide) -> int:
+    """The logits' width `coreopt export` recorded beside the program (else a large vocabulary's)."""
+    from coreai_opt.models import model_info
+
+    info = model_info(side.path)
+    return info.vocab_size if info is not None and info.vocab_size else 1 << 17
 
 
 def _resident_bytes(side: LanguageSide) -> int:

@@ -24,6 +24,8 @@ _TEMPLATE_LIMIT = 16 << 20  # bytes of a chat template read at most
 _SYSTEM_LIMIT = 4096  # characters of a default system message
 # A default system message: the literal text of a system turn in a Jinja string (quoted; a newline
 # written as one or as the two characters of its escape), with no quote or markup inside it.
+# ChatML's generation prompt as a template writes it: the assistant's turn opened by a newline
+_OPENS_ASSISTANT = re.compile(r"<\|im_start\|>assistant(?:\n|\\n)")
 _DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system(?:\n|\\n)([^'\"{}<]*)<\|im_end\|>")
 
 
@@ -71,8 +73,8 @@ class ChatFormat:
 def chat_format(template: Any) -> ChatFormat | None:
     """The format a chat template writes, or None when there is no template or coreopt does not
     recognise its layout. The template is read as text, never run."""
-    if not isinstance(template, str) or "<|im_start|>" not in template or "<|im_end|>" not in template:
-        return None
+    if not isinstance(template, str) or "<|im_end|>" not in template or not _OPENS_ASSISTANT.search(template):
+        return None  # not ChatML's own layout (a role, then a newline), e.g. <|im_start|>assistant<|im_sep|>
     found = _DEFAULT_SYSTEM.search(template)
     system = found.group(1).replace("\\n", "\n") if found else None
     return ChatFormat(CHATML, system if system and len(system) <= _SYSTEM_LIMIT else None)

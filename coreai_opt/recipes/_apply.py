@@ -147,9 +147,15 @@ def _check_steps(recipe: Recipe, run: _Run) -> None:
     for step in recipe.steps:
         if isinstance(step, Compress):
             executor_of(run.executor)  # an unknown name or a missing extra
-            learning = learning_methods(step.config)
-            if learning and run.calibration is None:
-                raise ConfigError(learns_from_data(learning), "calibration")
+            own = (
+                step.config.method
+            )  # an override's method is the driver's to check, on the weights it selects
+            if own in learning_methods(step.config) and run.calibration is None:
+                raise ConfigError(learns_from_data([own]), "calibration")
+        if isinstance(step, QuantizeActivations):
+            from coreai_opt.calibration import check_source
+
+            check_source(step.calibration)
         if isinstance(step, Cast):
             from coreai_opt.casting import resolve_op
 

@@ -24,7 +24,7 @@ def compress_file(
     calibration_program: str | Path | None = None,
     device: str | None = None,
     exact_gradients: bool = False,
-    spot_check: bool = True,
+    spot_check: bool = False,
     **options: Any,
 ) -> CompressionFileResult:
     """Compress a model's weights as `config` says into a new file of the input's format (an
@@ -32,9 +32,9 @@ def compress_file(
     learn from data run `calibration` through the `.pt2` itself, or for an `.aimodel` through
     `calibration_program` (the `.pt2` it was converted from: weights match by name), on `device`
     (a torch device; default the CPU; `exact_gradients`: see `calibration.calibrate`). `options`:
-    force, progress, trust_pickle, executor, allow_empty (see `apply_recipe`). A `.pt2` language
-    model written is then compared with its source on a few windows of shipped text
-    (`evaluation.spot_check`, unless `spot_check` is False): the result's `spot_check`."""
+    force, progress, trust_pickle, executor, allow_empty (see `apply_recipe`). With `spot_check`
+    (as `coreopt` runs it), a `.pt2` language model written is then compared with its source on a
+    few windows of shipped text (`evaluation.spot_check`): the result's `spot_check`."""
     from coreai_opt.calibration import CalibrationSpec
 
     spec = None

@@ -68,13 +68,13 @@ class QuantizeActivations:
     KIND = "quantize_activations"
 
     def __post_init__(self) -> None:
-        from coreai_opt.calibration import token_budget
+        from coreai_opt.calibration import DEFAULT_TEXT_TOKENS, is_text, token_budget
         from coreai_opt.quantization import QuantizerConfig
 
         check_record(self)
-        object.__setattr__(
-            self, "calibration_tokens", token_budget(self.calibration_tokens, "calibration_tokens")
-        )
+        budget = token_budget(self.calibration_tokens, "calibration_tokens")
+        default = DEFAULT_TEXT_TOKENS if budget is None and is_text(self.calibration) else budget
+        object.__setattr__(self, "calibration_tokens", default)  # a text's budget written out
         if not isinstance(self.config, QuantizerConfig):
             raise ConfigError(f"config must be a QuantizerConfig, not {type(self.config).__name__}", "config")
 
@@ -96,10 +96,13 @@ class QuantizeActivations:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantizeActivations:
+        from coreai_opt.calibration import ALL_TOKENS, is_text
         from coreai_opt.quantization import QuantizerConfig
 
         parts = ("weights", "activations", "module_name_configs", "op_type_configs")
         values = _only(data, cls, parts, built=("config",))
+        if values.get("calibration_tokens") is None and is_text(values.get("calibration")):
+            values["calibration_tokens"] = ALL_TOKENS  # written before the default budget: the whole text
         plain = {
             "global_config": {k: data[k] for k in ("weights", "activations") if k in data},
             **{k: data[k] for k in ("module_name_configs", "op_type_configs") if k in data},
