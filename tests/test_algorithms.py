@@ -99,7 +99,7 @@ def test_a_registered_algorithm_is_a_method_of_its_config(toy: Algorithm) -> Non
 
 
 def test_an_algorithm_that_learns_needs_calibration(toy: Algorithm) -> None:
-    with pytest.raises(ConfigError, match=r"QuantizeConfig\.toy learn\(s\) from data") as refused:
+    with pytest.raises(ConfigError, match=r"--method toy learns from data: give --calibration") as refused:
         compress_(load_pt2(SAMPLES / "mlp.pt2"), QuantizeConfig(method="toy", weight_num_threshold=0))
     assert refused.value.fields == ("calibration",)
 

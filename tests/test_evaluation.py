@@ -151,6 +151,15 @@ def test_eval_cli_reports_and_gates(lineage, coreopt) -> None:
     assert gated.exit_code == 1 and "exceeds" in gated.stdout
     csv = coreopt("eval", lineage["ref"], lineage["lut"], "--tokens", lineage["ids"], "--csv")
     assert csv.exit_code == 0 and len(csv.stdout.strip().splitlines()) == 3
+    on_cpu = coreopt(
+        "eval", lineage["ref"], lineage["lut"], "--tokens", lineage["ids"], "--device", "cpu", "--json"
+    )
+    assert (
+        json.loads(on_cpu.stdout)["candidates"][0]["kl_mean"]
+        == json.loads(
+            coreopt("eval", lineage["ref"], lineage["lut"], "--tokens", lineage["ids"], "--json").stdout
+        )["candidates"][0]["kl_mean"]
+    )
     quiet = coreopt("eval", lineage["ref"], lineage["lut"], "--tokens", lineage["ids"], "--quiet",
                     "--max-ppl-increase", 1e9)  # fmt: skip
     assert quiet.exit_code == 0 and len(quiet.stdout.strip().splitlines()) == 1
@@ -162,6 +171,7 @@ def test_eval_cli_reports_and_gates(lineage, coreopt) -> None:
         (["--max-tokens", 8], "fewer than one window of 16"),
         (["--tokenizer", "missing.json"], "no such tokenizer file"),
         (["--stride", 17], "--stride"),
+        (["--device", "cuda"], "--device cuda: this machine has no CUDA device torch can use"),
     ],
 )
 def test_eval_errors_are_one_line(lineage, coreopt, args: list[object], problem: str) -> None:

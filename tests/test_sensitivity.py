@@ -140,8 +140,8 @@ def test_bfloat16_differences_measure_what_exact_trials_do(family: str, tmp_path
     each weight close, the ranking the same. GPT-2 reads its weights through addmm with a bias."""
     from coreai_opt.compression import PalettizeConfig, trial_encodings
     from coreai_opt.evaluation import spearman
+    from coreai_opt.evaluation._language import Counter
     from coreai_opt.evaluation._sensitivity import _Resumable, _trials
-    from coreai_opt.evaluation._text import _Counter
     from coreai_opt.evaluation._tokens import Windows, text_token_ids
     from coreai_opt.io import load_pt2
     from coreai_opt.models import export_file
@@ -158,7 +158,7 @@ def test_bfloat16_differences_measure_what_exact_trials_do(family: str, tmp_path
     for differences in (False, True):
         runner = _Resumable(ep, path, differences)
         assert (runner.head is not None) == differences  # the logits' product, factored
-        found[differences], _ = runner.sums(ids, windows, decoded, _Counter(None, 1))
+        found[differences], _ = runner.sums(ids, windows, decoded, Counter(None, 1))
     exact, fast = found[False], found[True]
     assert len(exact) >= 10
     for name, (kl, nll, agree) in exact.items():

@@ -20,7 +20,7 @@ from ._ops import (
     is_decompression,
     op_name,
 )
-from ._runnable import ready_to_run, runnable
+from ._runnable import checked_device, ready_to_run, runnable
 from ._weights import ExportWeights
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "ExportWeights",
     "ProgramEdit",
     "StateWalker",
+    "checked_device",
     "coreai_decompositions",
     "fold_decompression",
     "is_decompression",

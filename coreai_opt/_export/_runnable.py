@@ -84,3 +84,18 @@ def ready_to_run(program: ExportedProgram, module: GraphModule | None = None) ->
         ready(*zero_inputs(program))
 
     first_run(run, call)
+
+
+def checked_device(name: str | None) -> str | None:
+    """A torch device this machine has (one line otherwise)."""
+    if name is None or name == "cpu":
+        return None
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: this machine has no CUDA device torch can use")
+    return name

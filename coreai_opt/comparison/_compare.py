@@ -161,11 +161,11 @@ class _AssetSide:
 Side = _AssetSide | ExportedSide
 
 
-def open_side(path: Path, trust_pickle: bool, stack: contextlib.ExitStack) -> Side:
-    """A model ready to run on samples: a `.pt2` in PyTorch, an `.aimodel` in its runtime worker
-    (closed with `stack`)."""
+def open_side(path: Path, trust_pickle: bool, stack: contextlib.ExitStack, device: str | None = None) -> Side:
+    """A model ready to run on samples: a `.pt2` in PyTorch (on `device` when given), an `.aimodel`
+    in its runtime worker (closed with `stack`)."""
     if model_format(path, _FORMATS) is ModelFormat.PT2:
-        return ExportedSide(path, trust_pickle)
+        return ExportedSide(path, trust_pickle, device)
     worker = stack.enter_context(AssetWorker(path))
     verify_aimodel(path, worker)
     return _AssetSide(path, worker)

@@ -24,14 +24,15 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 
 class ExportedSide:
-    """A `.pt2` program ready to run: compressed weights decoded once, inputs by placeholder name."""
+    """A `.pt2` program ready to run: compressed weights decoded once, inputs by placeholder name;
+    on `device` when given (a torch device: inputs go there, outputs come back to the host)."""
 
-    def __init__(self, path: Path, trust_pickle: bool = False) -> None:
+    def __init__(self, path: Path, trust_pickle: bool = False, device: str | None = None) -> None:
         from coreai_opt._export import runnable
 
-        self.path = path
+        self.path, self.device = path, device
         self.program: ExportedProgram = load_pt2(path, trust_pickle=trust_pickle)
-        self.module = runnable(self.program)
+        self.module = runnable(self.program, device)
         users = user_input_nodes(self.program)
         self.dtypes = [n.meta["val"].dtype for n in users]
         self.inputs = tuple(
@@ -61,14 +62,14 @@ class ExportedSide:
                 raise ModelFileError(
                     self.path, f"input {spec.name} has shape {list(value.shape)}; it takes {list(spec.shape)}"
                 )
-            args.append(torch.from_numpy(np.ascontiguousarray(value)).to(dtype))
+            args.append(torch.from_numpy(np.ascontiguousarray(value)).to(self.device or "cpu", dtype))
         with torch.no_grad(), running(self.path):
             leaves = [v for v in pytree.tree_leaves(self.module(*args)) if isinstance(v, torch.Tensor)]
         names = [
             s.arg.name for s in self.program.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"
         ]
         values = {
-            name: (v.float() if v.dtype == torch.bfloat16 else v).numpy()
+            name: (v.float() if v.dtype == torch.bfloat16 else v).cpu().numpy()
             for name, v in zip(names, leaves, strict=True)
         }
         outputs = tuple(TensorSpec(n, values[n].dtype, tuple(values[n].shape)) for n in names)

@@ -30,6 +30,11 @@ class EvalConfig:
         None, "--max-ppl-increase", "Exit 1 when a candidate's perplexity rises more than this many percent."
     )
     max_kl: float | None = option(None, "--max-kl", "Exit 1 when a candidate's mean KL exceeds this.")
+    device: str | None = option(
+        None,
+        "--device",
+        "Where .pt2 programs run: cpu (default), cuda, cuda:1, ... (an .aimodel: the Core AI runtime).",
+    )
 
     def __post_init__(self) -> None:
         check_options(self)

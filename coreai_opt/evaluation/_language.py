@@ -52,13 +52,19 @@ class LanguageSide:
 
     @classmethod
     def open(
-        cls, path: Path, trust_pickle: bool, stack: contextlib.ExitStack, length: int | None
+        cls,
+        path: Path,
+        trust_pickle: bool,
+        stack: contextlib.ExitStack,
+        length: int | None,
+        device: str | None = None,
     ) -> LanguageSide:
-        """A program to score windows with; a stateful decoder takes windows of `length` tokens
-        (None: its context), written from position 0 - the decode path's perplexity."""
+        """A program to score windows with (a `.pt2` on `device` when given); a stateful decoder
+        takes windows of `length` tokens (None: its context), written from position 0 - the
+        decode path's perplexity."""
         from coreai_opt.comparison import open_side
 
-        side = open_side(path, trust_pickle, stack)
+        side = open_side(path, trust_pickle, stack, device)
         decoder = _decoder(side)
         if decoder is not None:
             window = length or decoder.context

@@ -128,14 +128,17 @@ def evaluate_text(
         model_format(path)
     ids, source, _ = token_stream(reference, text, tokens, tokenizer, max_tokens)
     with contextlib.ExitStack() as stack:
-        ref = LanguageSide.open(reference, trust_pickle, stack, None)
+        from coreai_opt._export import checked_device
+
+        device = checked_device(config.device)
+        ref = LanguageSide.open(reference, trust_pickle, stack, None, device)
         windows = Windows(len(ids), ref.length, stride or ref.length)
         groups = _groups(paths, ref)
         counter = Counter(progress, len(windows.starts) * (len(groups) + len(paths)))
         result: TextEvaluation | None = None
         for group in groups:
             with contextlib.ExitStack() as held:
-                sides = [_candidate(path, trust_pickle, held, ref) for path in group]
+                sides = [_candidate(path, trust_pickle, held, ref, device) for path in group]
                 ref_score, scores = _score_lockstep(ref, sides, ids, windows, counter)
             result = result or TextEvaluation(source, windows, ref_score)
             result.candidates.extend(scores)
@@ -198,9 +201,9 @@ def _resident_bytes(side: LanguageSide) -> int:
 
 
 def _candidate(
-    path: Path, trust_pickle: bool, stack: contextlib.ExitStack, ref: LanguageSide
+    path: Path, trust_pickle: bool, stack: contextlib.ExitStack, ref: LanguageSide, device: str | None
 ) -> LanguageSide:
-    side = LanguageSide.open(path, trust_pickle, stack, ref.length)
+    side = LanguageSide.open(path, trust_pickle, stack, ref.length, device)
     if side.length != ref.length or side.batch != ref.batch:
         raise ModelFileError(path, f"takes [{side.batch}, {side.length}] tokens; the reference takes "
                              f"[{ref.batch}, {ref.length}]")  # fmt: skip

@@ -209,6 +209,7 @@ def _calibration(step: Compress, program: Any, run: _Run) -> Any:
 def _calibrated(program: Any, run: _Run) -> Any:
     """A calibration of `program` (or, for a Core AI program, of the `.pt2` it came from) on the
     recipe's samples."""
+    from coreai_opt._export import checked_device
     from coreai_opt.calibration import Samples, calibrate
     from coreai_opt.models import model_tokenizer
 
@@ -224,22 +225,9 @@ def _calibrated(program: Any, run: _Run) -> Any:
         program = load_pt2(source, trust_pickle=run.trust_pickle)
         tokenizer = tokenizer or model_tokenizer(source)  # the .pt2's own, when the program has none
     samples = Samples.of(spec.source, count=spec.samples, tokens=spec.tokens, tokenizer=tokenizer)
-    return calibrate(program, samples, device=_device(spec.device), exact_gradients=spec.exact_gradients)
-
-
-def _device(name: str | None) -> str | None:
-    """A torch device this machine has (one line otherwise)."""
-    if name is None or name == "cpu":
-        return None
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: this machine has no CUDA device torch can use")
-    return name
+    return calibrate(
+        program, samples, device=checked_device(spec.device), exact_gradients=spec.exact_gradients
+    )
 
 
 def _quantize_activations(step: QuantizeActivations, program: Any, run: _Run, index: int) -> StepOutcome:

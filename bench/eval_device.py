@@ -1,0 +1,74 @@
+"""`coreopt eval --device cuda` of the 1.1B benchmark decoder: 65,536 tokens, timed, with its peaks.
+
+    python bench/eval_device.py [--size 1.1b] [--sequence 512] [--tokens 65536] [--device cuda]
+                                [--out PATH]
+
+The decoder of bench/decoders.py (seeded random weights; TinyLlama's shape at 1.1B) exported at
+`--sequence` tokens in fp16 (the reference) and in fp32 (the candidate: the same weights; a GPU
+image without coreai-torch cannot load a compressed program, whose decoding ops are coreai-torch's),
+and `--tokens` seeded random token ids in a safetensors file; then `evaluate_text(reference,
+[candidate], tokens=..., device=...)`: both programs window by window in lockstep on the device.
+Printed and written to `--out` (JSON): the seconds of the exports and of the evaluation, its
+numbers, the peak GPU memory and the process's peak host RSS. The weights are random: the numbers
+say how fast and how large, not how accurate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="1.1b")
+    parser.add_argument("--sequence", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=65536)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "eval_device.json")
+    args = parser.parse_args()
+
+    import decoders
+    from safetensors.numpy import save_file
+
+    from coreai_opt.evaluation import EvalConfig, evaluate_text
+
+    began = time.perf_counter()
+    reference = decoders.program(args.size, sequence=args.sequence)
+    candidate = decoders.program(args.size, fp32=True, sequence=args.sequence)
+    exported = time.perf_counter() - began
+    ids = reference.with_name(f"ids_{args.tokens}.safetensors")
+    vocab = decoders.SHAPES[args.size].vocab
+    save_file({"tokens": np.random.default_rng(0).integers(0, vocab, args.tokens, dtype=np.int64)}, str(ids))
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    began = time.perf_counter()
+    result = evaluate_text(reference, [candidate], tokens=ids, config=EvalConfig(device=args.device))
+    seconds = time.perf_counter() - began
+    row = {
+        "size": args.size, "sequence": args.sequence, "tokens": result.windows.scored,
+        "windows": len(result.windows.starts), "device": torch.cuda.get_device_name()
+        if args.device.startswith("cuda") else "cpu", "torch": torch.__version__,
+        "export_s": round(exported, 1), "eval_s": round(seconds, 1),
+        "reference": result.reference.to_dict(), "candidate": result.candidates[0].to_dict(),
+        "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if args.device.startswith("cuda") else 0,
+        "host_peak_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    }  # fmt: skip
+    print(json.dumps(row, indent=1), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()
