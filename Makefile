@@ -16,6 +16,9 @@ DEMO_OUT ?= build/demo
 # CLI child - compiled torch, coreai and ours from source again (~1.2 CPU s for torch alone):
 # `.ci/run` on a fresh clone took 376 s before, 307 s after (2026-11-27, 2 cores).
 export PYTHONPYCACHEPREFIX ?= $(CURDIR)/build/pycache
+# Two pytest workers on two cores: OpenMP threads that spin while they wait take the CPU the other
+# worker needs (the console scripts set the same: cli/_common.py).
+export OMP_WAIT_POLICY ?= PASSIVE
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-without-triton lint samples clean

@@ -145,3 +145,25 @@ def test_a_broken_compression_of_a_language_model_is_said_plainly(
     assert quiet["spot_check"]["broken"] is True and quiet["spot_check"]["top1"] < 0.5
     skipped = json.loads(coreopt(*pruned, "-o", tmp_path / "sp3.pt2", "--json", "--no-spot-check").stdout)
     assert skipped["spot_check"] is None
+
+
+def test_the_commands_let_waiting_openmp_threads_sleep(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Spinning threads took twice the CPU on a shared machine: the console scripts set
+    OMP_WAIT_POLICY=PASSIVE before torch loads, and leave a user's own setting alone."""
+    import os
+
+    import pytest
+
+    from cli._common import run
+    from cli.coreopt_app import app
+
+    for given, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        if given is None:
+            monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        else:
+            monkeypatch.setenv("OMP_WAIT_POLICY", given)
+        monkeypatch.setattr(sys, "argv", ["coreopt", "--version"])
+        with pytest.raises(SystemExit):
+            run(app)
+        assert os.environ["OMP_WAIT_POLICY"] == expected
+    capsys.readouterr()
