@@ -58,7 +58,11 @@ class OptimizeConfig:
     uniform: int = option(
         1, "--uniform", "Uniform settings nearest in size also made and evaluated, for comparison.", minimum=0
     )
-    device: str | None = option(None, "--device", "Where calibration and the solves run (cpu, cuda).")
+    device: str | None = option(
+        None,
+        "--device",
+        "Where calibration, the solves and the --eval scoring of .pt2 programs run (cpu, cuda).",
+    )
     rotate: str | None = option(
         "auto", "--rotate", _ROTATE, choices=("auto", "learned", "hadamard", "random", "none")
     )  # None: none

@@ -17,11 +17,12 @@ Progress = Callable[[int, int, str], None]
 
 class Judge:
     """Measures programs against the reference on the evaluation data: a language model on text
-    or token ids (`evaluate_text`), any other on model inputs (`compare_many`, worst cosine)."""
+    or token ids (`evaluate_text`, on `device`: the one the search calibrates on), any other on
+    model inputs (`compare_many`, worst cosine)."""
 
     def __init__(self, reference: Path, evaluation: Path | None, tokens: int | None, samples: int,
-                 progress: Progress | None) -> None:  # fmt: skip
-        self.reference_path = reference
+                 progress: Progress | None, device: str | None = None) -> None:  # fmt: skip
+        self.reference_path, self.device = reference, device
         self.evaluation, self.tokens, self.samples, self.progress = evaluation, tokens, samples, progress
         self.language = evaluation is not None and (
             evaluation.suffix in (".txt", ".md", ".text") or _token_ids(evaluation)
@@ -39,7 +40,7 @@ class Judge:
             text = self.evaluation if self.evaluation.suffix != ".safetensors" else None  # type: ignore[union-attr]
             ids = None if text is not None else self.evaluation
             found = evaluate_text(self.reference_path, [candidate], text=text, tokens=ids, max_tokens=self.tokens,
-                                  progress=self.progress)  # fmt: skip
+                                  progress=self.progress, device=self.device)  # fmt: skip
             ref, row = found.reference, found.candidates[0]
             if self.reference is None:
                 self.reference = Measured(

@@ -94,7 +94,7 @@ def optimize(
     else:
         assert evaluation is not None
         judge = Judge(path, Path(evaluation) if str(evaluation) != "random" else None, config.eval_tokens,
-                       config.eval_samples, progress)  # fmt: skip
+                       config.eval_samples, progress, config.device)  # fmt: skip
         recipe = confirm(report, table, plan, knapsack, steps, judge, out, sidecars, config.to == "aimodel",
                           config.rounds, config.uniform, note)  # fmt: skip
         report.reference = judge.reference
