@@ -403,7 +403,11 @@ def test_a_learned_rotation_lowers_the_rounding_loss_it_reports_and_stays_orthog
     config = RotateConfig(rotation="learned", steps=100, learning_rate=0.01, heads=False)
     with pytest.raises(TransformError, match="rotate learns from data"):
         transform_(program, config)
-    report = transform_(program, config, calibrate(program, samples, cache=False))
+    steps: list[tuple[int, int]] = []
+    report = transform_(
+        program, config, calibrate(program, samples, cache=False), lambda d, t, _: steps.append((d, t))
+    )
+    assert steps == [(k, 100) for k in range(1, 101)]  # every step reported, for a bar with an ETA
     (line,) = [line for line in report.changes if line.startswith("rotation learned")]
     start, end = (float(v) for v in re.search(r"loss (\S+) at the Hadamard start -> (\S+)$", line).groups())  # type: ignore[union-attr]
     assert end < 0.9 * start  # measured: 0.0074 -> 0.0062

@@ -22,6 +22,7 @@ from .._common import (
     user_errors,
 )
 from .._config_options import keyword
+from .._progress import weight_progress
 from ._weights import calibration_parameters
 
 _FLAGS = {"rotation": "--rotate", "seed": "--seed", "tolerance": "--tolerance", "samples": "--samples",
@@ -77,15 +78,19 @@ def _run(values: dict[str, Any]) -> None:
     from coreai_opt.recipes import Recipe, apply_recipe
 
     as_json, quiet, model = values["as_json"], values["quiet"], values["model"]
+    talk = not (as_json or quiet)
     with user_errors(as_json, _FLAGS):
         recipe = Recipe(_steps(values), _calibration(values))
+        learns = any(step.config.learns() for step in recipe.steps)  # steps to count: a bar with an ETA
         with (
+            weight_progress(talk, "learning") if learns else contextlib.nullcontext()
+        ) as progress, (
             err_console.status(f"transforming {shown(model)} ...", spinner="dots")
-            if not (as_json or quiet)
+            if talk and not learns
             else contextlib.nullcontext()
-        ):
+        ):  # fmt: skip
             result = apply_recipe(recipe, model, values["output"], force=values["force"],
-                                  trust_pickle=values["trust_pickle"])  # fmt: skip
+                                  trust_pickle=values["trust_pickle"], progress=progress)  # fmt: skip
     _show(result, as_json, quiet)
 
 

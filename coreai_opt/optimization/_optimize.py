@@ -126,7 +126,7 @@ def _rotated(
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)  # the output's folder holds the rotated copy
     with tempfile.TemporaryDirectory(prefix=".coreopt-rotate-", dir=out.parent if out else None) as folder:
-        turned = apply_recipe(Recipe((step,), spec), path, Path(folder) / path.name).output
+        turned = apply_recipe(Recipe((step,), spec), path, Path(folder) / path.name, progress=progress).output
         inner = dataclasses.replace(config, rotate=None)
         found = optimize(turned, budget, calibration, evaluation, config=inner, output=out, choices=choices,
                          force=True, progress=progress, say=say)  # fmt: skip

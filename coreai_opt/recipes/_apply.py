@@ -363,7 +363,7 @@ def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutc
             )
         calibration = _calibrated(program, run)
     try:
-        report = transform_(program, step.config, calibration)
+        report = transform_(program, step.config, calibration, run.progress)
     except TransformError as why:
         raise TransformError(f"{run.source}: {why}") from None
     del calibration  # it holds the weights as they were: they go back before the save

@@ -102,18 +102,21 @@ def _page_out_replaced(before: dict[str, Any], after: dict[str, Any]) -> None:
     )
 
 
-def transform_(program: Any, config: TransformConfig, calibration: Any = None) -> TransformReport:
+def transform_(
+    program: Any, config: TransformConfig, calibration: Any = None, progress: Any = None
+) -> TransformReport:
     """Transform `program` (a `torch.export` program) in place as `config` says, checked against
     its own outputs on `config.samples` seeded inputs; `TransformError` (the program unchanged)
     when the result differs by more than `config.tolerance`. A transform that learns from data
-    (`config.learns()`) reads `calibration` (`coreai_opt.calibration.calibrate(program, ...)`)."""
+    (`config.learns()`) reads `calibration` (`coreai_opt.calibration.calibrate(program, ...)`) and
+    reports its steps to `progress(done, total, label)` when given."""
     from ._equivalence import compare, outputs, seeded_inputs
     from ._graph import Snapshot
 
     edit = transform_for(config).function()
     if config.learns() and calibration is None:
         raise TransformError(f"{config.KIND} learns from data: give it a calibration")
-    arguments = (program, config, calibration) if config.learns() else (program, config)
+    arguments = (program, config, calibration, progress) if config.learns() else (program, config)
     inputs = seeded_inputs(program, config.samples)
     device = getattr(calibration, "device", None)  # the check runs where the calibration does
     before = outputs(program, inputs, device)

@@ -43,9 +43,15 @@ class _Term:
 
 
 def learned_rotation(
-    state: dict[str, Any], stream: Stream, q0: torch.Tensor, config: Any, calibration: Any
+    state: dict[str, Any],
+    stream: Stream,
+    q0: torch.Tensor,
+    config: Any,
+    calibration: Any,
+    progress: Any = None,
 ) -> tuple[torch.Tensor, float, float]:
-    """(Q, the mean relative loss at Q0, at Q) after `config.steps` steps."""
+    """(Q, the mean relative loss at Q0, at Q) after `config.steps` steps, each reported to
+    `progress(done, total, label)` when given."""
     import torch
 
     device = getattr(calibration, "device", None) or torch.device("cpu")
@@ -56,7 +62,9 @@ def learned_rotation(
     optimizer = torch.optim.Adam([skew], lr=config.learning_rate)
     first = _mean_loss(groups, q0, config.bits)
     order: list[int] = []
-    for _ in range(config.steps):
+    for step in range(config.steps):
+        if progress is not None:
+            progress(step + 1, config.steps, "rotation step")
         if not order:
             order = torch.randperm(len(groups), generator=generator).tolist()
         optimizer.zero_grad()

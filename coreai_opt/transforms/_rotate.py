@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from torch.fx import Node
 
 
-def rotate(program: ExportedProgram, config: Any, calibration: Any = None) -> list[str]:
+def rotate(program: ExportedProgram, config: Any, calibration: Any = None, progress: Any = None) -> list[str]:
     """Fold the norms, then rotate the stream by `config.rotation` (seeded by `config.seed`) and,
     with `config.heads`, every attention layer's values and outputs head by head (seed + 1); a
     line for each norm, one for each rotation and one for each attention layer left."""
@@ -37,7 +37,7 @@ def rotate(program: ExportedProgram, config: Any, calibration: Any = None) -> li
     lines = fold_norms(program, config)
     q = rotation_matrix(stream.width, "random" if config.rotation == "random" else "hadamard", config.seed)
     if config.learns():
-        q, lines = _learned(program, stream, q, config, calibration, lines)
+        q, lines = _learned(program, stream, q, config, (calibration, progress), lines)
     turn_weights(program.state_dict, stream, q)
     turned_heads = _turn_heads(program.state_dict, heads, config) + left
     kept = [name for node, name in stream.gains.items() if _unrotated_gain(program, node, name, q)]
@@ -53,10 +53,11 @@ def rotate(program: ExportedProgram, config: Any, calibration: Any = None) -> li
     return lines
 
 
-def _learned(program: ExportedProgram, stream: Stream, q0: torch.Tensor, config: Any, calibration: Any,
+def _learned(program: ExportedProgram, stream: Stream, q0: torch.Tensor, config: Any, given: tuple[Any, Any],
              lines: list[str]) -> tuple[torch.Tensor, list[str]]:  # fmt: skip
     """Q learned from the seeded Hadamard one on the calibration's samples, run again through
-    the program with its norms folded (the Gram matrices the rotated weights will meet)."""
+    the program with its norms folded (the Gram matrices the rotated weights will meet); each
+    step reported to the progress callback given with the calibration."""
     import time
 
     from coreai_opt._memory import trim_heap
@@ -64,9 +65,10 @@ def _learned(program: ExportedProgram, stream: Stream, q0: torch.Tensor, config:
 
     from ._learned import learned_rotation
 
+    calibration, progress = given
     began = time.perf_counter()
     folded = calibrate(program, calibration.samples, cache=calibration.cache, device=calibration.device)
-    q, before, after = learned_rotation(program.state_dict, stream, q0, config, folded)
+    q, before, after = learned_rotation(program.state_dict, stream, q0, config, folded, progress)
     del folded
     trim_heap()  # the Gram matrices and the folded program's run are gone
     lines.append(f"rotation learned in {config.steps} steps ({time.perf_counter() - began:.0f} s): mean relative "

@@ -42,12 +42,17 @@ class _Pair:
     readers: tuple[Reader, ...]
 
 
-def scale_channels(program: ExportedProgram, config: Any, calibration: Any) -> list[str]:
-    """Search and fold the scales of every pair (in graph order); a line for each."""
+def scale_channels(
+    program: ExportedProgram, config: Any, calibration: Any, progress: Any = None
+) -> list[str]:
+    """Search and fold the scales of every pair (in graph order), each reported to `progress`;
+    a line for each."""
     pairs = _norm_pairs(program) + _mlp_pairs(program)
     statistics = calibration.statistics([p.readers[0].weight for p in pairs], Needs.INPUT_GRAM)
     state, lines = program.state_dict, []
-    for pair in pairs:
+    for done, pair in enumerate(pairs, 1):
+        if progress is not None:
+            progress(done, len(pairs), f"scales of {pair.label}")
         gram = statistics[pair.readers[0].weight].gram
         weights = [state[r.weight].detach().double().movedim(r.input_axis, -1) for r in pair.readers]
         search = _smooth if config.method == "smooth" else _search
