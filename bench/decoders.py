@@ -140,6 +140,29 @@ def program(size: str, fp32: bool = False, sequence: int = SEQUENCE) -> Path:
     return saved
 
 
+def device_parser(doc: str, name: str) -> argparse.ArgumentParser:
+    """The options every device benchmark of these decoders takes: --size, --sequence (512),
+    --device (cuda) and --out (build/bench/NAME.json)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--size", default="1.1b")
+    parser.add_argument("--sequence", type=int, default=512)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / f"{name}.json")
+    return parser
+
+
+def peaks(device: str) -> dict[str, object]:
+    """The device's name, its peak memory and the process's peak host RSS (GiB)."""
+    import resource
+
+    cuda = device.startswith("cuda")
+    return {
+        "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+        "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else 0,
+        "host_peak_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    }  # fmt: skip
+
+
 def _decompositions() -> dict | None:
     """coreai-torch's decomposition table, or torch's own (None) on a machine without it (a GPU
     image: the programs a rotation or a compression reads need none of coreai's ops)."""

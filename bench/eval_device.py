@@ -15,9 +15,7 @@ say how fast and how large, not how accurate.
 
 from __future__ import annotations
 
-import argparse
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -26,21 +24,16 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # coreai_opt from this checkout, and decoders
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="1.1b")
-    parser.add_argument("--sequence", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=65536)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "eval_device.json")
-    args = parser.parse_args()
-
     import decoders
     from safetensors.numpy import save_file
+
+    parser = decoders.device_parser(__doc__, "eval_device")
+    parser.add_argument("--tokens", type=int, default=65536)
+    args = parser.parse_args()
 
     from coreai_opt.evaluation import EvalConfig, evaluate_text
 
@@ -58,12 +51,9 @@ def main() -> None:
     seconds = time.perf_counter() - began
     row = {
         "size": args.size, "sequence": args.sequence, "tokens": result.windows.scored,
-        "windows": len(result.windows.starts), "device": torch.cuda.get_device_name()
-        if args.device.startswith("cuda") else "cpu", "torch": torch.__version__,
-        "export_s": round(exported, 1), "eval_s": round(seconds, 1),
+        "windows": len(result.windows.starts), "export_s": round(exported, 1), "eval_s": round(seconds, 1),
         "reference": result.reference.to_dict(), "candidate": result.candidates[0].to_dict(),
-        "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if args.device.startswith("cuda") else 0,
-        "host_peak_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        **decoders.peaks(args.device),
     }  # fmt: skip
     print(json.dumps(row, indent=1), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

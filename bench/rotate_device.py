@@ -18,9 +18,7 @@ coreai's ops, and never imports coreai on an uncompressed program).
 
 from __future__ import annotations
 
-import argparse
 import json
-import resource
 import sys
 import time
 from pathlib import Path
@@ -33,16 +31,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="1.1b")
-    parser.add_argument("--sequence", type=int, default=512)
+    import decoders
+
+    parser = decoders.device_parser(__doc__, "rotate_device")
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "rotate_device.json")
     args = parser.parse_args()
-
-    import decoders
 
     from coreai_opt.calibration import CalibrationSpec
     from coreai_opt.recipes import Recipe, Transform, apply_recipe
@@ -63,12 +57,10 @@ def main() -> None:
     ((_, report),) = result.steps
     row = {
         "size": args.size, "sequence": args.sequence, "samples": args.samples, "steps": args.steps,
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-        "torch": torch.__version__, "export_s": round(exported, 1), "transform_s": round(seconds, 1),
+        "export_s": round(exported, 1), "transform_s": round(seconds, 1),
         "changes": [line for line in report.changes if line.startswith(("rotation learned", "residual"))],
         "check": report.equivalence.to_dict(),
-        "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if args.device.startswith("cuda") else 0,
-        "host_peak_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        **decoders.peaks(args.device),
     }  # fmt: skip
     print(json.dumps(row, indent=1), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
