@@ -151,6 +151,16 @@ def device_parser(doc: str, name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def report(row: dict[str, object], device: str, out: Path) -> None:
+    """Print a device benchmark's row with `peaks(device)`, and write it to `out` as JSON."""
+    import json
+
+    text = json.dumps(row | peaks(device), indent=1)
+    print(text, flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+
+
 def peaks(device: str) -> dict[str, object]:
     """The device's name, its peak memory and the process's peak host RSS (GiB)."""
     import resource

@@ -15,7 +15,6 @@ say how fast and how large, not how accurate.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -53,11 +52,8 @@ def main() -> None:
         "size": args.size, "sequence": args.sequence, "tokens": result.windows.scored,
         "windows": len(result.windows.starts), "export_s": round(exported, 1), "eval_s": round(seconds, 1),
         "reference": result.reference.to_dict(), "candidate": result.candidates[0].to_dict(),
-        **decoders.peaks(args.device),
     }  # fmt: skip
-    print(json.dumps(row, indent=1), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(row, indent=1))
+    decoders.report(row, args.device, args.out)
 
 
 if __name__ == "__main__":

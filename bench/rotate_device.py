@@ -18,7 +18,6 @@ coreai's ops, and never imports coreai on an uncompressed program).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -60,11 +59,8 @@ def main() -> None:
         "export_s": round(exported, 1), "transform_s": round(seconds, 1),
         "changes": [line for line in report.changes if line.startswith(("rotation learned", "residual"))],
         "check": report.equivalence.to_dict(),
-        **decoders.peaks(args.device),
     }  # fmt: skip
-    print(json.dumps(row, indent=1), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(row, indent=1))
+    decoders.report(row, args.device, args.out)
 
 
 if __name__ == "__main__":

@@ -653,9 +653,9 @@ def test_exact_gradients_reach_the_fisher_pass_from_the_cli_and_recipes(
     seen: list[bool] = []
     original = _fisher.SegmentedBackward.__init__
 
-    def recording(self, gm, names, *, fast=False):  # type: ignore[no-untyped-def]
+    def recording(self, gm, names, *, fast=False, progress=None):  # type: ignore[no-untyped-def]
         seen.append(fast)
-        original(self, gm, names, fast=fast)
+        original(self, gm, names, fast=fast, progress=progress)
 
     monkeypatch.setattr(_fisher.SegmentedBackward, "__init__", recording)
     common = ["--nbits", "4", "--granularity", "channel", "--method", "sensitive", "--calibration", "random",
@@ -816,3 +816,21 @@ def test_gptq_in_pieces_of_rows_stores_the_same_codes(
     pieces = encode(layer["w"], _site(), config, _statistics(layer))
     assert torch.equal(decode(whole), decode(pieces))
     assert whole.learned.snr_db == pieces.learned.snr_db
+
+
+def test_statistics_taken_in_one_go_report_each_sample(tiny_llama, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The one-pass statistics (importance) and the Fisher pass (sensitive) report each sample, so
+    a bar moves with an ETA before the first weight is done."""
+    from coreai_opt.compression import PalettizeConfig
+    from coreai_opt.recipes import compress_file
+
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))  # nothing from an earlier run
+    for method, label in (("importance", "calibration samples"), ("sensitive", "gradients")):
+        seen: list[tuple[int, int, str]] = []
+        compress_file(tiny_llama["ref"], tmp_path / f"{method}.pt2",
+                      PalettizeConfig(n_bits=4, method=method, weight_num_threshold=0),
+                      calibration=tiny_llama["text"], calibration_tokens=128,
+                      progress=lambda d, t, name, seen=seen: seen.append((d, t, name)))  # fmt: skip
+        steps = [(d, t) for d, t, name in seen if name == label]
+        assert steps and steps == [(k, steps[0][1]) for k in range(1, steps[0][1] + 1)], (method, seen[:5])
+        assert any(name not in (label,) for _, _, name in seen)  # then the weights, one by one

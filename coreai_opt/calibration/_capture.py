@@ -67,6 +67,7 @@ class ProgramCalibration:
         self._lookup_twins: set[str] | None = None
         self._fingerprint: str | None = None
         self._tuned_targets: tuple[tuple[str, ...], dict[str, list[str]]] | None = None
+        self.progress: Any = None  # (done, total, label) as one-pass statistics and the Fisher pass go
 
     # ----- the Calibration protocol ------------------------------------------------------------
 
@@ -77,7 +78,11 @@ class ProgramCalibration:
         else:
             key = self._key(names, needs)
             loaded = load_statistics(key, names, self.device) if self.cache else None
-            found = loaded if loaded is not None else one_pass(self.gm, names, needs, self.state, self.inputs)
+            found = (
+                loaded
+                if loaded is not None
+                else one_pass(self.gm, names, needs, self.state, self.inputs, self.progress)
+            )
             if self.cache and loaded is None:
                 store_statistics(key, found)
         if final:
@@ -109,7 +114,7 @@ class ProgramCalibration:
             import torch
 
             generator = torch.Generator().manual_seed(self.seed)  # on the CPU: the same draws on any device
-            passing = SegmentedBackward(self.gm, held, fast=self.fast_gradients).run(
+            passing = SegmentedBackward(self.gm, held, fast=self.fast_gradients, progress=self.progress).run(
                 self.inputs, lambda output, inputs: sample_loss(output, inputs, generator)
             )
             found = passing if store is None else store.saving(passing)

@@ -82,9 +82,11 @@ class SegmentedBackward:
     rows is kept apart, and the lookup's step - in the same segment or an earlier one - adds the
     two there before squaring."""
 
-    def __init__(self, gm: GraphModule, names: Sequence[str], *, fast: bool = False) -> None:
+    def __init__(
+        self, gm: GraphModule, names: Sequence[str], *, fast: bool = False, progress: Any = None
+    ) -> None:
         graph = gm.graph
-        self.gm = gm
+        self.gm, self.progress = gm, progress  # progress(done, total, label): a sample through a segment
         self.state = state_only(graph)
         nodes = list(graph.nodes)
         self.output = next(n for n in nodes if n.op == "output")
@@ -135,6 +137,9 @@ class SegmentedBackward:
             leaves = {name: self._leaf(name, at, totals, rows_of) for name in segment.leaves}
             last = index == len(self.segments) - 1
             for k, inputs in enumerate(samples):  # one sample's values at a time, gone after it
+                if self.progress is not None:
+                    steps = len(self.segments) * len(samples)
+                    self.progress((len(self.segments) - 1 - index) * len(samples) + k + 1, steps, "gradients")
                 at[:] = [k, inputs]
                 done = self._recompute(segment, last, k, inputs, kept, leaves, loss)
                 self._pull_back(segment, done, k, inputs, cotangents, leaves, totals, rows_of)

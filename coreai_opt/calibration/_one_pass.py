@@ -27,8 +27,10 @@ def one_pass(
     needs: Needs,
     state: Mapping[str, torch.Tensor],
     inputs: Sequence[tuple[Any, ...]],
+    progress: Any = None,
 ) -> dict[str, Statistics]:
-    """Each named weight's statistics over all samples (`inputs`), one run of `gm` a sample."""
+    """Each named weight's statistics over all samples (`inputs`), one run of `gm` a sample (each
+    reported to `progress(done, total, label)` when given)."""
     import torch
 
     chosen = first_readers(gm, names, needs, state)
@@ -40,8 +42,10 @@ def one_pass(
     sums = {name: shared[keys[name]] for name in names}
     recorder = _Recording(gm, by_node, sums, needs)
     with torch.no_grad():
-        for sample in inputs:
+        for done, sample in enumerate(inputs, 1):
             recorder.run(*sample)
+            if progress is not None:
+                progress(done, len(inputs), "calibration samples")
     means = {key: one.mean() for key, one in shared.items()}
     return {name: means[keys[name]] for name in names}
 

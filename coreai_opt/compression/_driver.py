@@ -102,6 +102,16 @@ class _Run:
     def learned(self) -> None:
         calibration = self.calibration
         assert calibration is not None
+        reports = hasattr(calibration, "progress")  # its statistics taken in one go, sample by sample
+        if reports:
+            calibration.progress = self.progress
+        try:
+            self._learn(calibration)
+        finally:  # a callback outlives no bar
+            if reports:
+                calibration.progress = None
+
+    def _learn(self, calibration: Calibration) -> None:
         held: list[tuple[WeightSite, Encoding]] = []  # tables to tune end to end once all are chosen
         for site, cfg, statistics in _statistics_in_order(
             self.learned_sites, calibration, final=not self.keep
