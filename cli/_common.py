@@ -140,17 +140,9 @@ def plain_words(message: str) -> str:
     return message
 
 
-# OpenMP threads that wait by spinning burn the CPU another process needs: on 2 busy cores an eval
-# took 2.3x the CPU time and twice the wall time it takes with waiting threads asleep, which costs
-# ~2% on a quiet machine (docs/benchmarks.md). Set before torch loads; a user's own setting wins.
-_OPENMP_WAIT = ("OMP_WAIT_POLICY", "PASSIVE")
-
-
 def run(app: typer.Typer) -> None:
     """Run a CLI as its console script: usage errors exit 2 as click prints them, and with --json
-    also print a JSON error object on stdout, as every other failure does. OpenMP's waiting threads
-    sleep rather than spin (`_OPENMP_WAIT`), unless the environment says otherwise."""
-    os.environ.setdefault(*_OPENMP_WAIT)
+    also print a JSON error object on stdout, as every other failure does."""
     try:
         code = app(standalone_mode=False)
     except typer.TyperException as exc:  # click's usage errors (typer carries its own click)

@@ -29,7 +29,7 @@ def check_task(task: Path, values: dict[str, Any]) -> None:
             f"{task}: give a task as JSON lines ({', '.join(TASK_SUFFIXES)})", param_hint="--task"
         )
     text_only = (("max_ppl_increase", "--max-ppl-increase"), ("max_kl", "--max-kl"), ("plot", "--plot"),
-                 ("max_tokens", "--max-tokens"), ("stride", "--stride"))  # fmt: skip
+                 ("max_tokens", "--max-tokens"), ("stride", "--stride"), ("device", "--device"))  # fmt: skip
     for key, flag in text_only:
         if values.get(key) is not None:
             raise typer.BadParameter(f"{flag} serves --text, not --task", param_hint=flag)

@@ -105,6 +105,8 @@ def evaluate(**values: Any) -> None:
         run_task(values, config, quiet or as_json or as_csv)
         return
     if values["inputs"] is not None:
+        if values["device"] is not None:
+            raise typer.BadParameter("--device serves --text and --tokens", param_hint="--device")
         _outputs(reference, candidates, values["inputs"], text or tokens, values["trust_pickle"], quiet, as_json,
                  as_csv, plot)  # fmt: skip
         return

@@ -35,6 +35,10 @@ def runnable(
 
         place_factories(module, torch.device(device))
         module.to(device)
+        for name in program.graph_signature.lifted_tensor_constants:  # plain attributes: .to() passes them by
+            held = getattr(module, name, None)
+            if isinstance(held, torch.Tensor):
+                setattr(module, name, held.to(device))
     return module
 
 
@@ -98,4 +102,6 @@ def checked_device(name: str | None) -> str | None:
         raise ValueError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: this machine has no CUDA device torch can use")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return name

@@ -123,7 +123,7 @@ class LanguageSide:
 
             with running(self.path):  # an asset's decoder reports its worker's failures itself
                 self.decoder.reset()  # a new sequence
-                return self.decoder(arrays[self.ids_name][0].tolist(), 0)[None].float().numpy()
+                return self.decoder(arrays[self.ids_name][0].tolist(), 0)[None].float().cpu().numpy()
         result = self.side.run(arrays)
         return result.values[result.outputs[0].name]
 

@@ -362,6 +362,7 @@ def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutc
                 "calibration",
             )
         calibration = _calibrated(program, run)
+        calibration.progress = run.progress  # the statistics it learns from, sample by sample
     try:
         report = transform_(program, step.config, calibration, run.progress)
     except TransformError as why:

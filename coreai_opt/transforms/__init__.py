@@ -14,6 +14,7 @@ result against the original on seeded inputs before keeping it - beyond the conf
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,13 +117,14 @@ def transform_(
     edit = transform_for(config).function()
     if config.learns() and calibration is None:
         raise TransformError(f"{config.KIND} learns from data: give it a calibration")
-    arguments = (program, config, calibration, progress) if config.learns() else (program, config)
+    arguments = (program, config, calibration) if config.learns() else (program, config)
+    reporting = {"progress": progress} if "progress" in inspect.signature(edit).parameters else {}
     inputs = seeded_inputs(program, config.samples)
     device = getattr(calibration, "device", None)  # the check runs where the calibration does
     before = outputs(program, inputs, device)
     snapshot = Snapshot(program)
     try:
-        report = TransformReport(config.KIND, edit(*arguments))
+        report = TransformReport(config.KIND, edit(*arguments, **reporting))
         _page_out_replaced(snapshot.state, program.state_dict)
         report.equivalence = compare(before, outputs(program, inputs, device))
     except BaseException:

@@ -12,7 +12,9 @@ from coreai_opt.errors import ConfigError
 
 from ._config import FoldNormsConfig, RotateConfig, ScaleConfig, TransformConfig
 
-Edit = Callable[..., list[str]]  # (program, config[, calibration]) -> what it changed, a line each
+Edit = Callable[
+    ..., list[str]
+]  # (program, config[, calibration][, progress=...]) -> what it changed, a line each
 _HERE = "coreai_opt.transforms"
 
 
