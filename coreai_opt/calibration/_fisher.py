@@ -86,7 +86,7 @@ class SegmentedBackward:
         self, gm: GraphModule, names: Sequence[str], *, fast: bool = False, progress: Any = None
     ) -> None:
         graph = gm.graph
-        self.gm, self.progress = gm, progress  # progress(done, total, label): a sample through a segment
+        self.gm, self.progress = gm, progress  # progress(done, total, label): a sample, in one segment
         self.state = state_only(graph)
         nodes = list(graph.nodes)
         self.output = next(n for n in nodes if n.op == "output")
@@ -137,9 +137,8 @@ class SegmentedBackward:
             leaves = {name: self._leaf(name, at, totals, rows_of) for name in segment.leaves}
             last = index == len(self.segments) - 1
             for k, inputs in enumerate(samples):  # one sample's values at a time, gone after it
-                if self.progress is not None:
-                    steps = len(self.segments) * len(samples)
-                    self.progress((len(self.segments) - 1 - index) * len(samples) + k + 1, steps, "gradients")
+                if self.progress is not None and not cut:  # cut: each segment's weights report as they finish
+                    self.progress(k + 1, len(samples), "gradients")
                 at[:] = [k, inputs]
                 done = self._recompute(segment, last, k, inputs, kept, leaves, loss)
                 self._pull_back(segment, done, k, inputs, cotangents, leaves, totals, rows_of)
