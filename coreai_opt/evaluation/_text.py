@@ -133,7 +133,7 @@ def evaluate_text(
         device = checked_device(config.device)
         ref = LanguageSide.open(reference, trust_pickle, stack, None, device)
         windows = Windows(len(ids), ref.length, stride or ref.length)
-        groups = _groups(paths, ref)
+        groups = _groups(paths, ref, device)
         counter = Counter(progress, len(windows.starts) * (len(groups) + len(paths)))
         result: TextEvaluation | None = None
         for group in groups:
@@ -146,14 +146,26 @@ def evaluate_text(
     return result
 
 
-def _groups(paths: list[Path], ref: LanguageSide) -> list[list[Path]]:
+def _groups(paths: list[Path], ref: LanguageSide, device: str | None) -> list[list[Path]]:
     """The candidates in groups scored together: as many as fit in half the memory available beside
-    the reference, each counted at the reference's size (a compressed candidate runs decoded) and
-    a batch of its logits; one at least (two programs in memory), one group of none when there
-    are no candidates."""
+    the reference - the host's, and a GPU's where they run on one (`device`) - each counted at the
+    reference's size (a compressed candidate runs decoded) and a batch of its logits; one at least
+    (two programs in memory), one group of none when there are no candidates."""
     each = _resident_bytes(ref) + ref.batch * ref.length * _vocab(ref) * 4  # its weights, a batch of logits
-    room = max(1, int(_available_bytes() / 2 // max(each, 1)) - 1)
+    available = min(_available_bytes(), _device_free_bytes(device))
+    room = max(1, int(available / 2 // max(each, 1)) - 1)
     return [paths[i : i + room] for i in range(0, len(paths), room)] or [[]]
+
+
+def _device_free_bytes(device: str | None) -> int:
+    """A CUDA device's free memory (with the reference already there: the candidates' room), or
+    no bound elsewhere."""
+    if device is None or not device.startswith("cuda"):
+        return 1 << 62
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return int(free)
 
 
 def _available_bytes() -> int:
