@@ -121,7 +121,7 @@ def spot_line(result: CompressionFileResult) -> str:
     """The spot check's numbers; where the result is broken, a plain warning naming the methods
     that learn from data (when the run used none)."""
     from coreai_opt.compression import algorithm_named, config_type, methods
-    from coreai_opt.evaluation import BROKEN_TOP1
+    from coreai_opt.evaluation import BROKEN_KL, BROKEN_TOP1
 
     spot = result.spot_check
     line = (f"[bold]Spot check[/bold] ({spot.tokens} tokens of Python's documentation, against the original): "
@@ -137,7 +137,7 @@ def spot_line(result: CompressionFileResult) -> str:
             f" A method that learns from data usually fixes this: --method {learning[0]} --calibration TEXT."
         )
     return (f"{line}\n[red]warning: the result looks broken: its most likely next token is the original's "
-            f"{100 * spot.top1:.0f}% of the time (below {100 * BROKEN_TOP1:.0f}% or KL above 1 says broken).{hint}[/red]")  # fmt: skip
+            f"{100 * spot.top1:.0f}% of the time (below {100 * BROKEN_TOP1:.0f}% or KL above {BROKEN_KL:g} says broken).{hint}[/red]")  # fmt: skip
 
 
 def _finite(*values: float) -> bool:

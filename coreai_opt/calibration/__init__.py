@@ -20,6 +20,7 @@ from ._samples import (
     Source,
     check_source,
     is_text,
+    recorded_budget,
     text_tokens,
     token_budget,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "calibrate",
     "check_source",
     "is_text",
+    "recorded_budget",
     "text_tokens",
     "token_budget",
 ]

@@ -41,16 +41,25 @@ def is_text(source: object) -> bool:
     return Path(str(source)).suffix.lower() in TEXT_SUFFIXES
 
 
-def token_budget(value: object, name: str = "tokens") -> int | str | None:
-    """A text calibration's token budget as given: None (the default, `DEFAULT_TEXT_TOKENS`),
-    "all", or a count of 1 or more (also as digits, as the command line gives it)."""
-    if value is None or value == ALL_TOKENS:
+def token_budget(value: object, name: str = "tokens", source: object = None) -> int | str | None:
+    """A text calibration's token budget as given: None (the default: `DEFAULT_TEXT_TOKENS`, written
+    out when `source` is a text), "all", or a count of 1 or more (also as digits, as the command
+    line gives it)."""
+    if value is None:
+        return DEFAULT_TEXT_TOKENS if is_text(source) else None
+    if value == ALL_TOKENS:
         return value  # type: ignore[return-value]
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} is a count of 1 or more or {ALL_TOKENS!r}, not {value!r}", name)
     return value
+
+
+def recorded_budget(value: object, source: object) -> object:
+    """A budget as a recipe recorded it: a text's without one was written before the default
+    budget, when a text was taken whole - it still is (`apply` makes the same bytes)."""
+    return ALL_TOKENS if value is None and is_text(source) else value
 
 
 def check_source(source: str) -> None:
@@ -92,10 +101,10 @@ class Samples:
         if str(source) == RANDOM:
             return cls(Source.RANDOM, count=count, seed=seed)
         check_source(str(source))
-        budget = token_budget(tokens)
-        tokens = DEFAULT_TEXT_TOKENS if budget is None else None if budget == ALL_TOKENS else budget
+        budget = token_budget(tokens, source=source)
+        tokens = None if budget == ALL_TOKENS else budget  # type: ignore[assignment]
         path = Path(source)
-        if path.suffix.lower() in TEXT_SUFFIXES:
+        if is_text(path):
             return cls(Source.TEXT, path, count, seed, tokens, Path(tokenizer) if tokenizer else None)
         return cls(Source.FILES, path, count, seed)
 

@@ -11,7 +11,7 @@ from typing import Any
 from coreai_opt.compression import check_options, option, plain_fields
 from coreai_opt.errors import ConfigError
 
-from ._samples import ALL_TOKENS, DEFAULT_TEXT_TOKENS, check_source, is_text, token_budget
+from ._samples import check_source, recorded_budget, token_budget
 
 _SOURCE = (
     "Calibration samples for methods that learn from data: a safetensors file (one tensor per input, optionally "
@@ -59,10 +59,7 @@ class CalibrationSpec:
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{name} is a non-empty text, not {value!r}", name)
         check_source(self.source)
-        budget = token_budget(self.tokens)
-        object.__setattr__(
-            self, "tokens", DEFAULT_TEXT_TOKENS if budget is None and is_text(self.source) else budget
-        )
+        object.__setattr__(self, "tokens", token_budget(self.tokens, source=self.source))
         if not isinstance(self.exact_gradients, bool):
             raise ConfigError(
                 f"exact_gradients is true or false, not {self.exact_gradients!r}", "exact_gradients"
@@ -75,9 +72,7 @@ class CalibrationSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> CalibrationSpec:
-        """A spec as `to_dict` wrote it; one of a text without a budget was written before the
-        default budget, when a text was taken whole: it still is (`apply` makes the same bytes)."""
+        """A spec as `to_dict` wrote it (a budget as `recorded_budget` reads it)."""
         values = plain_fields(cls, data, 1)
-        if values.get("tokens") is None and is_text(values.get("source")):
-            values["tokens"] = ALL_TOKENS
+        values["tokens"] = recorded_budget(values.get("tokens"), values.get("source"))
         return cls(**values)

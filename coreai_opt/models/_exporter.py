@@ -67,7 +67,7 @@ def export_model(
     last hidden state (and its pooled output where it has a pooler). With `context`, a causal
     language model is exported as a stateful decoder instead (`_stateful`: its key/value cache of
     `context` positions as state; 1 to `context` tokens a call at a given position; batch 1), its
-    cache holding `kv_cache_dtype` codes and scales where given ("int8", "int4"; None: floats).
+    cache holding `kv_cache_dtype` codes and scales where given (one of `KV_DTYPES`; None: floats).
     `ModelFileError` names the source and the problem; `ConfigError` a bad length or dtype.
     """
     for name, value, least in (("seq_len", seq_len, 2), ("batch", batch, 1), ("context", context, 2)):

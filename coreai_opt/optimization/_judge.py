@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from coreai_opt.calibration import is_text
+
 from ._records import Measured
 
 Progress = Callable[[int, int, str], None]
@@ -24,9 +26,7 @@ class Judge:
                  progress: Progress | None, device: str | None = None) -> None:  # fmt: skip
         self.reference_path, self.device = reference, device
         self.evaluation, self.tokens, self.samples, self.progress = evaluation, tokens, samples, progress
-        self.language = evaluation is not None and (
-            evaluation.suffix in (".txt", ".md", ".text") or _token_ids(evaluation)
-        )
+        self.language = evaluation is not None and (is_text(evaluation) or _token_ids(evaluation))
         self.reference: Measured | None = None
 
     def __call__(self, candidate: Path) -> Measured:

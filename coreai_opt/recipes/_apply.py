@@ -142,16 +142,14 @@ def apply_recipe(
 def _check_steps(recipe: Recipe, run: _Run) -> None:
     """What can fail before the load fails now: executors, op names, a method that learns from
     data given none."""
-    from coreai_opt.compression import executor_of, learning_methods, learns_from_data
+    from coreai_opt.compression import algorithm_for, executor_of, learns_from_data
 
     for step in recipe.steps:
         if isinstance(step, Compress):
             executor_of(run.executor)  # an unknown name or a missing extra
-            own = (
-                step.config.method
-            )  # an override's method is the driver's to check, on the weights it selects
-            if own in learning_methods(step.config) and run.calibration is None:
-                raise ConfigError(learns_from_data([own]), "calibration")
+            # its own method (an override's is the driver's to check, on the weights it selects)
+            if not algorithm_for(step.config).data_free and run.calibration is None:
+                raise ConfigError(learns_from_data([step.config.method]), "calibration")
         if isinstance(step, QuantizeActivations):
             from coreai_opt.calibration import check_source
 

@@ -37,9 +37,9 @@ class Compress:
     def tag(self) -> str:
         """The config's tag, and the method where it learns from data (`lut4-gptq`): a data-free
         and a data-aware run of the same setting write different default names."""
-        from coreai_opt.compression import learning_methods
+        from coreai_opt.compression import algorithm_for
 
-        learns = self.config.method in learning_methods(self.config)
+        learns = not algorithm_for(self.config).data_free
         return str(self.config.tag) + (f"-{self.config.method}" if learns else "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,13 +68,12 @@ class QuantizeActivations:
     KIND = "quantize_activations"
 
     def __post_init__(self) -> None:
-        from coreai_opt.calibration import DEFAULT_TEXT_TOKENS, is_text, token_budget
+        from coreai_opt.calibration import token_budget
         from coreai_opt.quantization import QuantizerConfig
 
         check_record(self)
-        budget = token_budget(self.calibration_tokens, "calibration_tokens")
-        default = DEFAULT_TEXT_TOKENS if budget is None and is_text(self.calibration) else budget
-        object.__setattr__(self, "calibration_tokens", default)  # a text's budget written out
+        budget = token_budget(self.calibration_tokens, "calibration_tokens", self.calibration)
+        object.__setattr__(self, "calibration_tokens", budget)  # a text's budget written out
         if not isinstance(self.config, QuantizerConfig):
             raise ConfigError(f"config must be a QuantizerConfig, not {type(self.config).__name__}", "config")
 
@@ -96,13 +95,14 @@ class QuantizeActivations:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantizeActivations:
-        from coreai_opt.calibration import ALL_TOKENS, is_text
+        from coreai_opt.calibration import recorded_budget
         from coreai_opt.quantization import QuantizerConfig
 
         parts = ("weights", "activations", "module_name_configs", "op_type_configs")
         values = _only(data, cls, parts, built=("config",))
-        if values.get("calibration_tokens") is None and is_text(values.get("calibration")):
-            values["calibration_tokens"] = ALL_TOKENS  # written before the default budget: the whole text
+        values["calibration_tokens"] = recorded_budget(
+            values.get("calibration_tokens"), values.get("calibration")
+        )
         plain = {
             "global_config": {k: data[k] for k in ("weights", "activations") if k in data},
             **{k: data[k] for k in ("module_name_configs", "op_type_configs") if k in data},
