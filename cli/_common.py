@@ -159,9 +159,10 @@ def run(app: typer.Typer) -> None:
     sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
-def choices(name: str, members: tuple[enum.Enum, ...]) -> type[enum.StrEnum]:
-    """A CLI choice type offering exactly the library's members (by their values)."""
-    return enum.StrEnum(name, {m.value: m.value for m in members})  # type: ignore[return-value]
+def choices(name: str, members: tuple[enum.Enum | str, ...]) -> type[enum.StrEnum]:
+    """A CLI choice type offering exactly the library's members (by their values; plain strings as they are)."""
+    values = [getattr(m, "value", m) for m in members]
+    return enum.StrEnum(name, {v: v for v in values})  # type: ignore[return-value]
 
 
 def print_json(document: Any) -> None:

@@ -438,3 +438,111 @@ def test_an_int4_cache_is_turned_by_a_hadamard_rotation_that_attention_undoes(tm
     config = GenerateConfig(max_new_tokens=8, ignore_eos=True)
     with open_decoder(asset) as opened:
         assert generate(opened.decoder, PROMPT, config).tokens == generate(decoder, PROMPT, config).tokens
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_float_decoder_s_cache_quantizes_as_export_makes_it(
+    decoders: dict[str, Path], tmp_path: Path, dtype: str
+) -> None:  # fmt: skip
+    """A recipe's kv_cache step rebuilds the float decoder with the exporter's quantized cache:
+    the same tensors, bit for bit, and the same logits as `export --kv-cache-dtype`; the input
+    file is left as it was."""
+    from coreai_opt.errors import ConfigError
+    from coreai_opt.models import export_file
+    from coreai_opt.recipes import KVCache, Recipe, apply_recipe
+
+    recipe = Recipe.from_dict({"steps": [{"kv_cache": {"dtype": dtype}}]})
+    assert recipe == Recipe((KVCache(dtype=dtype),)) and Recipe.from_dict(recipe.to_dict()) == recipe
+    with pytest.raises(ConfigError, match="dtype is one of int8, fp8, int4"):
+        Recipe.from_dict({"steps": [{"kv_cache": {"dtype": "int2"}}]})
+    exported = export_file(
+        decoders["folder"], tmp_path / "e.pt2", context=CONTEXT, kv_cache_dtype=dtype
+    ).output
+    before = decoders["llama"].read_bytes()
+    result = apply_recipe(recipe, decoders["llama"], tmp_path / "q.pt2")
+    assert decoders["llama"].read_bytes() == before
+    ((kind, report),) = result.steps
+    assert kind == "kv_cache" and report.relative_rms < 1e-5
+    made, expected = load_pt2(result.output).state_dict, load_pt2(exported).state_dict
+    assert set(made) == set(expected) and all(torch.equal(made[k], expected[k]) for k in made)
+    decoder, reference = StatefulDecoder(load_pt2(result.output)), StatefulDecoder(load_pt2(exported))
+    assert report.state_bytes_after == decoder.state_bytes < report.state_bytes_before
+    with torch.no_grad():
+        assert torch.equal(decoder(PROMPT, 0), reference(PROMPT, 0))
+
+
+def test_quantize_compresses_the_weights_and_the_cache_together(
+    decoders: dict[str, Path], tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """`quantize --kv-cache-dtype int8` = `quantize` of the decoder export made with an int8 cache."""
+    from coreai_opt.models import copy_sidecars, export_file
+
+    exported = export_file(
+        decoders["folder"], tmp_path / "e.pt2", context=CONTEXT, kv_cache_dtype="int8"
+    ).output
+    copy_sidecars(decoders["llama"], exported)
+    both = coreopt("quantize", decoders["llama"], "--dtype", "int4", "--kv-cache-dtype", "int8", "-o",
+                   tmp_path / "both.pt2", "--json")  # fmt: skip
+    assert both.exit_code == 0, both.stderr
+    out = json.loads(both.stdout)
+    weights = coreopt("quantize", exported, "--dtype", "int4", "-o", tmp_path / "w.pt2", "-q")
+    assert weights.exit_code == 0, weights.stderr
+    made, expected = (load_pt2(tmp_path / n).state_dict for n in ("both.pt2", "w.pt2"))
+    assert set(made) == set(expected) and all(torch.equal(made[k], expected[k]) for k in made)
+    assert out["kv_cache"]["kv_cache_dtype"] == "int8"
+    assert (
+        out["kv_cache"]["state_bytes_after"] == StatefulDecoder(load_pt2(tmp_path / "both.pt2")).state_bytes
+    )
+    named = coreopt("quantize", decoders["llama"], "--dtype", "int8", "--kv-cache-dtype", "fp8", "-q")
+    assert named.exit_code == 0 and decoders["llama"].with_name("llama.kv.kvfp8.int8.pt2").exists()
+
+
+def test_a_cache_that_cannot_be_quantized_is_refused_in_one_line(
+    decoders: dict[str, Path], tiny_llama, tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """A window program, a cache already of codes, a cast decoder, one whose weights are stored
+    compressed, an .aimodel, W8A8: each refused naming the file (or the flag), nothing written."""
+    model = decoders["llama"]
+    made = {}
+    for name, args in (("coded", ("quantize", "--kv-cache-dtype", "int8", "--dtype", "int8")), ("half", ("cast",)),
+                       ("packed", ("quantize", "--dtype", "int8"))):  # fmt: skip
+        made[name] = tmp_path / f"{name}.pt2"
+        assert coreopt(args[0], model, *args[1:], "-o", made[name], "-q").exit_code == 0
+    bare = tmp_path / "bare.pt2"
+    bare.write_bytes(model.read_bytes())  # no description beside it
+    (tmp_path / "m.aimodel").mkdir()
+    cases = [
+        (tiny_llama["ref"], "is not a stateful decoder coreopt exported"),
+        (made["coded"], "already keeps its key/value cache as codes"),
+        (made["half"], "holds float16 weights: quantize its cache before casting"),
+        (made["packed"], "quantize the cache before transforming or compressing it"),
+        (bare, "is not a stateful decoder coreopt exported"),
+        (tmp_path / "m.aimodel", ".pt2"),
+    ]
+    for path, said in cases:
+        result = coreopt("quantize", path, "--kv-cache-dtype", "int8", "-o", tmp_path / "out.pt2")
+        assert result.exit_code == 1, (path, result.stderr)
+        assert result.stderr.count("\n") == 1 and said in result.stderr, (path, result.stderr)
+        assert not (tmp_path / "out.pt2").exists()
+    w8a8 = coreopt(
+        "quantize", model, "--activations", "int8", "--calibration", "random", "--kv-cache-dtype", "int8"
+    )
+    assert w8a8.exit_code == 2 and "--kv-cache-dtype" in w8a8.stderr
+
+
+def test_a_rotated_decoder_s_cache_quantizes_where_the_rotation_added_no_ops(
+    decoders: dict[str, Path], tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """The tiny LLaMA's head is its own (untied): a Hadamard rotation changes weight values only, so
+    the rebuilt decoder reproduces the rotated program and its int8 cache stays near its floats."""
+    turned, coded = tmp_path / "turned.pt2", tmp_path / "coded.pt2"
+    assert coreopt("transform", decoders["llama"], "--rotate", "hadamard", "-o", turned, "-q").exit_code == 0
+    done = coreopt("quantize", turned, "--dtype", "int8", "--threshold", "100000000", "--allow-empty",
+                   "--kv-cache-dtype", "int8", "-o", coded, "--json")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    assert json.loads(done.stdout)["kv_cache"]["relative_rms"] < 1e-5
+    decoder, reference = StatefulDecoder(load_pt2(coded)), StatefulDecoder(load_pt2(turned))
+    ids = list(range(3, 3 + CONTEXT))
+    with torch.no_grad():
+        logits, floats = decoder(ids, 0), reference(ids, 0)
+    assert float((logits - floats).norm() / floats.norm()) < 2e-3

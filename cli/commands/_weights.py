@@ -47,6 +47,12 @@ _SPOT = typer.Option(
     help="Skip comparing a language model written with its input on a few windows of "
     "Python's documentation (KL, top-1; seconds), which says when a result is broken.",
 )
+_KV_CACHE_DTYPE = typer.Option(
+    None,
+    "--kv-cache-dtype",
+    help="Also keep a stateful decoder's key/value cache (coreopt export --kv-cache) as these codes with "
+    "float16 scales, as export --kv-cache-dtype makes it (.pt2 of float32 weights).",
+)
 # the command's names for CalibrationSpec's fields (its flags and help are the spec's)
 _SPEC_NAMES = {"source": "calibration", "samples": "calibration_samples", "tokens": "calibration_tokens",
                "program": "calibration_program", "device": "device", "exact_gradients": "exact_gradients"}  # fmt: skip
@@ -62,10 +68,12 @@ def calibration_parameters() -> list[inspect.Parameter]:
 def common_parameters(output_help: str) -> list[inspect.Parameter]:
     """The options every compression command takes besides its config's."""
     from coreai_opt.compression import ExecutorKind
+    from coreai_opt.models import KV_DTYPES
 
     return [
         *calibration_parameters(),
         keyword("output", typer.Option(None, "-o", "--output", help=output_help), Path | None),
+        keyword("kv_cache_dtype", _KV_CACHE_DTYPE, choices("KVCacheDType", KV_DTYPES) | None),
         keyword("executor", _executor_option(), choices("ExecutorChoice", tuple(ExecutorKind))),
         keyword("allow_empty", allow_empty_option(), bool),
         keyword("no_spot_check", _SPOT, bool),
@@ -110,6 +118,7 @@ def compress(config_type: type, what: str, values: dict[str, Any]) -> None:
             calibration_samples=values["calibration_samples"], calibration_tokens=values["calibration_tokens"],
             calibration_program=values["calibration_program"], device=values["device"],
             exact_gradients=values["exact_gradients"], spot_check=not values["no_spot_check"],
+            kv_cache_dtype=None if values["kv_cache_dtype"] is None else values["kv_cache_dtype"].value,
         )  # fmt: skip
     show(result, as_json, quiet)
 

@@ -87,6 +87,8 @@ def _render(result: Any, quiet: bool) -> None:
             print_line(
                 f"transformed ({step.kind}): {len(step.changes)} changes, outputs within {eq.relative_rms:.2g} (relative RMS)"
             )
+        elif kind == "kv_cache":
+            print_line(step.line())
         elif kind == "quantize_activations":
             print_line(f"weights and activations quantized on {step.samples} samples from {step.calibration}")
     state = "written" if result.written else "not written"

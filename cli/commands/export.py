@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +9,21 @@ import typer
 
 from coreai_opt.models import KV_DTYPES
 
-from .._common import force_option, human_bytes, json_option, print_json, quiet_option, shown, user_errors
+from .._common import (
+    choices,
+    force_option,
+    human_bytes,
+    json_option,
+    print_json,
+    quiet_option,
+    shown,
+    user_errors,
+)
 
 _CONTEXT = 512  # --kv-cache's positions unless --context says
 
 
-KVDType = enum.StrEnum("KVDType", [(dtype, dtype) for dtype in KV_DTYPES])  # type: ignore[misc]
+KVDType = choices("KVDType", KV_DTYPES)
 
 
 def register(app: typer.Typer) -> None:

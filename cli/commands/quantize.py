@@ -79,7 +79,7 @@ def _quantize(config_type: type, what: str, values: dict[str, Any]) -> None:
     if values["overrides"]:
         raise typer.BadParameter("--override applies to weight-only quantization", param_hint="--override")
     for key, flag in (("device", "--device"), ("calibration_program", "--calibration-program"),
-                      ("exact_gradients", "--exact-gradients")):  # fmt: skip
+                      ("exact_gradients", "--exact-gradients"), ("kv_cache_dtype", "--kv-cache-dtype")):  # fmt: skip
         if values.get(key) not in (None, False):
             raise typer.BadParameter(f"{flag} applies to weight-only quantization", param_hint=flag)
     if values["executor"].value != ExecutorKind.LOCAL.value:
@@ -163,4 +163,6 @@ Example: coreopt quantize model.pt2 --activations int8 --calibration samples.saf
 Example: coreopt quantize sample_models/cnn.pt2 --activations int8 --calibration random -o build/cnn.w8a8.pt2
 
 Example: coreopt quantize model.pt2 --dtype int4 --method gptq --calibration text.txt --calibration-tokens 16384
+
+Example: coreopt quantize smol.kv.pt2 --dtype int4 --kv-cache-dtype int8   (a stateful decoder's cache too)
 """

@@ -113,6 +113,8 @@ def render_compression(result: CompressionFileResult) -> None:
         )
     for warning in report.warnings:
         console.print(f"[yellow]warning: {shown(warning)}[/yellow]")
+    if result.kv_cache is not None:
+        console.print(f"[bold]Cache[/bold]: {result.kv_cache.line()}")
     if result.spot_check is not None:
         console.print(spot_line(result))
 
@@ -148,6 +150,8 @@ def compression_line(result: CompressionFileResult) -> str:
     report = result.report
     ratio = f" ({report.total_ratio:.2f}x)" if report.total_ratio else ""
     warnings = f", {len(report.warnings)} warnings" if report.warnings else ""
+    if result.kv_cache is not None:
+        warnings += f"; cache {result.kv_cache.dtype} ({result.kv_cache.state_bytes_after:,} state bytes)"
     spot = result.spot_check
     if spot is not None:
         warnings += f"; spot check KL {spot.kl_mean:.4f}, top-1 {spot.top1:.3f}" + (

@@ -7,6 +7,7 @@ from ._chat import ChatFormat, chat_format
 from ._exporter import ExportedModel, export_model
 from ._families import FAMILIES, Family, ModelKind, supported
 from ._files import ExportFileResult, export_file
+from ._recache import CacheError, KVCacheReport, quantize_kv_cache
 from ._sidecar import (
     ModelInfo,
     Sidecars,
@@ -28,10 +29,12 @@ __all__ = [
     "KV_DTYPES",
     "PREFILL_CHUNK",
     "STATE_INPUTS",
+    "CacheError",
     "ChatFormat",
     "ExportFileResult",
     "ExportedModel",
     "Family",
+    "KVCacheReport",
     "ModelInfo",
     "ModelKind",
     "ModelSource",
@@ -47,6 +50,7 @@ __all__ = [
     "model_info",
     "model_tokenizer",
     "open_source",
+    "quantize_kv_cache",
     "read_sidecars",
     "read_tokenizer",
     "supported",

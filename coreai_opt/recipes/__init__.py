@@ -26,7 +26,7 @@ from ._results import (
     RecipeResult,
     StepResult,
 )
-from ._steps import STEP_TYPES, Budget, Cast, Compress, Convert, QuantizeActivations, Step, Transform
+from ._steps import STEP_TYPES, Budget, Cast, Compress, Convert, KVCache, QuantizeActivations, Step, Transform
 
 __all__ = [
     "RECIPE_VERSION",
@@ -40,6 +40,7 @@ __all__ = [
     "CompressionFileResult",
     "ConversionResult",
     "Convert",
+    "KVCache",
     "QuantizeActivations",
     "Recipe",
     "RecipeResult",

@@ -42,10 +42,10 @@ from ._results import (
     RecipeResult,
     StepResult,
 )
-from ._steps import Budget, Cast, Compress, Convert, QuantizeActivations, Step, Transform
+from ._steps import Budget, Cast, Compress, Convert, KVCache, QuantizeActivations, Step, Transform
 
 Progress = Callable[[int, int, str], None]
-_PT2_ONLY = (QuantizeActivations, Cast, Convert)
+_PT2_ONLY = (QuantizeActivations, Cast, Convert, KVCache)
 
 
 def default_output(source: Path, recipe: Recipe) -> Path:
@@ -154,6 +154,11 @@ def _check_steps(recipe: Recipe, run: _Run) -> None:
             from coreai_opt.calibration import check_source
 
             check_source(step.calibration)
+        if isinstance(step, KVCache):
+            info = run.sidecars.info
+            if info is None or info.context is None:
+                raise ModelFileError(run.source, "is not a stateful decoder coreopt exported (its .model.json "
+                                     "names no context): export it with --kv-cache --kv-cache-dtype")  # fmt: skip
         if isinstance(step, Cast):
             from coreai_opt.casting import resolve_op
 
@@ -370,8 +375,23 @@ def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutc
     return program, report, None
 
 
+def _kv_cache(step: KVCache, program: Any, run: _Run, index: int) -> StepOutcome:
+    from coreai_opt.models import CacheError, quantize_kv_cache
+
+    if type(program).__name__ != "ExportedProgram":
+        raise ConfigError(
+            f"step {index + 1} quantizes a .pt2 decoder's cache, not a Core AI program's", "steps"
+        )
+    try:
+        made, report = quantize_kv_cache(program, step.dtype, run.sidecars.info)
+    except CacheError as why:
+        raise ModelFileError(run.source, str(why)) from None
+    return made, report, None
+
+
 _RUNNERS: dict[type, Callable[[Any, Any, _Run, int], StepOutcome]] = {
     Transform: _transform,
+    KVCache: _kv_cache,
     Compress: _compress,
     QuantizeActivations: _quantize_activations,
     Cast: _cast,

@@ -8,9 +8,10 @@ from typing import Any
 
 from coreai_opt.compression import PalettizeConfig, QuantizeConfig, SparsifyConfig, WeightConfig
 
-from ._apply import one_step
+from ._apply import apply_recipe, one_step
+from ._recipe import Recipe
 from ._results import ActivationsFileResult, CastFileResult, CompressionFileResult, ConversionResult
-from ._steps import Cast, Compress, Convert, QuantizeActivations
+from ._steps import Cast, Compress, Convert, KVCache, QuantizeActivations
 
 
 def compress_file(
@@ -25,6 +26,7 @@ def compress_file(
     device: str | None = None,
     exact_gradients: bool = False,
     spot_check: bool = False,
+    kv_cache_dtype: str | None = None,
     **options: Any,
 ) -> CompressionFileResult:
     """Compress a model's weights as `config` says into a new file of the input's format (an
@@ -34,7 +36,8 @@ def compress_file(
     (a torch device; default the CPU; `exact_gradients`: see `calibration.calibrate`). `options`:
     force, progress, trust_pickle, executor, allow_empty (see `apply_recipe`). With `spot_check`
     (as `coreopt` runs it), a `.pt2` language model written is then compared with its source on a
-    few windows of shipped text (`evaluation.spot_check`): the result's `spot_check`."""
+    few windows of shipped text (`evaluation.spot_check`): the result's `spot_check`. With
+    `kv_cache_dtype`, a stateful decoder's cache is quantized first (a `KVCache` step): `kv_cache`."""
     from coreai_opt.calibration import CalibrationSpec
 
     spec = None
@@ -44,7 +47,13 @@ def compress_file(
             program=None if calibration_program is None else str(calibration_program), device=device,
             exact_gradients=exact_gradients,
         )  # fmt: skip
-    result: CompressionFileResult = one_step(Compress(config=config), source, output, spec, **options)  # type: ignore[assignment]
+    if kv_cache_dtype is None:
+        result: CompressionFileResult = one_step(Compress(config=config), source, output, spec, **options)  # type: ignore[assignment]
+    else:
+        steps = apply_recipe(Recipe((KVCache(dtype=kv_cache_dtype), Compress(config=config)), spec), source, output,
+                             **options).steps  # fmt: skip
+        result = steps[1][1]  # type: ignore[assignment]
+        result.kv_cache = steps[0][1]  # type: ignore[assignment]
     if spot_check and result.output.suffix == ".pt2":
         from coreai_opt.evaluation import spot_check as check
 

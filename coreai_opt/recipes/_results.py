@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coreai_opt.models import KVCacheReport
 from coreai_opt.transforms import TransformReport
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class CompressionFileResult:
     file_bytes_before: int
     file_bytes_after: int
     spot_check: Any = None  # an evaluation.SpotCheck of a language model written, or None
+    kv_cache: KVCacheReport | None = None  # a stateful decoder's cache quantized before the weights
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +43,7 @@ class CompressionFileResult:
             "file_bytes_after": self.file_bytes_after,
             "report": self.report.to_dict(),
             "spot_check": None if self.spot_check is None else self.spot_check.to_dict(),
+            "kv_cache": None if self.kv_cache is None else self.kv_cache.to_dict(),
         }
 
 
@@ -125,6 +128,7 @@ StepResult = (
     | ActivationsFileResult
     | BudgetResult
     | TransformReport
+    | KVCacheReport
 )
 
 

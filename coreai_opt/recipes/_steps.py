@@ -5,7 +5,8 @@
 - `QuantizeActivations`: W8A8 of a `.pt2` (weights and activations, calibrated on samples);
 - `Cast`: the 16-bit casts of a `.pt2`, checked against the program before it;
 - `Convert`: a `.pt2` to a Core AI program;
-- `Budget`: a check the program must pass here (its stored bytes), or the recipe fails.
+- `Budget`: a check the program must pass here (its stored bytes), or the recipe fails;
+- `KVCache`: a stateful decoder's key/value cache kept as int8, fp8 or int4 codes.
 
 Every field is type-checked against its annotation when a step is made (`_values`), and a step
 read from plain data checks its nested configs' values the same way before they are built.
@@ -211,9 +212,37 @@ class Transform:
         return cls(config=_config(data.get("config"), "config", tuple(transform_types().values())))
 
 
-Step = Compress | QuantizeActivations | Cast | Convert | Budget | Transform
+@dataclass(frozen=True, kw_only=True)
+class KVCache:
+    """A stateful decoder's key/value cache kept as `dtype` codes with float16 scales
+    (`models.quantize_kv_cache`: the float decoder exported again with the exporter's own cache)."""
+
+    dtype: str
+
+    KIND = "kv_cache"
+
+    def __post_init__(self) -> None:
+        from coreai_opt.models import KV_DTYPES
+
+        check_record(self)
+        if self.dtype not in KV_DTYPES:
+            raise ConfigError(f"a kv_cache step's dtype is one of {', '.join(KV_DTYPES)}, not {shown(self.dtype)}",
+                              "dtype")  # fmt: skip
+
+    def tag(self) -> str:
+        return f"kv{self.dtype}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KVCache:
+        return cls(**_only(data, cls))
+
+
+Step = Compress | QuantizeActivations | Cast | Convert | Budget | Transform | KVCache
 STEP_TYPES: dict[str, type] = {
-    s.KIND: s for s in (Transform, Compress, QuantizeActivations, Cast, Convert, Budget)
+    s.KIND: s for s in (Transform, KVCache, Compress, QuantizeActivations, Cast, Convert, Budget)
 }
 
 
