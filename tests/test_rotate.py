@@ -443,3 +443,28 @@ def test_qwen2_rotates_with_its_value_bias_turned_head_by_head(tmp_path: Path) -
         torch.testing.assert_close(
             program.module()(*inputs), original.module()(*inputs), rtol=1e-4, atol=1e-5
         )
+
+
+def test_a_stateful_decoder_with_a_tied_head_rotates_and_generates_the_same_tokens(
+    tied_llama: Path, tmp_path: Path, coreopt
+) -> None:  # type: ignore[no-untyped-def]
+    """The gain kept before a tied head is turned back and forth by matmuls whose row count is
+    the call's token count (symbolic in a stateful decoder: read by sym_size): the rotated decoder
+    prefills and decodes as the original does, and its cache cannot be quantized by rebuilding it
+    (the rotation added ops), which is said in one line."""
+    from coreai_opt.generation import GenerateConfig, StatefulDecoder, generate
+    from coreai_opt.models import export_file
+
+    decoder = export_file(tied_llama.parent / "llama", tmp_path / "kv.pt2", context=16).output
+    turned = tmp_path / "kv.rot.pt2"
+    done = coreopt("transform", decoder, "--rotate", "hadamard", "-o", turned, "-q")
+    assert done.exit_code == 0, done.stderr
+    original, rotated = StatefulDecoder(load_pt2(decoder)), StatefulDecoder(load_pt2(turned))
+    with torch.no_grad():
+        for ids, position in (([5, 7, 9, 11], 0), ([13], 4)):
+            torch.testing.assert_close(rotated(ids, position), original(ids, position), rtol=1e-4, atol=1e-5)
+    config = GenerateConfig(max_new_tokens=8, ignore_eos=True)
+    assert generate(rotated, [5, 7, 9], config).tokens == generate(original, [5, 7, 9], config).tokens
+    refused = coreopt("quantize", turned, "--kv-cache-dtype", "int8", "-o", tmp_path / "q.pt2")
+    assert refused.exit_code == 1 and refused.stderr.count("\n") == 1
+    assert "quantize the cache before transforming" in refused.stderr

@@ -36,6 +36,12 @@ _EXACT_PRODUCTS = typer.Option(
     "plus bfloat16 products of the differences: ~2.6x faster, KLs within ~0.3%.",
 )
 _TOP = typer.Option(20, "--top", min=1, help="Rows shown at each end of the ranking (--json: all).")
+_DEVICE = typer.Option(
+    None,
+    "--device",
+    help="Where the program's runs, the trials and the estimate's gradients take place: cpu (default), cuda, "
+    "cuda:1, ... (weights are encoded and scores summed on the host).",
+)
 
 
 def sensitivity(
@@ -48,6 +54,7 @@ def sensitivity(
     estimate: bool = _ESTIMATE,
     exact_products: bool = _EXACT_PRODUCTS,
     top: int = _TOP,
+    device: str | None = _DEVICE,
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
@@ -60,6 +67,8 @@ def sensitivity(
     Example: coreopt sensitivity smol.pt2 --text corpus.txt --config palettize:n_bits=4 --max-tokens 8192
 
     Example: coreopt sensitivity smol.pt2 --text corpus.txt --config int4.yaml --json > sensitivity.json
+
+    Example: coreopt sensitivity big.pt2 --text corpus.txt --config quantize:dtype=int4 --device cuda
     """
     from coreai_opt.evaluation import weight_sensitivity
     from coreai_opt.recipes import config_from_text
@@ -74,7 +83,7 @@ def sensitivity(
     ):
         result = weight_sensitivity(
             model, parsed, text=text, tokens=tokens, tokenizer=tokenizer, max_tokens=max_tokens,
-            estimate=estimate, exact_products=exact_products, progress=bar,
+            estimate=estimate, exact_products=exact_products, device=device, progress=bar,
         )  # fmt: skip
     if as_json:
         print_json(result.to_dict())

@@ -61,13 +61,13 @@ class ProgramEdit:
     def call(self, op: Any, *args: Any) -> Node:
         """A call of `op` with positional `args` (as torch.export writes calls: coreai-torch's
         converter reads arguments by position), at the graph's insertion point."""
-        from torch.fx import Node as FxNode
+        from torch.fx.node import map_arg
 
         node = self.ep.graph.call_function(op, tuple(args))
         if self._fake_mode is None:
             self.fake(_empty())
-        with self._fake_mode:
-            node.meta["val"] = op(*(a.meta["val"] if isinstance(a, FxNode) else a for a in args))
+        with self._fake_mode:  # nodes inside lists (a view's sizes read by sym_size) by their values too
+            node.meta["val"] = op(*map_arg(tuple(args), lambda a: a.meta["val"]))
         return node
 
 

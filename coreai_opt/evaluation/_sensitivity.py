@@ -97,21 +97,28 @@ def weight_sensitivity(
     estimate: bool = True,
     exact_products: bool = False,
     trust_pickle: bool = False,
+    device: str | None = None,
     progress: Progress | None = None,
 ) -> SensitivityResult:
     """Each weight `config` would compress, measured alone (see the module); windows of the
     program's length that do not overlap. `estimate` (text only) adds the Fisher estimate.
     `exact_products` takes every trial's products, and the estimate's gradients, in the
-    program's own dtypes (slower; the default differs by ~0.1-0.3% of a KL)."""
+    program's own dtypes (slower; the default differs by ~0.1-0.3% of a KL). `device`: where the
+    program's runs, the trials and the estimate's gradients take place (a torch device; default
+    the CPU); the weights are encoded, and the scores summed in float64, on the host."""
+    from coreai_opt._export import checked_device
     from coreai_opt.compression import trial_encodings
 
     start = time.perf_counter()
     path = Path(program)
+    device = checked_device(device)
     require_existing(path)
     ids, source, found = token_stream(path, text, tokens, tokenizer, max_tokens)
     ep = load_pt2(path, trust_pickle=trust_pickle)
     with running(path):
-        runner = _Resumable(ep, path, _differences(exact_products))  # a language model, before any encoding
+        runner = _Resumable(
+            ep, path, _differences(exact_products), device
+        )  # a language model, before any encoding
         trials, skipped = _trials(ep, config, trial_encodings)
         windows = Windows(len(ids), runner.length, runner.length)
         batches = -(-len(windows.starts) // runner.batch)
@@ -121,7 +128,8 @@ def weight_sensitivity(
         result.products = "bfloat16 differences" if runner.deltas and runner.deltas.recorded else "exact"
         if estimate and text is not None:
             begun = time.perf_counter()
-            _estimate(ep, rows, trials, text, tokenizer=found, max_tokens=max_tokens, exact=exact_products)
+            _estimate(ep, rows, trials, text, tokenizer=found, max_tokens=max_tokens, exact=exact_products,
+                      device=device)  # fmt: skip
             result.estimate_seconds = time.perf_counter() - begun
         result.rank_correlation = spearman([r.kl_mean for r in rows], [r.estimate or 0.0 for r in rows])
     rows.sort(key=lambda r: -r.kl_mean)
@@ -170,9 +178,10 @@ class _Resumable:
     """The program's module, run node by node: once per window in full, keeping the values alive
     at each weight's first reader, then from that reader on with the weight swapped. With
     `differences` the full run also records every float32 product's operands and output (~1 GB a
-    batch of 1,024 tokens at SmolLM2-135M), which the trials' products are read off (`_deltas`)."""
+    batch of 1,024 tokens at SmolLM2-135M), which the trials' products are read off (`_deltas`: a
+    CPU's bfloat16 instructions; on another `device` every product is taken whole)."""
 
-    def __init__(self, ep: Any, path: Path, differences: bool) -> None:
+    def __init__(self, ep: Any, path: Path, differences: bool, device: str | None = None) -> None:
         import torch
         from torch.fx import Interpreter
 
@@ -181,7 +190,8 @@ class _Resumable:
 
         from ._deltas import DeltaProducts
 
-        self.gm: GraphModule = runnable(ep, stateless=True)  # each window a sequence of its own
+        self.device = torch.device(device or "cpu")
+        self.gm: GraphModule = runnable(ep, device, stateless=True)  # each window a sequence of its own
         self.nodes = list(self.gm.graph.nodes)
         position = {n: i for i, n in enumerate(self.nodes)}
         self.last_use = {n: max((position[u] for u in n.users), default=i) for i, n in enumerate(self.nodes)}
@@ -194,7 +204,7 @@ class _Resumable:
         if not ints or len(shapes[0]) != 2:
             raise ModelFileError(path, "takes no [batch, tokens] ids: not a language model")
         self.placeholders = placeholders
-        differences = differences and DeltaProducts.applies(self.gm.graph)
+        differences = differences and self.device.type == "cpu" and DeltaProducts.applies(self.gm.graph)
         self.deltas = DeltaProducts(self.gm.graph) if differences else None
         context = decoder_context(ep)  # a stateful decoder: windows of its context from position 0
         self.fill = torch.zeros if context else torch.ones  # its position; else an attention mask
@@ -261,10 +271,11 @@ class _Resumable:
         return ref.against_head(out) if _factored(out) else ref.against(self._logits(out))
 
     def _logits(self, output: Any) -> torch.Tensor:
+        """The first tensor output, on the host (where the scores are summed in float64)."""
         import torch
 
         first = next(t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor))
-        return first
+        return first.cpu()
 
     def measure(
         self, ids: np.ndarray, windows: Windows, trials: dict[str, tuple[Any, Any, Any]], counter: Counter
@@ -291,15 +302,18 @@ class _Resumable:
         from ._scores import Reference
 
         cuts = {name: self.cut(name) for name in decoded}
+        place = self.device
+        decoded = {name: value.to(place) for name, value in decoded.items()}  # once, not once a window
         keep = {c: [n for n in self.nodes[:c] if self.last_use[n] >= c] for c, _ in cuts.values()}
         sums = {name: [0.0, 0.0, 0] for name in decoded}
         ref_nll = 0.0
         with torch.no_grad():
             for first, group, stacked in window_batches(ids, windows, self.batch):
                 batch = torch.from_numpy(stacked)
-                env: dict[Node, Any] = {self.placeholders[0]: batch}
+                env: dict[Node, Any] = {self.placeholders[0]: batch.to(place)}
                 for extra in self.placeholders[1:]:
-                    env[extra] = self.fill(tuple(extra.meta["val"].shape), dtype=extra.meta["val"].dtype)
+                    meta = extra.meta["val"]
+                    env[extra] = self.fill(tuple(meta.shape), dtype=meta.dtype, device=place)
                 if self.deltas is not None:
                     self.deltas.clear()
                 output, saved = self._run(env, 0, keep)
@@ -352,15 +366,16 @@ def trial_divergences(
     decoded: dict[str, Any],
     *,
     exact_products: bool = False,
+    device: str | None = None,
     progress: Progress | None = None,
 ) -> dict[str, float]:
     """The mean KL divergence per scored token from the program's own next-token distribution of
     each weight in `decoded` (name -> the values to run it with) swapped in alone, on `ids` cut
     into windows of the program's length that do not overlap (a language model `ExportedProgram`
     taking `[batch, tokens]` ids and returning logits first; `NotALanguageModel` otherwise). What
-    `optimize` measures its anchors with. `exact_products` as in `weight_sensitivity`."""
+    `optimize` measures its anchors with. `exact_products` and `device` as in `weight_sensitivity`."""
     try:
-        runner = _Resumable(program, Path("<program>"), _differences(exact_products))
+        runner = _Resumable(program, Path("<program>"), _differences(exact_products), device)
     except ProgramRunError:
         raise
     except ModelFileError as exc:
@@ -380,6 +395,7 @@ def _estimate(
     tokenizer: Any,
     max_tokens: int | None,
     exact: bool,
+    device: str | None = None,
 ) -> None:
     """Each row's 1/2 sum(F dW^2) per token, F the squared gradients of a sample's next-token
     loss on the text, a mean over the samples: divided by the tokens a sample counts, not by all
@@ -388,7 +404,7 @@ def _estimate(
     from coreai_opt.weights import Needs
 
     samples = Samples.of(text, tokens=max_tokens or ALL_TOKENS, tokenizer=tokenizer)  # the text measured
-    calibration = calibrate(ep, samples, cache=False, exact_gradients=exact)
+    calibration = calibrate(ep, samples, cache=False, exact_gradients=exact, device=device)
     found = calibration.statistics(list(trials), Needs.GRADIENT_SQUARES)
     count = max(calibration.sample_count, 1)
     weights = {n: p for n, p in ep.module().named_parameters()} | dict(ep.module().named_buffers())
@@ -397,4 +413,5 @@ def _estimate(
         if stats.gradient_squares is None:
             continue
         delta = (trials[row.name][2].double() - weights[row.name].detach().double()) ** 2
-        row.estimate = float(0.5 * (stats.gradient_squares * delta).sum() * count / max(stats.rows, 1))
+        squares = stats.gradient_squares.cpu()  # where the calibration ran: the host's copy
+        row.estimate = float(0.5 * (squares * delta).sum() * count / max(stats.rows, 1))

@@ -172,7 +172,7 @@ def _trials(
             size += piece[name].numel() * piece[name].element_size()
         if piece and (size >= _PIECE_BYTES or index == len(names) - 1):
             measured = trial_divergences(
-                loaded.ep, ids, piece, progress=progress.piece(len(piece), choice.name)
+                loaded.ep, ids, piece, device=loaded.device, progress=progress.piece(len(piece), choice.name)
             )
             found.update(measured)
             progress.done += len(piece)

@@ -137,14 +137,16 @@ def _unrotated_gain(program: ExportedProgram, node: Node, name: str, q: torch.Te
                    f"{prefix}.unrotation", q, before=True)  # fmt: skip
     node.replace_input_with(back.args[0].args[0].args[0], back)  # type: ignore[union-attr]
     forward = _linear(program, edit, node, node, f"{prefix}.rotation", q.T, before=False)
-    node.replace_all_uses_with(forward, delete_user_cb=lambda user: user is not forward.args[0].args[0])  # type: ignore[union-attr]
+    own = {forward.args[0].args[0], *forward.args[1]}  # type: ignore[union-attr]  # its rows, and sizes it reads
+    node.replace_all_uses_with(forward, delete_user_cb=lambda user: user not in own)
     return True
 
 
 def _linear(program: ExportedProgram, edit: Any, node: Node, x: Node, target: str, weight: torch.Tensor,
             before: bool) -> Node:  # fmt: skip
     """`x @ weight.T` as torch.export writes a bias-free linear (view, permute of a stored
-    [out, in] weight, mm, view), inserted before or after `node`; the last view."""
+    [out, in] weight, mm, view), inserted before or after `node`; the last view. A dimension
+    the program leaves symbolic (a stateful decoder's token count) is read off `x` by `sym_size`."""
     import torch
 
     aten = torch.ops.aten
@@ -156,8 +158,12 @@ def _linear(program: ExportedProgram, edit: Any, node: Node, x: Node, target: st
     with program.graph.inserting_after(rows):
         turned = edit.call(aten.permute.default, stored, [1, 0])
     with program.graph.inserting_after(turned):
-        product = edit.call(aten.mm.default, rows, turned)
-    with program.graph.inserting_after(product):
+        at = product = edit.call(aten.mm.default, rows, turned)
+    for i, size in enumerate(shape):
+        if not isinstance(size, int):
+            with program.graph.inserting_after(at):
+                at = shape[i] = edit.call(aten.sym_size.int, x, i)
+    with program.graph.inserting_after(at):
         return edit.call(aten.view.default, product, shape)
 
 
