@@ -40,7 +40,7 @@ _DEVICE = typer.Option(
     None,
     "--device",
     help="Where the program's runs, the trials and the estimate's gradients take place: cpu (default), cuda, "
-    "cuda:1, ... (weights are encoded and scores summed on the host).",
+    "cuda:1, ... (the weights are encoded on the host).",
 )
 
 

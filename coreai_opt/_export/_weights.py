@@ -10,6 +10,7 @@ nibble first), masks as booleans.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -86,13 +87,18 @@ class ExportWeights:
 
     def __init__(self, ep: ExportedProgram) -> None:
         self.ep = ep
-        self.ops = register_coreai_ops()
         # placeholder names go on from an earlier compression's (FX does not rename a clash here)
         taken = [n.name.split("_")[1] for n in ep.graph.nodes if n.name.startswith("coreopt_w")]
         self._count = max((int(t[1:]) for t in taken if t[1:].isdigit()), default=0)
         self._prefixes: dict[str, str] = {}  # weight -> the module path of its buffers
         self._ties: dict[str, list[_Slot]] = {}  # weight -> unused placeholders of the same tensor
         self._edit = ProgramEdit(ep)
+
+    @functools.cached_property
+    def ops(self) -> Any:
+        """coreai-torch's ops, defined when the first compressed weight is written (reading a float
+        program's weights, as trials do, needs no coreai-torch)."""
+        return register_coreai_ops()
 
     # ----- the Container protocol --------------------------------------------------------------
 

@@ -105,7 +105,7 @@ def weight_sensitivity(
     `exact_products` takes every trial's products, and the estimate's gradients, in the
     program's own dtypes (slower; the default differs by ~0.1-0.3% of a KL). `device`: where the
     program's runs, the trials and the estimate's gradients take place (a torch device; default
-    the CPU); the weights are encoded, and the scores summed in float64, on the host."""
+    the CPU); the weights are encoded on the host, the scores taken where the logits are."""
     from coreai_opt._export import checked_device
     from coreai_opt.compression import trial_encodings
 
@@ -271,11 +271,10 @@ class _Resumable:
         return ref.against_head(out) if _factored(out) else ref.against(self._logits(out))
 
     def _logits(self, output: Any) -> torch.Tensor:
-        """The first tensor output, on the host (where the scores are summed in float64)."""
         import torch
 
         first = next(t for t in torch.utils._pytree.tree_leaves(output) if isinstance(t, torch.Tensor))
-        return first.cpu()
+        return first
 
     def measure(
         self, ids: np.ndarray, windows: Windows, trials: dict[str, tuple[Any, Any, Any]], counter: Counter
@@ -309,8 +308,8 @@ class _Resumable:
         ref_nll = 0.0
         with torch.no_grad():
             for first, group, stacked in window_batches(ids, windows, self.batch):
-                batch = torch.from_numpy(stacked)
-                env: dict[Node, Any] = {self.placeholders[0]: batch.to(place)}
+                batch = torch.from_numpy(stacked).to(place)  # the scores are taken where the logits are
+                env: dict[Node, Any] = {self.placeholders[0]: batch}
                 for extra in self.placeholders[1:]:
                     meta = extra.meta["val"]
                     env[extra] = self.fill(tuple(meta.shape), dtype=meta.dtype, device=place)
