@@ -135,3 +135,58 @@ def test_the_cli_tunes_and_names_the_flag_it_refuses(coreopt, tmp_path: Path, mo
     refused = coreopt("palettize", SAMPLES / "mlp.pt2", "--tune-epochs", "2", "-o", tmp_path / "n.pt2")
     assert refused.exit_code == 2 and "--tune-epochs" in refused.stderr
     assert not (tmp_path / "n.pt2").exists()
+
+
+def test_a_tuning_run_stopped_part_way_resumes_from_its_last_pass_to_the_same_bytes(
+    llama, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """After each pass but the last, the tables, Adam's moments and the sample order's generator
+    are checkpointed in the calibration cache: a run stopped in its third pass starts the rerun at
+    its third pass (two passes' divergences kept), and writes the tables an unbroken run writes; a
+    finished run leaves no checkpoint, and a damaged one is ignored."""
+    from coreai_opt.compression.algorithms import _tuning
+    from coreai_opt.models import model_tokenizer
+
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    samples = Samples.of(llama["text"], tokens=256, tokenizer=model_tokenizer(llama["ref"]))
+    config = PalettizeConfig(n_bits=2, granularity="grouped", group_size=4, method="gptq", weight_num_threshold=0,
+                             tune_epochs=3)  # fmt: skip
+
+    original = _tuning.tune_tables
+
+    def compressed(stop_at: int | None, seen: list[int]):  # type: ignore[no-untyped-def]
+        def watched(held, calibration, epochs, progress=None):  # type: ignore[no-untyped-def]
+            def step(done: int, steps: int, divergence: float) -> None:
+                seen.append(done)
+                if stop_at is not None and done == stop_at:
+                    raise KeyboardInterrupt
+
+            return original(held, calibration, epochs, step)
+
+        monkeypatch.setattr(_tuning, "tune_tables", watched)
+        program = load_pt2(llama["ref"])
+        report = compress_(program, config, calibration=calibrate(load_pt2(llama["ref"]), samples))
+        return program, report
+
+    unbroken, report = compressed(None, seen := [])
+    steps = len(seen)
+    per_pass = steps // 3
+    assert seen == list(range(1, steps + 1)) and not list((tmp_path / "cache" / "checkpoints").iterdir())
+    with pytest.raises(KeyboardInterrupt):
+        compressed(2 * per_pass + 1, [])
+    (stored,) = (tmp_path / "cache" / "checkpoints").iterdir()
+    resumed, again = compressed(None, seen := [])
+    assert seen[0] == 2 * per_pass and seen[-1] == steps  # it began where the checkpoint was
+    assert again.tuning == report.tuning
+    for suffix in (".lut", ".indices"):
+        for name, value in _state(unbroken, suffix).items():
+            assert torch.equal(value, _state(resumed, suffix)[name]), name
+    assert not stored.exists()
+    with pytest.raises(KeyboardInterrupt):
+        compressed(2 * per_pass + 1, [])
+    (stored,) = (tmp_path / "cache" / "checkpoints").iterdir()
+    stored.write_bytes(stored.read_bytes()[:-8])  # a damaged checkpoint: the run starts afresh
+    fresh, _ = compressed(None, seen := [])
+    assert seen[0] == 1
+    for name, value in _state(unbroken, ".lut").items():
+        assert torch.equal(value, _state(fresh, ".lut")[name]), name

@@ -21,6 +21,7 @@ from coreai_opt.weights import Needs, Statistics
 
 from . import _device
 from ._cache import FisherStore, load_statistics, program_fingerprint, statistics_key, store_statistics
+from ._checkpoints import CacheCheckpoints
 from ._layer_by_layer import LayerByLayer
 from ._losses import output_divergence, sample_loss
 from ._one_pass import one_pass
@@ -251,6 +252,19 @@ class ProgramCalibration:
         return leaf in owner._parameters or leaf in owner._buffers
 
     # ----- the on-disk cache (`_cache`) ---------------------------------------------------------
+
+    def checkpoints(self, identity: bytes) -> CacheCheckpoints | None:
+        """The cache's checkpoints of a pass on this program (as given) and these samples, keyed by
+        them and `identity`; None where this calibration keeps no cache."""
+        import hashlib
+
+        if not self.cache:
+            return None
+        digest = hashlib.sha256(b"coreopt checkpoint 1\0")
+        for part in (self.fingerprint(), self.samples.digest(), str(self.seed), str(self.fast_gradients)):
+            digest.update(part.encode() + b"\0")
+        digest.update(identity)
+        return CacheCheckpoints(digest.hexdigest())
 
     def fingerprint(self) -> str:
         """What identifies the program as it is now: its code and every state tensor's bytes."""

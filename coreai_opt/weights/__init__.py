@@ -20,12 +20,13 @@ from ._decode import (
 from ._describe import Described
 from ._forms import Encoding, Form, Learned, Palettized, Quantized, ShiftScale, Sparse, Stored
 from ._sites import Candidate, Consumer, SkipKind, Skipped, Use, WeightSite, stored_nbytes
-from ._statistics import Calibration, Needs, Statistics
+from ._statistics import Calibration, Checkpoints, Needs, Statistics
 
 __all__ = [
     "CONTAINERS",
     "Calibration",
     "Candidate",
+    "Checkpoints",
     "Consumer",
     "Container",
     "Described",

@@ -37,6 +37,24 @@ class Statistics:
     gradient_squares: torch.Tensor | None = None  # the weight's shape
 
 
+class Checkpoints(Protocol):
+    """Where one long pass over the calibration samples keeps its state between runs."""
+
+    def load(
+        self, expected: dict[str, tuple[tuple[int, ...], torch.dtype]]
+    ) -> dict[str, torch.Tensor] | None:
+        """The last state stored, when it is exactly the `expected` tensors (name -> shape, dtype)."""
+        ...
+
+    def store(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Keep `tensors` as the pass's state, in place of the one before."""
+        ...
+
+    def drop(self) -> None:
+        """Forget the state: the pass finished."""
+        ...
+
+
 class Calibration(Protocol):
     """Statistics of a program's weights on calibration data."""
 
@@ -72,4 +90,9 @@ class Calibration(Protocol):
         """How far the program's output on calibration sample `sample`, with `weights` (by name,
         differentiable) in place of the named weights and every `replace` made so far, is from
         the program's as it was given: a scalar that gradients flow back from to `weights`."""
+        ...
+
+    def checkpoints(self, identity: bytes) -> Checkpoints | None:
+        """Where a pass over these samples identified by `identity` (what else its result depends
+        on) keeps checkpoints, so a run stopped part way resumes; None: it keeps none."""
         ...

@@ -28,6 +28,7 @@ import torch
 import tcast
 from coreai_opt.weights import (
     Calibration,
+    Checkpoints,
     Encoding,
     Palettized,
     ShiftScale,
@@ -150,30 +151,120 @@ def tune_tables(
 ) -> tuple[list[Encoding], list[float]]:
     """Each held encoding with its tables tuned over `epochs` passes of the calibration samples
     (see the module), and the mean divergence of each pass (as the tables stood during it); the
-    encodings as they were, and no passes, where no held weight reaches the program's output."""
+    encodings as they were, and no passes, where no held weight reaches the program's output.
+    After each pass but the last the state is checkpointed where the calibration keeps them
+    (`Calibration.checkpoints`): a run stopped part way resumes from its last pass, to the same
+    bytes."""
     tables = [_Tuned.of(site, encoding) for site, encoding in held]
-    optimizer = torch.optim.Adam([p for t in tables for p in t.parameters()], lr=_STEP)
-    generator = torch.Generator().manual_seed(_SEED)
-    count = calibration.sample_count
-    steps = epochs * math.ceil(count / _ACCUMULATE)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / steps)
-    done, means = 0, []
-    for _ in range(epochs):
-        order = torch.randperm(count, generator=generator).tolist()
+    run = _Run(tables, calibration.sample_count, epochs)
+    store = calibration.checkpoints(_identity(tables, run))
+    means = run.resume(store) if store is not None else []
+    done = len(means) * run.per_epoch
+    if progress is not None and means:
+        progress(done, run.steps, means[-1])
+    for _ in range(len(means), epochs):
+        order = torch.randperm(run.count, generator=run.generator).tolist()
         total = 0.0
-        for a in range(0, count, _ACCUMULATE):
+        for a in range(0, run.count, _ACCUMULATE):
             batch = order[a : a + _ACCUMULATE]
-            optimizer.zero_grad()
+            run.optimizer.zero_grad()
             weights = {t.site.name: t.dense() for t in tables}
             loss = sum(calibration.divergence(weights, sample) for sample in batch) / len(batch)
             if not loss.requires_grad:  # type: ignore[union-attr]
                 return [encoding for _, encoding in held], []  # no held weight reaches the program's output
             loss.backward()  # type: ignore[union-attr]
-            optimizer.step()
-            schedule.step()
+            run.optimizer.step()
+            run.schedule.step()
             total += float(loss.detach()) * len(batch)  # type: ignore[union-attr]
             done += 1
             if progress is not None:
-                progress(done, steps, total / min(a + _ACCUMULATE, count))
-        means.append(total / count)
+                progress(done, run.steps, total / min(a + _ACCUMULATE, run.count))
+        means.append(total / run.count)
+        if store is not None and len(means) < epochs:
+            store.store(run.state(means))
+    if store is not None:
+        store.drop()
     return [t.tuned() for t in tables], means
+
+
+class _Run:
+    """The optimizer of a tuning run, its sample order's generator and its step schedule, and
+    their state as tensors (a checkpoint) after a whole number of passes."""
+
+    def __init__(self, tables: list[_Tuned], count: int, epochs: int) -> None:
+        self.parameters = [p for t in tables for p in t.parameters()]
+        self.optimizer = torch.optim.Adam(self.parameters, lr=_STEP)
+        self.generator = torch.Generator().manual_seed(_SEED)
+        self.count, self.epochs = count, epochs
+        self.per_epoch = math.ceil(count / _ACCUMULATE)
+        self.steps = epochs * self.per_epoch
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._factor)
+
+    def _factor(self, step: int) -> float:
+        return 1.0 - step / self.steps
+
+    def state(self, means: list[float]) -> dict[str, torch.Tensor]:
+        """The run after `len(means)` passes: every table's parameters, Adam's moments, the order's
+        generator and the passes' mean divergences (NaN for those to come)."""
+        passes = torch.full((self.epochs,), math.nan, dtype=torch.float64)
+        passes[: len(means)] = torch.tensor(means, dtype=torch.float64)
+        tensors = {"means": passes, "generator": self.generator.get_state()}
+        for i, p in enumerate(self.parameters):
+            held = self.optimizer.state.get(p, {})
+            tensors[f"delta.{i}"] = p.detach()
+            tensors[f"stepped.{i}"] = torch.tensor(float(held.get("step", 0.0)), dtype=torch.float64)
+            for name in ("exp_avg", "exp_avg_sq"):
+                tensors[f"{name}.{i}"] = held.get(name, torch.zeros_like(p)).detach()
+        return tensors
+
+    def resume(self, store: Checkpoints) -> list[float]:
+        """The passes a checkpoint of this run had done (their mean divergences), with its state
+        restored; none where no such checkpoint is stored."""
+        found = store.load(self._expected())
+        means = [] if found is None else [m for m in found["means"].tolist() if not math.isnan(m)]
+        if found is None or not 0 < len(means) < self.epochs:
+            return []
+        with torch.no_grad():
+            for i, p in enumerate(self.parameters):
+                p.copy_(found[f"delta.{i}"])
+                if float(found[f"stepped.{i}"]) > 0:
+                    self.optimizer.state[p] = {
+                        "step": torch.tensor(float(found[f"stepped.{i}"]), dtype=torch.float32),
+                        "exp_avg": found[f"exp_avg.{i}"].clone(), "exp_avg_sq": found[f"exp_avg_sq.{i}"].clone(),
+                    }  # fmt: skip
+        self.generator.set_state(found["generator"])
+        done = len(means) * self.per_epoch
+        self.schedule.last_epoch = done
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self._factor(done)
+        return means
+
+    def _expected(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        shapes = {"means": ((self.epochs,), torch.float64),
+                  "generator": (tuple(self.generator.get_state().shape), torch.uint8)}  # fmt: skip
+        for i, p in enumerate(self.parameters):
+            shapes[f"delta.{i}"] = shapes[f"exp_avg.{i}"] = shapes[f"exp_avg_sq.{i}"] = (
+                tuple(p.shape),
+                p.dtype,
+            )
+            shapes[f"stepped.{i}"] = ((), torch.float64)
+        return shapes
+
+
+def _identity(tables: list[_Tuned], run: _Run) -> bytes:
+    """What a tuning run's result depends on besides the program and the samples: every table's
+    indices and values as chosen, the passes and the step rule."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{run.epochs} {run.count} {_STEP} {_ACCUMULATE} {_SEED}".encode())
+    for t in tables:
+        digest.update(t.site.name.encode() + b"\0")
+        for part in (t.indices, _stored(t.entries), None if t.scale is None else _stored(t.scale), t.offset):
+            if part is not None:
+                digest.update(str((part.dtype, tuple(part.shape))).encode())
+                digest.update(part.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.digest()
+
+
+def _stored(held: _Parameter | torch.Tensor) -> torch.Tensor:
+    return held.base if isinstance(held, _Parameter) else held
