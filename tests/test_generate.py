@@ -510,8 +510,14 @@ def test_a_cache_that_cannot_be_quantized_is_refused_in_one_line(
         assert coreopt(args[0], model, *args[1:], "-o", made[name], "-q").exit_code == 0
     bare = tmp_path / "bare.pt2"
     bare.write_bytes(model.read_bytes())  # no description beside it
+    other = tmp_path / "other.pt2"  # a description of another size beside it
+    other.write_bytes(model.read_bytes())
+    described = json.loads(model.with_suffix(".model.json").read_text())
+    described["config"]["intermediate_size"] += 8
+    other.with_suffix(".model.json").write_text(json.dumps(described))
     (tmp_path / "m.aimodel").mkdir()
     cases = [
+        (other, "where its description's model has"),
         (tiny_llama["ref"], "is not a stateful decoder coreopt exported"),
         (made["coded"], "already keeps its key/value cache as codes"),
         (made["half"], "holds float16 weights: quantize its cache before casting"),
@@ -522,6 +528,7 @@ def test_a_cache_that_cannot_be_quantized_is_refused_in_one_line(
     for path, said in cases:
         result = coreopt("quantize", path, "--kv-cache-dtype", "int8", "-o", tmp_path / "out.pt2")
         assert result.exit_code == 1, (path, result.stderr)
+        assert str(path.name) in result.stderr, (path, result.stderr)
         assert result.stderr.count("\n") == 1 and said in result.stderr, (path, result.stderr)
         assert not (tmp_path / "out.pt2").exists()
     w8a8 = coreopt(
@@ -546,3 +553,16 @@ def test_a_rotated_decoder_s_cache_quantizes_where_the_rotation_added_no_ops(
     with torch.no_grad():
         logits, floats = decoder(ids, 0), reference(ids, 0)
     assert float((logits - floats).norm() / floats.norm()) < 2e-3
+
+
+def test_a_description_names_no_code_to_run(decoders: dict[str, Path]) -> None:
+    """Loading and attention options in a description (which could name a kernel on the Hub) are
+    never read: the rebuilt decoder attends by SDPA, as the exporter's does."""
+    from coreai_opt.models import model_info
+    from coreai_opt.models._recache import _rebuilt
+
+    info = model_info(decoders["llama"])
+    for key in ("_attn_implementation", "attn_implementation", "experts_implementation"):
+        info.config[key] = "kernels-community/flash-attn"
+    model = _rebuilt(load_pt2(decoders["llama"]), info)
+    assert model.config._attn_implementation == "sdpa"

@@ -310,3 +310,13 @@ def test_difference_products_take_each_batchs_activations_and_stay_off_where_the
     with graph.inserting_before(graph.output_node()):
         graph.call_function(aten.add_.Tensor, (x, y))
     assert not DeltaProducts.applies(graph)
+
+
+def test_trials_off_the_cpu_take_exact_products_and_are_cached_as_such() -> None:
+    """bfloat16 differences are a CPU's (its bfloat16 instructions): a GPU's trials are exact, and
+    optimize files them under "exact", never beside a CPU's differences."""
+    from coreai_opt.evaluation import trial_products
+
+    assert trial_products(device="cuda") == trial_products(device="cuda:1") == "exact"
+    assert trial_products(True) == trial_products(True, "cpu") == "exact"
+    assert trial_products(device="cpu") == trial_products()

@@ -2,9 +2,10 @@
 the calibration cache's folder (`checkpoints/<key>.safetensors`) so that a run stopped part way
 takes up again where its last checkpoint was, and ends with the bytes an unbroken run writes.
 
-A checkpoint is tensors only (safetensors: never unpickled), and it is read back only when every
-tensor the pass expects is there with the expected shape and dtype (`expected`); anything else is
-ignored and the pass starts afresh. The folder keeps the rule of every cache folder
+A checkpoint is tensors only (safetensors: never unpickled) with a digest of their bytes in its
+header, and it is read back only when the digest holds and every tensor the pass expects is there
+with the expected shape and dtype (`expected`); anything else is ignored and the pass starts
+afresh. The folder keeps the rule of every cache folder
 (`coreai_opt._cache`): one that fails is neither read nor written."""
 
 from __future__ import annotations
@@ -34,17 +35,18 @@ def _file(key: str, *, create: bool) -> Path | None:
 def load_checkpoint(key: str, expected: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor] | None:  # fmt: skip
     """The tensors stored under `key` when they are exactly the `expected` names, shapes and dtypes;
     None otherwise (none stored, a damaged or foreign file: the pass starts afresh)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
 
     path = _file(key, create=False)
     if path is None or not path.is_file():
         return None
     try:
-        tensors = load_file(str(path))  # each tensor's bytes fit its shape
+        with safe_open(str(path), "pt") as opened:  # each tensor's bytes fit its shape
+            stated = (opened.metadata() or {}).get("digest")
+            tensors = {name: opened.get_tensor(name) for name in opened.keys()}  # noqa: SIM118
     except (OSError, ValueError, SafetensorError):
         return None
-    if set(tensors) != set(expected):
+    if set(tensors) != set(expected) or stated != _digest(tensors):
         return None
     if any((tuple(t.shape), t.dtype) != expected[name] for name, t in tensors.items()):
         return None
@@ -63,9 +65,24 @@ def store_checkpoint(key: str, tensors: dict[str, torch.Tensor]) -> None:
         path = _file(key, create=True)
         if path is not None:
             plain = {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
-            write_atomically(path, lambda tmp: save_file(plain, str(tmp)))
+            header = {"digest": _digest(plain)}
+            write_atomically(path, lambda tmp: save_file(plain, str(tmp), metadata=header))
     except (OSError, ModelFileError):
         pass
+
+
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 of every tensor's name, dtype, shape and bytes, in name order."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        value = tensors[name].contiguous()
+        digest.update(f"{name}\0{value.dtype}\0{tuple(value.shape)}\0".encode())
+        digest.update(value.view(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+    return digest.hexdigest()
 
 
 def drop_checkpoint(key: str) -> None:

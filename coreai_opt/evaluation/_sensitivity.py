@@ -116,16 +116,17 @@ def weight_sensitivity(
     ids, source, found = token_stream(path, text, tokens, tokenizer, max_tokens)
     ep = load_pt2(path, trust_pickle=trust_pickle)
     with running(path):
-        runner = _Resumable(
-            ep, path, _differences(exact_products), device
-        )  # a language model, before any encoding
+        # a language model, before any encoding
+        runner = _Resumable(ep, path, _differences(exact_products), device)
         trials, skipped = _trials(ep, config, trial_encodings)
         windows = Windows(len(ids), runner.length, runner.length)
         batches = -(-len(windows.starts) // runner.batch)
         counter = Counter(progress, batches * (1 + len(trials)))
         rows, ppl = runner.measure(ids, windows, trials, counter)
+        products = "bfloat16 differences" if runner.deltas and runner.deltas.recorded else "exact"
+        del runner  # its copy of the program (on the device) before the estimate makes its own
         result = SensitivityResult(path, config.to_dict(), source, windows, ppl, rows, skipped)
-        result.products = "bfloat16 differences" if runner.deltas and runner.deltas.recorded else "exact"
+        result.products = products
         if estimate and text is not None:
             begun = time.perf_counter()
             _estimate(ep, rows, trials, text, tokenizer=found, max_tokens=max_tokens, exact=exact_products,
@@ -204,7 +205,9 @@ class _Resumable:
         if not ints or len(shapes[0]) != 2:
             raise ModelFileError(path, "takes no [batch, tokens] ids: not a language model")
         self.placeholders = placeholders
-        differences = differences and self.device.type == "cpu" and DeltaProducts.applies(self.gm.graph)
+        differences = (
+            differences and trial_products(device=device) != "exact" and DeltaProducts.applies(self.gm.graph)
+        )
         self.deltas = DeltaProducts(self.gm.graph) if differences else None
         context = decoder_context(ep)  # a stateful decoder: windows of its context from position 0
         self.fill = torch.zeros if context else torch.ones  # its position; else an attention mask
@@ -302,7 +305,8 @@ class _Resumable:
 
         cuts = {name: self.cut(name) for name in decoded}
         place = self.device
-        decoded = {name: value.to(place) for name, value in decoded.items()}  # once, not once a window
+        if _fit(decoded, place):  # moved once, not once a window
+            decoded = {name: value.to(place) for name, value in decoded.items()}
         keep = {c: [n for n in self.nodes[:c] if self.last_use[n] >= c] for c, _ in cuts.values()}
         sums = {name: [0.0, 0.0, 0] for name in decoded}
         ref_nll = 0.0
@@ -321,7 +325,8 @@ class _Resumable:
                 counter.step(f"reference window {first + 1}")
                 for name, (cut, attr) in cuts.items():
                     env = dict(saved[cut])
-                    env[attr] = decoded[name].to(env[attr].dtype) if attr in env else decoded[name]
+                    value = decoded[name].to(place)
+                    env[attr] = value.to(env[attr].dtype) if attr in env else value
                     if self.deltas is not None:
                         self.deltas.swap(name)
                     out, _ = self._run(env, cut)
@@ -336,13 +341,25 @@ class _Resumable:
         return sums, ref_nll
 
 
-def trial_products(exact_products: bool = False) -> str:
-    """How this machine's trials take their float32 matrix products: "bfloat16 differences" where
-    the CPU has bfloat16 instructions (unless `exact_products`), else "exact" - what measured
-    trials are cached under (`optimize`), since the two differ by ~0.1-0.3% of a KL."""
+def _fit(decoded: dict[str, Any], place: torch.device) -> bool:
+    """Whether every decoded weight fits in half the free memory of the device `place` (a GPU's:
+    else each moves there for its trial; the CPU's: they are there)."""
+    import torch
+
+    if place.type != "cuda":
+        return place.type == "cpu"
+    total = sum(v.numel() * v.element_size() for v in decoded.values())
+    return 2 * total < torch.cuda.mem_get_info(place)[0]
+
+
+def trial_products(exact_products: bool = False, device: str | None = None) -> str:
+    """How trials on `device` take their float32 matrix products: "bfloat16 differences" on a CPU
+    with bfloat16 instructions (unless `exact_products`), else "exact" (a GPU's trials are) - what
+    measured trials are cached under (`optimize`), since the two differ by ~0.1-0.3% of a KL."""
     from coreai_opt._cpu import native_bfloat16
 
-    return "bfloat16 differences" if not exact_products and native_bfloat16() else "exact"
+    on_cpu = device is None or str(device).startswith("cpu")
+    return "bfloat16 differences" if on_cpu and not exact_products and native_bfloat16() else "exact"
 
 
 def _differences(exact_products: bool) -> bool:

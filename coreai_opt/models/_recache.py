@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt.errors import ConfigError
 
 from ._families import FAMILIES, ModelKind
-from ._stateful import KEY_SCALE, KV_DTYPES, decoder_context, decoder_problem, stateful_program
+from ._stateful import KEY, KEY_SCALE, KV_DTYPES, VALUE, decoder_context, decoder_problem, stateful_program
 
 if TYPE_CHECKING:
     import torch
@@ -30,8 +30,13 @@ if TYPE_CHECKING:
     from ._sidecar import ModelInfo
 
 _TOLERANCE = 1e-4  # the rebuilt model's logits against the program's: relative RMS (float32 reorderings)
-_CHECKED_TOKENS = 8  # one seeded call of this many tokens at position 0 (fewer where the context is shorter)
-_NOT_CONFIG = ("auto_map", "quantization_config", "dtype", "torch_dtype", "_name_or_path", "architectures")
+_CHECKED_TOKENS = 8  # a seeded call of this many tokens at position 0, as the exporter traces
+_LATE_TOKENS = 64  # and a call of this many ending at the last position (rotary, windows, masks far out)
+# keys of a description that are not the architecture: how to load or run it, never read from a file
+# (a name like `_attn_implementation` could name code on the Hub); private keys (`_...`) too
+_NOT_CONFIG = ("auto_map", "quantization_config", "dtype", "torch_dtype", "architectures", "attn_implementation",
+               "experts_implementation", "trust_remote_code", "custom_pipelines", "transformers_version")  # fmt: skip
+_REBUILD_ONLY = "quantize the cache before transforming or compressing it, or export with --kv-cache-dtype"
 
 
 class CacheError(ValueError):
@@ -84,10 +89,10 @@ def quantize_kv_cache(program: ExportedProgram, dtype: str, info: ModelInfo | No
     if not error <= _TOLERANCE:
         raise CacheError(
             f"is not the decoder coreopt exports from its weights (outputs differ by {error:.2g} relative RMS): "
-            "quantize the cache before transforming it, or export with --kv-cache-dtype"
+            + _REBUILD_ONLY
         )
     model.__class__ = base  # the float cache's forward goes; the quantized one's comes
-    ids = _checked_ids(model, context)
+    ids = _checked_ids(model, min(_CHECKED_TOKENS, context))
     try:
         with torch.no_grad():
             made = stateful_program(model, context, ids, dtype).run_decompositions(coreai_decompositions())
@@ -128,7 +133,8 @@ def _float_decoder(program: ExportedProgram, info: ModelInfo | None) -> int:
 
 
 def _rebuilt(program: ExportedProgram, info: ModelInfo) -> Any:
-    """The model transformers builds from the description's config, every weight the program's."""
+    """The model transformers builds from the description's architecture (SDPA attention, as the
+    exporter's), every weight the program's: the same names and shapes, or one line says which."""
     import torch
 
     try:
@@ -141,52 +147,79 @@ def _rebuilt(program: ExportedProgram, info: ModelInfo) -> Any:
 
     from ._loading import quiet
 
-    options = {k: v for k, v in info.config.items() if k not in _NOT_CONFIG and k != "model_type"}
+    options = {k: v for k, v in info.config.items() if k not in _NOT_CONFIG and not k.startswith("_")}
+    options.pop("model_type", None)
     try:
         with quiet():
             config = transformers.AutoConfig.for_model(info.model_type, **options)
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32,
+                                                                  attn_implementation="sdpa")  # fmt: skip
     except Exception as exc:  # transformers raises many types for a config it cannot build
         raise CacheError(
             f"has a model description transformers cannot build ({one_line(exc, 200)})"
         ) from None
     mutated = set(program.graph_signature.buffers_to_mutate.values())
     weights = {k: v for k, v in program.state_dict.items() if k not in mutated}
-    expected = set(model.state_dict())
-    extra, missing = sorted(set(weights) - expected), sorted(expected - set(weights))
-    if extra or missing:
-        named = f"holds {extra[0]}, which" if extra else f"lacks {missing[0]}, which"
-        has = "has not" if extra else "needs"
-        raise CacheError(
-            f"{named} the {info.model_type} model coreopt exports {has}: quantize the cache before "
-            "transforming or compressing it, or export with --kv-cache-dtype"
-        )
+    _same_weights(weights, model.state_dict(), info.model_type)
     model.load_state_dict(weights, strict=True)
     return model.eval()
 
 
-def _checked_ids(model: Any, context: int) -> torch.Tensor:
+def _same_weights(weights: dict[str, Any], expected: dict[str, Any], model_type: str) -> None:
+    """The program's weights are the rebuilt model's, name for name and shape for shape."""
+    extra, missing = sorted(set(weights) - set(expected)), sorted(set(expected) - set(weights))
+    if extra or missing:
+        named = f"holds {extra[0]}, which" if extra else f"lacks {missing[0]}, which"
+        has = "has not" if extra else "needs"
+        raise CacheError(f"{named} the {model_type} model coreopt exports {has}: {_REBUILD_ONLY}")
+    for name, value in weights.items():
+        if tuple(value.shape) != tuple(expected[name].shape):
+            raise CacheError(
+                f"holds {name} of shape {list(value.shape)} where its description's model has "
+                f"{list(expected[name].shape)}: the .model.json beside it is not this program's"
+            )
+
+
+def _checked_ids(model: Any, count: int) -> torch.Tensor:
     import torch
 
     vocab = int(getattr(model.config, "vocab_size", 2) or 2)
-    count = min(_CHECKED_TOKENS, context)
     return torch.randint(0, vocab, (1, count), generator=torch.Generator().manual_seed(0))
 
 
 def _difference(program: ExportedProgram, model: Any, context: int) -> float:
-    """Relative RMS between the program's logits and the rebuilt model's (a float cache of its
-    own), on seeded tokens at position 0; the program's state is left as it was."""
-    import torch
+    """The largest relative RMS between the program's logits and the rebuilt model's (a float
+    cache of its own, emptied before each call), on seeded tokens at position 0 and on a chunk
+    that ends at the last position; the program's state is left as it was."""
 
     from coreai_opt._export import runnable
+    from coreai_opt.io import one_line
 
-    from ._loading import quiet
     from ._stateful import _give_cache
 
-    ids, position = _checked_ids(model, context), torch.zeros(1, dtype=torch.long)
-    _give_cache(model, context, None)
+    late = min(_LATE_TOKENS, context)
+    calls = [(min(_CHECKED_TOKENS, context), 0), (late, context - late)]
+    try:
+        _give_cache(model, context, None)
+        module = runnable(program, stateless=True)
+        return max(_call_difference(module, model, _checked_ids(model, n), at) for n, at in calls)
+    except CacheError:
+        raise
+    except Exception as exc:  # the rebuilt model's code may fail in many ways on a description
+        raise CacheError(f"does not run as the model its description builds ({one_line(exc, 200)})") from None
+
+
+def _call_difference(module: Any, model: Any, ids: torch.Tensor, at: int) -> float:
+    import torch
+
+    from ._loading import quiet
+
+    position = torch.tensor([at])
     with torch.no_grad():
-        expected = runnable(program, stateless=True)(ids, position)
+        expected = module(ids, position)
+        for name, buffer in model.named_buffers():
+            if name.startswith((KEY.format(""), VALUE.format(""))):
+                buffer.zero_()
         with quiet(), warnings.catch_warnings():  # transformers' deprecation notes are not ours to print
             warnings.simplefilter("ignore")
             got = model(ids, position)

@@ -81,7 +81,7 @@ def measure_anchors(
     for w, columns in enumerate(anchors(table)):
         for k in columns:
             by_choice.setdefault(k, []).append(table.names[w])
-    mode = "bf16" if trial_products() != "exact" else "exact"  # the two measure ~0.1-0.3% apart
+    mode = "bf16" if trial_products(device=loaded.device) != "exact" else "exact"  # ~0.1-0.3% apart
     files = {k: _cache.entry(keys[table.choices[k]], _VERSION, mode, tokens) for k in by_choice}
     entries = {k: _cache.read(path) or {} for k, path in files.items()}
     if any(e.get("language") is False for e in entries.values()):

@@ -9,7 +9,7 @@ them in graph order with every weight compressed so far already swapped in (`rep
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -92,7 +92,8 @@ class Calibration(Protocol):
         the program's as it was given: a scalar that gradients flow back from to `weights`."""
         ...
 
-    def checkpoints(self, identity: bytes) -> Checkpoints | None:
-        """Where a pass over these samples identified by `identity` (what else its result depends
-        on) keeps checkpoints, so a run stopped part way resumes; None: it keeps none."""
+    def checkpoints(self, identity: Callable[[], bytes]) -> Checkpoints | None:
+        """Where a pass over these samples keeps checkpoints, so a run stopped part way resumes -
+        keyed by what else its result depends on, `identity()` (asked only where it keeps them);
+        None: it keeps none."""
         ...

@@ -157,7 +157,7 @@ def tune_tables(
     bytes."""
     tables = [_Tuned.of(site, encoding) for site, encoding in held]
     run = _Run(tables, calibration.sample_count, epochs)
-    store = calibration.checkpoints(_identity(tables, run))
+    store = calibration.checkpoints(lambda: _identity(tables, run)) if epochs > 1 else None
     means = run.resume(store) if store is not None else []
     done = len(means) * run.per_epoch
     if progress is not None and means:
@@ -205,10 +205,10 @@ class _Run:
 
     def state(self, means: list[float]) -> dict[str, torch.Tensor]:
         """The run after `len(means)` passes: every table's parameters, Adam's moments, the order's
-        generator and the passes' mean divergences (NaN for those to come)."""
-        passes = torch.full((self.epochs,), math.nan, dtype=torch.float64)
-        passes[: len(means)] = torch.tensor(means, dtype=torch.float64)
-        tensors = {"means": passes, "generator": self.generator.get_state()}
+        generator and the passes' mean divergences."""
+        done = torch.zeros(self.epochs, dtype=torch.float64)
+        done[: len(means)] = torch.tensor(means, dtype=torch.float64)
+        tensors = {"passes": torch.tensor(len(means)), "means": done, "generator": self.generator.get_state()}
         for i, p in enumerate(self.parameters):
             held = self.optimizer.state.get(p, {})
             tensors[f"delta.{i}"] = p.detach()
@@ -219,10 +219,11 @@ class _Run:
 
     def resume(self, store: Checkpoints) -> list[float]:
         """The passes a checkpoint of this run had done (their mean divergences), with its state
-        restored; none where no such checkpoint is stored."""
+        restored; none where no such checkpoint is stored, or one whose state this run could not
+        have reached (nothing is restored from it)."""
         found = store.load(self._expected())
-        means = [] if found is None else [m for m in found["means"].tolist() if not math.isnan(m)]
-        if found is None or not 0 < len(means) < self.epochs:
+        passes = 0 if found is None else int(found["passes"])
+        if found is None or not 0 < passes < self.epochs or not self._reachable(found, passes):
             return []
         with torch.no_grad():
             for i, p in enumerate(self.parameters):
@@ -233,14 +234,27 @@ class _Run:
                         "exp_avg": found[f"exp_avg.{i}"].clone(), "exp_avg_sq": found[f"exp_avg_sq.{i}"].clone(),
                     }  # fmt: skip
         self.generator.set_state(found["generator"])
-        done = len(means) * self.per_epoch
+        done = passes * self.per_epoch
         self.schedule.last_epoch = done
         for group in self.optimizer.param_groups:
             group["lr"] = group["initial_lr"] * self._factor(done)
-        return means
+        return found["means"][:passes].tolist()
+
+    def _reachable(self, found: dict[str, torch.Tensor], passes: int) -> bool:
+        """Steps counted as `passes` passes take, finite values, and a generator state torch takes."""
+        steps = {float(found[f"stepped.{i}"]) for i in range(len(self.parameters))}
+        if not steps <= {0.0, float(passes * self.per_epoch)}:
+            return False
+        if not all(bool(torch.isfinite(t).all()) for name, t in found.items() if t.is_floating_point()):
+            return False
+        try:
+            torch.Generator().set_state(found["generator"])
+        except RuntimeError:
+            return False
+        return True
 
     def _expected(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        shapes = {"means": ((self.epochs,), torch.float64),
+        shapes = {"passes": ((), torch.int64), "means": ((self.epochs,), torch.float64),
                   "generator": (tuple(self.generator.get_state().shape), torch.uint8)}  # fmt: skip
         for i, p in enumerate(self.parameters):
             shapes[f"delta.{i}"] = shapes[f"exp_avg.{i}"] = shapes[f"exp_avg_sq.{i}"] = (
