@@ -497,3 +497,47 @@ def test_vector_tables_are_choices_whose_bits_the_writer_stores(llama, monkeypat
     state = load_pt2(found.program).state_dict
     shapes = {tuple(v.shape[-2:]) for k, v in state.items() if k.endswith(".lut")}
     assert shapes == {(64, 2) if p == "lut6-v2" else (256, 4) for p in picks - {"keep"}} != set()
+
+
+def test_an_optimize_run_stopped_while_tuning_resumes_and_writes_the_same_bytes(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 68's resumption: the cost table's columns and the statistics are cached, and the plan's
+    tables tuned end to end checkpoint each pass; a run stopped in its tuning's last pass takes it up
+    there (not from the first step) and writes the file an unbroken run writes."""
+    from coreai_opt.compression.algorithms import _tuning
+    from coreai_opt.optimization import optimize
+
+    monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache-resume"))
+    common = {"threshold": 0, "candidates": "lut4,lut2", "calibration_tokens": 128, "trial_tokens": 0,
+              "uniform": 0, "force": True, "rotate": "none", "tune_epochs": 3}  # fmt: skip
+    original = _tuning.tune_tables
+    seen: list[list[int]] = []
+
+    def watched(stop_at: int | None):  # type: ignore[no-untyped-def]
+        def tune(held, calibration, epochs, progress=None):  # type: ignore[no-untyped-def]
+            steps: list[int] = []
+            seen.append(steps)
+
+            def step(done: int, of: int, divergence: float) -> None:
+                steps.append(done)
+                if done == stop_at:
+                    raise KeyboardInterrupt
+
+            return original(held, calibration, epochs, step)
+
+        return tune
+
+    monkeypatch.setattr(_tuning, "tune_tables", watched(None))
+    unbroken = optimize(llama["ref"], Goal(target_bits=3), llama["calib"], llama["held"],
+                        output=llama["root"] / "resume" / "unbroken.pt2", **common)  # fmt: skip
+    per_pass = len(seen[0]) // 3
+    monkeypatch.setattr(_tuning, "tune_tables", watched(2 * per_pass + 1))
+    with pytest.raises(KeyboardInterrupt):
+        optimize(llama["ref"], Goal(target_bits=3), llama["calib"], llama["held"],
+                 output=llama["root"] / "resume" / "resumed.pt2", **common)  # fmt: skip
+    assert not (llama["root"] / "resume" / "resumed.pt2").exists()
+    seen.clear()
+    monkeypatch.setattr(_tuning, "tune_tables", watched(None))
+    resumed = optimize(llama["ref"], Goal(target_bits=3), llama["calib"], llama["held"],
+                       output=llama["root"] / "resume" / "resumed.pt2", **common)  # fmt: skip
+    assert seen[0][0] == 2 * per_pass and seen[0][-1] == 3 * per_pass  # the first tuning took up its third pass
+    assert filecmp.cmp(unbroken.program, resumed.program, shallow=False)
