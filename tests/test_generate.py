@@ -517,7 +517,7 @@ def test_a_cache_that_cannot_be_quantized_is_refused_in_one_line(
     other.with_suffix(".model.json").write_text(json.dumps(described))
     (tmp_path / "m.aimodel").mkdir()
     cases = [
-        (other, "where its description's model has"),
+        (other, "where its description states intermediate_size"),
         (tiny_llama["ref"], "is not a stateful decoder coreopt exported"),
         (made["coded"], "already keeps its key/value cache as codes"),
         (made["half"], "holds float16 weights: quantize its cache before casting"),
@@ -555,14 +555,28 @@ def test_a_rotated_decoder_s_cache_quantizes_where_the_rotation_added_no_ops(
     assert float((logits - floats).norm() / floats.norm()) < 2e-3
 
 
-def test_a_description_names_no_code_to_run(decoders: dict[str, Path]) -> None:
-    """Loading and attention options in a description (which could name a kernel on the Hub) are
-    never read: the rebuilt decoder attends by SDPA, as the exporter's does."""
+def test_a_description_names_no_code_to_run(decoders: dict[str, Path], monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Loading and attention options in a description (which could name a kernel on the Hub) never
+    reach transformers: the config is built from the architecture's fields alone, and the rebuilt
+    decoder attends by SDPA, as the exporter's does."""
+    import transformers
+
     from coreai_opt.models import model_info
     from coreai_opt.models._recache import _rebuilt
 
     info = model_info(decoders["llama"])
-    for key in ("_attn_implementation", "attn_implementation", "experts_implementation"):
+    planted = ("_attn_implementation", "attn_implementation", "experts_implementation", "auto_map",
+               "quantization_config", "trust_remote_code")  # fmt: skip
+    for key in planted:
         info.config[key] = "kernels-community/flash-attn"
+    given: dict[str, object] = {}
+    build = transformers.AutoConfig.for_model
+
+    def recorded(model_type: str, **options: object) -> object:
+        given.update(options)
+        return build(model_type, **options)
+
+    monkeypatch.setattr(transformers.AutoConfig, "for_model", recorded)
     model = _rebuilt(load_pt2(decoders["llama"]), info)
+    assert given and not set(planted) & set(given) and not any(k.startswith("_") for k in given)
     assert model.config._attn_implementation == "sdpa"

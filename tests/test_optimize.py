@@ -539,5 +539,7 @@ def test_an_optimize_run_stopped_while_tuning_resumes_and_writes_the_same_bytes(
     monkeypatch.setattr(_tuning, "tune_tables", watched(None))
     resumed = optimize(llama["ref"], Goal(target_bits=3), llama["calib"], llama["held"],
                        output=llama["root"] / "resume" / "resumed.pt2", **common)  # fmt: skip
-    assert seen[0][0] == 2 * per_pass and seen[0][-1] == 3 * per_pass  # the first tuning took up its third pass
+    assert (
+        seen[0][0] == 2 * per_pass and seen[0][-1] == 3 * per_pass
+    )  # the first tuning took up its third pass
     assert filecmp.cmp(unbroken.program, resumed.program, shallow=False)

@@ -312,11 +312,15 @@ def test_difference_products_take_each_batchs_activations_and_stay_off_where_the
     assert not DeltaProducts.applies(graph)
 
 
-def test_trials_off_the_cpu_take_exact_products_and_are_cached_as_such() -> None:
+def test_trials_off_the_cpu_take_exact_products_and_are_cached_as_such(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """bfloat16 differences are a CPU's (its bfloat16 instructions): a GPU's trials are exact, and
     optimize files them under "exact", never beside a CPU's differences."""
+    from coreai_opt import _cpu
     from coreai_opt.evaluation import trial_products
 
+    monkeypatch.setattr(_cpu, "native_bfloat16", lambda: True)
+    assert trial_products() == trial_products(device="cpu") == "bfloat16 differences"
     assert trial_products(device="cuda") == trial_products(device="cuda:1") == "exact"
     assert trial_products(True) == trial_products(True, "cpu") == "exact"
-    assert trial_products(device="cpu") == trial_products()
+    monkeypatch.setattr(_cpu, "native_bfloat16", lambda: False)
+    assert trial_products() == "exact"

@@ -67,7 +67,6 @@ class ProgramCalibration:
         self.closed = False  # final statistics were taken: no program is held any more
         self._lookup_twins: set[str] | None = None
         self._fingerprint: str | None = None
-        self._given: str | None = None  # the fingerprint before the first replace, where one was taken
         self._tuned_targets: tuple[tuple[str, ...], dict[str, list[str]]] | None = None
         self.progress: Any = None  # (done, total, label) as one-pass statistics and the Fisher pass go
 
@@ -190,7 +189,6 @@ class ProgramCalibration:
         else:
             setattr(owner, leaf, value.to(dtype))
         self.replaced[name] = value
-        self._given = self._given or self._fingerprint
         if not keep_original:  # the last reference to the weight as given: its pages leave the process
             if name not in self._twins_of_lookups():  # those are how a looked-up weight finds its twin
                 self.state.pop(name, None)
@@ -256,22 +254,20 @@ class ProgramCalibration:
     # ----- the on-disk cache (`_cache`) ---------------------------------------------------------
 
     def checkpoints(self, identity: Callable[[], bytes]) -> CacheCheckpoints | None:
-        """The cache's checkpoints of a pass on this program (as given, where its fingerprint was
-        taken before any replace; else as it is now) and these samples on this device, keyed by
-        them and `identity()`; None where this calibration keeps no cache."""
+        """The cache's checkpoints of a pass on this program as it is now (every weight replaced so
+        far included) and these samples, on this device and torch, keyed by them and `identity()`;
+        None where this calibration keeps no cache."""
         import hashlib
+
+        import torch
 
         if not self.cache:
             return None
         digest = hashlib.sha256(b"coreopt checkpoint 1\0")
-        program = self._given or self.fingerprint()
-        for part in (
-            program,
-            self.samples.digest(),
-            str(self.seed),
-            str(self.fast_gradients),
-            self.device.type,
-        ):
+        where = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+        parts = (self.fingerprint(), self.samples.digest(), str(self.seed), str(self.fast_gradients), where,
+                 torch.__version__)  # fmt: skip
+        for part in parts:
             digest.update(part.encode() + b"\0")
         digest.update(identity())
         return CacheCheckpoints(digest.hexdigest())

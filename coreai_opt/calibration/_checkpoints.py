@@ -5,7 +5,7 @@ takes up again where its last checkpoint was, and ends with the bytes an unbroke
 A checkpoint is tensors only (safetensors: never unpickled) with a digest of their bytes in its
 header, and it is read back only when the digest holds and every tensor the pass expects is there
 with the expected shape and dtype (`expected`); anything else is ignored and the pass starts
-afresh. The folder keeps the rule of every cache folder
+afresh. The digest finds damage, not intent: what keeps others' files out is the folder's rule. The folder keeps the rule of every cache folder
 (`coreai_opt._cache`): one that fails is neither read nor written."""
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def store_checkpoint(key: str, tensors: dict[str, torch.Tensor]) -> None:
     """Keep `tensors` under `key`, replacing the checkpoint before it (atomically: a run stopped
     while writing leaves the older one whole); a folder that cannot be written only costs the
     resumption."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     from coreai_opt.io import ModelFileError, write_atomically
@@ -67,7 +68,7 @@ def store_checkpoint(key: str, tensors: dict[str, torch.Tensor]) -> None:
             plain = {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
             header = {"digest": _digest(plain)}
             write_atomically(path, lambda tmp: save_file(plain, str(tmp), metadata=header))
-    except (OSError, ModelFileError):
+    except (OSError, ModelFileError, SafetensorError):
         pass
 
 

@@ -17,6 +17,7 @@ keeps the program's own products.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ def weight_sensitivity(
         rows, ppl = runner.measure(ids, windows, trials, counter)
         products = "bfloat16 differences" if runner.deltas and runner.deltas.recorded else "exact"
         del runner  # its copy of the program (on the device) before the estimate makes its own
+        gc.collect()  # a graph module and its graph refer to each other: only the collector frees them
         result = SensitivityResult(path, config.to_dict(), source, windows, ppl, rows, skipped)
         result.products = products
         if estimate and text is not None:
@@ -349,7 +351,12 @@ def _fit(decoded: dict[str, Any], place: torch.device) -> bool:
     if place.type != "cuda":
         return place.type == "cpu"
     total = sum(v.numel() * v.element_size() for v in decoded.values())
-    return 2 * total < torch.cuda.mem_get_info(place)[0]
+    free = (
+        torch.cuda.mem_get_info(place)[0]
+        + torch.cuda.memory_reserved(place)
+        - torch.cuda.memory_allocated(place)
+    )
+    return 2 * total < free
 
 
 def trial_products(exact_products: bool = False, device: str | None = None) -> str:
@@ -399,6 +406,8 @@ def trial_divergences(
     windows = Windows(len(ids), runner.length, runner.length)
     batches = -(-len(windows.starts) // runner.batch)
     sums, _ = runner.sums(ids, windows, decoded, Counter(progress, batches * (1 + len(decoded))))
+    del runner
+    gc.collect()  # its program copy (a graph module refers to itself) before the next piece's
     return {name: total[0] / windows.scored for name, total in sums.items()}
 
 

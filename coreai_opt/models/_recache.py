@@ -149,6 +149,9 @@ def _rebuilt(program: ExportedProgram, info: ModelInfo) -> Any:
 
     options = {k: v for k, v in info.config.items() if k not in _NOT_CONFIG and not k.startswith("_")}
     options.pop("model_type", None)
+    mutated = set(program.graph_signature.buffers_to_mutate.values())
+    weights = {k: v for k, v in program.state_dict.items() if k not in mutated}
+    _stated_sizes(FAMILIES[info.model_type], options, weights)  # before a model of those sizes is built
     try:
         with quiet():
             config = transformers.AutoConfig.for_model(info.model_type, **options)
@@ -158,11 +161,29 @@ def _rebuilt(program: ExportedProgram, info: ModelInfo) -> Any:
         raise CacheError(
             f"has a model description transformers cannot build ({one_line(exc, 200)})"
         ) from None
-    mutated = set(program.graph_signature.buffers_to_mutate.values())
-    weights = {k: v for k, v in program.state_dict.items() if k not in mutated}
     _same_weights(weights, model.state_dict(), info.model_type)
     model.load_state_dict(weights, strict=True)
     return model.eval()
+
+
+def _stated_sizes(family: Any, options: dict[str, Any], weights: dict[str, Any]) -> None:
+    """The description's layer count and widths are the program's weights' (`Shapes`: what a
+    family's config says that its weights bear out)."""
+    import re
+
+    from ._families import Rule
+
+    shapes = family.shapes
+    layers = {int(m.group(1)) for name in weights if (m := re.search(shapes.layer, name))}
+    found = [(shapes.layers, options.get(shapes.layers), len(layers))]
+    for dim in shapes.dims:
+        weight = next((w for n, w in weights.items() if dim.weight and n.endswith(dim.weight)), None)
+        if dim.rule is Rule.EQUALS and weight is not None and dim.axis < weight.dim():
+            found.append((dim.field, options.get(dim.field), weight.shape[dim.axis]))
+    for field, stated, held in found:
+        if stated != held:
+            raise CacheError(f"has {held} where its description states {field} {stated!r}: the .model.json beside "
+                             "it is not this program's")  # fmt: skip
 
 
 def _same_weights(weights: dict[str, Any], expected: dict[str, Any], model_type: str) -> None:

@@ -157,7 +157,8 @@ def tune_tables(
     bytes."""
     tables = [_Tuned.of(site, encoding) for site, encoding in held]
     run = _Run(tables, calibration.sample_count, epochs)
-    store = calibration.checkpoints(lambda: _identity(tables, run)) if epochs > 1 else None
+    checkpoints = getattr(calibration, "checkpoints", None)  # a Calibration of before it kept none
+    store = checkpoints(lambda: _identity(tables, run)) if checkpoints is not None and epochs > 1 else None
     means = run.resume(store) if store is not None else []
     done = len(means) * run.per_epoch
     if progress is not None and means:
@@ -205,10 +206,10 @@ class _Run:
 
     def state(self, means: list[float]) -> dict[str, torch.Tensor]:
         """The run after `len(means)` passes: every table's parameters, Adam's moments, the order's
-        generator and the passes' mean divergences."""
+        passes' mean divergences (the sample order is replayed from the seed, never stored)."""
         done = torch.zeros(self.epochs, dtype=torch.float64)
         done[: len(means)] = torch.tensor(means, dtype=torch.float64)
-        tensors = {"passes": torch.tensor(len(means)), "means": done, "generator": self.generator.get_state()}
+        tensors = {"passes": torch.tensor(len(means)), "means": done}
         for i, p in enumerate(self.parameters):
             held = self.optimizer.state.get(p, {})
             tensors[f"delta.{i}"] = p.detach()
@@ -233,7 +234,8 @@ class _Run:
                         "step": torch.tensor(float(found[f"stepped.{i}"]), dtype=torch.float32),
                         "exp_avg": found[f"exp_avg.{i}"].clone(), "exp_avg_sq": found[f"exp_avg_sq.{i}"].clone(),
                     }  # fmt: skip
-        self.generator.set_state(found["generator"])
+        for _ in range(passes):  # the orders the passes done drew
+            torch.randperm(self.count, generator=self.generator)
         done = passes * self.per_epoch
         self.schedule.last_epoch = done
         for group in self.optimizer.param_groups:
@@ -241,21 +243,21 @@ class _Run:
         return found["means"][:passes].tolist()
 
     def _reachable(self, found: dict[str, torch.Tensor], passes: int) -> bool:
-        """Steps counted as `passes` passes take, finite values, and a generator state torch takes."""
-        steps = {float(found[f"stepped.{i}"]) for i in range(len(self.parameters))}
-        if not steps <= {0.0, float(passes * self.per_epoch)}:
+        """Steps counted as `passes` passes take (some parameter's), finite values, second moments
+        of no sign, and nothing moved where nothing stepped."""
+        stepped = [float(found[f"stepped.{i}"]) for i in range(len(self.parameters))]
+        if not set(stepped) <= {0.0, float(passes * self.per_epoch)} or not any(stepped):
             return False
-        if not all(bool(torch.isfinite(t).all()) for name, t in found.items() if t.is_floating_point()):
+        if not all(bool(torch.isfinite(t).all()) for t in found.values() if t.is_floating_point()):
             return False
-        try:
-            torch.Generator().set_state(found["generator"])
-        except RuntimeError:
-            return False
+        for i, steps in enumerate(stepped):
+            moments = [found[f"{name}.{i}"] for name in ("delta", "exp_avg", "exp_avg_sq")]
+            if bool((moments[2] < 0).any()) or (not steps and any(bool(m.any()) for m in moments)):
+                return False
         return True
 
     def _expected(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        shapes = {"passes": ((), torch.int64), "means": ((self.epochs,), torch.float64),
-                  "generator": (tuple(self.generator.get_state().shape), torch.uint8)}  # fmt: skip
+        shapes = {"passes": ((), torch.int64), "means": ((self.epochs,), torch.float64)}
         for i, p in enumerate(self.parameters):
             shapes[f"delta.{i}"] = shapes[f"exp_avg.{i}"] = shapes[f"exp_avg_sq.{i}"] = (
                 tuple(p.shape),
