@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -324,3 +325,46 @@ def test_trials_off_the_cpu_take_exact_products_and_are_cached_as_such(monkeypat
     assert trial_products(True) == trial_products(True, "cpu") == "exact"
     monkeypatch.setattr(_cpu, "native_bfloat16", lambda: False)
     assert trial_products() == "exact"
+
+
+class _TinyLanguageModel(torch.nn.Module):
+    """Ids -> logits through an embedding, one hidden layer and a head: a language model to the
+    trial runner, exported with torch's own decompositions (no coreai-torch: a GPU image's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.embed = torch.nn.Parameter(torch.randn(96, 32, generator=generator))
+        self.hidden = torch.nn.Parameter(torch.randn(64, 32, generator=generator) / 6)
+        self.head = torch.nn.Parameter(torch.randn(96, 64, generator=generator) / 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.embedding(ids, self.embed)
+        return torch.relu(x @ self.hidden.T) @ self.head.T
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpu_measures_each_weight_as_the_cpu_does(tmp_path: Path) -> None:
+    """The same trials on the GPU (the program's runs and the scores there) and on the CPU (exact
+    products): every weight's KL, perplexity increase and top-1 agree."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from coreai_opt.compression import QuantizeConfig
+    from coreai_opt.evaluation import weight_sensitivity
+    from coreai_opt.io import save_pt2
+
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    program = torch.export.export(_TinyLanguageModel().eval(), (ids,)).run_decompositions()
+    save_pt2(program, tmp_path / "tiny.pt2")
+    tokens = np.random.default_rng(0).integers(0, 96, 16 * 2 * 6, dtype=np.int64)
+    save_file({"tokens": tokens}, str(tmp_path / "ids.safetensors"))
+    config = QuantizeConfig(dtype="int4", weight_num_threshold=0)
+    runs = [weight_sensitivity(tmp_path / "tiny.pt2", config, tokens=tmp_path / "ids.safetensors",
+                               exact_products=True, device=device) for device in (None, "cuda")]  # fmt: skip
+    cpu, gpu = ({w.name: w for w in run.weights} for run in runs)
+    assert set(cpu) == set(gpu) == {"embed", "hidden", "head"}
+    for name, row in cpu.items():
+        assert gpu[name].kl_mean == pytest.approx(row.kl_mean, rel=1e-4, abs=1e-9)
+        assert gpu[name].perplexity_increase == pytest.approx(row.perplexity_increase, rel=1e-4, abs=1e-9)
+        assert gpu[name].top1 == pytest.approx(row.top1, abs=1 / 96)
