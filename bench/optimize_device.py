@@ -1,0 +1,71 @@
+"""`coreopt optimize --target-bits 4 --device cuda` of the benchmark decoders, timed phase by phase.
+
+    python bench/optimize_device.py [--size 1.1b] [--sequence 512] [--device cuda] [--bits 4]
+                                    [--samples 8] [--tokens 4096] [--rotate none] [--tune-epochs 0]
+                                    [--candidates default]
+                                    [--out PATH]
+
+The decoder of bench/decoders.py (seeded random weights; TinyLlama's shape at 1.1B) exported at
+`--sequence` tokens in fp16; calibration on `--samples` seeded random windows (the decoder has no
+tokenizer, so no trials: those need text), confirmation on `--tokens` seeded random token ids.
+Every note `optimize` says is printed with the seconds since the start, and the run's seconds,
+the plan's bits and the peaks are written to `--out` (JSON). The weights are random: the numbers
+say how fast and how large, not how accurate.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # coreai_opt from this checkout, and decoders
+
+
+def main() -> None:
+    import decoders
+    from safetensors.numpy import save_file
+
+    parser = decoders.device_parser(__doc__, "optimize_device")
+    parser.add_argument("--bits", type=float, default=4.0)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--rotate", default="none")
+    parser.add_argument("--tune-epochs", type=int, default=0)
+    parser.add_argument("--candidates", default="default")
+    args = parser.parse_args()
+
+    from coreai_opt.optimization import Goal, optimize
+
+    began = time.perf_counter()
+    program = decoders.program(args.size, sequence=args.sequence)
+    exported = time.perf_counter() - began
+    ids = program.with_name(f"ids_{args.tokens}.safetensors")
+    vocab = decoders.SHAPES[args.size].vocab
+    save_file({"tokens": np.random.default_rng(1).integers(0, vocab, args.tokens, dtype=np.int64)}, str(ids))
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+
+    def say(line: str) -> None:
+        print(f"[{time.perf_counter() - start:7.1f} s] {line}", flush=True)
+
+    result = optimize(
+        program, Goal(target_bits=args.bits), "random", ids, output=program.with_name("optimized.pt2"),
+        device=args.device, rotate=args.rotate, tune_epochs=args.tune_epochs, calibration_samples=args.samples,
+        candidates=args.candidates, force=True, say=say,
+    )  # fmt: skip
+    row = {
+        "size": args.size, "sequence": args.sequence, "bits": args.bits, "export_s": round(exported, 1),
+        "optimize_s": round(time.perf_counter() - start, 1), "plan_bits": result.report.bits,
+        "rotate": args.rotate, "tune_epochs": args.tune_epochs, "candidates": args.candidates,
+    }  # fmt: skip
+    decoders.report(row, args.device, args.out)
+
+
+if __name__ == "__main__":
+    main()
