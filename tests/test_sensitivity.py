@@ -368,3 +368,27 @@ def test_a_gpu_measures_each_weight_as_the_cpu_does(tmp_path: Path) -> None:
         assert gpu[name].kl_mean == pytest.approx(row.kl_mean, rel=1e-4, abs=1e-9)
         assert gpu[name].perplexity_increase == pytest.approx(row.perplexity_increase, rel=1e-4, abs=1e-9)
         assert gpu[name].top1 == pytest.approx(row.top1, abs=1 / 96)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpu_prices_every_choice_as_the_cpu_does(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """optimize's cost table with its calibration, solves and estimates on the GPU (weights read
+    there, k-means and the damage on the host): every weight's bytes as on the CPU, its damage
+    close (the solves' products round differently on the two devices)."""
+    from coreai_opt.calibration import Samples
+    from coreai_opt.io import load_pt2, save_pt2
+    from coreai_opt.optimization import cost_table, parse_choices
+
+    program = torch.export.export(_TinyLanguageModel().eval(), (torch.zeros(2, 16, dtype=torch.long),))
+    path = tmp_path / "tiny.pt2"
+    save_pt2(program.run_decompositions(), path)
+    choices = parse_choices("int4,lut4,lut2")
+    tables = []
+    for device in (None, "cuda"):
+        monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / f"cache-{device}"))
+        tables.append(cost_table(path, lambda: load_pt2(path), choices, Samples.of("random", count=4), threshold=0,
+                                 device=device))  # fmt: skip
+    cpu, gpu = tables
+    assert cpu.names == gpu.names and cpu.nbytes == gpu.nbytes
+    for row_cpu, row_gpu in zip(cpu.damage, gpu.damage, strict=True):
+        assert row_gpu == pytest.approx(row_cpu, rel=0.1)

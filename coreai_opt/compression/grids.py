@@ -274,7 +274,7 @@ def weighted_grid(
     symmetric_int = config.dtype.is_int and config.qscheme is QScheme.SYMMETRIC
     if importance is None or not symmetric_int or not isinstance(form, Quantized) or form.decode is None:
         return grid
-    step = torch_values(form.decode.scale).double()  # per tile, in the weight's layout
+    step = torch_values(form.decode.scale).double().to(w.device)  # per tile, in the weight's layout
     largest = 2 ** (config.dtype.bits - 1) - 1
     best = torch.empty_like(step)
     axis, channels = site.output_axis, site.shape[site.output_axis]
@@ -287,7 +287,7 @@ def weighted_grid(
         out = best if tiles is step else best.narrow(axis, a, n)
         out.copy_(_least_error_steps(piece, weight, tiles, largest, site))
     mbits = tcast.number(f"int{config.dtype.bits}").mbits  # tcast's scale is the step x 2**m
-    scales = (best * 2.0**mbits).reshape(grid.scales.shape).to(grid.scales.dtype)
+    scales = (best * 2.0**mbits).reshape(grid.scales.shape).to(grid.scales.device, grid.scales.dtype)
     return Grid(scales, grid.zero_points)
 
 

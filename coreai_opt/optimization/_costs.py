@@ -189,6 +189,8 @@ def _measure(
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[int]], int]:
     """Each choice's (bytes, estimated damage) per weight; every weight some choice may take, with
     its (elements, stored bytes); the bytes of all the program's tensors."""
+    import torch
+
     from coreai_opt.compression import container_of, eligible_weights, trial_encodings
     from coreai_opt.weights import Needs, Skipped, decode, stored_nbytes
 
@@ -218,8 +220,8 @@ def _measure(
                 progress(min(done, total), total, f"{choice.name} {site.name}")
             if isinstance(outcome, Skipped):
                 continue
-            w = weights[site.name].detach().double()
-            delta = decode(outcome).double() - w
+            w = weights[site.name].detach().to("cpu", torch.float64)  # the damage is taken on the host
+            delta = decode(outcome).to("cpu", torch.float64) - w  # the weight or its encoding may be on a GPU
             damage = _damage(site, w, delta, fisher.get(site.name), grams.get(site.name), per_sample)
             costs[site.name] = [outcome.nbytes, damage]
             loaded.keep(site.name, choice.name, outcome)

@@ -319,7 +319,10 @@ def weighted_palettize(
     floor: float = 0.0,
 ) -> Encoding | str:  # fmt: skip
     """`palettize` with each element's squared error weighted by `importance` plus `floor` (the
-    weight's shape, positive; None: every element alike): what the data-aware methods cluster."""
+    weight's shape, positive; None: every element alike): what the data-aware methods cluster.
+    The clustering runs on the host (numba's kernels): a weight or importance on a GPU comes back."""
+    w = w.cpu()
+    importance = None if importance is None else importance.cpu()
     axis, dim = site.output_axis, config.cluster_dim
     channels = site.shape[axis]
     groups = _lut_groups(channels, config)

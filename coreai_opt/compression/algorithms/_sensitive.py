@@ -78,11 +78,13 @@ def _learned_palettize(
     weighting: str,
 ) -> Encoding | str:
     """Weighted k-means beside the data-free one; `importance` with the floor to add where it is
-    read, or already floored."""
+    read, or already floored. Both run on the host (numba's k-means), as do the scores."""
+    w = w.cpu()
     free = weighted_palettize(w, site, config, None)
     if importance is None or isinstance(free, str):
         return free
     weights, floor = importance if isinstance(importance, tuple) else (importance, 0.0)
+    weights = weights.cpu()
     learned = weighted_palettize(w, site, config, weights, floor)
     if isinstance(learned, str):
         return learned
