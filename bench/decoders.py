@@ -151,6 +151,18 @@ def device_parser(doc: str, name: str) -> argparse.ArgumentParser:
     return parser
 
 
+def token_file(program: Path, size: str, tokens: int, seed: int = 0) -> Path:
+    """`tokens` seeded random token ids of the decoder `size`'s vocabulary, in a safetensors file
+    beside `program` (`ids_<tokens>.safetensors`, key "tokens"): what the device benchmarks score."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path = program.with_name(f"ids_{tokens}.safetensors")
+    ids = np.random.default_rng(seed).integers(0, SHAPES[size].vocab, tokens, dtype=np.int64)
+    save_file({"tokens": ids}, str(path))
+    return path
+
+
 def report(row: dict[str, object], device: str, out: Path) -> None:
     """Print a device benchmark's row with `peaks(device)`, and write it to `out` as JSON."""
     import json

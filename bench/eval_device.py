@@ -19,7 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +27,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # coreai_opt from this checkout
 
 def main() -> None:
     import decoders
-    from safetensors.numpy import save_file
 
     parser = decoders.device_parser(__doc__, "eval_device")
     parser.add_argument("--tokens", type=int, default=65536)
@@ -40,9 +38,7 @@ def main() -> None:
     reference = decoders.program(args.size, sequence=args.sequence)
     candidate = decoders.program(args.size, fp32=True, sequence=args.sequence)
     exported = time.perf_counter() - began
-    ids = reference.with_name(f"ids_{args.tokens}.safetensors")
-    vocab = decoders.SHAPES[args.size].vocab
-    save_file({"tokens": np.random.default_rng(0).integers(0, vocab, args.tokens, dtype=np.int64)}, str(ids))
+    ids = decoders.token_file(reference, args.size, args.tokens)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     began = time.perf_counter()
