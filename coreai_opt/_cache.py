@@ -23,6 +23,7 @@ import shutil
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from coreai_opt.errors import printable
 
@@ -168,3 +169,10 @@ def _make_private(folder: Path) -> None:
     for path in reversed(missing):
         with contextlib.suppress(FileExistsError):  # made meanwhile: the caller's check judges it
             os.mkdir(path, 0o700)
+
+
+def tensor_bytes(tensor: Any) -> bytes:
+    """A tensor's elements as raw bytes (on the host, in order): what a cache key or a digest reads."""
+    import torch
+
+    return tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()

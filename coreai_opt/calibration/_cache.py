@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coreai_opt._cache import cache_folder_for, plain_name, user_cache
+from coreai_opt._cache import cache_folder_for, plain_name, tensor_bytes, user_cache
 from coreai_opt.io import read_json_object
 from coreai_opt.weights import Needs, Statistics
 
@@ -61,7 +61,7 @@ def program_fingerprint(gm: GraphModule) -> str:
     for name, tensor in sorted({**dict(gm.named_parameters()), **dict(gm.named_buffers())}.items()):
         digest.update(name.encode())
         digest.update(str(tensor.dtype).encode())
-        digest.update(tensor.detach().contiguous().cpu().view(-1).view(_bytes_dtype()).numpy().tobytes())
+        digest.update(tensor_bytes(tensor))
     return digest.hexdigest()
 
 
@@ -74,12 +74,6 @@ def statistics_key(
     if needs is Needs.GRADIENT_SQUARES and fast:
         parts.append("bfloat16 products")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
-
-
-def _bytes_dtype() -> Any:
-    import torch
-
-    return torch.uint8
 
 
 def load_statistics(key: str, names: Sequence[str], device: torch.device) -> dict[str, Statistics] | None:

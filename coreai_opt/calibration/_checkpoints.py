@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coreai_opt._cache import cache_folder_for, plain_name
+from coreai_opt._cache import cache_folder_for, plain_name, tensor_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -76,13 +76,11 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
     """SHA-256 of every tensor's name, dtype, shape and bytes, in name order."""
     import hashlib
 
-    import torch
-
     digest = hashlib.sha256()
     for name in sorted(tensors):
-        value = tensors[name].contiguous()
+        value = tensors[name]
         digest.update(f"{name}\0{value.dtype}\0{tuple(value.shape)}\0".encode())
-        digest.update(value.view(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+        digest.update(tensor_bytes(value))
     return digest.hexdigest()
 
 

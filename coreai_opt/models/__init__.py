@@ -7,7 +7,7 @@ from ._chat import ChatFormat, chat_format
 from ._exporter import ExportedModel, export_model
 from ._families import FAMILIES, Family, ModelKind, supported
 from ._files import ExportFileResult, export_file
-from ._recache import CacheError, KVCacheReport, quantize_kv_cache
+from ._recache import CacheError, KVCacheReport, check_kv_dtype, quantize_kv_cache
 from ._sidecar import (
     ModelInfo,
     Sidecars,
@@ -40,6 +40,7 @@ __all__ = [
     "ModelSource",
     "Sidecars",
     "chat_format",
+    "check_kv_dtype",
     "copy_sidecars",
     "decoder_context",
     "decoder_entries",

@@ -174,6 +174,14 @@ def _plain_outputs(model: Any, kind: ModelKind) -> None:
     model.__class__ = type(base.__name__, (base,), {"forward": forward})
 
 
+def traced_ids(model: Any, batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    """Seeded token ids of the model's vocabulary, [batch, length]: what a program is traced on."""
+    import torch
+
+    vocab = int(getattr(model.config, "vocab_size", 2) or 2)
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
 def _export(
     src: ModelSource, model: Any, seq_len: int, batch: int, seed: int, *, stateful: bool = False,
     kv_dtype: str | None = None,
@@ -184,9 +192,7 @@ def _export(
 
     from ._stateful import stateful_program
 
-    vocab = int(getattr(model.config, "vocab_size", 2) or 2)
-    length = min(seq_len, _TRACED_TOKENS) if stateful else seq_len
-    ids = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+    ids = traced_ids(model, batch, min(seq_len, _TRACED_TOKENS) if stateful else seq_len, seed)
     kwargs = {"input_ids": ids}
     if src.family.kind is ModelKind.ENCODER:
         kwargs["attention_mask"] = torch.ones_like(ids)

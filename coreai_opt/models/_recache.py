@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from coreai_opt.errors import ConfigError
 
+from ._exporter import traced_ids
 from ._families import FAMILIES, ModelKind
 from ._stateful import KEY, KEY_SCALE, KV_DTYPES, VALUE, decoder_context, decoder_problem, stateful_program
 
@@ -37,6 +38,12 @@ _LATE_TOKENS = 64  # and a call of this many ending at the last position (rotary
 _NOT_CONFIG = ("auto_map", "quantization_config", "dtype", "torch_dtype", "architectures", "attn_implementation",
                "experts_implementation", "trust_remote_code", "custom_pipelines", "transformers_version")  # fmt: skip
 _REBUILD_ONLY = "quantize the cache before transforming or compressing it, or export with --kv-cache-dtype"
+
+
+def check_kv_dtype(dtype: object, field: str = "kv_cache_dtype") -> None:
+    """`ConfigError` (naming `field`) unless `dtype` is one of `KV_DTYPES`."""
+    if dtype not in KV_DTYPES:
+        raise ConfigError(f"{field} is one of {', '.join(KV_DTYPES)}, not {dtype!r}", field)
 
 
 class CacheError(ValueError):
@@ -79,8 +86,7 @@ def quantize_kv_cache(program: ExportedProgram, dtype: str, info: ModelInfo | No
 
     from coreai_opt._export import coreai_decompositions
 
-    if dtype not in KV_DTYPES:
-        raise ConfigError(f"kv_cache_dtype is one of {', '.join(KV_DTYPES)}, not {dtype!r}", "kv_cache_dtype")
+    check_kv_dtype(dtype)
     began = time.perf_counter()
     context = _float_decoder(program, info)
     model = _rebuilt(program, info)  # type: ignore[arg-type]
@@ -92,7 +98,7 @@ def quantize_kv_cache(program: ExportedProgram, dtype: str, info: ModelInfo | No
             + _REBUILD_ONLY
         )
     model.__class__ = base  # the float cache's forward goes; the quantized one's comes
-    ids = _checked_ids(model, min(_CHECKED_TOKENS, context))
+    ids = traced_ids(model, 1, min(_CHECKED_TOKENS, context))
     try:
         with torch.no_grad():
             made = stateful_program(model, context, ids, dtype).run_decompositions(coreai_decompositions())
@@ -201,13 +207,6 @@ def _same_weights(weights: dict[str, Any], expected: dict[str, Any], model_type:
             )
 
 
-def _checked_ids(model: Any, count: int) -> torch.Tensor:
-    import torch
-
-    vocab = int(getattr(model.config, "vocab_size", 2) or 2)
-    return torch.randint(0, vocab, (1, count), generator=torch.Generator().manual_seed(0))
-
-
 def _difference(program: ExportedProgram, model: Any, context: int) -> float:
     """The largest relative RMS between the program's logits and the rebuilt model's (a float
     cache of its own, emptied before each call), on seeded tokens at position 0 and on a chunk
@@ -223,7 +222,7 @@ def _difference(program: ExportedProgram, model: Any, context: int) -> float:
     try:
         _give_cache(model, context, None)
         module = runnable(program, stateless=True)
-        return max(_call_difference(module, model, _checked_ids(model, n), at) for n, at in calls)
+        return max(_call_difference(module, model, traced_ids(model, 1, n), at) for n, at in calls)
     except CacheError:
         raise
     except Exception as exc:  # the rebuilt model's code may fail in many ways on a description

@@ -222,12 +222,10 @@ class KVCache:
     KIND = "kv_cache"
 
     def __post_init__(self) -> None:
-        from coreai_opt.models import KV_DTYPES
+        from coreai_opt.models import check_kv_dtype
 
         check_record(self)
-        if self.dtype not in KV_DTYPES:
-            raise ConfigError(f"a kv_cache step's dtype is one of {', '.join(KV_DTYPES)}, not {shown(self.dtype)}",
-                              "dtype")  # fmt: skip
+        check_kv_dtype(self.dtype, "dtype")
 
     def tag(self) -> str:
         return f"kv{self.dtype}"

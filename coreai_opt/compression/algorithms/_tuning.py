@@ -205,15 +205,16 @@ class _Run:
         return 1.0 - step / self.steps
 
     def state(self, means: list[float]) -> dict[str, torch.Tensor]:
-        """The run after `len(means)` passes: every table's parameters, Adam's moments, the order's
+        """The run after `len(means)` passes: every table's parameters, which of them Adam has
+        stepped (each one every step: their count is the steps done) and its moments, and the
         passes' mean divergences (the sample order is replayed from the seed, never stored)."""
         done = torch.zeros(self.epochs, dtype=torch.float64)
         done[: len(means)] = torch.tensor(means, dtype=torch.float64)
-        tensors = {"passes": torch.tensor(len(means)), "means": done}
+        stepped = torch.tensor([p in self.optimizer.state for p in self.parameters], dtype=torch.bool)
+        tensors = {"passes": torch.tensor(len(means)), "means": done, "stepped": stepped}
         for i, p in enumerate(self.parameters):
             held = self.optimizer.state.get(p, {})
             tensors[f"delta.{i}"] = p.detach()
-            tensors[f"stepped.{i}"] = torch.tensor(float(held.get("step", 0.0)), dtype=torch.float64)
             for name in ("exp_avg", "exp_avg_sq"):
                 tensors[f"{name}.{i}"] = held.get(name, torch.zeros_like(p)).detach()
         return tensors
@@ -224,46 +225,45 @@ class _Run:
         have reached (nothing is restored from it)."""
         found = store.load(self._expected())
         passes = 0 if found is None else int(found["passes"])
-        if found is None or not 0 < passes < self.epochs or not self._reachable(found, passes):
+        if found is None or not 0 < passes < self.epochs or not self._reachable(found):
             return []
+        done = passes * self.per_epoch
         with torch.no_grad():
             for i, p in enumerate(self.parameters):
                 p.copy_(found[f"delta.{i}"])
-                if float(found[f"stepped.{i}"]) > 0:
+                if found["stepped"][i]:
                     self.optimizer.state[p] = {
-                        "step": torch.tensor(float(found[f"stepped.{i}"]), dtype=torch.float32),
-                        "exp_avg": found[f"exp_avg.{i}"].clone(), "exp_avg_sq": found[f"exp_avg_sq.{i}"].clone(),
+                        "step": torch.tensor(float(done)), "exp_avg": found[f"exp_avg.{i}"].clone(),
+                        "exp_avg_sq": found[f"exp_avg_sq.{i}"].clone(),
                     }  # fmt: skip
         for _ in range(passes):  # the orders the passes done drew
             torch.randperm(self.count, generator=self.generator)
-        done = passes * self.per_epoch
         self.schedule.last_epoch = done
         for group in self.optimizer.param_groups:
             group["lr"] = group["initial_lr"] * self._factor(done)
         return found["means"][:passes].tolist()
 
-    def _reachable(self, found: dict[str, torch.Tensor], passes: int) -> bool:
-        """Steps counted as `passes` passes take (some parameter's), finite values, second moments
-        of no sign, and nothing moved where nothing stepped."""
-        stepped = [float(found[f"stepped.{i}"]) for i in range(len(self.parameters))]
-        if not set(stepped) <= {0.0, float(passes * self.per_epoch)} or not any(stepped):
+    def _reachable(self, found: dict[str, torch.Tensor]) -> bool:
+        """Some parameter stepped, finite values, second moments of no sign, and nothing moved
+        where nothing stepped."""
+        if not bool(found["stepped"].any()):
             return False
         if not all(bool(torch.isfinite(t).all()) for t in found.values() if t.is_floating_point()):
             return False
-        for i, steps in enumerate(stepped):
+        for i, stepped in enumerate(found["stepped"].tolist()):
             moments = [found[f"{name}.{i}"] for name in ("delta", "exp_avg", "exp_avg_sq")]
-            if bool((moments[2] < 0).any()) or (not steps and any(bool(m.any()) for m in moments)):
+            if bool((moments[2] < 0).any()) or (not stepped and any(bool(m.any()) for m in moments)):
                 return False
         return True
 
     def _expected(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        shapes = {"passes": ((), torch.int64), "means": ((self.epochs,), torch.float64)}
+        shapes = {"passes": ((), torch.int64), "means": ((self.epochs,), torch.float64),
+                  "stepped": ((len(self.parameters),), torch.bool)}  # fmt: skip
         for i, p in enumerate(self.parameters):
             shapes[f"delta.{i}"] = shapes[f"exp_avg.{i}"] = shapes[f"exp_avg_sq.{i}"] = (
                 tuple(p.shape),
                 p.dtype,
             )
-            shapes[f"stepped.{i}"] = ((), torch.float64)
         return shapes
 
 
@@ -272,13 +272,15 @@ def _identity(tables: list[_Tuned], run: _Run) -> bytes:
     indices and values as chosen, the passes and the step rule."""
     import hashlib
 
+    from coreai_opt._cache import tensor_bytes
+
     digest = hashlib.sha256(f"{run.epochs} {run.count} {_STEP} {_ACCUMULATE} {_SEED}".encode())
     for t in tables:
         digest.update(t.site.name.encode() + b"\0")
         for part in (t.indices, _stored(t.entries), None if t.scale is None else _stored(t.scale), t.offset):
             if part is not None:
                 digest.update(str((part.dtype, tuple(part.shape))).encode())
-                digest.update(part.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+                digest.update(tensor_bytes(part))
     return digest.digest()
 
 
