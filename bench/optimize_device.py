@@ -2,7 +2,7 @@
 
     python bench/optimize_device.py [--size 1.1b] [--sequence 512] [--device cuda] [--bits 4]
                                     [--samples 8] [--tokens 4096] [--rotate none] [--tune-epochs 0]
-                                    [--candidates default]
+                                    [--candidates default] [--estimate-sample N]
                                     [--out PATH]
 
 The decoder of bench/decoders.py (seeded random weights; TinyLlama's shape at 1.1B) exported at
@@ -35,9 +35,10 @@ def main() -> None:
     parser.add_argument("--rotate", default="none")
     parser.add_argument("--tune-epochs", type=int, default=0)
     parser.add_argument("--candidates", default="default")
+    parser.add_argument("--estimate-sample", type=int, default=None, help="default: optimize's own")
     args = parser.parse_args()
 
-    from coreai_opt.optimization import Goal, optimize
+    from coreai_opt.optimization import Goal, OptimizeConfig, optimize
 
     began = time.perf_counter()
     program = decoders.program(args.size, sequence=args.sequence)
@@ -45,6 +46,7 @@ def main() -> None:
     ids = decoders.token_file(program, args.size, args.tokens, seed=1)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    sample = OptimizeConfig().estimate_sample if args.estimate_sample is None else args.estimate_sample
     start = time.perf_counter()
 
     def say(line: str) -> None:
@@ -53,12 +55,13 @@ def main() -> None:
     result = optimize(
         program, Goal(target_bits=args.bits), "random", ids, output=program.with_name("optimized.pt2"),
         device=args.device, rotate=args.rotate, tune_epochs=args.tune_epochs, calibration_samples=args.samples,
-        candidates=args.candidates, force=True, say=say,
+        candidates=args.candidates, force=True, say=say, estimate_sample=sample,
     )  # fmt: skip
     row = {
         "size": args.size, "sequence": args.sequence, "bits": args.bits, "export_s": round(exported, 1),
         "optimize_s": round(time.perf_counter() - start, 1), "plan_bits": result.report.bits,
         "rotate": args.rotate, "tune_epochs": args.tune_epochs, "candidates": args.candidates,
+        "estimate_sample": sample, "cost_table_s": round(result.report.cost_seconds, 1),
     }  # fmt: skip
     decoders.report(row, args.device, args.out)
 

@@ -152,6 +152,76 @@ def llama(tiny_llama: dict[str, Path], tmp_path_factory: pytest.TempPathFactory)
     return {"ref": program, "calib": root / "calib.txt", "held": root / "held.txt", "root": root}
 
 
+def test_a_large_weight_is_priced_on_row_groups_that_encode_as_the_whole_weight_does(
+    llama, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    from coreai_opt.calibration import Samples, calibrate
+    from coreai_opt.compression import sampled_trial_encodings, trial_encodings
+    from coreai_opt.io import load_pt2
+    from coreai_opt.models import model_tokenizer
+    from coreai_opt.optimization import cost_table
+    from coreai_opt.weights import Needs, decode, nbytes_for_rows
+
+    monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache-rows"))
+    samples = Samples.of(llama["calib"], tokens=128, tokenizer=model_tokenizer(llama["ref"]))
+    ep = load_pt2(llama["ref"])
+    calibration = calibrate(ep, samples, cache=False)
+    choices = parse_choices("default,lut4-tensor,lut4-v2")[1:]
+    elements = 1024
+    sampled: dict[str, list[str]] = {}
+    for choice in choices:
+        config = choice.config_for(True, 0)
+        whole = {site.name: encoding for site, encoding in trial_encodings(ep, config, calibration)}
+        for site, encoding, sample in sampled_trial_encodings(ep, config, calibration, elements=elements):
+            if sample is None:
+                continue
+            full = whole[site.name]
+            sampled.setdefault(choice.name, []).append(site.name)
+            assert len(sample.rows) * site.count // sample.of <= elements + site.count // sample.of * 16
+            assert torch.equal(decode(encoding), sample.take(decode(full), site.output_axis)), site.name
+            assert nbytes_for_rows(encoding.form, len(sample.rows), sample.of) == full.nbytes
+    # every per-channel or grouped choice samples the large weights; a table or scale shared by
+    # the whole weight never is
+    assert set(sampled) == {c.name for c in choices} - {"lut4-tensor", "lut4-v2"}
+    assert all(len(names) >= 5 for names in sampled.values())
+    # the table's estimate is the sample rows' share of the Taylor term, its bytes the whole's
+    choice = parse_choices("lut4")[0]
+    exact = cost_table(llama["ref"], lambda: load_pt2(llama["ref"]), (choice,), samples, threshold=0)
+    table = cost_table(
+        llama["ref"],
+        lambda: load_pt2(llama["ref"]),
+        (choice,),
+        samples,
+        threshold=0,
+        sample_elements=elements,
+    )
+    assert table.nbytes == exact.nbytes and table.names == exact.names
+    fisher = calibration.statistics(table.names, Needs.GRADIENT_SQUARES)
+    grams = calibration.statistics(table.names, Needs.INPUT_GRAM)
+    per_window = fisher[table.names[0]].rows / len(calibration.inputs)
+    weights = dict(ep.module().named_parameters())
+    config = choice.config_for(True, 0)
+    shares = {}
+    for site, encoding, sample in sampled_trial_encodings(ep, config, calibration, elements=elements):
+        w = table.names.index(site.name)
+        if sample is None:
+            assert table.damage[w] == exact.damage[w]
+            continue
+        rows, shares[site.name] = sample.rows, len(sample.rows) / sample.of
+        delta = decode(encoding).double() - weights[site.name].detach().double()[rows]
+        f, gram = fisher[site.name].gradient_squares[rows], grams[site.name].gram
+        if gram is not None and gram.shape == (delta.shape[1], delta.shape[1]):
+            s = f.sum(1) / (per_window * gram.diagonal().sum())
+            part = 0.5 * float((s * ((delta @ gram) * delta).sum(1)).sum())
+        else:
+            part = 0.5 * float((f * delta.square()).sum()) / per_window
+        whole = fisher[site.name].gradient_squares.double()
+        share = float(whole[rows].sum() / whole.sum())  # the sample's share of the squared gradients
+        assert 0 < share < 1 and table.damage[w][0] == pytest.approx(part / share, rel=1e-9)
+        assert table.damage[w][0] == pytest.approx(exact.damage[w][0], rel=0.5)
+    assert table.sampled == shares and len(shares) >= 5 and exact.sampled == {}
+
+
 def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from coreai_opt.calibration import Samples, calibrate
     from coreai_opt.compression import compress_, trial_encodings
@@ -302,9 +372,10 @@ def _check_trials(llama: dict[str, Path]) -> None:
 
     samples = Samples.of(llama["calib"], tokens=128, tokenizer=model_tokenizer(llama["ref"]))
     choices = parse_choices(LUTS)
-    table = cost_table(
-        llama["ref"], lambda: pytest.fail("loaded"), choices, samples, threshold=0, trial_tokens=512
-    )
+    from coreai_opt.optimization import OptimizeConfig
+
+    table = cost_table(llama["ref"], lambda: pytest.fail("loaded"), choices, samples, threshold=0, trial_tokens=512,
+                       sample_elements=OptimizeConfig().estimate_sample)  # as the run before: its cache  # fmt: skip
     int8, l4, l2 = (table.column(c) for c in ("int8", "l4", "l2"))
     assert table.trial_tokens == 128 and all(set(m) == {l4, l2} for m in table.measured)  # all there are
     windows = [inputs[0].numpy().reshape(-1) for _, inputs in samples.inputs(load_pt2(llama["ref"]))]

@@ -142,6 +142,7 @@ __all__ = [
     "plain_fields",
     "register",
     "register_config",
+    "sampled_trial_encodings",
     "select_sites",
     "trial_encodings",
     "unregister",
@@ -204,6 +205,21 @@ def trial_encodings(
     from ._driver import trial_encodings as trials
 
     return trials(container_of(program), config, calibration, only)
+
+
+def sampled_trial_encodings(
+    program: Any,
+    config: WeightConfig,
+    calibration: Calibration | None = None,
+    only: Collection[str] | None = None,
+    elements: int = 0,
+) -> Any:
+    """`trial_encodings`, each weight of more than `elements` values (0: none) whose encoding keeps
+    its rows apart encoded on an evenly spread sample of its row groups: an iterator of
+    `(WeightSite, Encoding | Skipped, RowSample | None)`, the outcome of the sample's rows."""
+    from ._driver import sampled_trial_encodings as trials
+
+    return trials(container_of(program), config, calibration, only, elements)
 
 
 def __getattr__(name: str) -> Any:

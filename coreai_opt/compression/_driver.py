@@ -28,6 +28,7 @@ from coreai_opt.weights import (
 
 from ._executors import Executor, executor_of
 from ._results import CompressionReport, Progress, WeightResult
+from ._row_sample import RowSample, row_sample
 from ._sites import select_sites
 from .configs import WeightConfig
 from .registry import Algorithm, algorithm_for, learns_from_data
@@ -273,6 +274,17 @@ def trial_encodings(
     its encoding (or why it stays) - nothing written: what a caller swaps into a model in memory to
     measure one weight at a time. Methods that learn from data take their statistics of the
     program as it is, in one pass."""
+    for site, outcome, _ in sampled_trial_encodings(container, config, calibration, only):
+        yield site, outcome
+
+
+def sampled_trial_encodings(
+    container: Container, config: WeightConfig, calibration: Calibration | None = None,
+    only: Collection[str] | None = None, elements: int = 0,
+) -> Iterator[tuple[WeightSite, Encoding | Skipped, RowSample | None]]:  # fmt: skip
+    """`trial_encodings`, a weight of more than `elements` values (0: none) encoded on a sample of
+    its row groups where its encoding keeps the rows apart (`_row_sample`): each weight's site, its
+    outcome - of the sample's rows, where there is a sample - and the sample or None."""
     sites, _ = select_sites(container.candidates(), config.weight_num_threshold, config.for_weight)
     if only is not None:
         sites = [(site, cfg) for site, cfg in sites if site.name in only]
@@ -284,7 +296,14 @@ def trial_encodings(
         names = [site.name for site, cfg in learned if algorithm_for(cfg).needs is needs]
         statistics.update(calibration.statistics(names, needs))  # type: ignore[union-attr]
     for site, cfg in sites:
-        outcome = encode_weight(container.read(site), site, cfg, statistics.get(site.name))
-        if not isinstance(outcome, Skipped) and (refusal := container.refusal(site, outcome)) is not None:
+        w, encoded, stats = container.read(site), site, statistics.get(site.name)
+        if (sample := row_sample(site, cfg, elements)) is not None:
+            w, encoded, stats = (
+                sample.take(w, site.output_axis),
+                sample.site(site),
+                sample.statistics(stats, site),
+            )
+        outcome = encode_weight(w, encoded, cfg, stats)
+        if not isinstance(outcome, Skipped) and (refusal := container.refusal(encoded, outcome)) is not None:
             outcome = site.skipped(refusal, SkipKind.LAYOUT)
-        yield site, outcome
+        yield site, outcome, sample

@@ -69,6 +69,10 @@ class Algorithm:
     # swapped in before the next: layer by layer in graph order, or the Fisher pass's from the output back
     sequential: bool = False
     summary: str = ""
+    # each output channel's codes depend on its own values and on what is shared by every row (the
+    # inputs' statistics): under a per-channel or per-group config, encoding some row groups gives
+    # exactly their rows of the whole weight's encoding (`_row_sample`)
+    rows_apart: bool = False
 
     @property
     def name(self) -> str:
@@ -88,17 +92,17 @@ class Algorithm:
 
 Q, P, S = QuantizeConfig, PalettizeConfig, SparsifyConfig
 BUILT_IN = (
-    Algorithm(Q, "rtn", "_rtn:quantize", summary="round to nearest, tcast's scale rules"),
-    Algorithm(P, "kmeans", "_kmeans:palettize", summary="exact k-means of the values"),
+    Algorithm(Q, "rtn", "_rtn:quantize", summary="round to nearest, tcast's scale rules", rows_apart=True),
+    Algorithm(P, "kmeans", "_kmeans:palettize", summary="exact k-means of the values", rows_apart=True),
     Algorithm(S, "magnitude", "_magnitude:sparsify", summary="keep the largest magnitudes"),
     Algorithm(Q, "gptq", "_gptq:quantize_gptq", Needs.INPUT_GRAM, sequential=True,
-              summary="GPTQ: each column's rounding error pushed onto the next through H^-1"),
+              summary="GPTQ: each column's rounding error pushed onto the next through H^-1", rows_apart=True),
     Algorithm(P, "sensitive", "_sensitive:palettize_sensitive", Needs.GRADIENT_SQUARES, sequential=True,
-              summary="exact k-means weighted by the Fisher information of each element"),
+              summary="exact k-means weighted by the Fisher information of each element", rows_apart=True),
     Algorithm(P, "importance", "_sensitive:palettize_importance", Needs.INPUT_MOMENTS,
-              summary="exact k-means weighted by each input channel's mean square"),
+              summary="exact k-means weighted by each input channel's mean square", rows_apart=True),
     Algorithm(P, "gptq", "_gptq:palettize_gptq", Needs.INPUT_GRAM, sequential=True,
-              summary="GPTQ onto the tables of importance-weighted k-means"),
+              summary="GPTQ onto the tables of importance-weighted k-means", rows_apart=True),
     Algorithm(S, "sparsegpt", "_sparsegpt:sparsify_sparsegpt", Needs.INPUT_GRAM, sequential=True,
               summary="SparseGPT: prune by the OBS score, repair through H^-1"),
 )  # fmt: skip

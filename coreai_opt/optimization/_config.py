@@ -29,6 +29,7 @@ _ROTATE = (
     "program and the recipe starts with that transform."
 )
 CONFIG_VERSION = 1
+ESTIMATE_SAMPLE = 1 << 22  # values: a large weight's cost estimated on a sample (`_costs`)
 AUTO_TUNE_EPOCHS = 2  # tuning passes when none are given and the plan's tables learn from data
 
 
@@ -54,6 +55,11 @@ class OptimizeConfig:
     eval_samples: int = option(8, "--eval-samples", "Samples drawn when --eval is 'random'.", minimum=1)
     threshold: int = option(1024, "--threshold", "Leave weights with this many elements or fewer.", minimum=0)
     trial_tokens: int = option(512, "--trial-tokens", _TRIALS, minimum=0)
+    estimate_sample: int = option(
+        ESTIMATE_SAMPLE, "--estimate-sample", "Estimate a weight of more values than this on evenly spread "
+        "groups of its channels, about this many values (0: every weight whole); the plan is measured whole.",
+        minimum=0,
+    )  # fmt: skip
     rounds: int = option(3, "--rounds", "Confirmation rounds at most (accuracy bounds).", minimum=1)
     uniform: int = option(
         1, "--uniform", "Uniform settings nearest in size also made and evaluated, for comparison.", minimum=0

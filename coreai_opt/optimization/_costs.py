@@ -47,6 +47,7 @@ class CostTable:
     measured: list[dict[int, float]] = field(default_factory=list)  # [weight] {choice: trial KL}
     trial_tokens: int = 0  # tokens each trial was measured on (0: none measured)
     trial_seconds: float = 0.0
+    sampled: dict[str, float] = field(default_factory=dict)  # weight -> share of its rows estimated on
 
     def __post_init__(self) -> None:
         """Before any trial: the estimate is the damage, nothing measured."""
@@ -85,17 +86,21 @@ def cost_table(
     *,
     threshold: int,
     trial_tokens: int = 0,
+    sample_elements: int = 0,
     device: str | None = None,
     progress: Progress | None = None,
 ) -> CostTable:
     """Bytes and damage of every choice on every weight some choice compresses, each choice with
     its learned method (`program`: a callable giving the loaded `ExportedProgram`, called only
     when the cache misses): estimated, then for a language model each weight's two smallest
-    choices measured on `trial_tokens` calibration tokens (0: estimated only)."""
+    choices measured on `trial_tokens` calibration tokens (0: estimated only). A weight of more
+    than `sample_elements` values (0: none) is estimated on a sample of its row groups where its
+    encoding keeps the rows apart (`compression.sampled_trial_encodings`); trials are whole."""
     from coreai_opt.calibration import Source
 
     start = time.perf_counter()
     base = _cache.file_digest(path) + samples.digest() + f"|{threshold}|{_LAYOUT}"
+    base += f"|rows of {sample_elements}" if sample_elements else ""
     keys = {c.name: _cache.choice_key(base, c, threshold) for c in choices if c.config is not None}
     found: dict[str, dict[str, Any]] = {}
     for name, key in keys.items():
@@ -107,9 +112,10 @@ def cost_table(
     trials = trial_tokens > 0 and samples.kind is not Source.RANDOM  # random ids are no text
     loaded = _Loaded(program, samples, device, [c.name for c in choices] if trials else [])
     if missing:
-        measured, weights, state = _measure(loaded, missing, threshold, progress)
+        measured, weights, state, shares = _measure(loaded, missing, threshold, sample_elements, progress)
         for choice in missing:
-            found[choice.name] = {"weights": weights, "state_bytes": state, "costs": measured[choice.name]}
+            found[choice.name] = {"weights": weights, "state_bytes": state, "costs": measured[choice.name],
+                                  "sampled": shares[choice.name]}  # fmt: skip
             _cache.write(_cache.entry(keys[choice.name]), found[choice.name])
     table = _assemble(choices, found)
     table.cached = cached_names
@@ -181,18 +187,22 @@ def _assemble(choices: tuple[Choice, ...], found: dict[str, dict[str, Any]]) -> 
                 row_damage.append(float(entry[1]) if entry else math.inf)
         nbytes.append(row_bytes)
         damage.append(row_damage)
-    return CostTable(names, [sizes[n][0] for n in names], [c.name for c in choices], nbytes, damage, fixed)
+    table = CostTable(names, [sizes[n][0] for n in names], [c.name for c in choices], nbytes, damage, fixed)
+    for entry in found.values():
+        for name, share in entry.get("sampled", {}).items():
+            table.sampled[name] = min(share, table.sampled.get(name, 1.0))
+    return table
 
 
 def _measure(
-    loaded: _Loaded, choices: list[Choice], threshold: int, progress: Progress | None
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[int]], int]:
-    """Each choice's (bytes, estimated damage) per weight; every weight some choice may take, with
-    its (elements, stored bytes); the bytes of all the program's tensors."""
-    import torch
+    loaded: _Loaded, choices: list[Choice], threshold: int, sample_elements: int, progress: Progress | None
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[int]], int, dict[str, dict[str, float]]]:
+    """Each choice's (bytes, estimated damage) per weight - of the whole weight where a sample of
+    its rows was encoded; every weight some choice may take, with its (elements, stored bytes);
+    the bytes of all the program's tensors; each choice's sampled weights, with the share."""
 
-    from coreai_opt.compression import container_of, eligible_weights, trial_encodings
-    from coreai_opt.weights import Needs, Skipped, decode, stored_nbytes
+    from coreai_opt.compression import container_of, eligible_weights, sampled_trial_encodings
+    from coreai_opt.weights import Needs, Skipped, stored_nbytes
 
     ep = loaded.ep
     eligible = {site.name for c in choices for site in eligible_weights(ep, c.config_for(True, threshold))}
@@ -211,33 +221,77 @@ def _measure(
     total = len(choices) * len(sizes)
     done = 0
     found: dict[str, dict[str, list[float]]] = {}
+    shares: dict[str, dict[str, float]] = {}
     for choice in choices:
         config = choice.config_for(True, threshold)
         costs: dict[str, list[float]] = {}
-        for site, outcome in trial_encodings(ep, config, calibration):
+        shares[choice.name] = {}
+        for site, outcome, sample in sampled_trial_encodings(
+            ep, config, calibration, elements=sample_elements
+        ):
             done += 1
             if progress is not None:
                 progress(min(done, total), total, f"{choice.name} {site.name}")
             if isinstance(outcome, Skipped):
                 continue
-            w = weights[site.name].detach().to("cpu", torch.float64)  # the damage is taken on the host
-            delta = decode(outcome).to("cpu", torch.float64) - w  # the weight or its encoding may be on a GPU
-            damage = _damage(site, w, delta, fisher.get(site.name), grams.get(site.name), per_sample)
-            costs[site.name] = [outcome.nbytes, damage]
-            loaded.keep(site.name, choice.name, outcome)
-            del delta
+            costs[site.name] = _cost(site, weights[site.name], outcome, sample, fisher, grams, per_sample)
+            if sample is None:  # the trials take whole encodings: a sample's they make again
+                loaded.keep(site.name, choice.name, outcome)
+            else:
+                shares[choice.name][site.name] = sample.share
         found[choice.name] = costs
         done = (choices.index(choice) + 1) * len(sizes)  # the skipped ones counted too
-    return found, sizes, state
+    return found, sizes, state, shares
 
 
-def _damage(site: Any, w: Any, delta: Any, fisher: Any, inputs: Any, per_sample: int) -> float:
+def _cost(
+    site: Any, weight: Any, outcome: Any, sample: Any, fisher: Any, grams: Any, per_sample: int
+) -> list[float]:
+    """[bytes, estimated damage] of the whole weight from the encoding of it or of its `sample`
+    of rows: then the sample's damage over its share of the weight's squared gradients (each row's
+    error is its own, and a vocabulary's rows matter as unevenly as its tokens are frequent), or of
+    its rows where there are none."""
+    import torch
+
+    from coreai_opt.weights import decode, nbytes_for_rows
+
+    w = weight.detach().to("cpu", torch.float64)  # the damage is taken on the host
+    statistics = fisher.get(site.name)
+    if sample is None:
+        nbytes, share = outcome.nbytes, 1.0
+    else:
+        whole = statistics
+        w, statistics = sample.take(w, site.output_axis), sample.statistics(statistics, site)
+        nbytes, share = (
+            nbytes_for_rows(outcome.form, len(sample.rows), sample.of),
+            _share(sample, site, whole),
+        )
+        site = sample.site(site)
+    delta = decode(outcome).to("cpu", torch.float64) - w  # the weight or its encoding may be on a GPU
+    return [nbytes, _damage(site, w, delta, statistics, grams.get(site.name), per_sample, share)]
+
+
+def _share(sample: Any, site: Any, statistics: Any) -> float:
+    """The sample's share of the weight's squared gradients (of its rows without them)."""
+    squares = None if statistics is None else statistics.gradient_squares
+    if squares is None or tuple(squares.shape) != tuple(site.shape):
+        return float(sample.share)
+    axes = [a for a in range(squares.dim()) if a != site.output_axis]
+    mass = squares.double().sum(dim=axes) if axes else squares.double()
+    total = float(mass.sum())
+    return float(mass[sample.rows.to(mass.device)].sum()) / total if total > 0 else float(sample.share)
+
+
+def _damage(
+    site: Any, w: Any, delta: Any, fisher: Any, inputs: Any, per_sample: int, share: float = 1.0
+) -> float:
     """1/2 dW F dW per token, F the Fisher information in Kronecker form (K-FAC): per output
     channel j, the mean squared gradient of the loss at the layer's output, S_j, times the
     consumer's input Gram matrix G - so an error that GPTQ steered to where the inputs do not
     reach costs what it costs, not its energy: 1/2 sum_j S_j dW_j G dW_j^T. S_j is read off the
     squared weight gradients (F_ij ~ T S_j G_ii over T tokens a window). Without a Gram that fits
-    (an embedding lookup) the diagonal 1/2 sum F dW^2; without gradients, the relative error."""
+    (an embedding lookup) the diagonal 1/2 sum F dW^2; without gradients, the relative error.
+    `w` and `delta` may be a `share` of the weight's rows: the sums are then over that share."""
     from coreai_opt.compression import MatrixView, gram_of
 
     if fisher is None or fisher.gradient_squares is None or not fisher.rows:
@@ -247,11 +301,11 @@ def _damage(site: Any, w: Any, delta: Any, fisher: Any, inputs: Any, per_sample:
     view = MatrixView.of(site)
     gram = gram_of(inputs, view)
     if gram is None:
-        return float(0.5 * (squares * delta.square()).sum() / tokens)
+        return float(0.5 * (squares * delta.square()).sum() / tokens / share)
     gram = gram.cpu()
     d = view.matrix(delta)
     per_channel = view.matrix(squares).sum(1) / (tokens * max(float(gram.diagonal().sum()), 1e-300))
-    return float(0.5 * (per_channel * ((d @ gram) * d).sum(1)).sum())
+    return float(0.5 * (per_channel * ((d @ gram) * d).sum(1)).sum() / share)
 
 
 def _column(path: Path) -> dict[str, Any] | None:

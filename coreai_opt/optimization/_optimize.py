@@ -88,6 +88,7 @@ def optimize(
                    config.calibration_tokens, config.calibration_samples, config.device, config.threshold,
                    config.tune_epochs)  # fmt: skip
     knapsack, plan, report = _search(path, out, budget, picked, table)
+    report.estimate_sample, report.sampled = config.estimate_sample, len(table.sampled)
     if out is None:
         settle(report, table, plan)
         recipe = plan_recipe(steps, plan)
@@ -193,7 +194,8 @@ def _costs(
 
     with running(path):
         return cost_table(path, lambda: program, picked, samples, threshold=config.threshold,
-                          trial_tokens=config.trial_tokens, device=config.device, progress=progress)  # fmt: skip
+                          trial_tokens=config.trial_tokens, sample_elements=config.estimate_sample,
+                          device=config.device, progress=progress)  # fmt: skip
 
 
 def _check_goal(budget: Goal, evaluation: Path | str | None, dry_run: bool) -> None:

@@ -174,6 +174,8 @@ class OptimizeReport:
     seconds: float = 0.0
     slack_bytes: float = 0.0
     elements: int = 0
+    estimate_sample: int = 0  # values: a larger weight was estimated on a sample of its rows
+    sampled: int = 0  # weights estimated on a sample
 
     @property
     def final(self) -> Measured | None:
@@ -223,6 +225,7 @@ class OptimizeReport:
             "weights": self.weights, "cost_seconds": round(self.cost_seconds, 3), "cached_choices": self.cached,
             "trial_tokens": self.trial_tokens, "trials": self.trials, "trial_seconds": round(self.trial_seconds, 3),
             "solve_seconds": round(self.solve_seconds, 4), "seconds": round(self.seconds, 3),
+            "estimate_sample": {"values": self.estimate_sample, "weights": self.sampled},
         }  # fmt: skip
 
 

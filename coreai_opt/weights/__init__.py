@@ -18,7 +18,17 @@ from ._decode import (
     torch_values,
 )
 from ._describe import Described
-from ._forms import Encoding, Form, Learned, Palettized, Quantized, ShiftScale, Sparse, Stored
+from ._forms import (
+    Encoding,
+    Form,
+    Learned,
+    Palettized,
+    Quantized,
+    ShiftScale,
+    Sparse,
+    Stored,
+    nbytes_for_rows,
+)
 from ._sites import Candidate, Consumer, SkipKind, Skipped, Use, WeightSite, stored_nbytes
 from ._statistics import Calibration, Checkpoints, Needs, Statistics
 
@@ -49,6 +59,7 @@ __all__ = [
     "decode",
     "describe",
     "lut_to_dense",
+    "nbytes_for_rows",
     "register_container",
     "row_slice",
     "shift_scale",

@@ -90,6 +90,33 @@ class Sparse:
 Form = Quantized | Palettized | Sparse
 
 
+def nbytes_for_rows(form: Form, rows: int, of: int) -> int:
+    """What `form`, holding `rows` of a weight's `of` output channels, would store for all of
+    them: an encoding that keeps its rows apart stores arrays that each grow with the rows."""
+    total = 0
+    for size, bits in _arrays(form):
+        grown, left = divmod(size * of, rows)
+        if left:
+            raise ValueError(f"an array of {size} values does not grow with {rows} of {of} rows")
+        total += math.ceil(grown * bits / 8)
+    return total
+
+
+def _arrays(form: Form | Stored | ShiftScale | None) -> list[tuple[int, int]]:
+    """(values, bits a value) of every array `form` stores."""
+    if form is None:
+        return []
+    if isinstance(form, Stored):
+        return [(form.values.size, form.element.bits)]
+    if isinstance(form, ShiftScale):
+        return _arrays(form.scale) + _arrays(form.offset)
+    if isinstance(form, Quantized):
+        return _arrays(form.data) + _arrays(form.decode)
+    if isinstance(form, Palettized):
+        return _arrays(form.indices) + _arrays(form.lut) + _arrays(form.decode)
+    return [(form.mask.size, 1), *_arrays(form.kept), *_arrays(form.decode)]
+
+
 @dataclass(frozen=True)
 class Learned:
     """What calibration data did for one weight: its error weighted as the data says it matters

@@ -35,6 +35,8 @@ class Statistics:
     moments: torch.Tensor | None = None  # [in_features]
     gram: torch.Tensor | None = None  # [in_features, in_features]
     gradient_squares: torch.Tensor | None = None  # the weight's shape
+    # where `gradient_squares` holds a sample of a weight's rows: the mean over the whole weight
+    squares_mean: float | None = None
 
 
 class Checkpoints(Protocol):
