@@ -179,6 +179,7 @@ def test_a_large_weight_is_priced_on_row_groups_that_encode_as_the_whole_weight_
                 continue
             full = whole[site.name]
             sampled.setdefault(choice.name, []).append(site.name)
+            assert len(sample.rows) % 2 == 0  # even, as the weight's rows: codes packed two a byte
             assert len(sample.rows) * site.count // sample.of <= elements + site.count // sample.of * 16
             assert torch.equal(decode(encoding), sample.take(decode(full), site.output_axis)), site.name
             assert nbytes_for_rows(encoding.form, len(sample.rows), sample.of) == full.nbytes

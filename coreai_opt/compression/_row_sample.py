@@ -3,8 +3,9 @@
 Most encodings keep nothing shared between output channels but the calibration's input Gram
 matrix: a scale per channel or per block of a channel, a look-up table per channel or per group
 of channels, GPTQ's error feedback along each row. For those, encoding whole row groups of a
-weight gives exactly the rows that encoding the whole weight gives, and each row's error is its
-own: an error summed over evenly spread row groups, times the share they are of the weight,
+weight gives the rows that encoding the whole weight gives (bit for bit on the CPU; a GPU's
+matrix products may pick other kernels for another row count), and each row's error is its own:
+an error summed over evenly spread row groups, divided by the share they are of the weight,
 estimates the whole weight's - at that share of the cost. `optimize` prices every choice on every
 weight this way when a model is large (its cost table), and measures the plan it picks whole.
 """
@@ -18,7 +19,7 @@ import torch
 
 from coreai_opt.weights import Statistics, WeightSite
 
-from .configs import CompressionGranularity, PalettizeConfig, QuantizeConfig, WeightConfig
+from .configs import CompressionGranularity, DType, PalettizeConfig, QuantizeConfig, WeightConfig
 from .registry import algorithm_for
 
 
@@ -49,11 +50,11 @@ class RowSample:
         whole weight's; squared gradients, one per value, are the sample's, with their mean over
         the whole weight (what a floor is taken from)."""
         squares = None if statistics is None else statistics.gradient_squares
-        if statistics is None or squares is None:
+        if statistics is None or squares is None or tuple(squares.shape) != tuple(site.shape):
             return statistics
         mean = statistics.squares_mean
-        if mean is None:
-            mean = float(squares.sum(dtype=torch.float64)) / squares.numel() if squares.numel() else 0.0
+        if mean is None:  # summed on the host, as `fisher_importance` sums the whole weight's
+            mean = float(squares.cpu().sum(dtype=torch.float64)) / squares.numel() if squares.numel() else 0.0
         return replace(statistics, gradient_squares=self.take(squares, site.output_axis), squares_mean=mean)
 
 
@@ -67,6 +68,8 @@ def row_unit(config: WeightConfig) -> int | None:
     if isinstance(config, QuantizeConfig):
         return 1 if config.granularity in (G.PER_CHANNEL, G.PER_BLOCK) else None
     if isinstance(config, PalettizeConfig) and config.cluster_dim == 1 and not config.tune_epochs:
+        if config.lut_dtype is DType.UINT8:  # an offset array is stored if any table needs one
+            return None
         return {G.PER_CHANNEL: 1, G.PER_GROUPED_CHANNEL: config.group_size}.get(config.granularity)
     return None
 
@@ -74,13 +77,15 @@ def row_unit(config: WeightConfig) -> int | None:
 def row_sample(site: WeightSite, config: WeightConfig, elements: int) -> RowSample | None:
     """Whole row groups of `site`, evenly spread, of about `elements` values in all - or None
     when the weight is that small, its encoding shares something between its rows, or its rows
-    do not divide into groups."""
+    do not divide into groups. The sample's rows are even where the weight's are, as containers
+    that pack two codes a byte along the rows ask."""
     unit = row_unit(config)
     rows = site.shape[site.output_axis] if site.shape else 0
-    if elements <= 0 or unit is None or site.count <= elements or rows % unit:
+    if elements <= 0 or unit is None or site.count <= elements or rows % unit or rows % 2:
         return None
     groups = rows // unit
     wanted = max(1, math.ceil(elements / (unit * (site.count // rows))))
+    wanted += (wanted * unit) % 2
     if wanted >= groups:
         return None
     first = (torch.arange(wanted) * 2 + 1) * groups // (2 * wanted)  # the middle of each stretch

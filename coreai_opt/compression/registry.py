@@ -71,7 +71,7 @@ class Algorithm:
     summary: str = ""
     # each output channel's codes depend on its own values and on what is shared by every row (the
     # inputs' statistics): under a per-channel or per-group config, encoding some row groups gives
-    # exactly their rows of the whole weight's encoding (`_row_sample`)
+    # their rows of the whole weight's encoding, bit for bit on the CPU (`_row_sample`)
     rows_apart: bool = False
 
     @property

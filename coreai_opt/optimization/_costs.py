@@ -255,7 +255,7 @@ def _cost(
 
     from coreai_opt.weights import decode, nbytes_for_rows
 
-    w = weight.detach().to("cpu", torch.float64)  # the damage is taken on the host
+    w = weight.detach()
     statistics = fisher.get(site.name)
     if sample is None:
         nbytes, share = outcome.nbytes, 1.0
@@ -267,6 +267,7 @@ def _cost(
             _share(sample, site, whole),
         )
         site = sample.site(site)
+    w = w.to("cpu", torch.float64)  # the damage is taken on the host
     delta = decode(outcome).to("cpu", torch.float64) - w  # the weight or its encoding may be on a GPU
     return [nbytes, _damage(site, w, delta, statistics, grams.get(site.name), per_sample, share)]
 
