@@ -52,10 +52,8 @@ class RowSample:
         squares = None if statistics is None else statistics.gradient_squares
         if statistics is None or squares is None or tuple(squares.shape) != tuple(site.shape):
             return statistics
-        mean = statistics.squares_mean
-        if mean is None:  # summed on the host, as `fisher_importance` sums the whole weight's
-            mean = float(squares.cpu().sum(dtype=torch.float64)) / squares.numel() if squares.numel() else 0.0
-        return replace(statistics, gradient_squares=self.take(squares, site.output_axis), squares_mean=mean)
+        taken = self.take(squares, site.output_axis)
+        return replace(statistics, gradient_squares=taken, squares_mean=statistics.gradient_mean())
 
 
 def row_unit(config: WeightConfig) -> int | None:

@@ -260,12 +260,9 @@ def _cost(
     if sample is None:
         nbytes, share = outcome.nbytes, 1.0
     else:
-        whole = statistics
+        nbytes = nbytes_for_rows(outcome.form, len(sample.rows), sample.of)
+        share = _share(sample, site, statistics)
         w, statistics = sample.take(w, site.output_axis), sample.statistics(statistics, site)
-        nbytes, share = (
-            nbytes_for_rows(outcome.form, len(sample.rows), sample.of),
-            _share(sample, site, whole),
-        )
         site = sample.site(site)
     w = w.to("cpu", torch.float64)  # the damage is taken on the host
     delta = decode(outcome).to("cpu", torch.float64) - w  # the weight or its encoding may be on a GPU

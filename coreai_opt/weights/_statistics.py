@@ -38,6 +38,16 @@ class Statistics:
     # where `gradient_squares` holds a sample of a weight's rows: the mean over the whole weight
     squares_mean: float | None = None
 
+    def gradient_mean(self) -> float:
+        """The mean squared gradient over the whole weight, summed on the host (`squares_mean`
+        where `gradient_squares` is a sample of its rows); 0 without squared gradients."""
+        import torch
+
+        squares = self.gradient_squares
+        if self.squares_mean is not None or squares is None or not squares.numel():
+            return self.squares_mean or 0.0
+        return float(squares.cpu().sum(dtype=torch.float64)) / squares.numel()
+
 
 class Checkpoints(Protocol):
     """Where one long pass over the calibration samples keeps its state between runs."""

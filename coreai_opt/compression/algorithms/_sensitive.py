@@ -45,9 +45,7 @@ def fisher_importance(statistics: Statistics | None, site: WeightSite) -> tuple[
     if tuple(squares.shape) != tuple(site.shape):
         return None
     squares = squares.cpu()  # k-means runs on the host
-    mean = statistics.squares_mean  # a sample of rows is floored as the whole weight is
-    if mean is None:
-        mean = float(squares.sum(dtype=torch.float64)) / squares.numel() if squares.numel() else 0.0
+    mean = statistics.gradient_mean()  # a sample of rows is floored as the whole weight is
     if not math.isfinite(mean) or mean <= 0 or float(squares.min()) < 0:
         return None  # squares are never negative: such statistics are not a Fisher pass's
     return squares, _FLOOR * mean
