@@ -462,6 +462,30 @@ def test_weighted_kmeans_is_the_optimum_over_every_partition() -> None:
     assert cost == pytest.approx(best, rel=1e-9)
 
 
+def test_an_estimates_trial_skips_only_the_data_free_comparison(layer: dict[str, torch.Tensor]) -> None:
+    import dataclasses
+
+    from coreai_opt.compression import BUILT_IN
+    from coreai_opt.compression._driver import encode_weight
+
+    generator = torch.Generator().manual_seed(3)
+    fisher = torch.rand(ROWS, COLUMNS, generator=generator, dtype=torch.float64)
+    statistics = dataclasses.replace(_statistics(layer), gradient_squares=fisher)
+    configs = {
+        "gptq": (QuantizeConfig(dtype="int4", method="gptq"), PalettizeConfig(n_bits=3, method="gptq")),
+        "sensitive": (PalettizeConfig(n_bits=3, granularity="channel", method="sensitive"),),
+        "importance": (PalettizeConfig(n_bits=2, granularity="grouped", group_size=8, method="importance"),),
+        "sparsegpt": (SparsifyConfig(target_sparsity=0.5, method="sparsegpt"),),
+    }
+    assert {a.method for a in BUILT_IN if a.compares} == set(configs)  # every algorithm that compares
+    for config in (c for group in configs.values() for c in group):
+        full = encode_weight(layer["w"], _site(), config, statistics)
+        trial = encode_weight(layer["w"], _site(), config, statistics, compare=False)
+        assert full.learned.data_free_snr_db is not None and trial.learned.data_free_snr_db is None
+        assert full.learned.snr_db == trial.learned.snr_db, config
+        assert torch.equal(decode(full), decode(trial)) and full.nbytes == trial.nbytes, config
+
+
 def test_sensitive_palettization_spends_its_entries_where_the_fisher_information_is() -> None:
     generator = torch.Generator().manual_seed(1)
     w = torch.randn(32, 64, generator=generator)

@@ -201,7 +201,8 @@ def trial_encodings(
 ) -> Any:
     """Each weight `compress_(program, config)` would compress (of those in `only`, if given), with
     its encoding or why it stays, nothing written (`_driver.trial_encodings`; an iterator of
-    `(WeightSite, Encoding | Skipped)`)."""
+    `(WeightSite, Encoding | Skipped)`). The same encodings as `compress_`'s, without the data-free
+    SNR a learned one's report puts beside it (`Learned.data_free_snr_db` None)."""
     from ._driver import trial_encodings as trials
 
     return trials(container_of(program), config, calibration, only)

@@ -219,14 +219,21 @@ def _record(
 
 
 def encode_weight(
-    w: torch.Tensor, site: WeightSite, config: WeightConfig, statistics: Statistics | None = None
+    w: torch.Tensor,
+    site: WeightSite,
+    config: WeightConfig,
+    statistics: Statistics | None = None,
+    compare: bool = True,
 ) -> Encoding | Skipped:
     """One weight's encoding under its config's algorithm, or why it stays as it is (an encoding
     that would not shrink it is not applied): the unit of work an executor runs (it needs no
-    container, so it runs in any process)."""
+    container, so it runs in any process). `compare=False`: no data-free encoding measured beside
+    a learned one (`Algorithm.compares`)."""
     if (reason := _non_finite(w)) is not None:
         return site.skipped(reason, SkipKind.NON_FINITE)
-    outcome = algorithm_for(config).encode()(w, site, config, statistics)
+    algorithm = algorithm_for(config)
+    options = {} if compare or not algorithm.compares else {"compare": False}
+    outcome = algorithm.encode()(w, site, config, statistics, **options)
     if isinstance(outcome, str):
         return site.skipped(outcome, SkipKind.LAYOUT)
     if outcome.nbytes >= site.nbytes:
@@ -303,7 +310,7 @@ def sampled_trial_encodings(
                 sample.site(site),
                 sample.statistics(stats, site),
             )
-        outcome = encode_weight(w, encoded, cfg, stats)
+        outcome = encode_weight(w, encoded, cfg, stats, compare=False)  # an estimate: no data-free SNR
         if not isinstance(outcome, Skipped) and (refusal := container.refusal(encoded, outcome)) is not None:
             outcome = site.skipped(refusal, SkipKind.LAYOUT)
         yield site, outcome, sample

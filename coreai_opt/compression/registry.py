@@ -73,6 +73,10 @@ class Algorithm:
     # inputs' statistics): under a per-channel or per-group config, encoding some row groups gives
     # their rows of the whole weight's encoding, bit for bit on the CPU (`_row_sample`)
     rows_apart: bool = False
+    # the encoder measures the data-free encoding of the same config beside its own (`Learned`), and
+    # takes `compare=False` to skip it where nobody reads it (an estimate's trials): for k-means
+    # tables, half the work
+    compares: bool = False
 
     @property
     def name(self) -> str:
@@ -96,15 +100,18 @@ BUILT_IN = (
     Algorithm(P, "kmeans", "_kmeans:palettize", summary="exact k-means of the values", rows_apart=True),
     Algorithm(S, "magnitude", "_magnitude:sparsify", summary="keep the largest magnitudes"),
     Algorithm(Q, "gptq", "_gptq:quantize_gptq", Needs.INPUT_GRAM, sequential=True,
-              summary="GPTQ: each column's rounding error pushed onto the next through H^-1", rows_apart=True),
+              summary="GPTQ: each column's rounding error pushed onto the next through H^-1", rows_apart=True,
+              compares=True),
     Algorithm(P, "sensitive", "_sensitive:palettize_sensitive", Needs.GRADIENT_SQUARES, sequential=True,
-              summary="exact k-means weighted by the Fisher information of each element", rows_apart=True),
+              summary="exact k-means weighted by the Fisher information of each element", rows_apart=True,
+              compares=True),
     Algorithm(P, "importance", "_sensitive:palettize_importance", Needs.INPUT_MOMENTS,
-              summary="exact k-means weighted by each input channel's mean square", rows_apart=True),
+              summary="exact k-means weighted by each input channel's mean square", rows_apart=True,
+              compares=True),
     Algorithm(P, "gptq", "_gptq:palettize_gptq", Needs.INPUT_GRAM, sequential=True,
-              summary="GPTQ onto the tables of importance-weighted k-means", rows_apart=True),
+              summary="GPTQ onto the tables of importance-weighted k-means", rows_apart=True, compares=True),
     Algorithm(S, "sparsegpt", "_sparsegpt:sparsify_sparsegpt", Needs.INPUT_GRAM, sequential=True,
-              summary="SparseGPT: prune by the OBS score, repair through H^-1"),
+              summary="SparseGPT: prune by the OBS score, repair through H^-1", compares=True),
 )  # fmt: skip
 _CONFIGS: dict[str, type[WeightConfig]] = {c.KIND: c for c in (Q, P, S)}
 _REGISTRY: dict[tuple[type[WeightConfig], str], Algorithm] = {(a.config, a.method): a for a in BUILT_IN}

@@ -122,12 +122,13 @@ class Learned:
     """What calibration data did for one weight: its error weighted as the data says it matters
     (`weighting`: "output" - the consumer's output on the calibration data, through its input Gram
     matrix; "fisher" - squared gradients of the loss; "input-moments" - each input channel's mean
-    square), as an SNR in dB, for this encoding and for the data-free one of the same config."""
+    square), as an SNR in dB, for this encoding and for the data-free one of the same config (None
+    where that was not measured: an estimate's trial reads neither)."""
 
     method: str
     weighting: str
     snr_db: float
-    data_free_snr_db: float
+    data_free_snr_db: float | None
 
 
 @dataclass(frozen=True)

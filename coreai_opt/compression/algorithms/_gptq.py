@@ -118,7 +118,11 @@ def _solve_columns(
 
 
 def quantize_gptq(
-    w: torch.Tensor, site: WeightSite, config: QuantizeConfig, statistics: Statistics | None = None
+    w: torch.Tensor,
+    site: WeightSite,
+    config: QuantizeConfig,
+    statistics: Statistics | None = None,
+    compare: bool = True,
 ) -> Encoding | str:
     """Codes chosen by GPTQ under round-to-nearest's scales, clipped for symmetric integers (see
     the module)."""
@@ -151,7 +155,7 @@ def quantize_gptq(
     del held, round_column  # the weight's size each: gone before the output error is measured
     if isinstance(encoding, str):
         return encoding
-    return with_output_error(config.method, encoding, free, view, matrix, gram)
+    return with_output_error(config.method, encoding, free if compare else None, view, matrix, gram)
 
 
 def integer_rounding(
@@ -273,13 +277,19 @@ def _vector_rounding(tables: torch.Tensor) -> Rounding:
 
 
 def palettize_gptq(
-    w: torch.Tensor, site: WeightSite, config: PalettizeConfig, statistics: Statistics | None = None
+    w: torch.Tensor,
+    site: WeightSite,
+    config: PalettizeConfig,
+    statistics: Statistics | None = None,
+    compare: bool = True,
 ) -> Encoding | str:
     """Indices chosen by GPTQ onto the tables of importance-weighted k-means (see the module)."""
-    free = palettize(w, site, config)
     view = MatrixView.of(site)
     gram = gram_of(statistics, view)
-    if gram is None or isinstance(free, str) or len(site.shape) < 2:
+    if gram is None or len(site.shape) < 2:
+        return palettize(w, site, config)
+    free = palettize(w, site, config) if compare else None  # what the data is measured against
+    if isinstance(free, str):
         return free
     tables_of = weighted_palettize(w, site, config, input_importance(statistics, site))
     if isinstance(tables_of, str):

@@ -124,15 +124,17 @@ def output_snr_db(matrix: torch.Tensor, approximation: torch.Tensor, gram: torch
 def with_output_error(
     method: str,
     encoding: Encoding,
-    free: Encoding,
+    free: Encoding | None,
     view: MatrixView,
     matrix: torch.Tensor,
     gram: torch.Tensor,
 ) -> Encoding:
     """`encoding` with what the data did: the consumer's output SNR on the calibration data,
-    beside that of `free` (the data-free encoding of the same config)."""
+    beside that of `free` (the data-free encoding of the same config; None: not compared)."""
     snr = output_snr_db(matrix, view.matrix(decode(encoding, device=gram.device)), gram)
-    before = output_snr_db(matrix, view.matrix(decode(free, device=gram.device)), gram)
+    before = (
+        None if free is None else output_snr_db(matrix, view.matrix(decode(free, device=gram.device)), gram)
+    )
     return replace(encoding, learned=Learned(method, "output", snr, before))
 
 

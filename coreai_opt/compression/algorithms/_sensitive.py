@@ -75,12 +75,15 @@ def _learned_palettize(
     config: PalettizeConfig,
     importance: torch.Tensor | tuple[torch.Tensor, float] | None,
     weighting: str,
+    compare: bool,
 ) -> Encoding | str:
-    """Weighted k-means beside the data-free one; `importance` with the floor to add where it is
-    read, or already floored. Both run on the host (numba's k-means), as do the scores."""
+    """Weighted k-means, beside the data-free one where `compare`; `importance` with the floor to
+    add where it is read, or already floored. Both run on the host (numba's k-means), as do the scores."""
     w = w.cpu()
-    free = weighted_palettize(w, site, config, None)
-    if importance is None or isinstance(free, str):
+    if importance is None:
+        return weighted_palettize(w, site, config, None)
+    free = weighted_palettize(w, site, config, None) if compare else None
+    if isinstance(free, str):
         return free
     weights, floor = importance if isinstance(importance, tuple) else (importance, 0.0)
     weights = weights.cpu()
@@ -91,20 +94,28 @@ def _learned_palettize(
         config.method,
         weighting,
         weighted_snr_db(w, decode(learned), weights, floor),
-        weighted_snr_db(w, decode(free), weights, floor),
+        None if free is None else weighted_snr_db(w, decode(free), weights, floor),
     )
     return Encoding(learned.form, learned.element, learned.luts, learned.sparsity, learned=record)
 
 
 def palettize_sensitive(
-    w: torch.Tensor, site: WeightSite, config: PalettizeConfig, statistics: Statistics | None = None
+    w: torch.Tensor,
+    site: WeightSite,
+    config: PalettizeConfig,
+    statistics: Statistics | None = None,
+    compare: bool = True,
 ) -> Encoding | str:
     """Exact k-means weighted by each element's Fisher information (see the module)."""
-    return _learned_palettize(w, site, config, fisher_importance(statistics, site), "fisher")
+    return _learned_palettize(w, site, config, fisher_importance(statistics, site), "fisher", compare)
 
 
 def palettize_importance(
-    w: torch.Tensor, site: WeightSite, config: PalettizeConfig, statistics: Statistics | None = None
+    w: torch.Tensor,
+    site: WeightSite,
+    config: PalettizeConfig,
+    statistics: Statistics | None = None,
+    compare: bool = True,
 ) -> Encoding | str:
     """Exact k-means weighted by each element's input channel's mean square (see the module)."""
-    return _learned_palettize(w, site, config, input_importance(statistics, site), "input-moments")
+    return _learned_palettize(w, site, config, input_importance(statistics, site), "input-moments", compare)

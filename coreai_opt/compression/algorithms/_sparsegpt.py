@@ -94,7 +94,11 @@ def prune(matrix: torch.Tensor, gram: torch.Tensor, config: SparsifyConfig,
 
 
 def sparsify_sparsegpt(
-    w: torch.Tensor, site: WeightSite, config: SparsifyConfig, statistics: Statistics | None = None
+    w: torch.Tensor,
+    site: WeightSite,
+    config: SparsifyConfig,
+    statistics: Statistics | None = None,
+    compare: bool = True,
 ) -> Encoding | str:
     """The mask and kept values SparseGPT chooses and repairs (see the module)."""
     free = sparsify(w, site, config)
@@ -113,7 +117,7 @@ def sparsify_sparsegpt(
     del dense, kept
     if isinstance(encoding, str):
         return encoding
-    return with_output_error(config.method, encoding, free, view, matrix, gram)
+    return with_output_error(config.method, encoding, free if compare else None, view, matrix, gram)
 
 
 def _pruned(
