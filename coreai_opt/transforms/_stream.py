@@ -121,6 +121,12 @@ def _step(node: Node, stream: set[Node], found: Stream, names: dict[str, str]) -
     if kind in WEIGHT_OPS:
         _reader(node, stream, found, names)
         return "none"
+    if kind in (aten.native_layer_norm, aten.layer_norm):
+        raise NotAStream(
+            f"the residual stream reaches a LayerNorm ({node.name}), which a rotation does not pass: it "
+            "subtracts each token's mean (and a post-norm encoder's, as BERT's, puts its gain and bias on "
+            "the stream itself); only RMSNorm streams rotate"
+        )
     raise NotAStream(
         f"the residual stream reaches {node.name} ({node.target}), which a rotation does not pass"
     )
