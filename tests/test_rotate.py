@@ -221,7 +221,9 @@ def test_rotation_takes_the_cost_of_outlier_columns_out_of_int4(llama: Path) -> 
 def test_what_the_rotation_cannot_pass_is_refused_and_the_program_left_as_it_was(tied_llama: Path) -> None:
     program = load_pt2(SAMPLES / "transformer.pt2")
     held, nodes = dict(program.state_dict), [n.name for n in program.graph.nodes]
-    with pytest.raises(TransformError, match=r"reaches a LayerNorm \(native_layer_norm.*\), which a rotation does not pass"):
+    with pytest.raises(
+        TransformError, match=r"reaches a LayerNorm \(native_layer_norm.*\), which a rotation does not pass"
+    ):
         transform_(program, RotateConfig())
     assert [n.name for n in program.graph.nodes] == nodes and all(
         program.state_dict[k] is v for k, v in held.items()
