@@ -138,3 +138,102 @@ def test_task_on_the_command_line_and_its_refusals(tiny_llama, tmp_path: Path, c
         result = coreopt("eval", tiny_llama["ref"], *args)
         assert result.exit_code == code, (args, result.stderr)
         assert said in " ".join(result.stderr.replace("│", " ").split()), (args, result.stderr)
+
+
+def _hf_logp(model, ids: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].double().log_softmax(-1)
+
+
+def test_lm_eval_harness_requests_are_answered_as_its_hf_model_answers_them(tiny_llama) -> None:  # type: ignore[no-untyped-def]
+    from tokenizers import Tokenizer
+
+    from coreai_opt.evaluation import HarnessModel
+    from tests._hf import tiny_model, tokenizer_json
+
+    hf, tokenizer = tiny_model("llama"), Tokenizer.from_str(tokenizer_json())
+    ours = HarnessModel(tiny_llama["ref"])
+    window, start = ours.max_length, hf.config.bos_token_id
+    assert window == 16
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    # loglikelihood: the choices' sums as `--task` scores them; greedy where every token is the argmax
+    context = "the model reads the"
+    logp = _hf_logp(hf, encode(context))
+    best = int(logp[-1].argmax())
+    other = next(t for t in range(2, 50) if t != best)
+    pairs = [(context, " " + tokenizer.id_to_token(best)), (context, " " + tokenizer.id_to_token(other))]
+    (greedy_ll, greedy), (other_ll, not_greedy) = ours.loglikelihood(pairs)
+    assert greedy and not not_greedy
+    assert greedy_ll == pytest.approx(float(logp[-1, best]), abs=1e-5)
+    assert other_ll == pytest.approx(float(logp[-1, other]), abs=1e-5)
+
+    # loglikelihood_rolling: every token once, the first after the start token, windows of 16 whose
+    # last one reaches back a whole window (lm-eval's docstring example: 10 tokens in windows of 4)
+    text = "the text feeds the model ; " * 7
+    ids, expected, a = encode(text), 0.0, 0
+    tokens = [start, *ids]
+    while a < len(ids):
+        b = min(a + window, len(ids))
+        s = max(0, b - window)
+        logp = _hf_logp(hf, tokens[s:b])
+        expected += sum(float(logp[j - s, tokens[j + 1]]) for j in range(a, b))
+        a = b
+    assert len(ids) > 2 * window and len(ids) % window
+    assert ours.loglikelihood_rolling([text])[0] == pytest.approx(expected, rel=1e-5)
+    ours.side.length = 4
+    windows = list(ours._windows(list(range(10, 20))))
+    assert [((c + x)[:-1][-4:], x) for c, x in windows] == [
+        ([start, 10, 11, 12], [10, 11, 12, 13]),
+        ([13, 14, 15, 16], [14, 15, 16, 17]),
+        ([15, 16, 17, 18], [18, 19]),
+    ]
+    ours.side.length = window
+
+    # generate_until: greedy tokens on the last window, cut before the first stop string
+    made, ids = [], encode(context)
+    for _ in range(12):
+        token = int(_hf_logp(hf, (ids + made)[-window:])[-1].argmax())
+        if token == hf.config.eos_token_id:
+            break
+        made.append(token)
+    text = tokenizer.decode(made)
+    stop = text.split()[len(text.split()) // 2]
+    answers = ours.generate_until([(context, {"until": [stop], "max_gen_toks": 12}), (context, {"max_gen_toks": 3})])
+    assert answers == [text[: text.find(stop)], tokenizer.decode(made[:3])]
+    ours.close()
+
+
+def test_lm_eval_model_registers_coreopt_with_lm_eval(tiny_llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The glue against lm-eval's interface (a stand-in: lm-eval itself needs scikit-learn)."""
+    import sys
+    import types
+
+    from coreai_opt.evaluation import HarnessModel, lm_eval_model
+
+    registry: dict[str, type] = {}
+
+    class LM:
+        def __init__(self) -> None:
+            self._rank = 0
+
+    modules = {name: types.ModuleType(name) for name in ("lm_eval", "lm_eval.api", "lm_eval.api.model",
+                                                          "lm_eval.api.registry")}  # fmt: skip
+    modules["lm_eval.api.model"].LM = LM
+    modules["lm_eval.api.registry"].register_model = lambda name: lambda cls: registry.setdefault(name, cls)
+    modules["lm_eval.api.registry"].get_model = registry.__getitem__
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    made = lm_eval_model()
+    assert registry == {"coreopt": made} and lm_eval_model() is made and issubclass(made, LM)
+    lm = made(path=str(tiny_llama["ref"]), batch_size=1, device=None)
+    request = types.SimpleNamespace(args=("the model reads the", " text"))
+    direct = HarnessModel(tiny_llama["ref"])
+    assert lm.loglikelihood([request]) == direct.loglikelihood([request.args])
+    assert lm.loglikelihood_rolling([types.SimpleNamespace(args=("the model",))]) == direct.loglikelihood_rolling(
+        ["the model"]
+    )
+    direct.close()
+    lm.model.close()

@@ -1,10 +1,12 @@
 """How much compression costs on real data: perplexity, KL divergence and top-1 agreement of
 language models on a text (`evaluate_text`, in bounded memory), multiple-choice task accuracy as
-lm-eval-harness scores it (`evaluate_task`, `read_task`); what each weight's compression alone costs
+lm-eval-harness scores it (`evaluate_task`, `read_task`), and a program as lm-eval-harness's own
+model (`HarnessModel`, `lm_eval_model`); what each weight's compression alone costs
 (`weight_sensitivity`, `trial_divergences`); other models' output agreement over a dataset is
 `coreai_opt.comparison.compare_many` with `inputs=`."""
 
 from ._config import EvalConfig
+from ._harness import LM_EVAL_NAME, HarnessModel, lm_eval_model
 from ._layouts import TaskItem
 from ._plot import plot_evaluation
 from ._sensitivity import (
@@ -24,7 +26,9 @@ from ._tokens import Windows, file_token_ids, text_token_ids
 __all__ = [
     "BROKEN_KL",
     "BROKEN_TOP1",
+    "LM_EVAL_NAME",
     "EvalConfig",
+    "HarnessModel",
     "NotALanguageModel",
     "SensitivityResult",
     "SpotCheck",
@@ -38,6 +42,7 @@ __all__ = [
     "evaluate_task",
     "evaluate_text",
     "file_token_ids",
+    "lm_eval_model",
     "plot_evaluation",
     "read_task",
     "shipped_text",

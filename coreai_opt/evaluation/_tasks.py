@@ -122,7 +122,7 @@ def evaluate_task(
     items = read_task(task, max_items)
     found = tokenizer_for(paths[0], task, tokenizer)
     assert found is not None
-    coder = _Coder(found, paths[0])
+    coder = PairCoder(found, paths[0])
     runs = sum(len(item.pairs) for item in items)
     counter = Counter(progress, runs * len(paths))
     result = TaskEvaluation(str(task), len(items))
@@ -137,8 +137,9 @@ def evaluate_task(
     return result
 
 
-class _Coder:
-    """A tokenizer with lm-eval-harness's way of cutting a (context, continuation) pair."""
+class PairCoder:
+    """A tokenizer with lm-eval-harness's way of cutting a (context, continuation) pair, and the
+    model's start token (`prefix`) and end-of-sequence ids (`stops`)."""
 
     def __init__(self, tokenizer: Path, program: Path) -> None:
         from coreai_opt.models import model_info, read_tokenizer
@@ -146,9 +147,8 @@ class _Coder:
         self.tokenizer, self.path = read_tokenizer(tokenizer), tokenizer
         info = model_info(program)
         self.vocab = info.vocab_size if info is not None else None
-        config = info.config if info is not None else {}
-        first = [config.get(k) for k in ("bos_token_id", "eos_token_id")]
-        self.prefix = next((v for v in first if isinstance(v, int) and not isinstance(v, bool)), None)
+        self.prefix = info.start_id if info is not None else None
+        self.stops = info.eos_ids if info is not None else ()
 
     def encode(self, text: str) -> list[int]:
         ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -169,10 +169,10 @@ class _Coder:
         return start, whole[len(start) :]
 
 
-def _score(side: LanguageSide, items: list[TaskItem], coder: _Coder, counter: Counter) -> TaskScore:
+def _score(side: LanguageSide, items: list[TaskItem], coder: PairCoder, counter: Counter) -> TaskScore:
     lls = []
     for item in items:
-        lls.append([_loglikelihood(side, coder.pair(*pair)) for pair in item.pairs])
+        lls.append([continuation_loglikelihood(side, coder.pair(*pair))[0] for pair in item.pairs])
         for _ in item.pairs:
             counter.step(f"{side.path.name} item {len(lls)}")
     hits = [
@@ -187,9 +187,10 @@ def _score(side: LanguageSide, items: list[TaskItem], coder: _Coder, counter: Co
                      _stderr(acc_norm, len(items)), side.seconds, lls)  # fmt: skip
 
 
-def _loglikelihood(side: LanguageSide, pair: tuple[list[int], list[int]]) -> float:
+def continuation_loglikelihood(side: LanguageSide, pair: tuple[list[int], list[int]]) -> tuple[float, bool]:
     """The sum of the log-probabilities of the continuation's tokens after the context's, the
-    sequence cut from the left to the program's window."""
+    sequence cut from the left to the program's window; and whether each of them is the most
+    likely token where it stands (greedy decoding would make the continuation)."""
     import torch
 
     context, continuation = pair
@@ -199,9 +200,10 @@ def _loglikelihood(side: LanguageSide, pair: tuple[list[int], list[int]]) -> flo
         raise ConfigError(f"a task choice has {len(continuation)} tokens; the program's window holds "
                           f"{side.length}", "task")  # fmt: skip
     whole = (context + continuation)[-(side.length + 1) :]
-    logp = torch.log_softmax(side.sequence_logits(whole[:-1]).double(), dim=-1)
-    rows = torch.arange(len(whole) - 1 - len(continuation), len(whole) - 1)
-    return float(logp[rows, torch.tensor(continuation)].sum())
+    tail = side.sequence_logits(whole[:-1])[-len(continuation) :].double()
+    target = torch.tensor(continuation)
+    logp = torch.log_softmax(tail, dim=-1)[torch.arange(len(continuation)), target]
+    return float(logp.sum()), bool((tail.argmax(-1) == target).all())
 
 
 def _stderr(share: float, count: int) -> float | None:

@@ -84,7 +84,7 @@ def open_decoder(
     found = Path(tokenizer) if tokenizer is not None else model_tokenizer(path)
     coder = read_tokenizer(found) if found is not None else None
     info = model_info(path)
-    eos = _eos(info.config if info is not None else {})
+    eos = info.eos_ids if info is not None else ()
     opened = OpenDecoder(None, coder, eos, info.chat if info is not None else None, name=str(path))
     try:
         if kind is ModelFormat.AIMODEL:
@@ -117,13 +117,6 @@ def _asset(path: Path, stack: contextlib.ExitStack) -> Any:
     worker = stack.enter_context(AssetWorker(path))
     verify_aimodel(path, worker)
     return AssetDecoder(path, worker)
-
-
-def _eos(config: dict[str, Any]) -> tuple[int, ...]:
-    """The end-of-sequence ids a Hugging Face config names (one id or a list)."""
-    value = config.get("eos_token_id")
-    values = value if isinstance(value, list) else [value]
-    return tuple(v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0)
 
 
 class TextStream:

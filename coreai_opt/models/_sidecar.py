@@ -61,6 +61,19 @@ class ModelInfo:
         } | ({} if self.context is None else {"context": self.context}) | (
             {} if self.chat is None else {"chat": self.chat.to_dict()})  # fmt: skip
 
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """The end-of-sequence ids its config names (one id or a list)."""
+        value = self.config.get("eos_token_id")
+        return tuple(v for v in (value if isinstance(value, list) else [value]) if _token_id(v))
+
+    @property
+    def start_id(self) -> int | None:
+        """The token a text's first token is predicted after, as lm-eval-harness takes it: the start
+        of sequence, else the first end of sequence; None where the config names neither."""
+        first = self.config.get("bos_token_id")
+        return first if _token_id(first) else next(iter(self.eos_ids), None)
+
     @classmethod
     def from_dict(cls, data: Any, path: Path) -> ModelInfo:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -94,6 +107,10 @@ class ModelInfo:
         return cls(
             kind, data["model_type"], batch, seq_len, vocab, data.get("source", ""), config, context, chat
         )
+
+
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _stem(program: Path) -> Path:
