@@ -173,6 +173,15 @@ def report(row: dict[str, object], device: str, out: Path) -> None:
     out.write_text(text)
 
 
+def host_rss() -> tuple[float, float]:
+    """This process's resident memory now and its peak so far, GiB (Linux)."""
+    import resource
+
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    now = pages * resource.getpagesize() / 2**30
+    return now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 def peaks(device: str) -> dict[str, object]:
     """The device's name, its peak memory and the process's peak host RSS (GiB)."""
     import resource

@@ -2,13 +2,14 @@
 
     python bench/optimize_device.py [--size 1.1b] [--sequence 512] [--device cuda] [--bits 4]
                                     [--samples 8] [--tokens 4096] [--rotate none] [--tune-epochs 0]
-                                    [--candidates default] [--estimate-sample N]
+                                    [--candidates default] [--estimate-sample N] [--uniform 1]
                                     [--out PATH]
 
 The decoder of bench/decoders.py (seeded random weights; TinyLlama's shape at 1.1B) exported at
 `--sequence` tokens in fp16; calibration on `--samples` seeded random windows (the decoder has no
 tokenizer, so no trials: those need text), confirmation on `--tokens` seeded random token ids.
-Every note `optimize` says is printed with the seconds since the start, and the run's seconds,
+Every note `optimize` says is printed with the seconds since the start and the host's resident
+memory then (and its peak so far), and the run's seconds,
 the plan's bits and the peaks are written to `--out` (JSON). The weights are random: the numbers
 say how fast and how large, not how accurate.
 """
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--tune-epochs", type=int, default=0)
     parser.add_argument("--candidates", default="default")
     parser.add_argument("--estimate-sample", type=int, default=None, help="default: optimize's own")
+    parser.add_argument("--uniform", type=int, default=1, help="uniform settings made for comparison")
     args = parser.parse_args()
 
     from coreai_opt.optimization import Goal, OptimizeConfig, optimize
@@ -50,12 +52,15 @@ def main() -> None:
     start = time.perf_counter()
 
     def say(line: str) -> None:
-        print(f"[{time.perf_counter() - start:7.1f} s] {line}", flush=True)
+        rss, peak = decoders.host_rss()
+        print(
+            f"[{time.perf_counter() - start:7.1f} s, rss {rss:5.2f} GiB, peak {peak:5.2f}] {line}", flush=True
+        )
 
     result = optimize(
         program, Goal(target_bits=args.bits), "random", ids, output=program.with_name("optimized.pt2"),
         device=args.device, rotate=args.rotate, tune_epochs=args.tune_epochs, calibration_samples=args.samples,
-        candidates=args.candidates, force=True, say=say, estimate_sample=sample,
+        candidates=args.candidates, force=True, say=say, estimate_sample=sample, uniform=args.uniform,
     )  # fmt: skip
     row = {
         "size": args.size, "sequence": args.sequence, "bits": args.bits, "export_s": round(exported, 1),
