@@ -326,6 +326,28 @@ def test_a_damaged_statistics_entry_is_a_miss(
     assert _equal(_gram(samples), first)
 
 
+def test_statistics_are_written_a_tensor_at_a_time_as_safetensors_reads_them(tmp_path: Path) -> None:
+    """The cache's own writer (one tensor on the host at a time) makes a file safetensors' reader
+    takes, every tensor bit for bit, in each dtype the statistics use and of any shape."""
+    from coreai_opt.calibration._cache import write_safetensors
+
+    generator = torch.Generator().manual_seed(0)
+    tensors = {
+        "a.weight/gram": torch.randn(5, 5, generator=generator, dtype=torch.float64),
+        "b/moments": torch.randn(3, generator=generator),
+        "c": torch.randn(2, 3, generator=generator).to(torch.bfloat16),
+        "d": torch.randn(7, generator=generator).half()[::2],  # not contiguous
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+        "empty": torch.zeros(0, 4),
+    }
+    write_safetensors(tmp_path / "s.safetensors", tensors)
+    back = load_file(str(tmp_path / "s.safetensors"))
+    assert set(back) == set(tensors)
+    for name, value in tensors.items():
+        assert back[name].dtype == value.dtype and torch.equal(back[name], value), name
+    assert int.from_bytes((tmp_path / "s.safetensors").read_bytes()[:8], "little") % 8 == 0
+
+
 # ----- the Fisher pass's index ------------------------------------------------------------------
 
 

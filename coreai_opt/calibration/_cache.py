@@ -79,19 +79,20 @@ def statistics_key(
 def load_statistics(key: str, names: Sequence[str], device: torch.device) -> dict[str, Statistics] | None:
     """The stored statistics of `names` under `key`, on `device`; None unless stored whole (a
     damaged cache entry is recomputed)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
 
     folder = _usable_folder(create=False)
     if folder is None or not (folder / f"{key}.safetensors").is_file():
         return None
     try:
-        tensors = load_file(str(folder / f"{key}.safetensors"))  # each tensor's bytes fit its shape
         index = read_json_object(folder / f"{key}.json", limit=_JSON_LIMIT)
         if index is None:
             return None
         rows, same = index["rows"], index["same"]
-        here = {key: value.to(device) for key, value in tensors.items()}
+        path = str(folder / f"{key}.safetensors")
+        with safe_open(path, "pt") as opened:  # each tensor's bytes fit its shape
+            # one tensor on the host at a time: a 1B model's Gram matrices are ~8 GB in float64
+            here = {name: opened.get_tensor(name).to(device) for name in opened.keys()}  # noqa: SIM118 (no dict)
         stored = {
             name: Statistics(int(rows[name]), *(here.get(f"{name}/{field}") for field in _FIELDS))
             for name in names
@@ -104,8 +105,6 @@ def load_statistics(key: str, names: Sequence[str], device: torch.device) -> dic
 
 def store_statistics(key: str, found: dict[str, Statistics]) -> None:
     """Keep `found` under `key` (a cache that cannot be written only costs time)."""
-    from safetensors.torch import save_file
-
     from coreai_opt.io import ModelFileError, write_atomically
 
     tensors, first, same = {}, {}, {}
@@ -117,16 +116,41 @@ def store_statistics(key: str, found: dict[str, Statistics]) -> None:
         for field in _FIELDS:
             value = getattr(statistics, field)
             if value is not None:
-                tensors[f"{name}/{field}"] = value.contiguous().cpu()
+                tensors[f"{name}/{field}"] = value
     try:
         folder = _usable_folder(create=True)
         if folder is None:
             return
-        write_atomically(folder / f"{key}.safetensors", lambda tmp: save_file(tensors, str(tmp)))
+        write_atomically(folder / f"{key}.safetensors", lambda tmp: write_safetensors(tmp, tensors))
         text = json.dumps({"rows": {name: s.rows for name, s in found.items()}, "same": same})
         write_atomically(folder / f"{key}.json", lambda tmp: tmp.write_text(text))
     except (OSError, ModelFileError):
         pass  # a cache that cannot be written only costs time
+
+
+_SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """`tensors` (on any device) as a safetensors file, one tensor copied to the host at a time
+    (safetensors' own `save_file` takes them all there first: ~8 GB of a 1B model's Gram matrices).
+    The header, from shapes and dtypes alone, is padded to 8 bytes as safetensors writes it."""
+    import struct
+
+    import torch
+
+    header, offset = {}, 0
+    for name, value in tensors.items():
+        size = value.numel() * value.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[str(value.dtype).removeprefix("torch.")],
+                        "shape": list(value.shape), "data_offsets": [offset, offset + size]}  # fmt: skip
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(text)) + text)
+        for value in tensors.values():
+            value.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tofile(handle)
 
 
 class FisherStore:
