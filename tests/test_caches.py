@@ -327,9 +327,9 @@ def test_a_damaged_statistics_entry_is_a_miss(
 
 
 def test_statistics_are_written_a_tensor_at_a_time_as_safetensors_reads_them(tmp_path: Path) -> None:
-    """The cache's own writer (one tensor on the host at a time) makes a file safetensors' reader
-    takes, every tensor bit for bit, in each dtype the statistics use and of any shape."""
-    from coreai_opt.calibration._cache import write_safetensors
+    """The cache's own writer and reader (one tensor on the host at a time) keep every tensor bit
+    for bit, in each dtype the statistics use and of any shape; safetensors' reader takes the file."""
+    from coreai_opt.calibration._cache import read_safetensors, write_safetensors
 
     generator = torch.Generator().manual_seed(0)
     tensors = {
@@ -341,10 +341,11 @@ def test_statistics_are_written_a_tensor_at_a_time_as_safetensors_reads_them(tmp
         "empty": torch.zeros(0, 4),
     }
     write_safetensors(tmp_path / "s.safetensors", tensors)
-    back = load_file(str(tmp_path / "s.safetensors"))
-    assert set(back) == set(tensors)
-    for name, value in tensors.items():
-        assert back[name].dtype == value.dtype and torch.equal(back[name], value), name
+    ours = read_safetensors(tmp_path / "s.safetensors", torch.device("cpu"))
+    for back in (load_file(str(tmp_path / "s.safetensors")), ours):
+        assert set(back) == set(tensors)
+        for name, value in tensors.items():
+            assert back[name].dtype == value.dtype and torch.equal(back[name], value), name
     assert int.from_bytes((tmp_path / "s.safetensors").read_bytes()[:8], "little") % 8 == 0
 
 
