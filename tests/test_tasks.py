@@ -201,7 +201,9 @@ def test_lm_eval_harness_requests_are_answered_as_its_hf_model_answers_them(tiny
         made.append(token)
     text = tokenizer.decode(made)
     stop = text.split()[len(text.split()) // 2]
-    answers = ours.generate_until([(context, {"until": [stop], "max_gen_toks": 12}), (context, {"max_gen_toks": 3})])
+    answers = ours.generate_until(
+        [(context, {"until": [stop], "max_gen_toks": 12}), (context, {"max_gen_toks": 3})]
+    )
     assert answers == [text[: text.find(stop)], tokenizer.decode(made[:3])]
     ours.close()
 
@@ -232,8 +234,8 @@ def test_lm_eval_model_registers_coreopt_with_lm_eval(tiny_llama, monkeypatch) -
     request = types.SimpleNamespace(args=("the model reads the", " text"))
     direct = HarnessModel(tiny_llama["ref"])
     assert lm.loglikelihood([request]) == direct.loglikelihood([request.args])
-    assert lm.loglikelihood_rolling([types.SimpleNamespace(args=("the model",))]) == direct.loglikelihood_rolling(
-        ["the model"]
-    )
+    assert lm.loglikelihood_rolling(
+        [types.SimpleNamespace(args=("the model",))]
+    ) == direct.loglikelihood_rolling(["the model"])
     direct.close()
     lm.model.close()

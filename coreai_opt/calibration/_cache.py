@@ -177,11 +177,9 @@ def read_safetensors(path: Path, device: torch.device) -> dict[str, torch.Tensor
             raw = np.fromfile(handle, dtype=np.uint8, count=end - start)
             if raw.size != end - start:
                 raise OSError(f"{path} was cut short while being read")
-            found[name] = (
-                torch.from_numpy(raw)
-                .view(getattr(torch, _TORCH_DTYPES[entry["dtype"]]))
-                .reshape(entry["shape"])
-            ).to(device)
+            dtype = getattr(torch, _TORCH_DTYPES[entry["dtype"]])
+            flat = torch.from_numpy(raw).view(dtype) if raw.size else torch.empty(0, dtype=dtype)
+            found[name] = flat.reshape(entry["shape"]).to(device)
     return found
 
 
