@@ -300,7 +300,17 @@ def test_statistics_planted_in_a_folder_that_fails_the_rule_are_never_read(
 
 
 @pytest.mark.parametrize(
-    "damage", ["header", "short", "rows deep", "rows list", "same stranger", "same circle"]
+    "damage",
+    [
+        "header",
+        "short",
+        "rows deep",
+        "rows list",
+        "rows infinite",
+        "no tensors",
+        "same stranger",
+        "same circle",
+    ],
 )
 def test_a_damaged_statistics_entry_is_a_miss(
     damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -316,6 +326,12 @@ def test_a_damaged_statistics_entry_is_a_miss(
         stored.write_bytes(stored.read_bytes()[:-8])
     elif damage == "rows deep":
         rows.write_text("[" * 100_000 + "]" * 100_000)
+    elif damage == "rows infinite":  # JSON's 1e999 reads as inf, which is no count
+        index = json.loads(rows.read_text())
+        index["rows"][next(iter(index["rows"]))] = "infinite"
+        rows.write_text(json.dumps(index).replace('"infinite"', "1e999"))
+    elif damage == "no tensors":  # a valid file holding nothing: no statistics, not empty ones
+        save_file({}, str(stored))
     elif damage.startswith("same"):  # a weight said to share statistics another does not hold
         index = json.loads(rows.read_text())
         a, b = MLP_WEIGHTS[:2]

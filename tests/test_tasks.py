@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 
 import torch
 
+from coreai_opt.errors import ConfigError
 from coreai_opt.evaluation import TaskItem, evaluate_task, read_task
 
 ITEMS = [
@@ -201,11 +202,40 @@ def test_lm_eval_harness_requests_are_answered_as_its_hf_model_answers_them(tiny
         made.append(token)
     text = tokenizer.decode(made)
     stop = text.split()[len(text.split()) // 2]
-    answers = ours.generate_until(
-        [(context, {"until": [stop], "max_gen_toks": 12}), (context, {"max_gen_toks": 3})]
-    )
+    answers = ours.generate_until([
+        (context, {"until": [stop], "max_gen_toks": 12}),
+        (context, {"max_new_tokens": 3, "do_sample": False, "temperature": 0.7}),  # lm-eval's alias; greedy
+    ])  # fmt: skip
     assert answers == [text[: text.find(stop)], tokenizer.decode(made[:3])]
+    with pytest.raises(ConfigError, match="samples"):
+        ours.generate_until([(context, {"temperature": 0.7})])
+    with pytest.raises(ConfigError, match="no room for a context"):
+        ours.generate_until([(context, {"max_gen_toks": 16})])
     ours.close()
+
+
+def test_texts_are_cut_with_the_tokenizers_own_start_token_as_lm_eval_cuts_them(
+    tiny_llama, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A tokenizer whose template puts a start token first: every text gets it unless it begins with
+    it; an empty context is the start token, or the continuation's own first token where that is it."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    from coreai_opt.evaluation._tasks import PairCoder
+    from tests._hf import tokenizer_json
+
+    tokenizer = Tokenizer.from_str(tokenizer_json())
+    start = tokenizer.token_to_id("w0")
+    tokenizer.post_processor = TemplateProcessing(single="w0 $A", special_tokens=[("w0", start)])
+    tokenizer.save(str(tmp_path / "t.json"))
+    coder = PairCoder(tmp_path / "t.json", tiny_llama["ref"], prefix=start)
+    the, model, reads = (tokenizer.token_to_id(w) for w in ("the", "model", "reads"))
+    assert coder.encode("the model") == [start, the, model] == coder.encode("w0 the model")
+    assert coder.encode("the model", special=False) == [the, model]
+    assert coder.pair("the model ", "reads") == ([start, the, model], [reads])
+    assert coder.pair("", "the model") == ([start], [the, model])
+    assert coder.pair("", "w0 the model") == ([start], [the, model])
 
 
 def test_lm_eval_model_registers_coreopt_with_lm_eval(tiny_llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -142,8 +142,8 @@ def spot_line(result: CompressionFileResult) -> str:
             f"{100 * spot.top1:.0f}% of the time (below {100 * BROKEN_TOP1:.0f}% or KL above {BROKEN_KL:g} says broken).{hint}[/red]")  # fmt: skip
 
 
-def _finite(*values: float) -> bool:
-    return all(v not in (float("inf"), float("-inf")) for v in values)
+def _finite(*values: float | None) -> bool:
+    return all(v is not None and v not in (float("inf"), float("-inf")) for v in values)
 
 
 def compression_line(result: CompressionFileResult) -> str:

@@ -90,11 +90,12 @@ def load_statistics(key: str, names: Sequence[str], device: torch.device) -> dic
             return None
         rows, same = index["rows"], index["same"]
         here = read_safetensors(folder / f"{key}.safetensors", device)
-        stored = {
-            name: Statistics(int(rows[name]), *(here.get(f"{name}/{field}") for field in _FIELDS))
-            for name in names
-            if name not in same
-        }
+        stored = {}
+        for name in (n for n in names if n not in same):
+            fields = [here.get(f"{name}/{field}") for field in _FIELDS]
+            if not _count(rows[name]) or all(f is None for f in fields):
+                return None  # a weight's rows not a count, or none of its tensors stored: a miss
+            stored[name] = Statistics(rows[name], *fields)
         return {name: stored[same.get(name, name)] for name in names}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError):
         return None  # a damaged cache entry is recomputed
@@ -121,7 +122,7 @@ def store_statistics(key: str, found: dict[str, Statistics]) -> None:
         write_atomically(folder / f"{key}.safetensors", lambda tmp: write_safetensors(tmp, tensors))
         text = json.dumps({"rows": {name: s.rows for name, s in found.items()}, "same": same})
         write_atomically(folder / f"{key}.json", lambda tmp: tmp.write_text(text))
-    except (OSError, ModelFileError):
+    except (OSError, ModelFileError, KeyError):  # KeyError: a dtype safetensors has no name for
         pass  # a cache that cannot be written only costs time
 
 
@@ -179,6 +180,8 @@ def read_safetensors(path: Path, device: torch.device) -> dict[str, torch.Tensor
                 raise OSError(f"{path} was cut short while being read")
             dtype = getattr(torch, _TORCH_DTYPES[entry["dtype"]])
             flat = torch.from_numpy(raw).view(dtype) if raw.size else torch.empty(0, dtype=dtype)
+            if flat.numel() != math.prod(entry["shape"]):  # the file changed since safetensors read it
+                raise ValueError(f"{name}: {flat.numel()} values for the shape {entry['shape']}")
             found[name] = flat.reshape(entry["shape"]).to(device)
     return found
 

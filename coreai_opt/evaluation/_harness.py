@@ -6,7 +6,10 @@ Hugging Face model (HFLM) does. `loglikelihood`: a (context, continuation) pair 
 `coreopt eval --task` scores a choice, with whether greedy decoding makes the continuation.
 `loglikelihood_rolling`: a whole text, every token predicted once, the first after the start token,
 in windows of the program's length, each with as much context before it as the window holds.
-`generate_until`: greedy tokens until a stop string, an end-of-sequence id or `max_gen_toks`.
+`generate_until`: greedy tokens after the context cut to the window less `max_gen_toks` (or its
+aliases), until a stop string, an end-of-sequence id or `max_gen_toks`. The start token is the
+model config's (start of sequence, else end of sequence); lm-eval's model reads the tokenizer's,
+which differs for a few models (Qwen2.5-Instruct): `prefix_token_id` gives it, as there.
 
 `lm_eval_model()` wraps it in lm-eval's `LM` class and registers it as "coreopt"; nothing imports
 lm-eval until then (it depends on scikit-learn, which coreopt does not install: the user does).
@@ -27,6 +30,7 @@ from ._language import LanguageSide
 from ._tasks import PairCoder, continuation_loglikelihood
 
 _MAX_GEN_TOKS = 256  # lm-eval's default for `generate_until` when a task names none
+_MAX_TOKENS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")  # lm-eval's order
 LM_EVAL_NAME = "coreopt"  # the model name `lm_eval --model` takes
 
 
@@ -40,6 +44,7 @@ class HarnessModel:
         tokenizer: Path | str | None = None,
         trust_pickle: bool = False,
         device: str | None = None,
+        prefix_token_id: int | None = None,
     ) -> None:
         from ._tokens import tokenizer_for
 
@@ -48,7 +53,7 @@ class HarnessModel:
         model_format(self.path)
         found = tokenizer_for(self.path, "", tokenizer)
         assert found is not None
-        self.coder = PairCoder(found, self.path)
+        self.coder = PairCoder(found, self.path, prefix_token_id)
         self._stack = contextlib.ExitStack()
         self.side = LanguageSide.open(self.path, trust_pickle, self._stack, None, device)
 
@@ -83,7 +88,7 @@ class HarnessModel:
         into runs of the window's length, each pair's whole the window's length plus one."""
         if not ids:
             return
-        tokens, length = [self._start(), *ids], self.max_length
+        tokens, length = [self.coder.start(), *ids], self.max_length
         done = 0
         while done < len(ids):
             end = min(done + length, len(ids))
@@ -91,17 +96,22 @@ class HarnessModel:
             done = end
 
     def _generate(self, context: str, options: dict[str, Any]) -> str:
-        until = options.pop("until", None) or []
+        until = options.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
-        most = int(options.pop("max_gen_toks", _MAX_GEN_TOKS))
-        if options.get("do_sample") or float(options.get("temperature") or 0) > 0:
-            raise ConfigError("coreopt generates greedily for lm-eval: a task's do_sample and temperature "
-                              "are not taken", "gen_kwargs")  # fmt: skip
-        ids = self.coder.encode(context) if context else [self._start()]
+        most = int(next((options[k] for k in _MAX_TOKENS if options.get(k) is not None), _MAX_GEN_TOKS))
+        sampled = options.get("do_sample")
+        if sampled or (sampled is None and float(options.get("temperature") or 0) > 0):
+            raise ConfigError(
+                "coreopt generates greedily for lm-eval: a task that samples is not taken", "gen_kwargs"
+            )
+        if not 0 < most < self.max_length:
+            raise ConfigError(f"max_gen_toks {most} leaves no room for a context in the program's window "
+                              f"of {self.max_length} tokens", "gen_kwargs")  # fmt: skip
+        ids = (self.coder.encode(context) or [self.coder.start()])[-(self.max_length - most) :]
         made: list[int] = []
         text = ""
-        for _ in range(most):
-            token = int(self.side.sequence_logits((ids + made)[-self.max_length :])[-1].argmax())
+        for _ in range(most):  # the context and what is made fit the window, as lm-eval's model cuts them
+            token = int(self.side.sequence_logits(ids + made)[-1].argmax())
             if token in self.coder.stops:
                 break
             made.append(token)
@@ -110,11 +120,6 @@ class HarnessModel:
             if cuts:
                 return text[: min(cuts)]
         return text
-
-    def _start(self) -> int:
-        if self.coder.prefix is None:
-            raise ConfigError("the model names no start token to predict a text's first token after", "path")
-        return self.coder.prefix
 
 
 def lm_eval_model() -> type:
@@ -130,10 +135,12 @@ def lm_eval_model() -> type:
         """A coreopt program: `path`, optional `tokenizer`, `device` (a `.pt2`'s) and `trust_pickle`."""
 
         def __init__(self, path: str, tokenizer: str | None = None, device: str | None = None,
-                     trust_pickle: bool | str = False, **_: Any) -> None:  # fmt: skip
+                     trust_pickle: bool | str = False, prefix_token_id: int | str | None = None,
+                     **_: Any) -> None:  # fmt: skip
             super().__init__()
             trusted = str(trust_pickle).lower() in ("1", "true", "yes")
-            self.model = HarnessModel(path, tokenizer, trusted, _available(device))
+            prefix = None if prefix_token_id is None else int(prefix_token_id)
+            self.model = HarnessModel(path, tokenizer, trusted, _available(device), prefix)
 
         def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
             return self.model.loglikelihood(r.args for r in requests)

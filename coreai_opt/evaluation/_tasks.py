@@ -139,34 +139,47 @@ def evaluate_task(
 
 class PairCoder:
     """A tokenizer with lm-eval-harness's way of cutting a (context, continuation) pair, and the
-    model's start token (`prefix`) and end-of-sequence ids (`stops`)."""
+    model's start token (`prefix`: its config's start of sequence, else its end of sequence, or the
+    one given) and end-of-sequence ids (`stops`). Texts are encoded as lm-eval's Hugging Face model
+    encodes them: with the tokenizer's own special tokens (a start token where its template adds
+    one), none added to a text that already begins with the start token."""
 
-    def __init__(self, tokenizer: Path, program: Path) -> None:
+    def __init__(self, tokenizer: Path, program: Path, prefix: int | None = None) -> None:
         from coreai_opt.models import model_info, read_tokenizer
 
         self.tokenizer, self.path = read_tokenizer(tokenizer), tokenizer
         info = model_info(program)
         self.vocab = info.vocab_size if info is not None else None
-        self.prefix = info.start_id if info is not None else None
+        self.prefix = prefix if prefix is not None else info.start_id if info is not None else None
         self.stops = info.eos_ids if info is not None else ()
 
-    def encode(self, text: str) -> list[int]:
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        started = self.prefix is not None and text.startswith(
+            self.tokenizer.decode([self.prefix], False) or "\0"
+        )
+        ids = list(self.tokenizer.encode(text, add_special_tokens=special and not started).ids)
         check_ids(np.asarray(ids, dtype=np.int64), self.vocab, self.path)
         return ids
 
     def pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
-        if not context:  # the model's start token stands for it (before any space is moved)
-            if self.prefix is None:
-                raise ConfigError(
-                    "a task item has an empty context and the model names no start token", "task"
-                )
-            return [self.prefix], self.encode(continuation)
         spaces = len(context) - len(context.rstrip())
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
+        if not context:  # the model's start token stands for it, unless the continuation starts with it
+            tail = self.encode(continuation, special=False)
+            if tail[:1] == [self.start()]:
+                return tail[:1], tail[1:]
+            return [self.start()], tail
         whole, start = self.encode(context + continuation), self.encode(context)
         return start, whole[len(start) :]
+
+    def start(self) -> int:
+        """The start token, or a one-line error naming what needed it."""
+        if self.prefix is None:
+            raise ConfigError(
+                "the model names no start token to put before an empty context or a text", "task"
+            )
+        return self.prefix
 
 
 def _score(side: LanguageSide, items: list[TaskItem], coder: PairCoder, counter: Counter) -> TaskScore:
