@@ -38,7 +38,7 @@ from coreai_opt.weights import (
 
 from ..configs import PalettizeConfig, QScheme, QuantizeConfig
 from ..grids import Grid, column_datatype, element_grid, grid_of, quantize_onto, spread_tiles, weighted_grid
-from ._columns import ColumnGrid, Rounding, nearest_entries
+from ._columns import ColumnGrid, Rounding, in_pieces, nearest_entries
 from ._kmeans import palettize, weighted_palettize
 from ._layerwise import MatrixView, dead_inputs, gram_of, inverse_cholesky, with_output_error
 from ._sensitive import input_importance
@@ -250,16 +250,23 @@ def _vector_tables(rows: torch.Tensor, dim: int) -> torch.Tensor:
     return rows.reshape(channels // dim, dim, entries).transpose(1, 2).contiguous()
 
 
-def nearest_vectors(values: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+def nearest_vectors(
+    values: torch.Tensor, tables: torch.Tensor, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
     """The index of the entry of each vector's table [vectors, entries, dim] nearest (squared
     distance, ties: the lower index) each of its values [vectors, n, dim]: [vectors, n]."""
     vectors, n, _ = values.shape
     step = max(1, (1 << 22) // max(1, n * tables.shape[1] * tables.shape[2]))
-    return torch.cat([
-        (values[a : a + step].double()[:, :, None, :] - tables[a : a + step].double()[:, None, :, :])
-        .pow(2).sum(-1).argmin(-1)
-        for a in range(0, vectors, step)
-    ])  # fmt: skip
+
+    def piece(a: int, b: int) -> torch.Tensor:
+        return (
+            (values[a:b].double()[:, :, None, :] - tables[a:b].double()[:, None, :, :])
+            .pow(2)
+            .sum(-1)
+            .argmin(-1)
+        )
+
+    return in_pieces(piece, (vectors, n), step, dtype, values.device)
 
 
 def _vector_rounding(tables: torch.Tensor) -> Rounding:
@@ -301,12 +308,12 @@ def palettize_gptq(
         held = solve(
             matrix, gram, ColumnGrid("lut", table=tables.double().contiguous())
         )  # [channels, columns]
-        index = nearest_entries(held, tables).to(torch.uint8)
+        index = nearest_entries(held, tables, torch.uint8)
     else:  # GPTVQ's rounding: a vector of `dim` channels at a time, its error pushed on as GPTQ's
         vectors = _vector_tables(tables, dim)
         held = solve(matrix, gram, _vector_rounding(vectors))
         chunks = held.reshape(held.shape[0] // dim, dim, -1).transpose(1, 2)  # [vectors, columns, dim]
-        index = nearest_vectors(chunks, vectors).to(torch.uint8)
+        index = nearest_vectors(chunks, vectors, torch.uint8)
     del held
     form = tables_of.form
     assert isinstance(form, Palettized)
