@@ -31,6 +31,7 @@ from coreai_opt.weights import Encoding, Palettized, ShiftScale, Stored, WeightS
 
 from ..configs import CompressionGranularity, DType, PalettizeConfig, QScheme
 from ..grids import cast_codes, stored_codes, stored_float
+from ._columns import in_pieces
 from ._kmeans_1d import in_threads, kmeans_1d
 
 G = CompressionGranularity
@@ -277,10 +278,11 @@ def _nearest(points: torch.Tensor, pull: torch.Tensor, centers: torch.Tensor) ->
     (in float64, in pieces of points)."""
     step = max(1, (1 << 22) // max(1, centers.shape[0]))
     squares = centers.pow(2).T
-    return torch.cat([
-        (pull[a : a + step] @ squares - 2 * (pull[a : a + step] * points[a : a + step]) @ centers.T).argmin(1)
-        for a in range(0, len(points), step)
-    ])  # fmt: skip
+
+    def piece(a: int, b: int) -> torch.Tensor:
+        return (pull[a:b] @ squares - 2 * (pull[a:b] * points[a:b]) @ centers.T).argmin(1)
+
+    return in_pieces(piece, (len(points),), step, torch.int64, points.device)
 
 
 _LUT_SCALE = "float32"  # one scale per LUT, in float32
