@@ -135,8 +135,6 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     The header, from shapes and dtypes alone, is padded to 8 bytes as safetensors writes it."""
     import struct
 
-    import torch
-
     header, offset = {}, 0
     for name, value in tensors.items():
         size = value.numel() * value.element_size()
@@ -148,7 +146,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     with open(path, "wb") as handle:
         handle.write(struct.pack("<Q", len(text)) + text)
         for value in tensors.values():
-            value.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tofile(handle)
+            handle.write(tensor_bytes(value))
 
 
 _TORCH_DTYPES = {code: name for name, code in _SAFETENSORS_DTYPES.items()}

@@ -152,12 +152,14 @@ class PairCoder:
         self.vocab = info.vocab_size if info is not None else None
         self.prefix = prefix if prefix is not None else info.start_id if info is not None else None
         self.stops = info.eos_ids if info is not None else ()
+        # what a text that already begins with the start token begins with ("\0": none can)
+        self.started = (
+            self.tokenizer.decode([self.prefix], False) if self.prefix is not None else ""
+        ) or "\0"
 
     def encode(self, text: str, special: bool = True) -> list[int]:
-        started = self.prefix is not None and text.startswith(
-            self.tokenizer.decode([self.prefix], False) or "\0"
-        )
-        ids = list(self.tokenizer.encode(text, add_special_tokens=special and not started).ids)
+        special = special and not text.startswith(self.started)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=special).ids)
         check_ids(np.asarray(ids, dtype=np.int64), self.vocab, self.path)
         return ids
 
