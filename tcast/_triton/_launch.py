@@ -181,6 +181,27 @@ def _square_upcast_config(tile: int) -> LaunchConfig:
     return _square_tile_config(tile) if tile >= 1024 else LaunchConfig(2048, 4)
 
 
+def _upcast_config(dtype: DataType, geo: Geometry, out_size: int) -> LaunchConfig:
+    """The launch of an upcast where the default is short (H200 sweeps of the kernels' own time,
+    docs/benchmarks.md): square E8M0 tiles to 16 bits as `_square_upcast_config`, 4-bit codes of
+    32x32 tiles to float32 4,096 values a program (mxfp4s 77% -> 90% of copy); one float scale per
+    tensor 4 KiB of output a program on 4 warps (fp8_F to bf16 69% -> 97%, to float32 76% -> 97%);
+    other float scales and 4-bit codes of 1-D E8M0 tiles to float32 1,024 values on 4 warps
+    (nvfp4, nvf4, mxfp4e2, mxint4: 92% -> 94%)."""
+    sspec, bits = dtype.sspec, dtype.nspec.bits
+    if sspec is None:
+        return LaunchConfig()
+    if sspec.is_exponent and sspec.is_2d:
+        if out_size == 2:
+            return _square_upcast_config(geo.tile)
+        return LaunchConfig(4096, 4) if bits == 4 and geo.tile >= 1024 else LaunchConfig()
+    if geo.flat:
+        return LaunchConfig(4096 // out_size, 4)
+    if out_size == 4 and (not sspec.is_exponent or bits == 4):
+        return LaunchConfig(1024, 4)
+    return LaunchConfig()
+
+
 def _nibble_words_config(geo: Geometry) -> LaunchConfig:
     """The launch of `_kernels._nibble_words` (H100 sweeps, docs/benchmarks.md): 64 values a
     thread - two 32x32 tiles to a one-warp program (mxfp4s from bf16 93% -> 97% of copy), 8,192
@@ -279,12 +300,13 @@ def _words16(nspec: NumberSpec, x: torch.Tensor, out: torch.dtype, geo: Geometry
     return _byte_words(nspec, x, geo) and nspec.infnan is not InfNaN.FNUZ and out.itemsize == 2
 
 
-def _float_actual_config(
-    nspec: NumberSpec, x: torch.Tensor, geo: Geometry, two_level: bool, checked: bool
+def _float_config(
+    nspec: NumberSpec, x: torch.Tensor, geo: Geometry, two_level: bool, virtual: bool, checked: bool
 ) -> LaunchConfig:
-    """The launch of a float-scaled actual cast where the default is short (H100 sweeps,
-    docs/benchmarks.md): from float32, one scale per tensor 1,024 values a program (fp8_F 79% ->
-    102% of copy, int4_f 70% -> 95%), two levels 1,024 on 2 warps (nvfp4 88% -> 90%); 4-bit codes
+    """The launch of a float-scaled cast where the default is short (H100 sweeps of actual casts,
+    H200 of virtual ones; docs/benchmarks.md): from float32, one scale per tensor 1,024 values a
+    program (actual fp8_F 79% -> 102% of copy, int4_f 70% -> 95%; virtual fp8_F on the H200 94% ->
+    100%); the rest of the virtual casts the default. Actual casts: two levels 1,024 on 2 warps (nvfp4 88% -> 90%); 4-bit codes
     from 16-bit runs 2,048 (nvf4 69% -> 74%; read as word pairs, 94%). `checked`: the kernel
     checks a tensor scale it reads (`_divisors`), whose two arms ptxas gives 40 registers as
     word pairs of 16-bit values and 56 from float32: capped at 32 and 40 (nvfp4 cast pass from
@@ -292,6 +314,8 @@ def _float_actual_config(
     wide = x.element_size() == 4
     if geo.flat and wide:
         return LaunchConfig(1024, 4)
+    if virtual:
+        return LaunchConfig()
     if two_level and wide:
         return LaunchConfig(1024, 2, 40 if checked else None)
     if nspec.bits == 4 and _runs16(nspec, x, geo):
@@ -425,6 +449,9 @@ def _exponent_config(
         config = _nibble_words_config(geo)
     elif narrow_square and (not virtual or x.element_size() == 2) and config == LaunchConfig():
         config = _square_tile_config(geo.tile)
+    elif has_scale and dtype.sspec.is_2d and geo.tile >= 1024 and virtual and x.element_size() == 2 \
+            and config == LaunchConfig():  # fmt: skip
+        config = LaunchConfig(2048, 4)  # 8-bit codes (H200: mxfp8s from bf16 85% -> 99% of copy)
     return config, narrow_square, words
 
 
@@ -500,8 +527,8 @@ def _float_cast(
     given, tensor_amax = _float_scalar(x, dtype, geo, scalemode, given_value)
     out = out_dtype or x.dtype
     divisors = _divisors(geo, dtype, given_value)
-    if not virtual and config == LaunchConfig():
-        config = _float_actual_config(nspec, x, geo, two_level, divisors["SCALAR_HI"] > 0)
+    if config == LaunchConfig():
+        config = _float_config(nspec, x, geo, two_level, virtual, divisors["SCALAR_HI"] > 0)
     per_program = config.blocks(geo.tile, max(x.element_size(), out.itemsize if virtual else 0))
     grid = (triton.cdiv(geo.blocks, per_program),)
     common = {
@@ -590,8 +617,8 @@ def upcast(
     geo = geometry(t.shape, t.dtype)
     out = torch.empty(t.shape, dtype=torch_dtype or t.source_dtype, device=device)
     sspec = t.dtype.sspec
-    if sspec is not None and sspec.is_exponent and sspec.is_2d and out.element_size() == 2:
-        config = _square_upcast_config(geo.tile) if config == LaunchConfig() else config
+    if config == LaunchConfig():
+        config = _upcast_config(t.dtype, geo, out.element_size())
     per_program = config.blocks(geo.tile, out.element_size())
     grid = (triton.cdiv(geo.blocks, per_program),)
     vec = min(geo.tcols, 16 // out.element_size())
