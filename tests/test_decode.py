@@ -112,3 +112,29 @@ def test_lut_to_dense_in_pieces_of_rows_is_the_whole_gather(
         torch.arange(12)[:, None] // 4, torch.arange(9)[None, :] // 3, indices.long()
     ]  # [12, 9, V]
     assert torch.equal(whole, expected.reshape(12, 9 * vector))
+
+
+@pytest.mark.parametrize("kind", ["int8 with zero point", "int8", "float32"])
+def test_shift_scale_in_place_leaves_its_inputs_and_equals_the_broadcast_formula(kind: str) -> None:
+    """The decoder scales the one output tensor in place: a non-contiguous input, the caller's
+    float32 data and the parameters stay as they were, and the bits are the broadcast formula's."""
+    from coreai_opt.weights._decode import shift_scale
+
+    g = torch.Generator().manual_seed(0)
+    if kind == "float32":
+        data = torch.randn(8, 6, generator=g).t()  # [6, 8], not contiguous
+    else:
+        data = torch.randint(-128, 128, (8, 6), generator=g, dtype=torch.int8).t()
+    scale = (torch.rand(3, 2, generator=g) + 0.5).to(torch.float16)
+    zero = torch.randint(-3, 4, (3, 2), generator=g, dtype=torch.int8).to(torch.float16)
+    zero_point = zero if kind == "int8 with zero point" else None
+    kept = (data.clone(), scale.clone(), zero.clone())
+    out = shift_scale(data, scale, zero_point)
+    blocks = data.reshape(3, 2, 2, 4)
+    if kind == "float32":
+        expected = (blocks * scale.float().reshape(3, 1, 2, 1)).reshape(6, 8).to(torch.float16)
+    else:
+        shifted = blocks.to(torch.float16) - (zero.reshape(3, 1, 2, 1) if zero_point is not None else 0)
+        expected = (shifted * scale.reshape(3, 1, 2, 1)).reshape(6, 8)
+    assert out.dtype == torch.float16 and torch.equal(out.view(torch.int16), expected.view(torch.int16))
+    assert all(torch.equal(a, b) for a, b in zip((data, scale, zero), kept, strict=True))

@@ -126,3 +126,22 @@ def test_a_node_that_refuses_its_values_is_named(tmp_path: Path) -> None:
 def test_coreopts_own_failures_are_not_the_programs(tmp_path: Path) -> None:
     with pytest.raises(ZeroDivisionError), running(tmp_path / "model.pt2"):
         _ = 1 / 0
+
+
+def test_on_a_device_the_weights_decode_after_the_first_run_to_the_same_bits(tmp_path: Path) -> None:
+    """`runnable(program, device)` runs the file first in a child that decodes its own copy, then
+    decodes on the device: the same outputs, bit for bit, as decoding on the host first."""
+    from coreai_opt.compression import PalettizeConfig, QuantizeConfig
+    from coreai_opt.recipes import compress_file
+
+    tokens, mask = torch.arange(16).reshape(1, 16), torch.ones(1, 16, dtype=torch.int64)
+    for index, config in enumerate((QuantizeConfig(weight_num_threshold=0), PalettizeConfig(n_bits=4))):
+        path = compress_file(SAMPLES / "transformer.pt2", tmp_path / f"c{index}.pt2", config).output
+        program = load_pt2(path)
+        run = file_run(program)
+        assert run is not None and not run.ran
+        module = runnable(program, "cpu")
+        assert run.ran
+        on_host = runnable(load_pt2(path))
+        assert any(name.startswith("_coreopt_dense") for name, _ in module.named_buffers())
+        assert torch.equal(module(tokens, mask), on_host(tokens, mask))

@@ -24,21 +24,26 @@ def runnable(
     the program's own left where they are). `stateless`: the writes back into mutated buffers
     dropped - for runs that are each a sequence of their own (a stateful decoder's calibration
     windows from position 0 read only what they write, and a gradient pass must not carry one
-    sample's graph into the next through the state)."""
+    sample's graph into the next through the state). On a device the weights are decoded there,
+    after the first run (in a child that decodes its own copy on the host): a 1B model's decoded
+    weights never wait on the host beside its codes."""
     module = program.module()
     if stateless:
         _drop_state_writes(module, set(program.graph_signature.buffers_to_mutate.values()))
-    fold_decompression(module)
-    ready_to_run(program, module)
-    if device is not None:
-        import torch
+    if device is None:
+        fold_decompression(module)
+        ready_to_run(program, module)
+        return module
+    import torch
 
-        place_factories(module, torch.device(device))
-        module.to(device)
-        for name in program.graph_signature.lifted_tensor_constants:  # plain attributes: .to() passes them by
-            held = getattr(module, name, None)
-            if isinstance(held, torch.Tensor):
-                setattr(module, name, held.to(device))
+    ready_to_run(program)
+    place_factories(module, torch.device(device))
+    module.to(device)
+    for name in program.graph_signature.lifted_tensor_constants:  # plain attributes: .to() passes them by
+        held = getattr(module, name, None)
+        if isinstance(held, torch.Tensor):
+            setattr(module, name, held.to(device))
+    fold_decompression(module)
     return module
 
 

@@ -115,13 +115,21 @@ def shift_scale(
     if packed is not None or data.is_floating_point():
         if packed is not None:
             data = unpacked(data, packed)
-        blocks = _blocks(_float32(data), tuple(scale.shape))
-        out = (blocks * _per_block(scale.to(torch.float32))).reshape(data.shape)
-        return out.to(output_dtype if output_dtype is not None else scale.dtype)
-    blocks = _blocks(data.to(scale.dtype), tuple(scale.shape))
+        values = _float32(data)  # contiguous, and never the caller's tensor: scaled in place
+        values = (
+            values.contiguous() if values is not data else data.clone(memory_format=torch.contiguous_format)
+        )
+        _blocks(values, tuple(scale.shape)).mul_(_per_block(scale.to(torch.float32)))
+        return values.to(output_dtype if output_dtype is not None else scale.dtype)
+    # the output is the one tensor of the weight's size made: the zero point and the scale are
+    # applied to it in place (temporaries of every weight's size left holes in the heap that
+    # held 1 GiB more than the weights after a 1B model's weights were decoded)
+    out = data.to(scale.dtype, memory_format=torch.contiguous_format, copy=True)
+    blocks = _blocks(out, tuple(scale.shape))
     if zero_point is not None:
-        blocks = blocks - _per_block(zero_point)
-    return (blocks * _per_block(scale)).reshape(data.shape)
+        blocks.sub_(_per_block(zero_point))
+    blocks.mul_(_per_block(scale))
+    return out
 
 
 def _float32(data: torch.Tensor) -> torch.Tensor:
