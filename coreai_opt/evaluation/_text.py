@@ -234,14 +234,13 @@ def _score_lockstep(
     ref: LanguageSide, sides: list[LanguageSide], ids: np.ndarray, windows: Windows, counter: Counter
 ) -> tuple[TextScore, list[TextScore]]:
     """The reference's score and each candidate's, every program a window at a time."""
-    import torch
 
     ref.seconds = 0.0  # this pass's time: the reference runs once a group
     nll, tallies = 0.0, [_Tally() for _ in sides]
     streams = [ref.logits(ids, windows, counter), *(side.logits(ids, windows, counter) for side in sides)]
     for (index, logits), *others in zip(*streams, strict=True):
         row, targets = _targets(ids, windows, index)
-        logp = torch.log_softmax(logits[row:-1].double(), dim=-1).float().double()  # as float32 keeps it
+        logp = _log_probabilities(logits[row:-1])
         nll -= float(logp.gather(1, targets[:, None]).sum())
         for tally, (_, theirs) in zip(tallies, others, strict=True):
             tally.add(logp, theirs[row:-1], targets)
@@ -249,6 +248,20 @@ def _score_lockstep(
     return reference, [
         tally.score(side, windows, reference) for tally, side in zip(tallies, sides, strict=True)
     ]
+
+
+_ROWS = 64  # a window's rows compared at a time: [rows, vocab] float64 temporaries, not [window, vocab]
+
+
+def _log_probabilities(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax of each row, as float32 keeps it, in float64: computed `_ROWS` rows at a time
+    (a whole window's float64 temporaries were 0.1-0.7 GB at a 49k or 32k vocabulary)."""
+    import torch
+
+    out = torch.empty(logits.shape, dtype=torch.float64)
+    for top in range(0, logits.shape[0], _ROWS):
+        out[top : top + _ROWS] = torch.log_softmax(logits[top : top + _ROWS].double(), dim=-1).float()
+    return out
 
 
 @dataclass
@@ -260,12 +273,13 @@ class _Tally:
     kls: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, logp: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        import torch
 
-        logq = torch.log_softmax(logits.double(), dim=-1).float().double()
-        self.nll -= float(logq.gather(1, targets[:, None]).sum())
-        self.kls.append((logp.exp() * (logp - logq)).sum(-1).float())
-        self.agree += int((logp.argmax(-1) == logq.argmax(-1)).sum())
+        for top in range(0, logits.shape[0], _ROWS):
+            rows = slice(top, top + _ROWS)
+            p, logq = logp[rows], _log_probabilities(logits[rows])
+            self.nll -= float(logq.gather(1, targets[rows, None]).sum())
+            self.kls.append((p.exp() * (p - logq)).sum(-1).float())
+            self.agree += int((p.argmax(-1) == logq.argmax(-1)).sum())
 
     def score(self, side: LanguageSide, windows: Windows, reference: TextScore) -> TextScore:
         import torch
