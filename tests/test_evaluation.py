@@ -269,3 +269,22 @@ def test_the_plot_draws_the_reference_as_a_line_and_stacks_labels_of_equal_size(
     assert offsets["a.pt2"] != offsets["b.pt2"] and offsets["c.pt2"] == (4, 4)  # stacked in the 4-bit column
     assert [line.get_ydata()[0] for line in axes.lines] == [10.0] and "ref.pt2: 10.000" in offsets
     assert max(axes.get_xlim()) < 8  # no point at the reference's 32 bits
+
+
+def test_a_window_compared_in_pieces_of_rows_equals_the_whole_windows_formula() -> None:
+    """KL per token, top-1 agreements and log-likelihoods of a 200-row window, scored 64 rows at
+    a time, are the whole-window float64 formula's bit for bit."""
+    from coreai_opt.evaluation._text import _log_probabilities, _Tally
+
+    g = torch.Generator().manual_seed(0)
+    reference = torch.randn(200, 3000, generator=g) * 4
+    candidate = reference + torch.randn(200, 3000, generator=g) * 0.3
+    targets = torch.randint(0, 3000, (200,), generator=g)
+    logp = torch.log_softmax(reference.double(), dim=-1).float().double()
+    logq = torch.log_softmax(candidate.double(), dim=-1).float().double()
+    tally = _Tally()
+    tally.add(_log_probabilities(reference), candidate, targets)
+    assert torch.equal(_log_probabilities(reference), logp)
+    assert torch.equal(torch.cat(tally.kls), (logp.exp() * (logp - logq)).sum(-1).float())
+    assert tally.agree == int((logp.argmax(-1) == logq.argmax(-1)).sum())
+    assert tally.nll == pytest.approx(-float(logq.gather(1, targets[:, None]).sum()), rel=1e-15)
