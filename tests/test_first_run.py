@@ -145,3 +145,26 @@ def test_on_a_device_the_weights_decode_after_the_first_run_to_the_same_bits(tmp
         on_host = runnable(load_pt2(path))
         assert any(name.startswith("_coreopt_dense") for name, _ in module.named_buffers())
         assert torch.equal(module(tokens, mask), on_host(tokens, mask))
+
+
+def test_release_unheld_lets_go_of_the_codes_and_the_module_runs_the_same(tmp_path: Path) -> None:
+    """After decoding, the program's codes are the only tensors the module does not hold: they
+    become meta tensors of the same shapes (their bytes counted), and the module's outputs stay."""
+    from coreai_opt._export import release_unheld
+    from coreai_opt.compression import QuantizeConfig
+    from coreai_opt.recipes import compress_file
+
+    path = compress_file(
+        SAMPLES / "transformer.pt2", tmp_path / "q.pt2", QuantizeConfig(weight_num_threshold=0)
+    ).output
+    program = load_pt2(path)
+    module = runnable(program)
+    tokens, mask = torch.arange(16).reshape(1, 16), torch.ones(1, 16, dtype=torch.int64)
+    before = module(tokens, mask)
+    shapes = {k: (v.shape, v.dtype) for k, v in program.state_dict.items()}
+    codes = {k for k in program.state_dict if "compressed" in k}
+    released = release_unheld(program, module)
+    assert codes and released == sum(shapes[k][0].numel() * shapes[k][1].itemsize for k in codes)
+    assert {k for k, v in program.state_dict.items() if v.device.type == "meta"} == codes
+    assert {k: (v.shape, v.dtype) for k, v in program.state_dict.items()} == shapes
+    assert torch.equal(module(tokens, mask), before)

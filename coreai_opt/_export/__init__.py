@@ -20,7 +20,7 @@ from ._ops import (
     is_decompression,
     op_name,
 )
-from ._runnable import checked_device, ready_to_run, runnable
+from ._runnable import checked_device, ready_to_run, release_unheld, runnable
 from ._weights import ExportWeights
 
 __all__ = [
@@ -36,5 +36,6 @@ __all__ = [
     "op_name",
     "ready_to_run",
     "register_coreai_ops",
+    "release_unheld",
     "runnable",
 ]

@@ -47,6 +47,42 @@ def runnable(
     return module
 
 
+def release_unheld(program: ExportedProgram, module: GraphModule) -> int:
+    """Replace each of `program`'s tensors that `module` does not hold (the codes its decoded
+    weights replaced; on a device, every tensor it copied there) by a meta tensor of the same
+    shape and dtype, so its memory - a mapped record of the file - leaves the process; the bytes
+    let go. For a caller that owns `program` and keeps it for its graph only: nothing may read
+    its values, or run it, after this."""
+    import torch
+
+    held = {t.untyped_storage().data_ptr() for t in _tensors(module) if t.device.type == "cpu"}
+    released = 0
+    for table in (program.state_dict, program.constants):
+        for name, value in list(table.items()):
+            if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or value.numel() == 0:
+                continue
+            if value.untyped_storage().data_ptr() in held:
+                continue
+            empty = value.detach().to("meta")
+            table[name] = (
+                torch.nn.Parameter(empty, value.requires_grad)
+                if isinstance(value, torch.nn.Parameter)
+                else empty
+            )
+            released += value.numel() * value.element_size()
+    return released
+
+
+def _tensors(module: GraphModule) -> list[torch.Tensor]:
+    """The tensors a module holds: parameters, buffers and plain tensor attributes (constants)."""
+    import torch
+
+    found = [*module.parameters(), *module.buffers()]
+    for sub in module.modules():
+        found += [v for v in vars(sub).values() if isinstance(v, torch.Tensor)]
+    return found
+
+
 def _drop_state_writes(gm: GraphModule, buffers: set[str]) -> None:
     """Erase the unlifted module's `copy_(buffer, new value)` nodes into `buffers`."""
     import torch

@@ -42,6 +42,14 @@ class ExportedSide:
             for n, d in zip(users, self.dtypes, strict=True)
         )
 
+    def release_weights(self) -> int:
+        """Let go of the program's tensors the module does not hold (`_export.release_unheld`: the
+        codes its decoded weights replaced; on a device, all it copied there), for a side kept for
+        running and for its graph; the bytes let go. Nothing reads the program's values after it."""
+        from coreai_opt._export import release_unheld
+
+        return release_unheld(self.program, self.module)
+
     def rules(self, int_range: tuple[int, int] | None) -> tuple[list[InputSpec], list[InputRule]]:
         """How the input policy draws each input, from what the program does with it."""
         from coreai_opt.inputs import exported_program_specs, exported_program_usage

@@ -49,6 +49,7 @@ class LanguageSide:
     fixed: dict[str, np.ndarray]  # other inputs (an attention mask: all ones)
     seconds: float = 0.0  # spent running the program
     decoder: Any = None  # a stateful decoder's (generation.StatefulDecoder): each window one prefill
+    bits_per_weight: float | None = None  # of its weights as stored (None: none to tell)
 
     @classmethod
     def open(
@@ -61,10 +62,20 @@ class LanguageSide:
     ) -> LanguageSide:
         """A program to score windows with (a `.pt2` on `device` when given); a stateful decoder
         takes windows of `length` tokens (None: its context), written from position 0 - the
-        decode path's perplexity."""
+        decode path's perplexity. A `.pt2`'s tensors that its running module does not hold are let
+        go once its bits per weight are read (`ExportedSide.release_weights`)."""
         from coreai_opt.comparison import open_side
 
         side = open_side(path, trust_pickle, stack, device)
+        made = cls._of(path, side, length)
+        made.bits_per_weight = _bits_per_weight(path, side)
+        release = getattr(side, "release_weights", None)
+        if release is not None:
+            release()
+        return made
+
+    @classmethod
+    def _of(cls, path: Path, side: Side, length: int | None) -> LanguageSide:
         decoder = _decoder(side)
         if decoder is not None:
             window = length or decoder.context
@@ -126,6 +137,18 @@ class LanguageSide:
                 return self.decoder(arrays[self.ids_name][0].tolist(), 0)[None].float().cpu().numpy()
         result = self.side.run(arrays)
         return result.values[result.outputs[0].name]
+
+
+def _bits_per_weight(path: Path, side: Side) -> float | None:
+    """Of the program the side loaded (a `.pt2`), or of the file (an `.aimodel`)."""
+    from coreai_opt.inspection import inspect_exported_program, inspect_model
+
+    program = getattr(side, "program", None)
+    try:
+        report = inspect_model(path) if program is None else inspect_exported_program(program, path)
+        return report.mean_bits_per_weight
+    except (ModelFileError, ZeroDivisionError):
+        return None
 
 
 def _decoder(side: Side) -> Any:

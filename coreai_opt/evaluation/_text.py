@@ -300,20 +300,8 @@ def _score(side: LanguageSide, mean_nll: float, windows: Windows) -> TextScore:
     return TextScore(
         side.path,
         asset_bytes(side.path),
-        _bits_per_weight(side),
+        side.bits_per_weight,
         perplexity,
         side.seconds,
         processed / side.seconds,
     )
-
-
-def _bits_per_weight(side: LanguageSide) -> float | None:
-    """Of the program the side already loaded (a `.pt2`), or of the file (an `.aimodel`)."""
-    from coreai_opt.inspection import inspect_exported_program, inspect_model
-
-    program = getattr(side.side, "program", None)
-    try:
-        report = inspect_model(side.path) if program is None else inspect_exported_program(program, side.path)
-        return report.mean_bits_per_weight
-    except (ModelFileError, ZeroDivisionError):
-        return None
