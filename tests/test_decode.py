@@ -138,3 +138,17 @@ def test_shift_scale_in_place_leaves_its_inputs_and_equals_the_broadcast_formula
         expected = (shifted * scale.reshape(3, 1, 2, 1)).reshape(6, 8)
     assert out.dtype == torch.float16 and torch.equal(out.view(torch.int16), expected.view(torch.int16))
     assert all(torch.equal(a, b) for a, b in zip((data, scale, zero), kept, strict=True))
+
+
+def test_shift_scale_keeps_the_formulas_dtype_for_a_wider_zero_point() -> None:
+    """A float32 zero point under a float16 scale (no file coreopt writes holds one) decodes in the
+    dtype the broadcast formula promotes to, float32, as before the in-place decoder."""
+    from coreai_opt.weights._decode import shift_scale
+
+    data = torch.arange(-8, 8, dtype=torch.int8).reshape(4, 4)
+    scale, zero = torch.full((2, 1), 0.5, dtype=torch.float16), torch.full((2, 1), 0.25)
+    out = shift_scale(data, scale, zero)
+    expected = (data.to(torch.float16).reshape(2, 2, 1, 4) - zero.reshape(2, 1, 1, 1)) * scale.reshape(
+        2, 1, 1, 1
+    )
+    assert out.dtype == torch.float32 and torch.equal(out, expected.reshape(4, 4))

@@ -168,3 +168,31 @@ def test_release_unheld_lets_go_of_the_codes_and_the_module_runs_the_same(tmp_pa
     assert {k for k, v in program.state_dict.items() if v.device.type == "meta"} == codes
     assert {k: (v.shape, v.dtype) for k, v in program.state_dict.items()} == shapes
     assert torch.equal(module(tokens, mask), before)
+
+
+def test_folding_lets_go_of_each_weights_codes_once_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the weights decode, the codes of every weight decoded before are gone from the module
+    (a device holds one weight's codes beside the decoded weights), and the result is the same."""
+    from coreai_opt._export import _ops
+    from coreai_opt.compression import QuantizeConfig
+    from coreai_opt.recipes import compress_file
+
+    path = compress_file(
+        SAMPLES / "transformer.pt2", tmp_path / "q.pt2", QuantizeConfig(weight_num_threshold=0)
+    ).output
+    module = load_pt2(path).module()
+    expected = runnable(load_pt2(path))
+    codes = lambda: sum(  # noqa: E731
+        1 for n, b in module.named_buffers() if "compressed" in n and b.device.type != "meta"
+    )
+    seen: list[int] = []
+    decode = _ops._DECODERS[_ops.SHIFT_SCALE]
+    monkeypatch.setitem(
+        _ops._DECODERS, _ops.SHIFT_SCALE, lambda *a, **k: (seen.append(codes()), decode(*a, **k))[1]
+    )
+    assert _ops.fold_decompression(module) == len(seen) > 2
+    assert seen == sorted(seen, reverse=True) and seen[-1] < seen[0] and codes() == 0
+    tokens, mask = torch.arange(16).reshape(1, 16), torch.ones(1, 16, dtype=torch.int64)
+    assert torch.equal(module(tokens, mask), expected(tokens, mask))

@@ -58,6 +58,10 @@ def fold_decompression(module: torch.fx.GraphModule) -> int:
     graph = module.graph
     before = {str(n.target) for n in graph.nodes if n.op == "get_attr"}
     values: dict[Node, torch.Tensor] = {}
+    unread: dict[Node | str, int] = {n: len(n.users) for n in graph.nodes}  # readers not yet folded
+    for n in graph.nodes:  # an attribute's readers through every get_attr of it
+        if n.op == "get_attr":
+            unread[str(n.target)] = unread.get(str(n.target), 0) + len(n.users)
     folded = 0
     for node in list(graph.nodes):
         if node.op == "get_attr":
@@ -73,6 +77,7 @@ def fold_decompression(module: torch.fx.GraphModule) -> int:
         if any(isinstance(a, torch.fx.Node) for a in (*args, *kwargs.values())):
             continue  # reads a runtime value: leave it to the op
         values[node] = _DECODERS[name](*args, **kwargs)
+        _let_go(module, node, values, unread)
         if all(op_name(user) is not None for user in node.users):
             continue  # an inner step of a tree: only its root becomes an attribute
         attribute = f"_coreopt_dense_{folded}"
@@ -89,6 +94,37 @@ def fold_decompression(module: torch.fx.GraphModule) -> int:
         delattr(_attribute(module, ".".join(path)) if path else module, last)
     module.recompile()
     return folded
+
+
+def _let_go(
+    module: torch.fx.GraphModule, node: Node, values: dict[Node, Any], unread: dict[Node | str, int]
+) -> None:
+    """Once every reader of an input of `node` is folded, its value leaves `values` and, for an
+    attribute no other node reads, the module: a device holds one weight's codes beside the
+    decoded weights, not every weight's."""
+    import torch
+
+    inputs = (a for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node))
+    for source in dict.fromkeys(inputs):
+        if source not in values:
+            continue
+        unread[source] -= 1
+        if unread[source] == 0:
+            del values[source]
+        if source.op != "get_attr":
+            continue
+        target = str(source.target)
+        unread[target] -= 1
+        if unread[target] == 0:
+            *path, last = target.split(".")  # an empty stand-in until the dead readers are gone
+            owner = _attribute(module, ".".join(path)) if path else module
+            held = getattr(owner, last)
+            empty = held.new_empty(0, device="meta")
+            setattr(
+                owner,
+                last,
+                torch.nn.Parameter(empty, False) if isinstance(held, torch.nn.Parameter) else empty,
+            )
 
 
 def _attribute(module: torch.nn.Module, target: str) -> Any:

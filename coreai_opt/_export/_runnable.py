@@ -20,8 +20,8 @@ def runnable(
     program: ExportedProgram, device: torch.device | str | None = None, *, stateless: bool = False
 ) -> GraphModule:
     """`program.module()` with its compressed weights decoded once (`fold_decompression`), after
-    the program's first run (`ready_to_run`); on `device` when given (its weights copied there,
-    the program's own left where they are). `stateless`: the writes back into mutated buffers
+    the program's first run (`ready_to_run`); on `device` when given (its buffers and constants
+    copied there; parameters, which it shares with the program, moved). `stateless`: the writes back into mutated buffers
     dropped - for runs that are each a sequence of their own (a stateful decoder's calibration
     windows from position 0 read only what they write, and a gradient pass must not carry one
     sample's graph into the next through the state). On a device the weights are decoded there,
@@ -40,9 +40,11 @@ def runnable(
     place_factories(module, torch.device(device))
     module.to(device)
     for name in program.graph_signature.lifted_tensor_constants:  # plain attributes: .to() passes them by
-        held = getattr(module, name, None)
+        *path, last = name.split(".")
+        owner = module.get_submodule(".".join(path)) if path else module
+        held = getattr(owner, last, None)
         if isinstance(held, torch.Tensor):
-            setattr(module, name, held.to(device))
+            setattr(owner, last, held.to(device))
     fold_decompression(module)
     return module
 

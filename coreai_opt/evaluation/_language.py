@@ -49,7 +49,7 @@ class LanguageSide:
     fixed: dict[str, np.ndarray]  # other inputs (an attention mask: all ones)
     seconds: float = 0.0  # spent running the program
     decoder: Any = None  # a stateful decoder's (generation.StatefulDecoder): each window one prefill
-    bits_per_weight: float | None = None  # of its weights as stored (None: none to tell)
+    bits_per_weight: float | None = None  # of its weights as stored (`weight_bits`)
 
     @classmethod
     def open(
@@ -68,11 +68,18 @@ class LanguageSide:
 
         side = open_side(path, trust_pickle, stack, device)
         made = cls._of(path, side, length)
-        made.bits_per_weight = _bits_per_weight(path, side)
         release = getattr(side, "release_weights", None)
         if release is not None:
+            made.bits_per_weight = _bits_per_weight(path, side)
             release()
         return made
+
+    def weight_bits(self) -> float | None:
+        """Bits per weight as stored: a `.pt2`'s read when it was opened, an `.aimodel`'s from its
+        file when first asked."""
+        if self.bits_per_weight is None and getattr(self.side, "program", None) is None:
+            self.bits_per_weight = _bits_per_weight(self.path, self.side)
+        return self.bits_per_weight
 
     @classmethod
     def _of(cls, path: Path, side: Side, length: int | None) -> LanguageSide:

@@ -300,7 +300,7 @@ def _score(side: LanguageSide, mean_nll: float, windows: Windows) -> TextScore:
     return TextScore(
         side.path,
         asset_bytes(side.path),
-        side.bits_per_weight,
+        side.weight_bits(),
         perplexity,
         side.seconds,
         processed / side.seconds,

@@ -113,9 +113,8 @@ def shift_scale(
         raise ValueError("minval offsets are not written by coreopt")
     packed = packed_element(data.dtype, scale.dtype)
     if packed is not None or data.is_floating_point():
-        if packed is not None:
-            data = unpacked(data, packed)
-        values = _float32(data)  # contiguous, and never the caller's tensor: scaled in place
+        values = unpacked(data, packed) if packed is not None else _float32(data)
+        # contiguous, and never the caller's tensor: it is scaled in place
         values = (
             values.contiguous() if values is not data else data.clone(memory_format=torch.contiguous_format)
         )
@@ -124,7 +123,8 @@ def shift_scale(
     # the output is the one tensor of the weight's size made: the zero point and the scale are
     # applied to it in place (temporaries of every weight's size left holes in the heap that
     # held 1 GiB more than the weights after a 1B model's weights were decoded)
-    out = data.to(scale.dtype, memory_format=torch.contiguous_format, copy=True)
+    dtype = scale.dtype if zero_point is None else torch.promote_types(scale.dtype, zero_point.dtype)
+    out = data.to(dtype, memory_format=torch.contiguous_format, copy=True)
     blocks = _blocks(out, tuple(scale.shape))
     if zero_point is not None:
         blocks.sub_(_per_block(zero_point))

@@ -184,10 +184,11 @@ def _square_upcast_config(tile: int) -> LaunchConfig:
 def _upcast_config(dtype: DataType, geo: Geometry, out_size: int) -> LaunchConfig:
     """The launch of an upcast where the default is short (H200 sweeps of the kernels' own time,
     docs/benchmarks.md): square E8M0 tiles to 16 bits as `_square_upcast_config`, 4-bit codes of
-    32x32 tiles to float32 4,096 values a program (mxfp4s 77% -> 90% of copy); one float scale per
-    tensor 4 KiB of output a program on 4 warps (fp8_F to bf16 69% -> 97%, to float32 76% -> 97%);
-    other float scales and 4-bit codes of 1-D E8M0 tiles to float32 1,024 values on 4 warps
-    (nvfp4, nvf4, mxfp4e2, mxint4: 92% -> 94%)."""
+    square tiles of 1,024 values or more to float32 4,096 values a program (measured on 32x32:
+    mxfp4s 77% -> 90% of copy); one float scale per tensor 4 KiB of output a program on 4 warps
+    (fp8_F to bf16 69% -> 97%, to float32 76% -> 97%); tiles under other float scales and 4-bit
+    codes of 1-D E8M0 tiles to float32 1,024 values on 4 warps (measured on nvfp4, nvf4,
+    fp8_1x128, mxfp4e2, mxint4: 92-93% -> 94-95%)."""
     sspec, bits = dtype.sspec, dtype.nspec.bits
     if sspec is None:
         return LaunchConfig()
@@ -451,7 +452,7 @@ def _exponent_config(
         config = _square_tile_config(geo.tile)
     elif has_scale and dtype.sspec.is_2d and geo.tile >= 1024 and virtual and x.element_size() == 2 \
             and config == LaunchConfig():  # fmt: skip
-        config = LaunchConfig(2048, 4)  # 8-bit codes (H200: mxfp8s from bf16 85% -> 99% of copy)
+        config = LaunchConfig(2048, 4)  # codes of widths but 4 and 6 (H200: mxfp8s from bf16 85% -> 99%)
     return config, narrow_square, words
 
 
