@@ -57,13 +57,14 @@ def release_unheld(program: ExportedProgram, module: GraphModule) -> int:
     its values, or run it, after this."""
     import torch
 
-    held = {t.untyped_storage().data_ptr() for t in _tensors(module) if t.device.type == "cpu"}
+    held = {_storage(t) for t in _tensors(module) if t.device.type == "cpu"}
     released = 0
     for table in (program.state_dict, program.constants):
         for name, value in list(table.items()):
             if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or value.numel() == 0:
                 continue
-            if value.untyped_storage().data_ptr() in held:
+            storage = _storage(value)
+            if storage is None or storage in held:  # held, or of no storage it can tell: kept
                 continue
             empty = value.detach().to("meta")
             table[name] = (
@@ -73,6 +74,14 @@ def release_unheld(program: ExportedProgram, module: GraphModule) -> int:
             )
             released += value.numel() * value.element_size()
     return released
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """Where a tensor's storage starts, or None for one that has none to tell (a wrapper subclass)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
 
 
 def _tensors(module: GraphModule) -> list[torch.Tensor]:
