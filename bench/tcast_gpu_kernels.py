@@ -95,11 +95,11 @@ def _syncs(fn) -> int:  # type: ignore[no-untyped-def]
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def _case_fns(x: torch.Tensor, label: str) -> dict[str, tuple]:
-    """op -> (call, bytes moved) of one format on x."""
+def _case_fns(x: torch.Tensor, label: str, t: tcast.Tensor | None = None) -> dict[str, tuple]:
+    """op -> (call, bytes moved) of one format on x (`t`: its actual cast, when made already)."""
     name, given = _cast_args(x, label)
     n, es = x.numel(), x.element_size()
-    t = tcast.cast(x, name, castmode="actual", computemode="triton", **given)
+    t = t if t is not None else tcast.cast(x, name, castmode="actual", computemode="triton", **given)
     packed = t.codes.numel() + t.scales.numel() * t.scales.element_size()
     return {
         "virtual": (lambda: tcast.cast(x, name, computemode="triton", **given), 2 * n * es),
@@ -178,7 +178,7 @@ def _sweep_case(case: str, flush: torch.Tensor) -> list[dict]:
         tcast._primitives.rounded_tensor_scale(dt, given["tensor_scale"]) if label.endswith(GIVEN) else None
     )
     base = tcast.cast(x, name, castmode="actual", computemode="triton", **given)
-    nbytes = _case_fns(x, label)[op][1]
+    nbytes = _case_fns(x, label, base)[op][1]
     rows = []
     for elements, warps in SWEEP:
         cfg = _triton.LaunchConfig(elements, warps)

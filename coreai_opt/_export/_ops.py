@@ -90,8 +90,7 @@ def fold_decompression(module: torch.fx.GraphModule) -> int:
     graph.eliminate_dead_code()
     after = {str(n.target) for n in graph.nodes if n.op == "get_attr"}
     for target in sorted(before - after):
-        *path, last = target.split(".")
-        delattr(_attribute(module, ".".join(path)) if path else module, last)
+        delattr(*_owner(module, target))
     module.recompile()
     return folded
 
@@ -115,16 +114,24 @@ def _let_go(
             continue
         target = str(source.target)
         unread[target] -= 1
-        if unread[target] == 0:
-            *path, last = target.split(".")  # an empty stand-in until the dead readers are gone
-            owner = _attribute(module, ".".join(path)) if path else module
-            held = getattr(owner, last)
-            empty = held.new_empty(0, device="meta")
-            setattr(
-                owner,
-                last,
-                torch.nn.Parameter(empty, False) if isinstance(held, torch.nn.Parameter) else empty,
-            )
+        if unread[target] == 0:  # a stand-in until the dead readers are gone
+            owner, last = _owner(module, target)
+            setattr(owner, last, meta_stand_in(getattr(owner, last)))
+
+
+def meta_stand_in(value: torch.Tensor) -> torch.Tensor:
+    """A meta tensor of `value`'s shape and dtype (a Parameter for a Parameter): a name kept for
+    the graph, its memory let go."""
+    import torch
+
+    empty = value.detach().to("meta")
+    return torch.nn.Parameter(empty, value.requires_grad) if isinstance(value, torch.nn.Parameter) else empty
+
+
+def _owner(module: torch.nn.Module, target: str) -> tuple[Any, str]:
+    """(the object holding a dotted attribute, the attribute's last name)."""
+    *path, last = target.split(".")
+    return (_attribute(module, ".".join(path)) if path else module), last
 
 
 def _attribute(module: torch.nn.Module, target: str) -> Any:

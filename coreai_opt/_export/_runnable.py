@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from coreai_opt.io import file_run, first_run, zero_inputs
 
-from ._ops import fold_decompression
+from ._ops import fold_decompression, meta_stand_in
 
 if TYPE_CHECKING:
     import torch
@@ -21,10 +21,10 @@ def runnable(
 ) -> GraphModule:
     """`program.module()` with its compressed weights decoded once (`fold_decompression`), after
     the program's first run (`ready_to_run`); on `device` when given (its buffers and constants
-    copied there; parameters, which it shares with the program, moved). `stateless`: the writes back into mutated buffers
-    dropped - for runs that are each a sequence of their own (a stateful decoder's calibration
-    windows from position 0 read only what they write, and a gradient pass must not carry one
-    sample's graph into the next through the state). On a device the weights are decoded there,
+    copied there; parameters, which it shares with the program, moved). `stateless`: the writes
+    back into mutated buffers dropped - for runs that are each a sequence of their own (a stateful
+    decoder's calibration windows from position 0 read only what they write, and a gradient pass
+    must not carry one sample's graph into the next through the state). On a device the weights are decoded there,
     after the first run (in a child that decodes its own copy on the host): a 1B model's decoded
     weights never wait on the host beside its codes."""
     module = program.module()
@@ -66,12 +66,7 @@ def release_unheld(program: ExportedProgram, module: GraphModule) -> int:
             storage = _storage(value)
             if storage is None or storage in held:  # held, or of no storage it can tell: kept
                 continue
-            empty = value.detach().to("meta")
-            table[name] = (
-                torch.nn.Parameter(empty, value.requires_grad)
-                if isinstance(value, torch.nn.Parameter)
-                else empty
-            )
+            table[name] = meta_stand_in(value)
             released += value.numel() * value.element_size()
     return released
 

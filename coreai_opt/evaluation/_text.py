@@ -234,7 +234,6 @@ def _score_lockstep(
     ref: LanguageSide, sides: list[LanguageSide], ids: np.ndarray, windows: Windows, counter: Counter
 ) -> tuple[TextScore, list[TextScore]]:
     """The reference's score and each candidate's, every program a window at a time."""
-
     ref.seconds = 0.0  # this pass's time: the reference runs once a group
     nll, tallies = 0.0, [_Tally() for _ in sides]
     streams = [ref.logits(ids, windows, counter), *(side.logits(ids, windows, counter) for side in sides)]
@@ -273,7 +272,6 @@ class _Tally:
     kls: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, logp: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor) -> None:
-
         for top in range(0, logits.shape[0], _ROWS):
             rows = slice(top, top + _ROWS)
             p, logq = logp[rows], _log_probabilities(logits[rows])
