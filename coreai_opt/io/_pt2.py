@@ -143,8 +143,11 @@ def _weights_written_once(force: bool = False) -> Iterator[None]:
     decoder; docs/benchmarks.md). Where its `serialize` lacks torch 2.13's `serialize_state_dict`
     flag (or `force`), the graph is serialized from a copy of the program whose tensors are meta
     stand-ins: the same archive bytes (tested), without the buffer."""
-    from torch.export.pt2_archive import _package
-
+    try:
+        from torch.export.pt2_archive import _package
+    except ImportError:  # a torch that packages archives another way: saved as it saves them
+        yield
+        return
     original = getattr(_package, "serialize", None)
     if original is None or not (
         force or "serialize_state_dict" not in inspect.signature(original).parameters
