@@ -65,3 +65,34 @@ def test_hand_backs_run_once_per_so_many_bytes() -> None:
     for nbytes in (40, 40, 40, 99, 1, 250):
         every.passed(nbytes)
     assert len(runs) == 3  # after 120, after 100 more, and after the 250
+
+
+def test_a_programs_host_tensors_copied_to_a_device_leave_the_resident_set(tmp_path: Path) -> None:
+    """`runnable` copies a program read from a file to its device tensor by tensor (`_Copier`):
+    each host tensor's pages, read for the copy, are paged out, yet the program still reads the
+    same values from its file (a meta device stands in for a GPU: a copy, no data)."""
+    import torch
+
+    from coreai_opt._export._runnable import _Copier
+    from coreai_opt.io import load_pt2, save_pt2
+
+    class Held(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("codes", torch.arange(SIZE, dtype=torch.int32).to(torch.uint8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.codes[:4]
+
+    program = torch.export.export(Held(), (torch.zeros(4, dtype=torch.uint8),)).run_decompositions({})
+    save_pt2(program, tmp_path / "held.pt2")
+    codes = load_pt2(tmp_path / "held.pt2").state_dict["codes"]
+    before = _resident_file_bytes()
+    assert int(codes[7::4096].sum()) == 7 * (SIZE // 4096)  # a byte of every page
+    touched = _resident_file_bytes()
+    assert touched - before > SIZE // 2
+    copy = _Copier(torch.device("meta"))
+    assert copy(codes).device.type == "meta"
+    copy.page_out()
+    assert touched - _resident_file_bytes() > SIZE // 2
+    assert torch.equal(codes[:256], torch.arange(256, dtype=torch.uint8))  # read again from the file

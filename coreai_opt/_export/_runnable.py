@@ -24,9 +24,10 @@ def runnable(
     copied there; parameters, which it shares with the program, moved). `stateless`: the writes
     back into mutated buffers dropped - for runs that are each a sequence of their own (a stateful
     decoder's calibration windows from position 0 read only what they write, and a gradient pass
-    must not carry one sample's graph into the next through the state). On a device the weights are decoded there,
-    after the first run (in a child that decodes its own copy on the host): a 1B model's decoded
-    weights never wait on the host beside its codes."""
+    must not carry one sample's graph into the next through the state). On a device the weights
+    are decoded there, after the first run (in a child that decodes its own copy on the host): a
+    1B model's decoded weights never wait on the host beside its codes, and the host copies' file
+    pages are paged out as they are copied (`_Copier`)."""
     module = program.module()
     if stateless:
         _drop_state_writes(module, set(program.graph_signature.buffers_to_mutate.values()))
@@ -38,15 +39,43 @@ def runnable(
 
     ready_to_run(program)
     place_factories(module, torch.device(device))
-    module.to(device)
+    copy = _Copier(torch.device(device))
+    module._apply(copy)  # what .to() does, a tensor at a time through `copy`
     for name in program.graph_signature.lifted_tensor_constants:  # plain attributes: .to() passes them by
         *path, last = name.split(".")
         owner = module.get_submodule(".".join(path)) if path else module
         held = getattr(owner, last, None)
         if isinstance(held, torch.Tensor):
-            setattr(owner, last, held.to(device))
+            setattr(owner, last, copy(held))
+    copy.page_out()
     fold_decompression(module)
     return module
+
+
+class _Copier:
+    """Copies tensors to a device, paging out the host copies' file pages every `RELEASE_EVERY`
+    bytes (`_memory.page_out_mapped`): a program read from a file keeps its own host tensors (the
+    caller may still read them), but their pages, read once for the copy, need not stay resident -
+    at 1.1B the codes' gigabyte did, beside everything else, until the caller let them go."""
+
+    def __init__(self, device: torch.device) -> None:
+        from coreai_opt._memory import EveryBytes
+
+        self.device, self.copied = device, []
+        self.every = EveryBytes(self.page_out)
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        moved = t.to(self.device)
+        if moved is not t and t.device.type == "cpu" and t.numel():
+            self.copied.append(t.data_ptr())
+            self.every.passed(t.numel() * t.element_size())
+        return moved
+
+    def page_out(self) -> None:
+        from coreai_opt._memory import page_out_mapped
+
+        page_out_mapped(self.copied)
+        self.copied = []
 
 
 def release_unheld(program: ExportedProgram, module: GraphModule) -> int:
