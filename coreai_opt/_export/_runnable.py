@@ -17,7 +17,11 @@ if TYPE_CHECKING:
 
 
 def runnable(
-    program: ExportedProgram, device: torch.device | str | None = None, *, stateless: bool = False
+    program: ExportedProgram,
+    device: torch.device | str | None = None,
+    *,
+    stateless: bool = False,
+    page_out: bool = False,
 ) -> GraphModule:
     """`program.module()` with its compressed weights decoded once (`fold_decompression`), after
     the program's first run (`ready_to_run`); on `device` when given (its buffers and constants
@@ -26,8 +30,9 @@ def runnable(
     decoder's calibration windows from position 0 read only what they write, and a gradient pass
     must not carry one sample's graph into the next through the state). On a device the weights
     are decoded there, after the first run (in a child that decodes its own copy on the host): a
-    1B model's decoded weights never wait on the host beside its codes, and the host copies' file
-    pages are paged out as they are copied (`_Copier`)."""
+    1B model's decoded weights never wait on the host beside its codes. `page_out`: the host
+    copies' file pages leave the resident set as they are copied (`_Copier`), for a caller that
+    will not read the program's values again soon (they would come back from the disk)."""
     module = program.module()
     if stateless:
         _drop_state_writes(module, set(program.graph_signature.buffers_to_mutate.values()))
@@ -39,7 +44,7 @@ def runnable(
 
     ready_to_run(program)
     place_factories(module, torch.device(device))
-    copy = _Copier(torch.device(device))
+    copy = _Copier(torch.device(device), page_out)
     module._apply(copy)  # what .to() does, a tensor at a time through `copy`
     for name in program.graph_signature.lifted_tensor_constants:  # plain attributes: .to() passes them by
         *path, last = name.split(".")
@@ -53,28 +58,29 @@ def runnable(
 
 
 class _Copier:
-    """Copies tensors to a device, paging out the host copies' file pages every `RELEASE_EVERY`
-    bytes (`_memory.page_out_mapped`): a program read from a file keeps its own host tensors (the
-    caller may still read them), but their pages, read once for the copy, need not stay resident -
-    at 1.1B the codes' gigabyte did, beside everything else, until the caller let them go."""
+    """Copies tensors to a device; with `pages_out`, pages out the host copies' file pages every
+    `RELEASE_EVERY` bytes (`_memory.page_out_mapped`): a program read from a file keeps its own
+    host tensors (the caller may still read them), but their pages, read once for the copy, need
+    not stay resident - at 1.1B the codes' gigabyte did, beside everything else, until the caller
+    let them go. The copied tensors are held until then, so no address is paged out freed."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, pages_out: bool = True) -> None:
         from coreai_opt._memory import EveryBytes
 
-        self.device, self.copied = device, []
+        self.device, self.pages_out, self.copied = device, pages_out, []
         self.every = EveryBytes(self.page_out)
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
         moved = t.to(self.device)
-        if moved is not t and t.device.type == "cpu" and t.numel():
-            self.copied.append(t.data_ptr())
+        if self.pages_out and moved is not t and t.device.type == "cpu" and t.numel():
+            self.copied.append(t)
             self.every.passed(t.numel() * t.element_size())
         return moved
 
     def page_out(self) -> None:
         from coreai_opt._memory import page_out_mapped
 
-        page_out_mapped(self.copied)
+        page_out_mapped([t.data_ptr() for t in self.copied])
         self.copied = []
 
 

@@ -32,7 +32,7 @@ class ExportedSide:
 
         self.path, self.device = path, device
         self.program: ExportedProgram = load_pt2(path, trust_pickle=trust_pickle)
-        self.module = runnable(self.program, device)
+        self.module = runnable(self.program, device, page_out=True)  # run, and its graph read: not its values
         users = user_input_nodes(self.program)
         self.dtypes = [n.meta["val"].dtype for n in users]
         self.inputs = tuple(

@@ -137,33 +137,45 @@ _PATCHING = threading.Lock()
 
 @contextlib.contextmanager
 def _weights_written_once(force: bool = False) -> Iterator[None]:
-    """Before torch 2.13, `torch.export.save` writes each weight to the archive and then, to
-    serialize the graph, also pickles the whole state dict and every constant into one buffer that
-    it throws away: the program's weights held twice while it saves (1.1 GiB more at the 1.1B
-    decoder; docs/benchmarks.md). Where its `serialize` lacks torch 2.13's `serialize_state_dict`
-    flag (or `force`), the graph is serialized from a copy of the program whose tensors are meta
-    stand-ins: the same archive bytes (tested), without the buffer."""
-    try:
-        from torch.export.pt2_archive import _package
-    except ImportError:  # a torch that packages archives another way: saved as it saves them
-        yield
-        return
-    original = getattr(_package, "serialize", None)
-    if original is None or not (
-        force or "serialize_state_dict" not in inspect.signature(original).parameters
-    ):
-        yield
-        return
-
-    def serialize(program: ExportedProgram, *args: object, **kwargs: object) -> object:
-        return original(_weightless(program), *args, **kwargs)
-
+    """torch 2.9-2.12's `torch.export.save` writes each weight to the archive and then, to
+    serialize the graph, also pickles the whole state dict and every constant into one buffer
+    that it throws away: the program's weights held twice while it saves (1.1 GiB more at the
+    1.1B decoder on torch 2.11; docs/benchmarks.md). There (`_discards_pickled_weights`, or with
+    `force`), the graph is serialized from a copy of the program whose tensors are meta stand-ins:
+    the same archive bytes (tested), without the buffer. Saves in one process take turns."""
     with _PATCHING:
+        try:
+            from torch.export.pt2_archive import _package
+        except ImportError:  # a torch that packages archives another way: saved as it saves them
+            yield
+            return
+        original = getattr(_package, "serialize", None)
+        if original is None or not (force or _discards_pickled_weights(_package, original)):
+            yield
+            return
+
+        def serialize(program: ExportedProgram, *args: object, **kwargs: object) -> object:
+            return original(_weightless(program), *args, **kwargs)
+
         _package.serialize = serialize
         try:
             yield
         finally:
             _package.serialize = original
+
+
+def _discards_pickled_weights(package: object, serialize: object) -> bool:
+    """Whether this torch's packager writes weights and constants a tensor at a time and never
+    reads the state dict or constants `serialize` pickles (torch 2.8's wrote that pickle as the
+    archive's weights: meta stand-ins there would lose them), while `serialize` still pickles them
+    (torch 2.13 has a flag that skips it, and passes it)."""
+    writer = getattr(package, "_package_exported_programs", None)
+    code = getattr(writer, "__code__", None)
+    if code is None or not all(hasattr(package, n) for n in ("_package_state_dict", "_package_constants")):
+        return False
+    if {"state_dict", "constants"} & set(code.co_names):
+        return False
+    return "serialize_state_dict" not in inspect.signature(serialize).parameters  # type: ignore[arg-type]
 
 
 def _weightless(program: ExportedProgram) -> ExportedProgram:
@@ -174,7 +186,10 @@ def _weightless(program: ExportedProgram) -> ExportedProgram:
     def meta(t: object) -> object:
         if not isinstance(t, torch.Tensor):
             return t
-        stand_in = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        try:
+            stand_in = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+        except (RuntimeError, NotImplementedError):  # a quantized dtype, a sparse layout: pickled as it is
+            return t
         return (
             torch.nn.Parameter(stand_in, t.requires_grad) if isinstance(t, torch.nn.Parameter) else stand_in
         )
