@@ -65,6 +65,39 @@ def test_the_graph_serialized_without_weights_gives_the_same_archive(sample: str
     assert all(t.device.type == "cpu" for t in program.state_dict.values())  # the caller's program as it was
 
 
+def test_the_graph_is_serialized_without_weights_only_where_the_pickle_is_thrown_away() -> None:
+    """torch 2.8's packager wrote `serialize`'s pickled state dict as the archive's weights: there
+    meta stand-ins would lose them, so the pickle is left alone; 2.9-2.12 throw it away; 2.13's
+    `serialize` skips it itself."""
+    import types
+
+    from coreai_opt.io._pt2 import _discards_pickled_weights
+
+    def old_serialize(ep, opset_version=None, pickle_protocol=2):  # type: ignore[no-untyped-def]
+        return ep
+
+    def new_serialize(ep, opset_version=None, pickle_protocol=2, *, serialize_state_dict=True):  # type: ignore[no-untyped-def]
+        return ep
+
+    def writes_the_pickle(writer, programs):  # type: ignore[no-untyped-def]  # torch 2.8
+        artifact = old_serialize(programs)
+        writer.write_bytes("weights", artifact.state_dict)
+        writer.write_bytes("constants", artifact.constants)
+
+    def writes_a_tensor_at_a_time(writer, programs):  # type: ignore[no-untyped-def]  # torch 2.9-2.13
+        artifact = old_serialize(programs)
+        writer.write_bytes("model", artifact.exported_program)
+
+    def package(writer: object, **helpers: object) -> types.SimpleNamespace:
+        return types.SimpleNamespace(_package_exported_programs=writer, **helpers)
+
+    helpers = {"_package_state_dict": len, "_package_constants": len}
+    assert not _discards_pickled_weights(package(writes_the_pickle, **helpers), old_serialize)
+    assert _discards_pickled_weights(package(writes_a_tensor_at_a_time, **helpers), old_serialize)
+    assert not _discards_pickled_weights(package(writes_a_tensor_at_a_time, **helpers), new_serialize)
+    assert not _discards_pickled_weights(package(writes_a_tensor_at_a_time), old_serialize)
+
+
 def test_aimodel_round_trip_keeps_ops_and_constant_bytes(tmp_path: Path) -> None:
     original = load_aimodel(SAMPLES / "cnn.aimodel")
     saved = save_aimodel(original, tmp_path / "copy.aimodel")
