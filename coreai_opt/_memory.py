@@ -113,3 +113,12 @@ class EveryBytes:
         if self._passed >= self._every:
             self._action()
             self._passed = 0
+
+
+def meta_stand_in(value: Any) -> Any:
+    """A meta tensor of a tensor's shape, strides and dtype (a Parameter for a Parameter): a name
+    kept for a graph, its memory let go."""
+    import torch
+
+    empty = value.detach().to("meta")
+    return torch.nn.Parameter(empty, value.requires_grad) if isinstance(value, torch.nn.Parameter) else empty

@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from coreai_opt._memory import meta_stand_in
 from coreai_opt.weights import lut_to_dense, shift_scale, sparse_to_dense
 
 if TYPE_CHECKING:
@@ -117,15 +118,6 @@ def _let_go(
         if unread[target] == 0:  # a stand-in until the dead readers are gone
             owner, last = _owner(module, target)
             setattr(owner, last, meta_stand_in(getattr(owner, last)))
-
-
-def meta_stand_in(value: torch.Tensor) -> torch.Tensor:
-    """A meta tensor of `value`'s shape and dtype (a Parameter for a Parameter): a name kept for
-    the graph, its memory let go."""
-    import torch
-
-    empty = value.detach().to("meta")
-    return torch.nn.Parameter(empty, value.requires_grad) if isinstance(value, torch.nn.Parameter) else empty
 
 
 def _owner(module: torch.nn.Module, target: str) -> tuple[Any, str]:

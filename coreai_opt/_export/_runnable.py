@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from coreai_opt._memory import meta_stand_in
 from coreai_opt.io import file_run, first_run, zero_inputs
 
-from ._ops import fold_decompression, meta_stand_in
+from ._ops import _owner, fold_decompression
 
 if TYPE_CHECKING:
     import torch
@@ -47,8 +48,7 @@ def runnable(
     copy = _Copier(torch.device(device), page_out)
     module._apply(copy)  # what .to() does, a tensor at a time through `copy`
     for name in program.graph_signature.lifted_tensor_constants:  # plain attributes: .to() passes them by
-        *path, last = name.split(".")
-        owner = module.get_submodule(".".join(path)) if path else module
+        owner, last = _owner(module, name)
         held = getattr(owner, last, None)
         if isinstance(held, torch.Tensor):
             setattr(owner, last, copy(held))

@@ -183,16 +183,15 @@ def _weightless(program: ExportedProgram) -> ExportedProgram:
     same shapes, dtypes and kinds (what its graph's serialization reads of them)."""
     import torch
 
+    from coreai_opt._memory import meta_stand_in
+
     def meta(t: object) -> object:
         if not isinstance(t, torch.Tensor):
             return t
         try:
-            stand_in = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+            return meta_stand_in(t)
         except (RuntimeError, NotImplementedError):  # a quantized dtype, a sparse layout: pickled as it is
             return t
-        return (
-            torch.nn.Parameter(stand_in, t.requires_grad) if isinstance(t, torch.nn.Parameter) else stand_in
-        )
 
     light = copy.copy(program)
     light._state_dict = {k: meta(v) for k, v in program.state_dict.items()}

@@ -308,10 +308,11 @@ def _float_config(
     H200 of virtual ones; docs/benchmarks.md): from float32, one scale per tensor 1,024 values a
     program (actual fp8_F 79% -> 102% of copy, int4_f 70% -> 95%; virtual fp8_F on the H200 94% ->
     100%); the rest of the virtual casts the default. Actual casts: two levels 1,024 on 2 warps
-    (nvfp4 88% -> 90%); 4-bit codes from 16-bit runs 2,048 (nvf4 69% -> 74%; read as word pairs, 94%). `checked`: the kernel
-    checks a tensor scale it reads (`_divisors`), whose two arms ptxas gives 40 registers as
-    word pairs of 16-bit values and 56 from float32: capped at 32 and 40 (nvfp4 cast pass from
-    bf16 273 -> 259 us, from fp32 442 -> 420 us; offline, the fast arm alone fits 32 unspilled)."""
+    (nvfp4 88% -> 90%); 4-bit codes from 16-bit runs 2,048 (nvf4 69% -> 74%; read as word pairs,
+    94%). `checked`: the kernel checks a tensor scale it reads (`_divisors`), whose two arms
+    ptxas gives 40 registers as word pairs of 16-bit values and 56 from float32: capped at 32 and
+    40 (nvfp4 cast pass from bf16 273 -> 259 us, from fp32 442 -> 420 us; offline, the fast arm
+    alone fits 32 unspilled)."""
     wide = x.element_size() == 4
     if geo.flat and wide:
         return LaunchConfig(1024, 4)
