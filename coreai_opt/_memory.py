@@ -7,6 +7,10 @@ file mapped by a native library (coreai-core maps the bytecode it loads) stay re
 Both are harmless to give back: the heap is trimmed, and clean file pages are read again from the
 file if anything touches them later. Peak memory then follows the weight in hand, not the model.
 
+A third thing outlives its last use: a program let go is garbage only to the cyclic collector (a
+GraphModule and its graph refer to each other), which may not run for minutes, so its weights and
+what a pass hung on it stay resident. Between phases `release_garbage` collects and then trims.
+
 File pages leave the process's mapping only (MADV_DONTNEED), not the system's page cache: a later
 reader of the same file - the parent after the asset check's worker, the save after the pass -
 finds them there instead of on the disk (paging them out, MADV_PAGEOUT, made a 0.5 GB asset's
@@ -20,6 +24,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import functools
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -48,6 +53,13 @@ def trim_heap() -> None:
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
+
+
+def release_garbage() -> None:
+    """Free what only reference cycles still hold (a program let go, its graph and weights), then
+    trim the heap: for phase boundaries, not for loops (a collection walks every object)."""
+    gc.collect()
+    trim_heap()
 
 
 def _file_mappings() -> list[tuple[int, int, str, str]]:

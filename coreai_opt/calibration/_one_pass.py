@@ -8,6 +8,7 @@ the program as given, and its statistics are what the disk cache (`_cache`) keep
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,7 @@ def one_pass(
     keys = {name: rows_key(chosen[name]) if name in chosen else name for name in names}
     shared = {key: Sums() for key in keys.values()}  # readers of the same rows add them once, to one sums
     sums = {name: shared[keys[name]] for name in names}
-    recorder = _Recording(gm, by_node, sums, needs)
+    recorder = _recording(gm, by_node, sums, needs)
     with torch.no_grad():
         for done, sample in enumerate(inputs, 1):
             recorder.run(*sample)
@@ -50,30 +51,39 @@ def one_pass(
     return {name: means[keys[name]] for name in names}
 
 
-class _Recording:
-    """Runs the module on one sample, adding each chosen reader's activation to its sums."""
+def _recording(
+    gm: GraphModule, by_node: dict[Node, list[Reader]], sums: dict[str, Sums], needs: Needs
+) -> Any:
+    """An FX interpreter that runs the module on one sample (`run`), adding each chosen reader's
+    activation to its sums. Its class is made once and holds nothing of a call: a recorder in a
+    reference cycle (a class made per call, closing over the sums) kept every Gram matrix
+    resident until the cyclic collector ran, minutes later."""
+    return _recording_class()(gm, by_node, sums, needs)
 
-    def __init__(
-        self, gm: GraphModule, by_node: dict[Node, list[Reader]], sums: dict[str, Sums], needs: Needs
-    ) -> None:
-        from torch.fx import Interpreter
 
-        outer = self
+@functools.cache
+def _recording_class() -> type:
+    from torch.fx import Interpreter
 
-        class Interp(Interpreter):
-            def run_node(self, n: Node) -> Any:
-                for reader in outer.by_node.get(n, ()):
-                    sums = outer.sums[reader.name]
-                    if reader.activation is not None and id(sums) not in outer.added:
-                        args, _ = self.fetch_args_kwargs_from_env(n)
-                        sums.add(args[reader.activation], reader, outer.needs)
-                        outer.added.add(id(sums))
-                return super().run_node(n)
+    class _Recording(Interpreter):
+        def __init__(
+            self, gm: GraphModule, by_node: dict[Node, list[Reader]], sums: dict[str, Sums], needs: Needs
+        ) -> None:
+            super().__init__(gm)
+            self.by_node, self.sums, self.needs = by_node, sums, needs
+            self.added: set[int] = set()  # the sums this sample has added to
 
-        self.interpreter = Interp(gm)
-        self.by_node, self.sums, self.needs = by_node, sums, needs
-        self.added: set[int] = set()  # the sums this sample has added to
+        def run(self, *inputs: Any, **kwargs: Any) -> Any:
+            self.added.clear()
+            return super().run(*inputs, **kwargs)
 
-    def run(self, *inputs: Any) -> Any:
-        self.added.clear()
-        return self.interpreter.run(*inputs)
+        def run_node(self, n: Node) -> Any:
+            for reader in self.by_node.get(n, ()):
+                sums = self.sums[reader.name]
+                if reader.activation is not None and id(sums) not in self.added:
+                    args, _ = self.fetch_args_kwargs_from_env(n)
+                    sums.add(args[reader.activation], reader, self.needs)
+                    self.added.add(id(sums))
+            return super().run_node(n)
+
+    return _Recording

@@ -30,6 +30,15 @@ class Judge:
         self.reference: Measured | None = None
 
     def __call__(self, candidate: Path) -> Measured:
+        """The candidate measured; the programs it loaded freed before the next round makes one."""
+        from coreai_opt._memory import release_garbage
+
+        try:
+            return self._measure(candidate)
+        finally:
+            release_garbage()
+
+    def _measure(self, candidate: Path) -> Measured:
         from coreai_opt.io import asset_bytes
 
         began = time.perf_counter()

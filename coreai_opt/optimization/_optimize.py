@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from coreai_opt._memory import release_garbage
 from coreai_opt.errors import ConfigError
 from coreai_opt.io import ModelFormat, check_output, model_format, require_existing
 
@@ -83,7 +84,8 @@ def optimize(
     )
     note(f"estimating {len(picked) - 1} choices on every weight from {samples.describe()}")
     table = _costs(path, loaded, picked, samples, config, progress)
-    loaded = None  # the rounds load the file afresh: let this copy go
+    loaded = None  # the rounds load the file afresh: let this copy go, with what the table's
+    release_garbage()  # calibration hung on it (only the cyclic collector frees a program)
     steps = Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
                    config.calibration_tokens, config.calibration_samples, config.device, config.threshold,
                    config.tune_epochs)  # fmt: skip

@@ -103,7 +103,7 @@ def apply_recipe(
     the steps). A step whose check fails (a cast's, a budget) stops the run: nothing is written
     unless that cast step keeps failures (`keep_failed`). A compress step that changes nothing
     raises `NothingDoneError` unless `allow_empty`."""
-    from coreai_opt._memory import trim_heap
+    from coreai_opt._memory import release_garbage
 
     source = Path(source)
     sources, produced = _formats(recipe)
@@ -136,7 +136,7 @@ def apply_recipe(
     _save(program, out, run)
     result.written = True
     del program  # with the steps' freed temporaries, back to the system: a caller that goes on (the
-    trim_heap()  # judge of optimize's rounds) starts nearer what it held before the recipe
+    release_garbage()  # judge of optimize's rounds) starts nearer what it held before the recipe
     for _, outcome in result.steps:
         if isinstance(outcome, CompressionFileResult | ActivationsFileResult):
             outcome.file_bytes_after = asset_bytes(out)
@@ -327,7 +327,7 @@ def _cast(step: Cast, program: Any, run: _Run, index: int) -> StepOutcome:
 
 
 def _convert(step: Convert, program: Any, run: _Run, index: int) -> StepOutcome:
-    from coreai_opt._memory import trim_heap
+    from coreai_opt._memory import release_garbage
     from coreai_opt.conversion import ConverterFailure, convert_with_log
 
     start = time.perf_counter()
@@ -338,7 +338,7 @@ def _convert(step: Convert, program: Any, run: _Run, index: int) -> StepOutcome:
     # the Core AI program holds its own copy of every weight: the source's mapped pages and the
     # converter's freed temporaries go back before the save serializes it
     del program
-    trim_heap()
+    release_garbage()
     return converted, ConversionResult(run.source, run.output, time.perf_counter() - start, log), None
 
 
@@ -354,7 +354,7 @@ def _budget(step: Budget, program: Any, run: _Run, index: int) -> StepOutcome:
 
 
 def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutcome:
-    from coreai_opt._memory import trim_heap
+    from coreai_opt._memory import release_garbage
     from coreai_opt.transforms import TransformError, transform_
 
     if type(program).__name__ != "ExportedProgram":
@@ -375,7 +375,7 @@ def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutc
     except TransformError as why:
         raise TransformError(f"{run.source}: {why}") from None
     del calibration  # it holds the weights as they were: they go back before the save
-    trim_heap()
+    release_garbage()
     return program, report, None
 
 

@@ -60,7 +60,7 @@ def _learned(program: ExportedProgram, stream: Stream, q0: torch.Tensor, config:
     step reported to the progress callback given with the calibration."""
     import time
 
-    from coreai_opt._memory import trim_heap
+    from coreai_opt._memory import release_garbage
     from coreai_opt.calibration import calibrate
 
     from ._learned import learned_rotation
@@ -70,7 +70,7 @@ def _learned(program: ExportedProgram, stream: Stream, q0: torch.Tensor, config:
     folded = calibrate(program, calibration.samples, cache=calibration.cache, device=calibration.device)
     q, before, after = learned_rotation(program.state_dict, stream, q0, config, folded, progress)
     del folded
-    trim_heap()  # the Gram matrices and the folded program's run are gone
+    release_garbage()  # the Gram matrices and the folded program's run are gone
     lines.append(f"rotation learned in {config.steps} steps ({time.perf_counter() - began:.0f} s): mean relative "
                  f"int{config.bits} rounding loss {before:.4g} at the Hadamard start -> {after:.4g}")  # fmt: skip
     return q.double(), lines

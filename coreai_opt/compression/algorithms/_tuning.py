@@ -169,14 +169,12 @@ def tune_tables(
         for a in range(0, run.count, _ACCUMULATE):
             batch = order[a : a + _ACCUMULATE]
             run.optimizer.zero_grad()
-            weights = {t.site.name: t.dense() for t in tables}
-            loss = sum(calibration.divergence(weights, sample) for sample in batch) / len(batch)
-            if not loss.requires_grad:  # type: ignore[union-attr]
+            loss = _step_gradients(tables, calibration, batch)
+            if loss is None:
                 return [encoding for _, encoding in held], []  # no held weight reaches the program's output
-            loss.backward()  # type: ignore[union-attr]
             run.optimizer.step()
             run.schedule.step()
-            total += float(loss.detach()) * len(batch)  # type: ignore[union-attr]
+            total += loss * len(batch)
             done += 1
             if progress is not None:
                 progress(done, run.steps, total / min(a + _ACCUMULATE, run.count))
@@ -186,6 +184,28 @@ def tune_tables(
     if store is not None:
         store.drop()
     return [t.tuned() for t in tables], means
+
+
+def _step_gradients(tables: list[_Tuned], calibration: Calibration, batch: list[int]) -> float | None:
+    """The mean divergence over `batch`, its gradient left on every table's parameters; None where
+    no held weight reaches the program's output. The decoded weights enter the program as leaves,
+    each sample's graph goes back on its own, and each weight's decode goes back once, one
+    weight at a time: what a step holds is one sample's activations and one weight's gather
+    indices (int64, 8 bytes an element), not the batch's and every weight's at once."""
+    with torch.no_grad():
+        leaves = {t.site.name: t.dense().requires_grad_() for t in tables}
+    total = 0.0
+    for sample in batch:
+        loss = calibration.divergence(leaves, sample) / len(batch)
+        if not loss.requires_grad:
+            return None
+        loss.backward()
+        total += float(loss.detach())
+    for t in tables:
+        grad = leaves.pop(t.site.name).grad
+        if grad is not None:
+            t.dense().backward(grad)
+    return total
 
 
 class _Run:
