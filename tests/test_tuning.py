@@ -192,3 +192,21 @@ def test_a_tuning_run_stopped_part_way_resumes_from_its_last_pass_to_the_same_by
     assert seen[0] == 1
     for name, value in _state(unbroken, ".lut").items():
         assert torch.equal(value, _state(fresh, ".lut")[name]), name
+
+
+def test_the_divergence_gives_gradients_to_the_given_weights_only(llama) -> None:  # type: ignore[no-untyped-def]
+    """What tuning backpropagates reaches the weights it passes in, and none of the program's own
+    parameters (a file's keep `requires_grad`): no gradient gathers on a norm step after step."""
+    from coreai_opt.models import model_tokenizer
+
+    samples = Samples.of(llama["text"], tokens=64, tokenizer=model_tokenizer(llama["ref"]))
+    calibration = calibrate(load_pt2(llama["ref"]), samples, cache=False)
+    own = dict(calibration.gm.named_parameters())
+    assert all(p.requires_grad for p in own.values())  # as the file keeps them
+    names = [n for n, p in own.items() if p.dim() == 2][:2]
+    leaves = {n: own[n].detach().clone().requires_grad_() for n in names}
+    loss = calibration.divergence(leaves, 0)
+    assert float(loss.detach()) == 0.0  # the weights as they are: no divergence yet
+    loss.backward()
+    assert all(leaves[n].grad is not None for n in names)
+    assert [n for n, p in own.items() if p.grad is not None] == []

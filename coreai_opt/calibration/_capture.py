@@ -213,7 +213,12 @@ class ProgramCalibration:
         for name, targets in self._targets(tuple(weights)).items():
             for target in targets:
                 placed[target] = weights[name].to(self.device, self._parameter_dtype(target))
-        return output_divergence(self._call(placed, inputs), reference, inputs)
+        # the program's own parameters take no gradient (a file's keep `requires_grad`): only the
+        # given weights' reach anything, and none is kept where none of theirs reaches the output
+        every = dict(self.gm.named_parameters(remove_duplicate=False))
+        given = {id(every[target]) for target in placed if target in every}  # a tied one: under any name
+        fixed = {name: p.detach() for name, p in self.gm.named_parameters() if id(p) not in given}
+        return output_divergence(self._call({**fixed, **placed}, inputs), reference, inputs)
 
     def _call(self, tensors: Mapping[str, torch.Tensor], inputs: tuple[Any, ...]) -> Any:
         from torch.func import functional_call

@@ -335,8 +335,9 @@ def _convert(step: Convert, program: Any, run: _Run, index: int) -> StepOutcome:
         converted, log = convert_with_log(program)
     except ConverterFailure as exc:
         raise ConversionError(run.source, f"coreai-torch could not convert the program: {exc}") from None
-    # the Core AI program holds its own copy of every weight: the source's mapped pages and the
-    # converter's freed temporaries go back before the save serializes it
+    # the Core AI program holds its own copy of every weight: the converter's freed temporaries
+    # (some in reference cycles) go back before the save serializes it; the source program goes
+    # when `apply_recipe` lets go of it, after the save
     del program
     release_garbage()
     return converted, ConversionResult(run.source, run.output, time.perf_counter() - start, log), None

@@ -44,6 +44,8 @@ from ..grids import stored_float
 _STEP = 5e-3  # Adam's first step size, in units of each table's root mean square entry
 _ACCUMULATE = 4  # calibration samples per step
 _SEED = 0
+_ORDER = 2  # how a step adds its gradients up (2: a window and a weight at a time): a checkpoint
+# of another order resumes to other bytes, so it is another run
 
 TuningProgress = Callable[[int, int, float], None]  # (steps done, steps in all, mean divergence)
 
@@ -190,8 +192,9 @@ def _step_gradients(tables: list[_Tuned], calibration: Calibration, batch: list[
     """The mean divergence over `batch`, its gradient left on every table's parameters; None where
     no held weight reaches the program's output. The decoded weights enter the program as leaves,
     each sample's graph goes back on its own, and each weight's decode goes back once, one
-    weight at a time: what a step holds is one sample's activations and one weight's gather
-    indices (int64, 8 bytes an element), not the batch's and every weight's at once."""
+    weight at a time. A step holds every decoded weight and its gradient (float32), one sample's
+    activations and one weight's gather indices (int64, 8 bytes an element), not the batch's
+    activations and every weight's indices at once."""
     with torch.no_grad():
         leaves = {t.site.name: t.dense().requires_grad_() for t in tables}
     total = 0.0
@@ -294,7 +297,7 @@ def _identity(tables: list[_Tuned], run: _Run) -> bytes:
 
     from coreai_opt._cache import tensor_bytes
 
-    digest = hashlib.sha256(f"{run.epochs} {run.count} {_STEP} {_ACCUMULATE} {_SEED}".encode())
+    digest = hashlib.sha256(f"{run.epochs} {run.count} {_STEP} {_ACCUMULATE} {_SEED} {_ORDER}".encode())
     for t in tables:
         digest.update(t.site.name.encode() + b"\0")
         for part in (t.indices, _stored(t.entries), None if t.scale is None else _stored(t.scale), t.offset):
