@@ -9,7 +9,8 @@ file if anything touches them later. Peak memory then follows the weight in hand
 
 A third thing outlives its last use: a program let go is garbage only to the cyclic collector (a
 GraphModule and its graph refer to each other), which may not run for minutes, so its weights and
-what a pass hung on it stay resident. Between phases `release_garbage` collects and then trims.
+what a pass hung on it stay resident. Between phases `release_garbage` collects (where the program
+is large enough to pay for the walk) and then trims.
 
 File pages leave the process's mapping only (MADV_DONTNEED), not the system's page cache: a later
 reader of the same file - the parent after the asset check's worker, the save after the pass -
@@ -55,10 +56,13 @@ def trim_heap() -> None:
         libc.malloc_trim(0)
 
 
-def release_garbage() -> None:
-    """Free what only reference cycles still hold (a program let go, its graph and weights), then
-    trim the heap: for phase boundaries, not for loops (a collection walks every object)."""
-    gc.collect()
+def release_garbage(nbytes: int) -> None:
+    """Free what only reference cycles still hold (a program let go, its graph and weights: about
+    `nbytes`), then trim the heap. For phase boundaries, never per weight: a collection walks every
+    object (0.2-0.5 s in a process with torch loaded), so a program under `RELEASE_EVERY` bytes is
+    left to the collector's own time."""
+    if nbytes >= RELEASE_EVERY:
+        gc.collect()
     trim_heap()
 
 

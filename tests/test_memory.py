@@ -96,3 +96,31 @@ def test_a_programs_host_tensors_copied_to_a_device_leave_the_resident_set(tmp_p
     copy.page_out()
     assert touched - _resident_file_bytes() > SIZE // 2
     assert torch.equal(codes[:256], torch.arange(256, dtype=torch.uint8))  # read again from the file
+
+
+def test_release_garbage_frees_a_cycle_where_the_program_is_large_enough() -> None:
+    """A program let go sits in a reference cycle (a GraphModule and its graph): `release_garbage`
+    frees it at a phase boundary, and leaves a small one to the collector's own time (a walk over
+    every object costs more than it would give back)."""
+    import gc
+    import weakref
+
+    from coreai_opt._memory import RELEASE_EVERY, release_garbage
+
+    class Node:
+        pass
+
+    def cycle() -> weakref.ref:
+        a, b = Node(), Node()
+        a.other, b.other, a.weight = b, a, bytearray(16)
+        return weakref.ref(a)
+
+    gc.disable()
+    try:
+        small = cycle()
+        release_garbage(RELEASE_EVERY - 1)
+        assert small() is not None
+        release_garbage(RELEASE_EVERY)
+        assert small() is None
+    finally:
+        gc.enable()

@@ -32,11 +32,12 @@ class Judge:
     def __call__(self, candidate: Path) -> Measured:
         """The candidate measured; the programs it loaded freed before the next round makes one."""
         from coreai_opt._memory import release_garbage
+        from coreai_opt.io import asset_bytes
 
         try:
             return self._measure(candidate)
         finally:
-            release_garbage()
+            release_garbage(asset_bytes(candidate) + asset_bytes(self.reference_path))
 
     def _measure(self, candidate: Path) -> Measured:
         from coreai_opt.io import asset_bytes

@@ -85,7 +85,7 @@ def optimize(
     note(f"estimating {len(picked) - 1} choices on every weight from {samples.describe()}")
     table = _costs(path, loaded, picked, samples, config, progress)
     loaded = None  # the rounds load the file afresh: let this copy go, with what the table's
-    release_garbage()  # calibration hung on it (only the cyclic collector frees a program)
+    release_garbage(path.stat().st_size)  # calibration hung on it (only the cyclic collector frees it)
     steps = Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
                    config.calibration_tokens, config.calibration_samples, config.device, config.threshold,
                    config.tune_epochs)  # fmt: skip

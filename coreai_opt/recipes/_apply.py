@@ -136,7 +136,7 @@ def apply_recipe(
     _save(program, out, run)
     result.written = True
     del program  # with the steps' freed temporaries, back to the system: a caller that goes on (the
-    release_garbage()  # judge of optimize's rounds) starts nearer what it held before the recipe
+    release_garbage(asset_bytes(run.source))  # judge of optimize's rounds) starts nearer its start
     for _, outcome in result.steps:
         if isinstance(outcome, CompressionFileResult | ActivationsFileResult):
             outcome.file_bytes_after = asset_bytes(out)
@@ -339,7 +339,7 @@ def _convert(step: Convert, program: Any, run: _Run, index: int) -> StepOutcome:
     # (some in reference cycles) go back before the save serializes it; the source program goes
     # when `apply_recipe` lets go of it, after the save
     del program
-    release_garbage()
+    release_garbage(asset_bytes(run.source))
     return converted, ConversionResult(run.source, run.output, time.perf_counter() - start, log), None
 
 
@@ -376,7 +376,7 @@ def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutc
     except TransformError as why:
         raise TransformError(f"{run.source}: {why}") from None
     del calibration  # it holds the weights as they were: they go back before the save
-    release_garbage()
+    release_garbage(asset_bytes(run.source))
     return program, report, None
 
 

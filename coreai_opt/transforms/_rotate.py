@@ -69,8 +69,8 @@ def _learned(program: ExportedProgram, stream: Stream, q0: torch.Tensor, config:
     began = time.perf_counter()
     folded = calibrate(program, calibration.samples, cache=calibration.cache, device=calibration.device)
     q, before, after = learned_rotation(program.state_dict, stream, q0, config, folded, progress)
-    del folded
-    release_garbage()  # the Gram matrices and the folded program's run are gone
+    del folded  # the Gram matrices and the folded program's run are gone
+    release_garbage(sum(t.numel() * t.element_size() for t in program.state_dict.values()))
     lines.append(f"rotation learned in {config.steps} steps ({time.perf_counter() - began:.0f} s): mean relative "
                  f"int{config.bits} rounding loss {before:.4g} at the Hadamard start -> {after:.4g}")  # fmt: skip
     return q.double(), lines
