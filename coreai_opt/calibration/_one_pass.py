@@ -41,7 +41,7 @@ def one_pass(
     keys = {name: rows_key(chosen[name]) if name in chosen else name for name in names}
     shared = {key: Sums() for key in keys.values()}  # readers of the same rows add them once, to one sums
     sums = {name: shared[keys[name]] for name in names}
-    recorder = _recording(gm, by_node, sums, needs)
+    recorder = _recording_class()(gm, by_node, sums, needs)
     with torch.no_grad():
         for done, sample in enumerate(inputs, 1):
             recorder.run(*sample)
@@ -51,18 +51,12 @@ def one_pass(
     return {name: means[keys[name]] for name in names}
 
 
-def _recording(
-    gm: GraphModule, by_node: dict[Node, list[Reader]], sums: dict[str, Sums], needs: Needs
-) -> Any:
-    """An FX interpreter that runs the module on one sample (`run`), adding each chosen reader's
-    activation to its sums. Its class is made once and holds nothing of a call: a recorder in a
-    reference cycle (a class made per call, closing over the sums) kept every Gram matrix
-    resident until the cyclic collector ran, minutes later."""
-    return _recording_class()(gm, by_node, sums, needs)
-
-
 @functools.cache
 def _recording_class() -> type:
+    """An FX interpreter that runs the module on one sample (`run`), adding each chosen reader's
+    activation to its sums. The class is made once and holds nothing of a call: a recorder in a
+    reference cycle (a class made per call, closing over the sums) kept every Gram matrix
+    resident until the cyclic collector ran, minutes later."""
     from torch.fx import Interpreter
 
     class _Recording(Interpreter):

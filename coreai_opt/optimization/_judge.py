@@ -10,7 +10,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from coreai_opt._memory import release_garbage
 from coreai_opt.calibration import is_text
+from coreai_opt.io import asset_bytes
 
 from ._records import Measured
 
@@ -31,17 +33,12 @@ class Judge:
 
     def __call__(self, candidate: Path) -> Measured:
         """The candidate measured; the programs it loaded freed before the next round makes one."""
-        from coreai_opt._memory import release_garbage
-        from coreai_opt.io import asset_bytes
-
         try:
             return self._measure(candidate)
         finally:
             release_garbage(asset_bytes(candidate) + asset_bytes(self.reference_path))
 
     def _measure(self, candidate: Path) -> Measured:
-        from coreai_opt.io import asset_bytes
-
         began = time.perf_counter()
         size = asset_bytes(candidate)
         if self.language:

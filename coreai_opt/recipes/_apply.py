@@ -327,7 +327,7 @@ def _cast(step: Cast, program: Any, run: _Run, index: int) -> StepOutcome:
 
 
 def _convert(step: Convert, program: Any, run: _Run, index: int) -> StepOutcome:
-    from coreai_opt._memory import release_garbage
+    from coreai_opt._memory import trim_heap
     from coreai_opt.conversion import ConverterFailure, convert_with_log
 
     start = time.perf_counter()
@@ -335,11 +335,10 @@ def _convert(step: Convert, program: Any, run: _Run, index: int) -> StepOutcome:
         converted, log = convert_with_log(program)
     except ConverterFailure as exc:
         raise ConversionError(run.source, f"coreai-torch could not convert the program: {exc}") from None
-    # the Core AI program holds its own copy of every weight: the converter's freed temporaries
-    # (some in reference cycles) go back before the save serializes it; the source program goes
-    # when `apply_recipe` lets go of it, after the save
+    # the Core AI program holds its own copy of every weight: the converter's freed temporaries go
+    # back before the save serializes it (the source program goes when `apply_recipe` lets go of it)
     del program
-    release_garbage(asset_bytes(run.source))
+    trim_heap()
     return converted, ConversionResult(run.source, run.output, time.perf_counter() - start, log), None
 
 
