@@ -18,18 +18,27 @@ finds them there instead of on the disk (paging them out, MADV_PAGEOUT, made a 0
 check and quantize read it from the disk three times). Both are done once per `RELEASE_EVERY`
 bytes of weights (`EveryBytes`), not after each one: a trim hands back pages the next weight's
 temporaries fault in again, which doubled the CPU time of an int8 pass over 211 small weights.
+
+A fourth is what a pass makes and keeps: a compressed `.pt2` holds its new tensors until it is
+saved, and sub-byte codes take a byte each there, so the codes of a 1.1B model sat on the heap
+(1.1 GiB) beside everything else. Within `spilling(folder)` such tensors are parked in an unnamed
+file (`Spill`), held as its mapped pages, paged out as they pass, and a save through a
+`PagingWriter` pages out what it has read of them (and of the source's mapped weights) as it goes.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import contextvars
 import ctypes
 import functools
 import gc
+import io
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
 
 _MADV_DONTNEED = 4  # the mappings are coreai-core's: libc's madvise takes their addresses
 _MADV_PAGEOUT = 21  # Linux 5.4+
@@ -138,3 +147,100 @@ def meta_stand_in(value: Any) -> Any:
 
     empty = value.detach().to("meta")
     return torch.nn.Parameter(empty, value.requires_grad) if isinstance(value, torch.nn.Parameter) else empty
+
+
+PARK_FROM = 1 << 20  # bytes: a smaller tensor is not worth a mapping of its own
+_PAGE = 4096
+_SPILL: contextvars.ContextVar[Spill | None] = contextvars.ContextVar("coreopt_spill", default=None)
+
+
+class Spill:
+    """Tensors parked in an unnamed file in `folder`: each one's bytes written there and read back
+    as a mapping of the file, so a program assembled a weight at a time (a compressed `.pt2`, whose
+    sub-byte codes take a byte each) holds its new tensors as clean file pages, which leave the
+    resident set when paged out, instead of heap that stays until the program goes: at 1.1B that
+    was 1.1 GiB of codes. The file has no name and goes when the last mapping of it does."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        import tempfile
+
+        self._file = tempfile.TemporaryFile(dir=folder, prefix=".coreopt-spill-")  # noqa: SIM115 (closed by close)
+        self._addresses: list[int] = []
+        self._every = EveryBytes(self.page_out)
+
+    def park(self, tensor: Any) -> Any:
+        """`tensor` with its values in the file (the same dtype, shape and values), or `tensor`
+        itself where it is small, not on the CPU, or of no plain strided layout."""
+        import numpy as np
+        import torch
+
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes < PARK_FROM or tensor.device.type != "cpu" or tensor.layout != torch.strided:
+            return tensor
+        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        offset = self._file.seek(0, os.SEEK_END)
+        self._file.write(memoryview(flat))
+        self._file.write(bytes(-nbytes % _PAGE))  # the next one starts on a page of its own
+        self._file.flush()
+        mapped = np.memmap(self._file, dtype=np.uint8, mode="c", offset=offset, shape=(nbytes,))
+        parked = torch.from_numpy(mapped).view(tensor.dtype).reshape(tensor.shape)
+        self._addresses.append(parked.data_ptr())
+        self._every.passed(nbytes)
+        return parked
+
+    def page_out(self) -> None:
+        page_out_mapped(self._addresses)
+
+    def close(self) -> None:
+        """Close the file: its parked tensors stay readable through their mappings."""
+        self.page_out()
+        self._file.close()
+
+
+@contextlib.contextmanager
+def spilling(folder: str | os.PathLike[str]) -> Iterator[None]:
+    """Within: `parked` puts tensors in a `Spill` in `folder` (this thread's context only)."""
+    spill = Spill(folder)
+    token = _SPILL.set(spill)
+    try:
+        yield
+    finally:
+        _SPILL.reset(token)
+        spill.close()
+
+
+def parked(tensor: Any) -> Any:
+    """`tensor` parked in the spill of the `spilling` block around, or as it is outside one."""
+    spill = _SPILL.get()
+    return tensor if spill is None else spill.park(tensor)
+
+
+class PagingWriter(io.RawIOBase):
+    """A binary file that pages out the file mappings holding `addresses` every `RELEASE_EVERY`
+    bytes written through it: a save that reads a program's mapped tensors (its source's weights,
+    its parked ones) in turn then holds about that many of their pages, not all of them."""
+
+    def __init__(self, stream: BinaryIO, addresses: list[int]) -> None:
+        super().__init__()
+        self._stream = stream
+        self._every = EveryBytes(lambda: page_out_mapped(addresses))
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._stream.seekable()
+
+    def write(self, data: Any) -> int:
+        written = self._stream.write(data)
+        self._every.passed(written)
+        return written
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def flush(self) -> None:
+        self._stream.flush()

@@ -124,3 +124,103 @@ def test_release_garbage_frees_a_cycle_where_the_program_is_large_enough() -> No
         assert small() is None
     finally:
         gc.enable()
+
+
+def test_parked_tensors_keep_their_values_and_leave_the_resident_set(tmp_path: Path) -> None:
+    """A tensor parked in a spill has the same dtype, shape and values, lies in a file mapping
+    whose pages leave the resident set when paged out (read again after), and the file has no
+    name in its folder; small or non-CPU tensors, and any outside a `spilling` block, stay as given."""
+    import torch
+
+    from coreai_opt._memory import PARK_FROM, Spill, parked, spilling
+
+    generator = torch.Generator().manual_seed(0)
+    given = {
+        "codes": torch.randint(0, 16, (SIZE // 1024, 1024), dtype=torch.uint8, generator=generator),
+        "scales": torch.randn(1024, 513, generator=generator).to(torch.bfloat16),
+        "mask": torch.rand(2048, 1024, generator=generator) > 0.5,
+        "signed": torch.randint(-8, 8, (4096, 300), dtype=torch.int8, generator=generator),
+    }
+    spill = Spill(tmp_path)
+    before = _resident_file_bytes()
+    held = {name: spill.park(t) for name, t in given.items()}
+    for name, t in given.items():
+        assert held[name].dtype == t.dtype and held[name].shape == t.shape and torch.equal(held[name], t)
+        assert held[name].data_ptr() != t.data_ptr()
+    touched = _resident_file_bytes()
+    assert touched - before > SIZE // 2  # read just now, by the comparisons
+    spill.page_out()
+    assert touched - _resident_file_bytes() > SIZE // 2
+    spill.close()
+    assert not list(tmp_path.iterdir())  # an unnamed file
+    assert all(torch.equal(held[name], t) for name, t in given.items())  # read again from it
+    small = torch.ones(PARK_FROM // 4 - 1)
+    assert spill.park(small) is small
+    assert parked(given["codes"]) is given["codes"]  # no spill around
+    with spilling(tmp_path):
+        inside = parked(given["codes"])
+    assert inside is not given["codes"] and torch.equal(inside, given["codes"])
+
+
+def test_a_save_pages_out_the_mapped_tensors_it_has_written(tmp_path: Path) -> None:
+    """`save_pt2` writes through a `PagingWriter`: a program whose weights are mapped from its
+    file is saved to the same bytes as through a plain file, and their pages leave the resident
+    set as the save goes past them."""
+    import torch
+
+    from coreai_opt._memory import PagingWriter
+    from coreai_opt.io import load_pt2, save_pt2
+
+    class Held(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for i in range(4):
+                self.register_buffer(f"codes{i}", torch.full((SIZE,), i, dtype=torch.uint8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.codes0[:4] + self.codes3[:4]
+
+    program = torch.export.export(Held(), (torch.zeros(4, dtype=torch.uint8),)).run_decompositions({})
+    save_pt2(program, tmp_path / "held.pt2")
+    loaded = load_pt2(tmp_path / "held.pt2")
+    before = _resident_file_bytes()
+    save_pt2(loaded, tmp_path / "again.pt2")
+    assert _resident_file_bytes() - before < 3 * SIZE  # 4 x 32 MiB read: all but the last 64 MiB paged out
+    assert torch.equal(
+        load_pt2(tmp_path / "again.pt2").state_dict["codes2"], torch.full((SIZE,), 2, dtype=torch.uint8)
+    )
+    with open(tmp_path / "plain.pt2", "wb") as plain, open(tmp_path / "paged.pt2", "wb") as paged:
+        torch.export.save(loaded, plain)
+        torch.export.save(loaded, PagingWriter(paged, []))
+    assert (tmp_path / "plain.pt2").read_bytes() == (tmp_path / "paged.pt2").read_bytes()
+
+
+def test_a_compressed_program_parked_as_it_is_made_saves_to_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`apply_recipe` parks the compressed program's new tensors in a spill beside the output
+    (`_memory.spilling`): with every tensor parked, the file written is byte for byte the one
+    written with none parked, and no spill file is left in the folder."""
+    from conftest import SAMPLES
+
+    from coreai_opt import _memory
+    from coreai_opt.compression import PalettizeConfig
+    from coreai_opt.recipes import palettize_file
+
+    parks: list[bool] = []
+    park = _memory.Spill.park
+
+    def counted(self: _memory.Spill, tensor: object) -> object:
+        held = park(self, tensor)
+        parks.append(held is not tensor)
+        return held
+
+    monkeypatch.setattr(_memory.Spill, "park", counted)
+    config = PalettizeConfig(n_bits=4, granularity="grouped", group_size=16)
+    monkeypatch.setattr(_memory, "PARK_FROM", 1)
+    palettize_file(SAMPLES / "transformer.pt2", tmp_path / "parked.pt2", config)
+    assert sum(parks) >= 4  # indices and tables of two weights at least
+    monkeypatch.setattr(_memory, "PARK_FROM", 1 << 62)
+    palettize_file(SAMPLES / "transformer.pt2", tmp_path / "held.pt2", config)
+    assert (tmp_path / "parked.pt2").read_bytes() == (tmp_path / "held.pt2").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held.pt2", "parked.pt2"]

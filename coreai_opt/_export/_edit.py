@@ -32,8 +32,13 @@ class ProgramEdit:
 
     def buffer(self, placeholder: str, target: str, tensor: torch.Tensor) -> Node:
         """A new persistent buffer `target` read through a placeholder named `placeholder`, placed
-        before the user inputs (where torch.export puts state)."""
+        before the user inputs (where torch.export puts state); its values parked in the spill of a
+        `_memory.spilling` block around, if any (a compressed program's codes wait for the save)."""
         from torch.export.graph_signature import InputKind, InputSpec, TensorArgument
+
+        from coreai_opt._memory import parked
+
+        tensor = parked(tensor)
 
         graph = self.ep.graph
         specs = self.ep.graph_signature.input_specs

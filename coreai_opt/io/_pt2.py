@@ -112,12 +112,14 @@ def save_pt2(
     check_output(path, force=force, inputs=inputs)
     import torch
 
+    from coreai_opt._memory import PagingWriter
+
     def write(tmp: Path) -> None:
         # Through a file object: torch names the archive's root folder after a path's file name,
         # which would leak the temporary name and make every save differ.
         with _quiet_torch_export(), _weights_written_once(), open(tmp, "wb") as stream:
             try:
-                torch.export.save(program, stream)
+                torch.export.save(program, PagingWriter(stream, _host_addresses(program)))
             except KeyError as missing:  # its serializer's table of dtypes lacks one (older torch)
                 if not (missing.args and isinstance(missing.args[0], torch.dtype)):
                     raise
@@ -130,6 +132,18 @@ def save_pt2(
     write_atomically(path, write)
     remember_saved(program, path)
     return path
+
+
+def _host_addresses(program: ExportedProgram) -> list[int]:
+    """Where the program's host tensors lie: those mapped from a file (its source's weights, its
+    parked ones) are paged out as the save goes past them."""
+    import torch
+
+    tensors = (*program.state_dict.values(), *program.constants.values())
+    return [
+        t.data_ptr() for t in tensors
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.layout == torch.strided and t.numel()
+    ]  # fmt: skip
 
 
 _PATCHING = threading.Lock()

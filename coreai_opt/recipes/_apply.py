@@ -103,7 +103,7 @@ def apply_recipe(
     the steps). A step whose check fails (a cast's, a budget) stops the run: nothing is written
     unless that cast step keeps failures (`keep_failed`). A compress step that changes nothing
     raises `NothingDoneError` unless `allow_empty`."""
-    from coreai_opt._memory import release_garbage
+    from coreai_opt._memory import release_garbage, spilling
 
     source = Path(source)
     sources, produced = _formats(recipe)
@@ -122,16 +122,16 @@ def apply_recipe(
     )
     result = RecipeResult(source, out, 0.0, False)
     start = time.perf_counter()
-    for index, step in enumerate(recipe.steps):
-        with running(source):  # a failure of one of the program's own nodes: one line naming it
-            program, outcome, failed = _RUNNERS[type(step)](step, program, run, index)
-        result.steps.append((step.KIND, outcome))
-        if failed is not None:
-            result.failed = failed
-            keep = isinstance(step, Cast) and step.keep_failed
-            if not keep:
-                result.seconds = time.perf_counter() - start
-                return result
+    with spilling(_existing_folder(out)):  # the program's new tensors wait for the save as file pages
+        for index, step in enumerate(recipe.steps):
+            with running(source):  # a failure of one of the program's own nodes: one line naming it
+                program, outcome, failed = _RUNNERS[type(step)](step, program, run, index)
+            result.steps.append((step.KIND, outcome))
+            if failed is not None:
+                result.failed = failed
+                if not (isinstance(step, Cast) and step.keep_failed):
+                    result.seconds = time.perf_counter() - start
+                    return result
     result.seconds = time.perf_counter() - start
     _save(program, out, run)
     result.written = True
@@ -168,6 +168,15 @@ def _check_steps(recipe: Recipe, run: _Run) -> None:
 
             for name in step.ignored_ops:
                 resolve_op(name)
+
+
+def _existing_folder(out: Path) -> Path:
+    """The output's folder, or its nearest existing ancestor where it is still to be made: where
+    the spill's unnamed file goes (on the output's disk, not in a temporary folder in memory)."""
+    folder = out.absolute().parent
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
+    return folder
 
 
 def _save(program: Any, out: Path, run: _Run) -> None:
