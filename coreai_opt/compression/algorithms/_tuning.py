@@ -162,6 +162,7 @@ def tune_tables(
     checkpoints = getattr(calibration, "checkpoints", None)  # a Calibration of before it kept none
     store = checkpoints(lambda: _identity(tables, run)) if checkpoints is not None and epochs > 1 else None
     means = run.resume(store) if store is not None else []
+    leaves = _leaves(tables, calibration)
     done = len(means) * run.per_epoch
     if progress is not None and means:
         progress(done, run.steps, means[-1])
@@ -171,7 +172,7 @@ def tune_tables(
         for a in range(0, run.count, _ACCUMULATE):
             batch = order[a : a + _ACCUMULATE]
             run.optimizer.zero_grad()
-            loss = _step_gradients(tables, calibration, batch)
+            loss = _step_gradients(tables, calibration, batch, leaves)
             if loss is None:
                 return [encoding for _, encoding in held], []  # no held weight reaches the program's output
             run.optimizer.step()
@@ -188,15 +189,33 @@ def tune_tables(
     return [t.tuned() for t in tables], means
 
 
-def _step_gradients(tables: list[_Tuned], calibration: Calibration, batch: list[int]) -> float | None:
+def _leaves(tables: list[_Tuned], calibration: Calibration) -> dict[str, torch.Tensor]:
+    """Each table's weight decoded, as the tensor every step decodes it into, and swapped into the
+    calibration program: the program then holds these, not a decoded copy of its own beside them
+    (the weights' size again, float32, for as long as the run lasts)."""
+    leaves = {}
+    for t in tables:
+        with torch.no_grad():
+            leaves[t.site.name] = t.dense()
+        calibration.replace(t.site.name, leaves[t.site.name], keep_original=True)
+    return leaves
+
+
+def _step_gradients(
+    tables: list[_Tuned], calibration: Calibration, batch: list[int], leaves: dict[str, torch.Tensor]
+) -> float | None:
     """The mean divergence over `batch`, its gradient left on every table's parameters; None where
-    no held weight reaches the program's output. The decoded weights enter the program as leaves,
-    each sample's graph goes back on its own, and each weight's decode goes back once, one
-    weight at a time. A step holds every decoded weight and its gradient (float32), one sample's
-    activations and one weight's gather indices (int64, 8 bytes an element), not the batch's
-    activations and every weight's indices at once."""
+    no held weight reaches the program's output. The decoded weights enter the program as leaves
+    (`leaves`, decoded into again), each sample's graph goes back on its own, and each weight's
+    decode goes back once, one weight at a time. A step holds every decoded weight and its
+    gradient (float32), one sample's activations and one weight's gather indices (int64, 8 bytes
+    an element), not the batch's activations and every weight's indices at once."""
     with torch.no_grad():
-        leaves = {t.site.name: t.dense().requires_grad_() for t in tables}
+        for t in tables:
+            leaf = leaves[t.site.name]
+            leaf.requires_grad_(False).copy_(t.dense())
+            leaf.grad = None
+            leaf.requires_grad_()
     total = 0.0
     for sample in batch:
         loss = calibration.divergence(leaves, sample) / len(batch)
@@ -205,7 +224,8 @@ def _step_gradients(tables: list[_Tuned], calibration: Calibration, batch: list[
         loss.backward()
         total += float(loss.detach())
     for t in tables:
-        grad = leaves.pop(t.site.name).grad
+        leaf = leaves[t.site.name]
+        grad, leaf.grad = leaf.grad, None
         if grad is not None:
             t.dense().backward(grad)
     return total
