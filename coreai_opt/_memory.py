@@ -35,6 +35,7 @@ import ctypes
 import functools
 import gc
 import io
+import mmap
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -150,7 +151,6 @@ def meta_stand_in(value: Any) -> Any:
 
 
 PARK_FROM = 1 << 20  # bytes: a smaller tensor is not worth a mapping of its own
-_PAGE = 4096
 _SPILL: contextvars.ContextVar[Spill | None] = contextvars.ContextVar("coreopt_spill", default=None)
 
 
@@ -159,7 +159,10 @@ class Spill:
     as a mapping of the file, so a program assembled a weight at a time (a compressed `.pt2`, whose
     sub-byte codes take a byte each) holds its new tensors as clean file pages, which leave the
     resident set when paged out, instead of heap that stays until the program goes: at 1.1B that
-    was 1.1 GiB of codes. The file has no name and goes when the last mapping of it does."""
+    was 1.1 GiB of codes. The file has no name (where the system can make one so) and goes when
+    the last mapping of it does. Parking is an economy, never a condition: a tensor that cannot be
+    parked (no space left, no mapping possible, the process's share of open files spent: each
+    mapping holds one) stays as it is, and so does every later one."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         import tempfile
@@ -167,46 +170,80 @@ class Spill:
         self._file = tempfile.TemporaryFile(dir=folder, prefix=".coreopt-spill-")  # noqa: SIM115 (closed by close)
         self._addresses: list[int] = []
         self._every = EveryBytes(self.page_out)
+        self._left = _mappings_allowed()
 
     def park(self, tensor: Any) -> Any:
-        """`tensor` with its values in the file (the same dtype, shape and values), or `tensor`
-        itself where it is small, not on the CPU, or of no plain strided layout."""
-        import numpy as np
+        """`tensor` with its values in the file (the same dtype, shape, strides and values), or
+        `tensor` itself where it is small, not a contiguous CPU tensor, or cannot be parked."""
         import torch
 
         nbytes = tensor.numel() * tensor.element_size()
-        if nbytes < PARK_FROM or tensor.device.type != "cpu" or tensor.layout != torch.strided:
+        if nbytes < PARK_FROM or self._left <= 0 or tensor.device.type != "cpu":
             return tensor
-        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        offset = self._file.seek(0, os.SEEK_END)
-        self._file.write(memoryview(flat))
-        self._file.write(bytes(-nbytes % _PAGE))  # the next one starts on a page of its own
-        self._file.flush()
-        mapped = np.memmap(self._file, dtype=np.uint8, mode="c", offset=offset, shape=(nbytes,))
-        parked = torch.from_numpy(mapped).view(tensor.dtype).reshape(tensor.shape)
+        if tensor.layout != torch.strided or not tensor.is_contiguous():
+            return tensor
+        try:
+            parked = self._written(tensor, nbytes)
+        except (OSError, ValueError):  # no space, no mapping: held as it is from now on
+            self._left = 0
+            return tensor
+        self._left -= 1
         self._addresses.append(parked.data_ptr())
         self._every.passed(nbytes)
         return parked
+
+    def _written(self, tensor: Any, nbytes: int) -> Any:
+        import numpy as np
+        import torch
+
+        offset = self._file.seek(0, os.SEEK_END)
+        self._file.write(memoryview(tensor.detach().reshape(-1).view(torch.uint8).numpy()))
+        self._file.write(bytes(-nbytes % mmap.PAGESIZE))  # the next one starts on a page of its own
+        self._file.flush()
+        mapped = np.memmap(self._file, dtype=np.uint8, mode="c", offset=offset, shape=(nbytes,))
+        return torch.from_numpy(mapped).view(tensor.dtype).reshape(tensor.shape)
 
     def page_out(self) -> None:
         page_out_mapped(self._addresses)
 
     def close(self) -> None:
         """Close the file: its parked tensors stay readable through their mappings."""
-        self.page_out()
-        self._file.close()
+        try:
+            self.page_out()
+        finally:
+            self._file.close()
+
+
+def _mappings_allowed() -> int:
+    """How many tensors a spill may map: a quarter of the open files this process may hold
+    (each mapping keeps a duplicate of the file's descriptor, as each record of a `.pt2` read here
+    does), 256 where the limit cannot be read."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 256
+    return 1 << 16 if soft == resource.RLIM_INFINITY else soft // 4
 
 
 @contextlib.contextmanager
 def spilling(folder: str | os.PathLike[str]) -> Iterator[None]:
-    """Within: `parked` puts tensors in a `Spill` in `folder` (this thread's context only)."""
-    spill = Spill(folder)
+    """Within: `parked` puts tensors in a `Spill` in `folder` (this thread's context only); where
+    no file can be made there, nothing is parked."""
+    try:
+        spill = Spill(folder)
+    except OSError:
+        yield
+        return
     token = _SPILL.set(spill)
     try:
         yield
     finally:
-        _SPILL.reset(token)
-        spill.close()
+        try:
+            _SPILL.reset(token)
+        finally:
+            spill.close()
 
 
 def parked(tensor: Any) -> Any:
@@ -243,4 +280,5 @@ class PagingWriter(io.RawIOBase):
         return self._stream.tell()
 
     def flush(self) -> None:
-        self._stream.flush()
+        if not self._stream.closed:  # the writer outlived the file (a traceback held it)
+            self._stream.flush()

@@ -156,6 +156,8 @@ def test_parked_tensors_keep_their_values_and_leave_the_resident_set(tmp_path: P
     assert all(torch.equal(held[name], t) for name, t in given.items())  # read again from it
     small = torch.ones(PARK_FROM // 4 - 1)
     assert spill.park(small) is small
+    strided = given["codes"].t()  # kept as given: a parked copy would have other strides
+    assert spill.park(strided) is strided
     assert parked(given["codes"]) is given["codes"]  # no spill around
     with spilling(tmp_path):
         inside = parked(given["codes"])
@@ -224,3 +226,35 @@ def test_a_compressed_program_parked_as_it_is_made_saves_to_the_same_bytes(
     palettize_file(SAMPLES / "transformer.pt2", tmp_path / "held.pt2", config)
     assert (tmp_path / "parked.pt2").read_bytes() == (tmp_path / "held.pt2").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["held.pt2", "parked.pt2"]
+
+
+def test_a_spill_that_cannot_park_keeps_tensors_as_they_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parking is an economy, never a condition: no folder to make the file in, a write that
+    fails, or the spill's share of open files spent (each mapping holds a descriptor) leave the
+    tensors as given, and the run goes on."""
+    import os
+
+    import torch
+
+    from coreai_opt import _memory
+
+    codes = torch.arange(1 << 21, dtype=torch.int32).to(torch.uint8)
+    with _memory.spilling(tmp_path / "missing"):
+        assert _memory.parked(codes) is codes  # no file could be made there
+    monkeypatch.setattr(_memory, "_mappings_allowed", lambda: 3)
+    spill = _memory.Spill(tmp_path)
+    descriptors = len(os.listdir("/proc/self/fd"))
+    held = [spill.park(codes) for _ in range(5)]
+    assert [h is codes for h in held] == [False, False, False, True, True]
+    assert len(os.listdir("/proc/self/fd")) - descriptors == 3  # one a mapping, no more
+    spill.close()
+    failing = _memory.Spill(tmp_path)
+
+    def full(*_: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(failing._file, "write", full)
+    assert failing.park(codes) is codes and failing.park(codes) is codes
+    assert all(torch.equal(h, codes) for h in held)

@@ -191,8 +191,9 @@ def tune_tables(
 
 def _leaves(tables: list[_Tuned], calibration: Calibration) -> dict[str, torch.Tensor]:
     """Each table's weight decoded, as the tensor every step decodes it into, and swapped into the
-    calibration program: the program then holds these, not a decoded copy of its own beside them
-    (the weights' size again, float32, for as long as the run lasts)."""
+    calibration program: where the program computes with the tensor it is given (on the CPU, in
+    the weight's own dtype) it then holds these, not a decoded copy of its own beside them (the
+    weights' size again, float32, for as long as the run lasts)."""
     leaves = {}
     for t in tables:
         with torch.no_grad():
