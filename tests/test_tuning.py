@@ -210,3 +210,31 @@ def test_the_divergence_gives_gradients_to_the_given_weights_only(llama) -> None
     loss.backward()
     assert all(leaves[n].grad is not None for n in names)
     assert [n for n, p in own.items() if p.grad is not None] == []
+
+
+def test_the_calibration_program_computes_with_the_tuned_leaves_themselves(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Each tuned weight is held once: the leaf every step decodes into is the weight the
+    calibration program holds (the same storage), not a second decoded copy beside it."""
+    from coreai_opt.compression.algorithms import _tuning
+    from coreai_opt.models import model_tokenizer
+
+    samples = Samples.of(llama["text"], tokens=128, tokenizer=model_tokenizer(llama["ref"]))
+    config = PalettizeConfig(n_bits=2, granularity="grouped", group_size=4, method="gptq", weight_num_threshold=0,
+                             tune_epochs=1)  # fmt: skip
+    checked: list[str] = []
+    step = _tuning._step_gradients
+
+    def watched(tables, calibration, batch, leaves):  # type: ignore[no-untyped-def]
+        loss = step(tables, calibration, batch, leaves)
+        held = dict(calibration.gm.named_parameters(remove_duplicate=False))
+        for t in tables:
+            name = t.site.name
+            if name in held:
+                assert held[name].data_ptr() == leaves[name].data_ptr(), name
+                checked.append(name)
+        return loss
+
+    monkeypatch.setattr(_tuning, "_step_gradients", watched)
+    program = load_pt2(llama["ref"])
+    report = compress_(program, config, calibration=calibrate(load_pt2(llama["ref"]), samples, cache=False))
+    assert report.tuning and checked  # a tuned run, its leaves found in the program
