@@ -258,3 +258,35 @@ def test_a_spill_that_cannot_park_keeps_tensors_as_they_are(
     monkeypatch.setattr(failing._file, "write", full)
     assert failing.park(codes) is codes and failing.park(codes) is codes
     assert all(torch.equal(h, codes) for h in held)
+
+
+def test_clean_mappings_leave_the_resident_set_and_written_ones_stay(tmp_path: Path) -> None:
+    """`release_clean_mapped` drops a file mapping with no written page (read again from the file,
+    the same bytes) and leaves alone one with a written page, whose write MADV_DONTNEED would
+    lose; addresses in no file mapping release nothing."""
+    import torch
+
+    from coreai_opt._memory import release_clean_mapped
+
+    pattern = bytes(range(256)) * (SIZE // 256)
+    for name in ("clean.bin", "written.bin"):
+        (tmp_path / name).write_bytes(pattern)
+    with (
+        open(tmp_path / "clean.bin", "r+b") as clean_file,
+        open(tmp_path / "written.bin", "r+b") as written_file,
+        mmap.mmap(clean_file.fileno(), 0, access=mmap.ACCESS_COPY) as clean_map,
+        mmap.mmap(written_file.fileno(), 0, access=mmap.ACCESS_COPY) as written_map,
+    ):
+        clean = torch.frombuffer(clean_map, dtype=torch.uint8)
+        written = torch.frombuffer(written_map, dtype=torch.uint8)
+        before = _resident_file_bytes()
+        assert int(clean[7::4096].sum()) == int(written[7::4096].sum()) == 7 * (SIZE // 4096)
+        written[5] = 99  # one page of it is this process's now
+        touched = _resident_file_bytes()
+        assert touched - before > SIZE
+        assert release_clean_mapped([torch.zeros(1).data_ptr()]) == 0
+        assert release_clean_mapped([clean.data_ptr() + 4096, written.data_ptr()]) == 1
+        left = touched - _resident_file_bytes()
+        assert SIZE // 2 < left < SIZE + SIZE // 2  # the clean one went, the written one stayed
+        assert int(written[5]) == 99 and bytes(clean[:8192].numpy()) == pattern[:8192]
+        del clean, written

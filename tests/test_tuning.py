@@ -238,3 +238,25 @@ def test_the_calibration_program_computes_with_the_tuned_leaves_themselves(llama
     program = load_pt2(llama["ref"])
     report = compress_(program, config, calibration=calibrate(load_pt2(llama["ref"]), samples, cache=False))
     assert report.tuning and checked  # a tuned run, its leaves found in the program
+
+
+def test_the_divergence_lets_the_weights_as_given_go_between_samples(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """After each sample's divergence the replaced weights as given (read by its reference pass
+    only) are released from the resident set (`release_clean_mapped`); the next sample reads them
+    again, to the same value."""
+    from coreai_opt import _memory
+    from coreai_opt.models import model_tokenizer
+
+    samples = Samples.of(llama["text"], tokens=64, tokenizer=model_tokenizer(llama["ref"]))
+    calibration = calibrate(load_pt2(llama["ref"]), samples, cache=False)
+    names = [n for n, p in calibration.gm.named_parameters() if p.dim() == 2][:2]
+    for name in names:
+        calibration.replace(name, calibration.state[name] * 0.5, keep_original=True)
+    released: list[list[int]] = []
+    release = _memory.release_clean_mapped
+    monkeypatch.setattr(_memory, "RELEASE_EVERY", 1)
+    monkeypatch.setattr(_memory, "release_clean_mapped", lambda a: released.append(a) or release(a))
+    leaves = {n: calibration.state[n].detach().clone().requires_grad_() for n in names}
+    first = float(calibration.divergence(leaves, 0).detach())
+    assert released == [[calibration.state[n].data_ptr() for n in names]]
+    assert float(calibration.divergence(leaves, 0).detach()) == first == 0.0  # the weights as given, read again

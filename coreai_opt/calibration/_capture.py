@@ -209,6 +209,8 @@ class ProgramCalibration:
         originals = {name: self.state[name].to(self.device) for name in self.replaced if name in self.state}
         with torch.no_grad():
             reference = self._call(originals, inputs)
+        del originals
+        self._release_originals()
         placed: dict[str, torch.Tensor] = {}
         for name, targets in self._targets(tuple(weights)).items():
             for target in targets:
@@ -219,6 +221,17 @@ class ProgramCalibration:
         given = {id(every[target]) for target in placed if target in every}  # a tied one: under any name
         fixed = {name: p.detach() for name, p in self.gm.named_parameters() if id(p) not in given}
         return output_divergence(self._call({**fixed, **placed}, inputs), reference, inputs)
+
+    def _release_originals(self) -> None:
+        """The replaced weights as given, read by the reference pass only, leave the resident set
+        until the next sample's reference pass reads them again from the page cache: a tuning
+        step's forward and backward passes do not hold them beside the leaves and their gradients
+        (SmolLM2's fp32 weights, 0.54 GB). Only where they are worth a walk over the mappings."""
+        from coreai_opt._memory import RELEASE_EVERY, release_clean_mapped
+
+        originals = [self.state[name] for name in self.replaced if name in self.state]
+        if sum(t.numel() * t.element_size() for t in originals) >= RELEASE_EVERY:
+            release_clean_mapped([t.data_ptr() for t in originals if t.device.type == "cpu" and t.numel()])
 
     def _call(self, tensors: Mapping[str, torch.Tensor], inputs: tuple[Any, ...]) -> Any:
         from torch.func import functional_call
