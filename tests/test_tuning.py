@@ -259,4 +259,6 @@ def test_the_divergence_lets_the_weights_as_given_go_between_samples(llama, monk
     leaves = {n: calibration.state[n].detach().clone().requires_grad_() for n in names}
     first = float(calibration.divergence(leaves, 0).detach())
     assert released == [[calibration.state[n].data_ptr() for n in names]]
-    assert float(calibration.divergence(leaves, 0).detach()) == first == 0.0  # the weights as given, read again
+    assert (
+        float(calibration.divergence(leaves, 0).detach()) == first == 0.0
+    )  # the weights as given, read again
