@@ -114,16 +114,9 @@ def page_out_mapped(addresses: list[int]) -> int:
     a page written to stays (MADV_PAGEOUT never discards data, unlike MADV_DONTNEED). For a pass
     that read every weight once and will next read them one segment at a time. Returns how many
     mappings were paged out."""
-    libc = _libc()
-    if libc is None or not hasattr(libc, "madvise") or not addresses:
+    if not addresses:
         return 0
-    wanted = sorted(addresses)
-    paged = 0
-    for low, high, _, _ in _file_mappings():
-        at = bisect.bisect_left(wanted, low)
-        if at < len(wanted) and wanted[at] < high:
-            paged += libc.madvise(low, high - low, _MADV_PAGEOUT) == 0
-    return paged
+    return _advise_holding(addresses, [(low, high) for low, high, _, _ in _file_mappings()], _MADV_PAGEOUT)
 
 
 def release_clean_mapped(addresses: list[int]) -> int:
@@ -131,16 +124,22 @@ def release_clean_mapped(addresses: list[int]) -> int:
     page written (a private mapping's written page would be lost: those are left alone). Their
     pages stay in the page cache, so a later read costs a minor fault, not the disk (unlike
     `page_out_mapped`): for weights read again soon, but not in the meantime. Returns how many."""
+    return _advise_holding(addresses, _clean_file_mappings(), _MADV_DONTNEED) if addresses else 0
+
+
+def _advise_holding(addresses: list[int], mappings: list[tuple[int, int]], advice: int) -> int:
+    """madvise(`advice`) on each of `mappings` (start, end) that holds any of `addresses`; how many
+    took it."""
     libc = _libc()
-    if libc is None or not hasattr(libc, "madvise") or not addresses:
+    if libc is None or not hasattr(libc, "madvise"):
         return 0
     wanted = sorted(addresses)
-    released = 0
-    for low, high in _clean_file_mappings():
+    advised = 0
+    for low, high in mappings:
         at = bisect.bisect_left(wanted, low)
         if at < len(wanted) and wanted[at] < high:
-            released += libc.madvise(low, high - low, _MADV_DONTNEED) == 0
-    return released
+            advised += libc.madvise(low, high - low, advice) == 0
+    return advised
 
 
 def _clean_file_mappings() -> list[tuple[int, int]]:

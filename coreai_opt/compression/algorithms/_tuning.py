@@ -199,6 +199,7 @@ def _leaves(tables: list[_Tuned], calibration: Calibration) -> dict[str, torch.T
         with torch.no_grad():
             leaves[t.site.name] = t.dense()
         calibration.replace(t.site.name, leaves[t.site.name], keep_original=True)
+        leaves[t.site.name].requires_grad_()
     return leaves
 
 
@@ -213,10 +214,7 @@ def _step_gradients(
     an element), not the batch's activations and every weight's indices at once."""
     with torch.no_grad():
         for t in tables:
-            leaf = leaves[t.site.name]
-            leaf.requires_grad_(False).copy_(t.dense())
-            leaf.grad = None
-            leaf.requires_grad_()
+            leaves[t.site.name].copy_(t.dense())  # each gradient was taken back and cleared below
     total = 0.0
     for sample in batch:
         loss = calibration.divergence(leaves, sample) / len(batch)
