@@ -732,6 +732,7 @@ def _column_grid(
     return _gptq._float_rounding(element_grid(grid, w, site, config), view, site, config, cpu)
 
 
+@pytest.mark.parametrize("engine", ["triton", "numba"])
 @pytest.mark.parametrize(
     "name",
     [
@@ -743,15 +744,20 @@ def _column_grid(
     ],
 )
 def test_the_fused_block_kernel_holds_and_rounds_as_the_torch_loop(
-    layer: dict[str, torch.Tensor], name: str
+    layer: dict[str, torch.Tensor], name: str, engine: str
 ) -> None:
-    """GPTQ's one-kernel block (on a GPU where there is one, else in Triton's interpreter) gives
-    the torch loop's float32 held values and float64 scaled errors, so the same rounded values,
-    on every kind of grid: integers with constant and per-element bounds, float elements under
-    power-of-two and float scales, look-up tables. The columns hold exact half steps, values
-    beyond the grid (saturation) and zeros; the rows a partial tile, the block a partial one."""
+    """GPTQ's one-kernel block (triton: on a GPU where there is one, else in Triton's interpreter;
+    numba: the CPU's) gives the torch loop's float32 held values and float64 scaled errors, so the
+    same rounded values, on every kind of grid: integers with constant and per-element bounds,
+    float elements under power-of-two and float scales, look-up tables. The columns hold exact
+    half steps, values beyond the grid (saturation) and zeros; the rows a partial tile, the block
+    a partial one."""
+    import importlib
+
     from coreai_opt.compression.algorithms._gptq import _solve_columns, inverse_cholesky
-    from coreai_opt.compression.algorithms._gptq_kernel import solve_block
+
+    module = {"triton": "_gptq_kernel", "numba": "_gptq_numba"}[engine]
+    solve_block = importlib.import_module(f"coreai_opt.compression.algorithms.{module}").solve_block
 
     config, width = GRIDS[name], 32
     rows = ROWS if isinstance(config, PalettizeConfig) else 20  # groups of 16 rows; else a partial tile
@@ -771,9 +777,11 @@ def test_the_fused_block_kernel_holds_and_rounds_as_the_torch_loop(
     order = torch.arange(COLUMNS)
     upper = inverse_cholesky(gram).contiguous()
     held = {kind: torch.zeros(rows, COLUMNS) for kind in ("loop", "kernel")}
-    gpu = torch.device("cuda") if torch.cuda.is_available() else None  # the real kernel, on a GPU
+    gpu = (
+        torch.device("cuda") if torch.cuda.is_available() and engine == "triton" else None
+    )  # the real kernel
     there = (lambda t: t.to(gpu)) if gpu else (lambda t: t)
-    on_device = [there(t) for t in (probe, upper, order, held["kernel"])]
+    on_device = [there(t) for t in (probe.clone(), upper, order, held["kernel"])]  # numba's works in w
     for a, b in ((0, 32), (32, 56), (56, 64)):  # a full block, then two partial ones
         loop = _solve_columns(probe, a, b, upper, order.tolist(), grid, held["loop"])
         errors = there(torch.empty(rows, width, dtype=torch.float64))

@@ -10,8 +10,8 @@ block keeps its scale whatever order columns go in; tcast rounds each column ont
 cast as the final one); for `palettize`, the look-up tables of importance-weighted k-means (diag H), each
 element snapped to the nearest entry of its channel's table (vector tables, GPTVQ: each run of
 `cluster_dim` channels of a column snapped to its table's nearest vector). Columns go in order of decreasing
-H_ii (act order), updated lazily in blocks of `_BLOCK`, in float64 on the weight's device (on a
-CUDA device a block's columns in one Triton kernel, `_gptq_kernel`), a piece of rows at a time;
+H_ii (act order), updated lazily in blocks of `_BLOCK`, in float64 on the weight's device (a block's
+columns in one kernel: numba's on the CPU, `_gptq_numba`; Triton's on CUDA, `_gptq_kernel`), a piece of rows at a time;
 H is damped by 1% of its mean diagonal and inputs that never fire are zeroed. A weight the data gives
 no Gram matrix for (an embedding lookup, a grouped convolution) takes the data-free encoding -
 for symmetric integers with the scales that least change the weight itself (`grids.weighted_grid`).
@@ -56,9 +56,9 @@ def solve(
     when it was rounded (float32), in the matrix's column order; `round_column` of those values
     is the result. `gram` is H in the same column order. Rows never mix in GPTQ, so a ColumnGrid's
     weight is solved `_SOLVE_PIECE` elements of rows at a time (a 32,000-row output head in
-    pieces, not whole float64 copies). `fused`: a block of columns in one Triton kernel (a
-    ColumnGrid only; by default on CUDA devices where Triton is installed) - the same values as
-    the torch loop, without its per-column launches."""
+    pieces, not whole float64 copies). `fused`: a block of columns in one kernel (a ColumnGrid
+    only; by default on the CPU, numba's, and on CUDA devices where Triton is installed, Triton's)
+    - the same values as the torch loop, without its per-column calls."""
     order = torch.sort(torch.diagonal(gram), descending=True, stable=True).indices
     rows, columns = matrix.shape
     upper = inverse_cholesky(gram, order).contiguous()
@@ -84,8 +84,11 @@ def solve(
 
 
 def _solve_fused(w: torch.Tensor, upper: torch.Tensor, order: torch.Tensor, grid: ColumnGrid) -> torch.Tensor:
-    """The pass over `w` (solve order) a block at a time through the Triton kernel."""
-    from ._gptq_kernel import solve_block
+    """The pass over `w` (solve order) a block at a time through the block kernel of its device."""
+    if w.device.type == "cpu":
+        from ._gptq_numba import solve_block
+    else:
+        from ._gptq_kernel import solve_block
 
     grid = grid.contiguous()
     rows, columns = w.shape
@@ -98,7 +101,7 @@ def _solve_fused(w: torch.Tensor, upper: torch.Tensor, order: torch.Tensor, grid
 
 
 def _fused_by_default(device: torch.device) -> bool:
-    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    return device.type == "cpu" or (device.type == "cuda" and importlib.util.find_spec("triton") is not None)
 
 
 def _solve_columns(

@@ -1,91 +1,17 @@
-"""numba kernels of the exact 1-D k-means (see _kmeans_1d). Importing this module does no work: each
-name is a stand-in until a kernel is first called; then all are made at once (they call each other
-by name, so numba must find the made ones there), and numba compiles each on its first call. The
-machine code is cached on disk in ~/.cache/coreopt/numba (never beside the source: an installed
-package's folder may be read-only, and a checkout stays clean) unless NUMBA_CACHE_DIR says where.
-numba's cache files are pickles it loads, so the disk cache is used only where both that folder and
-the subfolder numba keeps these kernels in keep the rule of every cache folder
-(`coreai_opt._cache`); elsewhere the kernels compile afresh, with one warning when they are made.
-numba's own `CACHE_DIR` is set only while they are made (numba fixes each kernel's cache folder
-then), so no other numba code in the process is pointed at a folder checked, or refused, for these."""
+"""numba kernels of the exact 1-D k-means (see _kmeans_1d), made on first use and cached as
+`_numba.Kernels` says."""
 
 from __future__ import annotations
 
-import functools
-import os
-import threading
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
 
-from coreai_opt._cache import cache_folder_for, user_cache, warn_unused
+from ._numba import Kernels
 
-_WITHOUT = "the k-means kernels compile afresh (about 15 s) and are not stored"
-_SOURCES: dict[str, Callable[..., Any]] = {}  # every kernel's Python function, by name
-_made: dict[str, Any] = {}  # every kernel as numba made it, once the first was called
-_making = threading.Lock()
-
-
-class _Kernel:
-    """A kernel's stand-in until the kernels are made; calls go to the made kernel."""
-
-    def __init__(self, py_func: Callable[..., Any]) -> None:
-        self.py_func = py_func
-        functools.update_wrapper(self, py_func)
-
-    def __call__(self, *args: Any) -> Any:
-        return (_made or _make())[self.py_func.__name__](*args)
-
-
-def _kernel(py_func: Callable[..., Any]) -> _Kernel:
-    """Register `py_func` as a kernel, made with the others on the first call of any of them."""
-    _SOURCES[py_func.__name__] = py_func
-    return _Kernel(py_func)
-
-
-def _make() -> dict[str, Any]:
-    """Every kernel, made by numba (nogil, so threads run them in parallel; numpy's error model: no
-    zero-divisor checks) with the disk cache where `_cache_folder` allows it; the made kernels take
-    their stand-ins' names in this module, which is where numba looks for the kernels one calls."""
-    with _making:
-        if not _made:
-            folder = _cache_folder()
-            previous = numba.config.CACHE_DIR
-            try:
-                if folder is not None:
-                    numba.config.CACHE_DIR = str(folder)
-                jit = numba.njit(cache=folder is not None, nogil=True, error_model="numpy")
-                made = {name: jit(py_func) for name, py_func in _SOURCES.items()}
-            finally:
-                numba.config.CACHE_DIR = previous
-            globals().update(made)
-            _made.update(made)
-    return _made
-
-
-def _cache_folder() -> Path | None:
-    """The folder numba may keep these kernels in (its `CACHE_DIR`), or None: it and the subfolder
-    numba reads them from must keep the rule and be writable - where they cannot, numba would look
-    for a cache beside the source or in ~/.cache/numba instead."""
-    from numba.core.caching import UserProvidedCacheLocator
-
-    chosen = Path(os.environ.get("NUMBA_CACHE_DIR") or user_cache("numba"))
-    try:
-        root = cache_folder_for(chosen, create=True, without=_WITHOUT)
-        subpath = UserProvidedCacheLocator.get_suitable_cache_subpath(__file__)
-        kernels = cache_folder_for(root / subpath, create=True, without=_WITHOUT) if root else None
-    except OSError as exc:
-        warn_unused(chosen, f"it cannot be made ({exc.strerror})", _WITHOUT)
-        return None
-    if root is None or kernels is None:
-        return None
-    if not os.access(kernels, os.W_OK | os.X_OK):
-        warn_unused(kernels, "it cannot be written", _WITHOUT)
-        return None
-    return root
+_kernel = Kernels(
+    globals(), __file__, "the k-means kernels compile afresh (about 15 s) and are not stored"
+).kernel
 
 
 @_kernel

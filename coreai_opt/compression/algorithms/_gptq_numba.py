@@ -1,0 +1,119 @@
+"""GPTQ's inner block on the CPU in one numba kernel: the torch loop over a block's columns spends
+most of its time in Python (a dozen small tensor calls a column, hundreds of thousands of columns
+in a model), while its arithmetic is tiny. Rows are independent in GPTQ, so threads take spans of
+rows, and each row walks the block's columns: round the column's value onto the grid, scale the
+error by U[i, i], subtract its spread U[i, i:] from the columns after it. The arithmetic is the
+torch loop's, operation for operation in float64 without fused multiply-adds, so both give the
+same bits (tested); `_gptq_kernel` is the same kernel in Triton for GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ._kmeans_1d import in_threads
+from ._numba import Kernels
+
+if TYPE_CHECKING:
+    from ._columns import ColumnGrid
+
+_kernel = Kernels(
+    globals(), __file__, "GPTQ's CPU kernel compiles afresh (a few seconds) and is not stored"
+).kernel
+_KINDS = {"int": 0, "float": 1, "lut": 2}
+
+
+@_kernel
+def onto_float_grid(t: float, mbits: int, emin: int, largest: float) -> float:
+    """t rounded to nearest, ties to even, on a float element grid (`_columns.onto_float_grid`):
+    the step of t's binade, 2**(max(e, emin) - mbits), divides t exactly, so one rint decides."""
+    magnitude = abs(t)
+    exponent = math.frexp(magnitude)[1] - 1 if magnitude > 0.0 else emin  # below emin either way
+    step = math.ldexp(1.0, max(exponent, emin) - mbits)
+    rounded = np.rint(magnitude / step) * step
+    if rounded > largest:
+        rounded = largest
+    return math.copysign(rounded, t)
+
+
+@_kernel
+def grid_value(v: float, r: int, j: int, kind: int, scale: Any, low: Any, high: Any, bounds: bool,
+               low_c: float, high_c: float, mbits: int, emin: int, largest: float, table: Any) -> float:  # fmt: skip
+    """The grid value that row r's value v of weight column j rounds to (`ColumnGrid.__call__`)."""
+    if kind == 2:  # the nearest entry of the row's table, the first of equals
+        best = table[r, 0]
+        gap = abs(v - best)
+        for e in range(1, table.shape[1]):
+            distance = abs(v - table[r, e])
+            if distance < gap:
+                gap = distance
+                best = table[r, e]
+        return best
+    s = np.float64(scale[r, j])
+    if kind == 1:
+        return np.float64(np.float32(onto_float_grid(v / s, mbits, emin, largest) * s))
+    lo = np.float64(low[r, j]) if bounds else low_c
+    hi = np.float64(high[r, j]) if bounds else high_c
+    q = np.rint(v / s)
+    if q < lo:  # torch.clamp: the maximum, then the minimum (a NaN stays)
+        q = lo
+    if q > hi:
+        q = hi
+    return q * s
+
+
+@_kernel
+def solve_rows(w: Any, held: Any, errors: Any, upper: Any, order: Any, start: int, stop: int, first: int,
+               last: int, kind: int, scale: Any, low: Any, high: Any, bounds: bool, low_c: float,
+               high_c: float, mbits: int, emin: int, largest: float, table: Any) -> None:  # fmt: skip
+    """Columns start .. stop of w [rows, columns] (float64, solve order) for rows first .. last:
+    each column's value as float32 into held, its scaled error into errors [rows, block]."""
+    for r in range(first, last):
+        for i in range(stop - start):
+            at = start + i
+            column = np.float32(w[r, at])
+            held[r, at] = column
+            v = np.float64(column)
+            q = grid_value(v, r, order[at], kind, scale, low, high, bounds, low_c, high_c, mbits, emin, largest,
+                           table)  # fmt: skip
+            error = (v - q) / upper[at, at]
+            for c in range(at + 1, stop):
+                w[r, c] -= error * upper[at, c]
+            errors[r, i] = error
+
+
+def solve_block(
+    w: torch.Tensor,
+    start: int,
+    stop: int,
+    upper: torch.Tensor,
+    order: torch.Tensor,
+    grid: ColumnGrid,
+    held: torch.Tensor,
+    errors: torch.Tensor,
+) -> torch.Tensor:
+    """Columns start .. stop of GPTQ's pass (see `_gptq.solve`), spans of rows on threads: their
+    float32 values into `held` and their scaled errors into `errors` [rows, block] (returned, the
+    first stop - start columns). All CPU tensors; `w` and `upper` contiguous and in solve order,
+    `order` maps it back to the weight's columns; `grid` contiguous. The block's columns of `w` are
+    worked in (the solve reads only the columns after a block once it is done)."""
+    rows = w.shape[0]
+    empty = np.zeros((1, 1))
+    bounds = isinstance(grid.low, torch.Tensor)
+    low, high = (grid.low.numpy(), grid.high.numpy()) if bounds else (empty, empty)  # type: ignore[union-attr]
+    low_c, high_c = (0.0, 0.0) if bounds else (float(grid.low), float(grid.high))  # type: ignore[arg-type]
+    scale = grid.scale.numpy() if grid.scale is not None else empty
+    table = grid.table.numpy() if grid.table is not None else empty
+    mbits, emin, largest = grid.element
+    arrays = (w.numpy(), held.numpy(), errors.numpy(), upper.numpy(), order.numpy())
+
+    def task(first: int, last: int) -> None:
+        solve_rows(*arrays, start, stop, first, last, _KINDS[grid.kind], scale, low, high, bounds, low_c, high_c,
+                   mbits, emin, float(largest), table)  # fmt: skip
+
+    in_threads(task, rows)
+    return errors[:, : stop - start]
