@@ -3,6 +3,7 @@
 against the reference (`evaluate_text`), with the process's resident memory sampled every 20 ms.
 
     python bench/round_memory.py [--size 1.1b] [--sequence 512] [--device cuda] [--tokens 2048]
+                                 [--tune-epochs 0]
 
 A round of `optimize_device.py` without its 7-minute cost table before it: the recipe is fixed
 (look-up tables of 16 entries per group of 16 channels on the MLP weights, int4 in blocks of 32
@@ -86,11 +87,18 @@ def _recipe(args) -> object:
     from coreai_opt.compression import Override, PalettizeConfig, QuantizeConfig
     from coreai_opt.recipes import Compress, Recipe
 
-    mlp = Override.of("*mlp*", method="gptq")  # the first match wins, as in a plan's steps
-    luts = PalettizeConfig(n_bits=4, granularity="grouped", group_size=16, method="gptq",
-                           overrides=(mlp, Override.of("*", skip=True)), num_kmeans_workers=0)  # fmt: skip
+    mlp = ("*gate_proj*", "*up_proj*", "*down_proj*")  # bench/decoders.py's names (no "mlp" in them)
+    luts = PalettizeConfig(
+        n_bits=4,
+        granularity="grouped",
+        group_size=16,
+        method="gptq",
+        num_kmeans_workers=0,
+        overrides=(*(Override.of(p, method="gptq") for p in mlp), Override.of("*", skip=True)),
+        tune_epochs=args.tune_epochs,
+    )  # fmt: skip  (the first match wins, as in a plan's steps)
     ints = QuantizeConfig(dtype="int4", granularity="block", block_size=32, method="gptq",
-                          overrides=(Override.of("*mlp*", skip=True),))  # fmt: skip
+                          overrides=tuple(Override.of(p, skip=True) for p in mlp))  # fmt: skip
     spec = CalibrationSpec(source="random", samples=args.samples, device=args.device)
     return Recipe((Compress(config=luts), Compress(config=ints)), spec)
 
@@ -102,6 +110,9 @@ def main() -> None:
     parser = decoders.device_parser(__doc__, "round_memory")
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument(
+        "--tune-epochs", type=int, default=0, help="the tables tuned end to end, as optimize's"
+    )
     args = parser.parse_args()
     from coreai_opt.evaluation import evaluate_text
     from coreai_opt.recipes import apply_recipe

@@ -212,9 +212,15 @@ def test_the_divergence_gives_gradients_to_the_given_weights_only(llama) -> None
     assert [n for n, p in own.items() if p.grad is not None] == []
 
 
-def test_the_calibration_program_computes_with_the_tuned_leaves_themselves(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_calibration_program_computes_with_the_tuned_leaves_themselves(
+    llama, monkeypatch, device: str
+) -> None:  # type: ignore[no-untyped-def]
     """Each tuned weight is held once: the leaf every step decodes into is the weight the
-    calibration program holds (the same storage), not a second decoded copy beside it."""
+    calibration program holds (the same storage), not a second decoded copy beside it - on a GPU
+    too, where the leaves (and their gradients) live on the GPU, not in the host's memory."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
     from coreai_opt.compression.algorithms import _tuning
     from coreai_opt.models import model_tokenizer
 
@@ -231,12 +237,14 @@ def test_the_calibration_program_computes_with_the_tuned_leaves_themselves(llama
             name = t.site.name
             if name in held:
                 assert held[name].data_ptr() == leaves[name].data_ptr(), name
+                assert leaves[name].device.type == device and t.indices.device.type == "cpu", name
                 checked.append(name)
         return loss
 
     monkeypatch.setattr(_tuning, "_step_gradients", watched)
     program = load_pt2(llama["ref"])
-    report = compress_(program, config, calibration=calibrate(load_pt2(llama["ref"]), samples, cache=False))
+    calibration = calibrate(load_pt2(llama["ref"]), samples, cache=False, device=device)
+    report = compress_(program, config, calibration=calibration)
     assert report.tuning and checked  # a tuned run, its leaves found in the program
 
 

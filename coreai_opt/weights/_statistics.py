@@ -98,6 +98,11 @@ class Calibration(Protocol):
         """How many calibration samples `divergence` takes."""
         ...
 
+    @property
+    def device(self) -> torch.device:
+        """Where the program runs: weights given to `divergence` there are used without a copy."""
+        ...
+
     def divergence(self, weights: Mapping[str, torch.Tensor], sample: int) -> torch.Tensor:
         """How far the program's output on calibration sample `sample`, with `weights` (by name,
         differentiable) in place of the named weights and every `replace` made so far, is from
