@@ -1,8 +1,9 @@
 """GPTQ's inner block on the CPU in one numba kernel: the torch loop over a block's columns spends
 most of its time in Python (a dozen small tensor calls a column, hundreds of thousands of columns
-in a model), while its arithmetic is tiny. Rows are independent in GPTQ, so threads take spans of
-rows, and each row walks the block's columns: round the column's value onto the grid, scale the
-error by U[i, i], subtract its spread U[i, i:] from the columns after it. The arithmetic is the
+in a model), while its arithmetic is tiny. The kernel walks the block's columns, each along every
+row (the block transposed, so that runs over contiguous memory): round the column's values onto
+the grid, scale the errors by U[i, i], subtract their spread U[i, i:] from the columns after it
+(rows are independent in GPTQ). The arithmetic is the
 torch loop's, operation for operation in float64 without fused multiply-adds, so both give the
 same bits (tested); `_gptq_kernel` is the same kernel in Triton for GPUs.
 """
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ._kmeans_1d import in_threads
 from ._numba import Kernels
 
 if TYPE_CHECKING:
@@ -67,23 +67,30 @@ def grid_value(v: float, r: int, j: int, kind: int, scale: Any, low: Any, high: 
 
 
 @_kernel
-def solve_rows(w: Any, held: Any, errors: Any, upper: Any, order: Any, start: int, stop: int, first: int,
-               last: int, kind: int, scale: Any, low: Any, high: Any, bounds: bool, low_c: float,
-               high_c: float, mbits: int, emin: int, largest: float, table: Any) -> None:  # fmt: skip
-    """Columns start .. stop of w [rows, columns] (float64, solve order) for rows first .. last:
-    each column's value as float32 into held, its scaled error into errors [rows, block]."""
-    for r in range(first, last):
-        for i in range(stop - start):
-            at = start + i
-            column = np.float32(w[r, at])
-            held[r, at] = column
+def solve_columns(block: Any, held: Any, errors: Any, upper: Any, order: Any, start: int, first: int, last: int,
+                  kind: int, scale: Any, low: Any, high: Any, bounds: bool, low_c: float, high_c: float,
+                  mbits: int, emin: int, largest: float, table: Any) -> None:  # fmt: skip
+    """The block's columns (`block` [width, rows]: w's columns start .. start + width, transposed,
+    float64) for rows first .. last, column after column: each value as float32 into held
+    [width, rows], its scaled error into errors [width, rows], its spread subtracted from the
+    columns after it - along rows, so the inner loops run over contiguous memory."""
+    width = block.shape[0]
+    for i in range(width):
+        at = start + i
+        j = order[at]
+        pivot = upper[at, at]
+        for r in range(first, last):
+            column = np.float32(block[i, r])
+            held[i, r] = column
             v = np.float64(column)
-            q = grid_value(v, r, order[at], kind, scale, low, high, bounds, low_c, high_c, mbits, emin, largest,
-                           table)  # fmt: skip
-            error = (v - q) / upper[at, at]
-            for c in range(at + 1, stop):
-                w[r, c] -= error * upper[at, c]
-            errors[r, i] = error
+            q = grid_value(
+                v, r, j, kind, scale, low, high, bounds, low_c, high_c, mbits, emin, largest, table
+            )
+            errors[i, r] = (v - q) / pivot
+        for c in range(i + 1, width):
+            spread = upper[at, start + c]
+            for r in range(first, last):
+                block[c, r] -= errors[i, r] * spread
 
 
 def solve_block(
@@ -96,12 +103,10 @@ def solve_block(
     held: torch.Tensor,
     errors: torch.Tensor,
 ) -> torch.Tensor:
-    """Columns start .. stop of GPTQ's pass (see `_gptq.solve`), spans of rows on threads: their
-    float32 values into `held` and their scaled errors into `errors` [rows, block] (returned, the
-    first stop - start columns). All CPU tensors; `w` and `upper` contiguous and in solve order,
-    `order` maps it back to the weight's columns; `grid` contiguous. The block's columns of `w` are
-    worked in (the solve reads only the columns after a block once it is done)."""
-    rows = w.shape[0]
+    """Columns start .. stop of GPTQ's pass (see `_gptq.solve`): their float32 values into `held`
+    and their scaled errors into `errors` [rows, block] (returned, the first stop - start columns). All CPU tensors; `w` and `upper` contiguous and in solve order,
+    `order` maps it back to the weight's columns; `grid` contiguous."""
+    rows, width = w.shape[0], stop - start
     empty = np.zeros((1, 1))
     bounds = isinstance(grid.low, torch.Tensor)
     low, high = (grid.low.numpy(), grid.high.numpy()) if bounds else (empty, empty)  # type: ignore[union-attr]
@@ -109,11 +114,13 @@ def solve_block(
     scale = grid.scale.numpy() if grid.scale is not None else empty
     table = grid.table.numpy() if grid.table is not None else empty
     mbits, emin, largest = grid.element
-    arrays = (w.numpy(), held.numpy(), errors.numpy(), upper.numpy(), order.numpy())
-
-    def task(first: int, last: int) -> None:
-        solve_rows(*arrays, start, stop, first, last, _KINDS[grid.kind], scale, low, high, bounds, low_c, high_c,
-                   mbits, emin, float(largest), table)  # fmt: skip
-
-    in_threads(task, rows)
+    block = w[:, start:stop].T.contiguous()
+    held_t = torch.empty((width, rows), dtype=torch.float32)
+    errors_t = torch.empty((width, rows), dtype=torch.float64)
+    arrays = (block.numpy(), held_t.numpy(), errors_t.numpy(), upper.numpy(), order.numpy(), start)
+    # one thread: torch's OpenMP threads, spinning after the block's matmul, would take the second core
+    solve_columns(*arrays, 0, rows, _KINDS[grid.kind], scale, low, high, bounds, low_c, high_c, mbits, emin,
+                  float(largest), table)  # fmt: skip
+    held[:, start:stop] = held_t.T
+    errors[:, :width] = errors_t.T
     return errors[:, : stop - start]
