@@ -28,13 +28,16 @@ _KINDS = {"int": 0, "float": 1, "lut": 2}
 
 
 @_kernel
-def onto_float_grid(t: float, mbits: int, emin: int, largest: float) -> float:
-    """t rounded to nearest, ties to even, on a float element grid (`_columns.onto_float_grid`):
-    the step of t's binade, 2**(max(e, emin) - mbits), divides t exactly, so one rint decides."""
+def onto_float_grid(t: float, mbits: int, emin: int, largest: float, scratch: Any) -> float:
+    """t rounded to nearest, ties to even, on a float element grid (`_columns.onto_float_grid`, the
+    same arithmetic): the step of t's binade, a power of two read off its exponent field, divides
+    t exactly, so one rint decides. `scratch`: one float64, whose bits are read and written."""
     magnitude = abs(t)
-    exponent = math.frexp(magnitude)[1] - 1 if magnitude > 0.0 else emin  # below emin either way
-    step = math.ldexp(1.0, max(exponent, emin) - mbits)
-    rounded = np.rint(magnitude / step) * step
+    scratch[0] = magnitude
+    bits = scratch.view(np.int64)
+    exponent = max(((bits[0] >> 52) & 0x7FF) - 1023, emin)
+    bits[0] = (exponent - mbits + 1023) << 52
+    rounded = np.rint(magnitude / scratch[0]) * scratch[0]
     if rounded > largest:
         rounded = largest
     return math.copysign(rounded, t)
@@ -42,7 +45,8 @@ def onto_float_grid(t: float, mbits: int, emin: int, largest: float) -> float:
 
 @_kernel
 def grid_value(v: float, r: int, j: int, kind: int, scale: Any, low: Any, high: Any, bounds: bool,
-               low_c: float, high_c: float, mbits: int, emin: int, largest: float, table: Any) -> float:  # fmt: skip
+               low_c: float, high_c: float, mbits: int, emin: int, largest: float, table: Any,
+               scratch: Any) -> float:  # fmt: skip
     """The grid value that row r's value v of weight column j rounds to (`ColumnGrid.__call__`)."""
     if kind == 2:  # the nearest entry of the row's table, the first of equals
         best = table[r, 0]
@@ -55,7 +59,7 @@ def grid_value(v: float, r: int, j: int, kind: int, scale: Any, low: Any, high: 
         return best
     s = np.float64(scale[r, j])
     if kind == 1:
-        return np.float64(np.float32(onto_float_grid(v / s, mbits, emin, largest) * s))
+        return np.float64(np.float32(onto_float_grid(v / s, mbits, emin, largest, scratch) * s))
     lo = np.float64(low[r, j]) if bounds else low_c
     hi = np.float64(high[r, j]) if bounds else high_c
     q = np.rint(v / s)
@@ -75,6 +79,7 @@ def solve_columns(block: Any, held: Any, errors: Any, upper: Any, order: Any, st
     [width, rows], its scaled error into errors [width, rows], its spread subtracted from the
     columns after it - along rows, so the inner loops run over contiguous memory."""
     width = block.shape[0]
+    scratch = np.empty(1, np.float64)
     for i in range(width):
         at = start + i
         j = order[at]
@@ -84,7 +89,7 @@ def solve_columns(block: Any, held: Any, errors: Any, upper: Any, order: Any, st
             held[i, r] = column
             v = np.float64(column)
             q = grid_value(
-                v, r, j, kind, scale, low, high, bounds, low_c, high_c, mbits, emin, largest, table
+                v, r, j, kind, scale, low, high, bounds, low_c, high_c, mbits, emin, largest, table, scratch
             )
             errors[i, r] = (v - q) / pivot
         for c in range(i + 1, width):
