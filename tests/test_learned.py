@@ -781,7 +781,7 @@ def test_the_fused_block_kernel_holds_and_rounds_as_the_torch_loop(
         torch.device("cuda") if torch.cuda.is_available() and engine == "triton" else None
     )  # the real kernel
     there = (lambda t: t.to(gpu)) if gpu else (lambda t: t)
-    on_device = [there(t) for t in (probe.clone(), upper, order, held["kernel"])]  # numba's works in w
+    on_device = [there(t) for t in (probe, upper, order, held["kernel"])]
     for a, b in ((0, 32), (32, 56), (56, 64)):  # a full block, then two partial ones
         loop = _solve_columns(probe, a, b, upper, order.tolist(), grid, held["loop"])
         errors = there(torch.empty(rows, width, dtype=torch.float64))
@@ -866,3 +866,30 @@ def test_statistics_taken_in_one_go_report_each_sample(tiny_llama, tmp_path: Pat
         steps = [(d, t) for d, t, name in seen if name == label]
         assert steps and steps == [(k, steps[0][1]) for k in range(1, steps[0][1] + 1)], (method, seen[:5])
         assert any(name not in (label,) for _, _, name in seen)  # then the weights, one by one
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_cpu_block_kernel_takes_scales_in_a_16_bit_weights_dtype(dtype: torch.dtype) -> None:
+    """A float grid's scales come in the weight's own dtype (FP8 under default scales of a bf16 or
+    fp16 weight), as broadcast views: numba's block reads them as the torch loop does, to the bit."""
+    from coreai_opt.compression.algorithms._columns import ColumnGrid
+    from coreai_opt.compression.algorithms._gptq import _solve_columns, inverse_cholesky
+    from coreai_opt.compression.algorithms._gptq_numba import solve_block
+
+    rows, columns = 8, 24
+    generator = torch.Generator().manual_seed(3)
+    w = torch.randn(rows, columns, generator=generator, dtype=torch.float64)
+    x = torch.randn(64, columns, generator=generator, dtype=torch.float64)
+    upper = inverse_cholesky(x.T @ x / 64).contiguous()
+    scale = (
+        (w.abs().amax(1, keepdim=True) / 448).to(dtype).expand(rows, columns)
+    )  # a view, as _float_rounding's
+    grid = ColumnGrid("float", scale, element=(3, -6, 448.0))
+    order = torch.arange(columns)
+    held_loop, held_kernel = torch.zeros(rows, columns), torch.zeros(rows, columns)
+    loop = _solve_columns(w, 0, columns, upper, order.tolist(), grid, held_loop)
+    kernel = solve_block(
+        w, 0, columns, upper, order, grid, held_kernel, torch.empty(rows, 32, dtype=torch.float64)
+    )
+    assert _same_bits(kernel, loop) and _same_bits(held_kernel, held_loop)
+    assert loop.abs().amax() > 0

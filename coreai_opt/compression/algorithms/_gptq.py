@@ -85,12 +85,12 @@ def solve(
 
 def _solve_fused(w: torch.Tensor, upper: torch.Tensor, order: torch.Tensor, grid: ColumnGrid) -> torch.Tensor:
     """The pass over `w` (solve order) a block at a time through the block kernel of its device."""
-    if w.device.type == "cpu":
+    if w.device.type == "cpu":  # numba reads strided arrays: broadcast scales stay views
         from ._gptq_numba import solve_block
     else:
         from ._gptq_kernel import solve_block
 
-    grid = grid.contiguous()
+        grid = grid.contiguous()
     rows, columns = w.shape
     held = torch.empty((rows, columns), dtype=torch.float32, device=w.device)
     errors = torch.empty((rows, _BLOCK), dtype=torch.float64, device=w.device)

@@ -114,18 +114,24 @@ def solve_block(
     rows, width = w.shape[0], stop - start
     empty = np.zeros((1, 1))
     bounds = isinstance(grid.low, torch.Tensor)
-    low, high = (grid.low.numpy(), grid.high.numpy()) if bounds else (empty, empty)  # type: ignore[union-attr]
+    low, high = (_wide(grid.low), _wide(grid.high)) if bounds else (empty, empty)  # type: ignore[arg-type]
     low_c, high_c = (0.0, 0.0) if bounds else (float(grid.low), float(grid.high))  # type: ignore[arg-type]
-    scale = grid.scale.numpy() if grid.scale is not None else empty
+    scale = _wide(grid.scale) if grid.scale is not None else empty
     table = grid.table.numpy() if grid.table is not None else empty
     mbits, emin, largest = grid.element
     block = w[:, start:stop].T.contiguous()
     held_t = torch.empty((width, rows), dtype=torch.float32)
     errors_t = torch.empty((width, rows), dtype=torch.float64)
     arrays = (block.numpy(), held_t.numpy(), errors_t.numpy(), upper.numpy(), order.numpy(), start)
-    # one thread: torch's OpenMP threads, spinning after the block's matmul, would take the second core
+    # not on threads: torch's OpenMP threads, spinning after the block's matmul, take the second core
     solve_columns(*arrays, 0, rows, _KINDS[grid.kind], scale, low, high, bounds, low_c, high_c, mbits, emin,
                   float(largest), table)  # fmt: skip
     held[:, start:stop] = held_t.T
     errors[:, :width] = errors_t.T
     return errors[:, : stop - start]
+
+
+def _wide(t: torch.Tensor) -> np.ndarray:
+    """A grid's scales or bounds as numba reads them: 16-bit floats widened to float32 (exactly; a
+    float grid's scales are in the weight's dtype), a broadcast view left one."""
+    return (t.float() if t.dtype in (torch.float16, torch.bfloat16) else t).numpy()

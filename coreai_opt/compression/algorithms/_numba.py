@@ -23,6 +23,9 @@ from typing import Any
 
 from coreai_opt._cache import cache_folder_for, user_cache, warn_unused
 
+# one lock for every module's kernels: numba's CACHE_DIR, set while they are made, is the process's
+_MAKING = threading.Lock()
+
 
 class Kernels:
     """The kernels of one module (`namespace`: its globals; `source`: its file, which names
@@ -32,7 +35,6 @@ class Kernels:
         self._namespace, self._source, self._without = namespace, source, without
         self._sources: dict[str, Callable[..., Any]] = {}  # every kernel's Python function, by name
         self._made: dict[str, Any] = {}  # every kernel as numba made it, once the first was called
-        self._making = threading.Lock()
 
     def kernel(self, py_func: Callable[..., Any]) -> _Kernel:
         """Register `py_func` as a kernel, made with the others on the first call of any of them."""
@@ -47,7 +49,7 @@ class Kernels:
             return self._made
         import numba
 
-        with self._making:
+        with _MAKING:
             if not self._made:
                 folder = self._cache_folder()
                 previous = numba.config.CACHE_DIR
