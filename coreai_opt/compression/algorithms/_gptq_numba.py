@@ -71,20 +71,20 @@ def grid_value(v: float, r: int, j: int, kind: int, scale: Any, low: Any, high: 
 
 
 @_kernel
-def solve_columns(block: Any, held: Any, errors: Any, upper: Any, order: Any, start: int, first: int, last: int,
-                  kind: int, scale: Any, low: Any, high: Any, bounds: bool, low_c: float, high_c: float,
-                  mbits: int, emin: int, largest: float, table: Any) -> None:  # fmt: skip
+def solve_columns(block: Any, held: Any, errors: Any, upper: Any, order: Any, start: int, kind: int,
+                  scale: Any, low: Any, high: Any, bounds: bool, low_c: float, high_c: float, mbits: int,
+                  emin: int, largest: float, table: Any) -> None:  # fmt: skip
     """The block's columns (`block` [width, rows]: w's columns start .. start + width, transposed,
-    float64) for rows first .. last, column after column: each value as float32 into held
-    [width, rows], its scaled error into errors [width, rows], its spread subtracted from the
-    columns after it - along rows, so the inner loops run over contiguous memory."""
-    width = block.shape[0]
+    float64), column after column: each value as float32 into held [width, rows], its scaled
+    error into errors [width, rows], its spread subtracted from the columns after it - along
+    rows, so the inner loops run over contiguous memory."""
+    width, rows = block.shape
     scratch = np.empty(1, np.float64)
     for i in range(width):
         at = start + i
         j = order[at]
         pivot = upper[at, at]
-        for r in range(first, last):
+        for r in range(rows):
             column = np.float32(block[i, r])
             held[i, r] = column
             v = np.float64(column)
@@ -94,7 +94,7 @@ def solve_columns(block: Any, held: Any, errors: Any, upper: Any, order: Any, st
             errors[i, r] = (v - q) / pivot
         for c in range(i + 1, width):
             spread = upper[at, start + c]
-            for r in range(first, last):
+            for r in range(rows):
                 block[c, r] -= errors[i, r] * spread
 
 
@@ -109,8 +109,9 @@ def solve_block(
     errors: torch.Tensor,
 ) -> torch.Tensor:
     """Columns start .. stop of GPTQ's pass (see `_gptq.solve`): their float32 values into `held`
-    and their scaled errors into `errors` [rows, block] (returned, the first stop - start columns). All CPU tensors; `w` and `upper` contiguous and in solve order,
-    `order` maps it back to the weight's columns; `grid` contiguous."""
+    and their scaled errors into `errors` [rows, block] (returned, the first stop - start columns).
+    CPU tensors; `w` and `upper` contiguous and in solve order, `order` maps it back to the
+    weight's columns; the grid's tensors may be broadcast views."""
     rows, width = w.shape[0], stop - start
     empty = np.zeros((1, 1))
     bounds = isinstance(grid.low, torch.Tensor)
@@ -124,7 +125,7 @@ def solve_block(
     errors_t = torch.empty((width, rows), dtype=torch.float64)
     arrays = (block.numpy(), held_t.numpy(), errors_t.numpy(), upper.numpy(), order.numpy(), start)
     # not on threads: torch's OpenMP threads, spinning after the block's matmul, take the second core
-    solve_columns(*arrays, 0, rows, _KINDS[grid.kind], scale, low, high, bounds, low_c, high_c, mbits, emin,
+    solve_columns(*arrays, _KINDS[grid.kind], scale, low, high, bounds, low_c, high_c, mbits, emin,
                   float(largest), table)  # fmt: skip
     held[:, start:stop] = held_t.T
     errors[:, :width] = errors_t.T
