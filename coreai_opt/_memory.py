@@ -177,6 +177,28 @@ class EveryBytes:
             self._passed = 0
 
 
+class ReadOnce:
+    """Weights read from a mapped file and done with for now: their clean file pages leave the
+    resident set once `RELEASE_EVERY` bytes of them have passed (`release_clean_mapped`), as a
+    pass that keeps each weight as given for later (tuning's reference) would otherwise hold the
+    whole program's pages by its end (a tensor of no file mapping has nothing to hand back)."""
+
+    def __init__(self) -> None:
+        self._addresses: list[int] = []
+        self._every = EveryBytes(self.release, RELEASE_EVERY)
+
+    def passed(self, tensor: Any) -> Any:
+        """`tensor`, counted; on the CPU its address is kept for the next hand-back."""
+        if tensor.device.type == "cpu" and tensor.numel():
+            self._addresses.append(tensor.data_ptr())
+            self._every.passed(tensor.numel() * tensor.element_size())
+        return tensor
+
+    def release(self) -> None:
+        release_clean_mapped(self._addresses)
+        self._addresses = []
+
+
 def meta_stand_in(value: Any) -> Any:
     """A meta tensor of a tensor's shape, strides and dtype (a Parameter for a Parameter): a name
     kept for a graph, its memory let go."""

@@ -290,3 +290,32 @@ def test_clean_mappings_leave_the_resident_set_and_written_ones_stay(tmp_path: P
         assert SIZE // 2 < left < SIZE + SIZE // 2  # the clean one went, the written one stayed
         assert int(written[5]) == 99 and bytes(clean[:8192].numpy()) == pattern[:8192]
         del clean, written
+
+
+def test_weights_read_once_leave_the_resident_set_every_so_many_bytes(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`ReadOnce` hands back the clean file pages of the weights passed to it once `RELEASE_EVERY`
+    bytes of them have passed; they read again the same."""
+    import torch
+
+    from coreai_opt import _memory
+
+    monkeypatch.setattr(_memory, "RELEASE_EVERY", SIZE // 2)
+    pattern = bytes(range(256)) * (SIZE // 256)
+    (tmp_path / "weights.bin").write_bytes(pattern)
+    with (
+        open(tmp_path / "weights.bin", "r+b") as file,
+        mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY) as mapped,
+    ):
+        whole = torch.frombuffer(mapped, dtype=torch.uint8)
+        first, second = whole[: SIZE // 4], whole[SIZE // 4 :]
+        before = _resident_file_bytes()
+        assert int(whole[7::4096].sum()) == 7 * (SIZE // 4096)  # a byte of every page
+        touched = _resident_file_bytes()
+        assert touched - before > SIZE // 2
+        read = _memory.ReadOnce()
+        assert read.passed(first) is first
+        assert touched - _resident_file_bytes() < SIZE // 8  # half the threshold passed: none handed back
+        read.passed(second)  # past it: handed back
+        assert touched - _resident_file_bytes() > SIZE // 2
+        assert bytes(first[:8192].numpy()) == pattern[:8192]  # read again from the file
+        del whole, first, second

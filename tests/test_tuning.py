@@ -270,3 +270,31 @@ def test_the_divergence_lets_the_weights_as_given_go_between_samples(llama, monk
     assert (
         float(calibration.divergence(leaves, 0).detach()) == first == 0.0
     )  # the weights as given, read again
+
+
+def test_a_tuned_pass_hands_back_the_pages_of_every_weight_it_read(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A pass that tunes keeps each weight as given for the tuning's reference, so the weights it
+    reads from the program's mapped file would stay resident to its end: their addresses are
+    handed back (`release_clean_mapped`) as it goes, every one of them by the end; a pass that
+    does not tune lets each go as before and hands back none this way."""
+    from coreai_opt import _memory
+    from coreai_opt.models import model_tokenizer
+
+    samples = Samples.of(llama["text"], tokens=64, tokenizer=model_tokenizer(llama["ref"]))
+    released: list[int] = []
+    monkeypatch.setattr(_memory, "release_clean_mapped", lambda a: released.extend(a) or 0)
+    for epochs in (0, 1):
+        released.clear()
+        config = PalettizeConfig(n_bits=2, granularity="grouped", group_size=4, method="gptq",
+                                 weight_num_threshold=0, tune_epochs=epochs)  # fmt: skip
+        program = load_pt2(llama["ref"])
+        read = {n: t.data_ptr() for n, t in program.state_dict.items() if t.dim() == 2}
+        report = compress_(
+            program, config, calibration=calibrate(load_pt2(llama["ref"]), samples, cache=False)
+        )
+        tuned = {w.name for w in report.weights}
+        assert len(tuned) == 16
+        if epochs:
+            assert {read[n] for n in tuned} <= set(released)
+        else:
+            assert not set(read.values()) & set(released)

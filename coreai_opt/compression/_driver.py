@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 
 import tcast
-from coreai_opt._memory import EveryBytes, trim_heap
+from coreai_opt._memory import EveryBytes, ReadOnce, trim_heap
 from coreai_opt._pieces import energies_in_pieces
 from coreai_opt.errors import ConfigError
 from coreai_opt.weights import (
@@ -83,6 +83,9 @@ class _Run:
         # the weights as given are compared with only where tables are tuned end to end: otherwise
         # the calibration lets each go once replaced, so the pass holds one copy of the model, not two
         self.keep = any(getattr(cfg, "tune_epochs", 0) for _, cfg, _ in learned)
+        # and then nothing lets go of the weights read here from the program's mapped file: their
+        # pages are handed back as the pass goes (read again from the page cache for the report)
+        self.read_once = ReadOnce()
 
     def finish(self, site: WeightSite, outcome: Encoding | Skipped, learns: bool = False) -> None:
         _record(self.container, self.report, site, outcome, self.calibration, learns, self.keep)
@@ -117,7 +120,7 @@ class _Run:
         for site, cfg, statistics in _statistics_in_order(
             self.learned_sites, calibration, final=not self.keep
         ):
-            outcome = encode_weight(self.container.read(site), site, cfg, statistics)
+            outcome = encode_weight(self._read(site), site, cfg, statistics)
             if _tunes(cfg, outcome) and self.container.refusal(site, outcome) is None:
                 assert isinstance(outcome, Encoding)
                 held.append((site, outcome))
@@ -130,7 +133,11 @@ class _Run:
                 held, calibration, epochs, self.progress, self.done, self.total
             )
             for (site, _), outcome in zip(held, tuned, strict=True):
-                self.finish(site, measured(self.container.read(site), outcome), learns=True)
+                self.finish(site, measured(self._read(site), outcome), learns=True)
+        self.read_once.release()
+
+    def _read(self, site: WeightSite) -> torch.Tensor:
+        return self.read_once.passed(self.container.read(site)) if self.keep else self.container.read(site)
 
 
 def _tunes(config: WeightConfig, outcome: Encoding | Skipped) -> bool:
