@@ -171,6 +171,7 @@ def test_a_large_weight_is_priced_on_row_groups_that_encode_as_the_whole_weight_
     ]  # each algorithm and layout
     elements = 1024
     sampled: dict[str, list[str]] = {}
+    rows_of: dict[str, dict[str, int]] = {}
     for choice in choices:
         config = choice.config_for(True, 0)
         whole = {site.name: encoding for site, encoding in trial_encodings(ep, config, calibration)}
@@ -179,6 +180,7 @@ def test_a_large_weight_is_priced_on_row_groups_that_encode_as_the_whole_weight_
                 continue
             full = whole[site.name]
             sampled.setdefault(choice.name, []).append(site.name)
+            rows_of.setdefault(choice.name, {})[site.name] = len(sample.rows)
             assert len(sample.rows) % 2 == 0  # even, as the weight's rows: codes packed two a byte
             assert len(sample.rows) * site.count // sample.of <= elements + site.count // sample.of * 16
             assert torch.equal(decode(encoding), sample.take(decode(full), site.output_axis)), site.name
@@ -187,6 +189,12 @@ def test_a_large_weight_is_priced_on_row_groups_that_encode_as_the_whole_weight_
     # the whole weight never is
     assert set(sampled) == {c.name for c in choices} - {"lut4-tensor", "lut4-v2"}
     assert all(len(names) >= 5 for names in sampled.values())
+    # a table of 64 entries is priced on a quarter of the values a 16-entry one is (its k-means
+    # costs about four times as much a value): every weight the other samples, and smaller ones
+    # too, on no more row groups, on fewer where the other took more than one
+    tables, sixteen = rows_of["lut6"], rows_of["lut4-q8"]
+    assert set(tables) > set(sixteen) and all(tables[n] <= rows for n, rows in sixteen.items())
+    assert all(tables[n] < rows for n, rows in sixteen.items() if rows > 16)
     # the table's estimate is the sample rows' share of the Taylor term, its bytes the whole's
     choice = parse_choices("lut4")[0]
     exact = cost_table(llama["ref"], lambda: load_pt2(llama["ref"]), (choice,), samples, threshold=0)

@@ -28,7 +28,7 @@ from coreai_opt.weights import (
 
 from ._executors import Executor, executor_of
 from ._results import CompressionReport, Progress, WeightResult
-from ._row_sample import RowSample, row_sample
+from ._row_sample import RowSample, row_sample, sample_size
 from ._sites import select_sites
 from .configs import WeightConfig
 from .registry import Algorithm, algorithm_for, learns_from_data
@@ -311,7 +311,7 @@ def sampled_trial_encodings(
         statistics.update(calibration.statistics(names, needs))  # type: ignore[union-attr]
     for site, cfg in sites:
         w, encoded, stats = container.read(site), site, statistics.get(site.name)
-        if (sample := row_sample(site, cfg, elements)) is not None:
+        if (sample := row_sample(site, cfg, sample_size(cfg, elements))) is not None:
             w, encoded, stats = (
                 sample.take(w, site.output_axis),
                 sample.site(site),

@@ -72,6 +72,21 @@ def row_unit(config: WeightConfig) -> int | None:
     return None
 
 
+_TABLE_ENTRIES_PRICED = 16  # a look-up table's entries up to which a sample is the given size
+
+
+def sample_size(config: WeightConfig, elements: int) -> int:
+    """The values an estimate under `config` is made on, for `elements` asked: a look-up table
+    of more than 16 entries takes a sample that many times smaller (exact k-means costs about its
+    entries per value, so a 256-entry table's estimate costs what a 16-entry one's does: on
+    SmolLM2, 8-bit tables were most of the cost table's k-means time and no 4-bit plan took one)."""
+    if isinstance(config, PalettizeConfig) and elements > 0:
+        entries = 2**config.n_bits
+        if entries > _TABLE_ENTRIES_PRICED:
+            return max(1, elements * _TABLE_ENTRIES_PRICED // entries)
+    return elements
+
+
 def row_sample(site: WeightSite, config: WeightConfig, elements: int) -> RowSample | None:
     """Whole row groups of `site`, evenly spread, of about `elements` values in all - or None
     when the weight is that small, its encoding shares something between its rows, or its rows

@@ -27,8 +27,9 @@ from . import _cache
 from ._choices import Choice
 
 Progress = Callable[[int, int, str], None]
-# The cache files' layout (2: the Kronecker-factored estimate; 3: GPTQ onto clipped scales, twin heads).
-_LAYOUT = 3
+# The cache files' layout (2: the Kronecker-factored estimate; 3: GPTQ onto clipped scales, twin heads;
+# 4: tables of more than 16 entries estimated on smaller samples).
+_LAYOUT = 4
 
 
 @dataclass
