@@ -143,22 +143,26 @@ def _advise_holding(addresses: list[int], mappings: list[tuple[int, int]], advic
 
 
 def _clean_file_mappings() -> list[tuple[int, int]]:
-    """(start, end) of this process's file mappings without an anonymous (written) page."""
+    """(start, end) of this process's file mappings without a written page: none in memory
+    (`Anonymous`) nor swapped out (`Swap`: a private page written and then swapped)."""
     try:
         with open("/proc/self/smaps", encoding="utf-8", errors="replace") as smaps:
             lines = smaps.readlines()
     except OSError:
         return []
-    found, current = [], None
+    found, current, written = [], None, False
     for line in lines:
         if line[0] in "0123456789abcdef" and "-" in line.split(maxsplit=1)[0]:
+            if current is not None and not written:
+                found.append(current)
             fields = line.split(maxsplit=5)
             is_file = len(fields) == 6 and fields[5].startswith("/")
             current = tuple(int(v, 16) for v in fields[0].split("-")) if is_file else None
-        elif current is not None and line.startswith("Anonymous:"):
-            if int(line.split()[1]) == 0:
-                found.append(current)
-            current = None
+            written = False
+        elif current is not None and line.startswith(("Anonymous:", "Swap:")):
+            written = written or int(line.split()[1]) != 0
+    if current is not None and not written:
+        found.append(current)
     return found
 
 
@@ -181,22 +185,25 @@ class ReadOnce:
     """Weights read from a mapped file and done with for now: their clean file pages leave the
     resident set once `RELEASE_EVERY` bytes of them have passed (`release_clean_mapped`), as a
     pass that keeps each weight as given for later (tuning's reference) would otherwise hold the
-    whole program's pages by its end (a tensor of no file mapping has nothing to hand back)."""
+    whole program's pages by its end (a tensor of no file mapping has nothing to hand back). A
+    weight is passed as it is read, before it is used: each hand-back takes the ones before it,
+    and the tensors are held until then, so no address handed back was freed and reused."""
 
     def __init__(self) -> None:
-        self._addresses: list[int] = []
+        self._held: list[Any] = []
         self._every = EveryBytes(self.release, RELEASE_EVERY)
 
     def passed(self, tensor: Any) -> Any:
-        """`tensor`, counted; on the CPU its address is kept for the next hand-back."""
+        """`tensor`, about to be read; on the CPU, held for the hand-back after the next."""
         if tensor.device.type == "cpu" and tensor.numel():
-            self._addresses.append(tensor.data_ptr())
-            self._every.passed(tensor.numel() * tensor.element_size())
+            self._every.passed(tensor.numel() * tensor.element_size())  # hands back those before it
+            self._held.append(tensor)
         return tensor
 
     def release(self) -> None:
-        release_clean_mapped(self._addresses)
-        self._addresses = []
+        if self._held:
+            release_clean_mapped([t.data_ptr() for t in self._held])
+        self._held = []
 
 
 def meta_stand_in(value: Any) -> Any:

@@ -293,29 +293,32 @@ def test_clean_mappings_leave_the_resident_set_and_written_ones_stay(tmp_path: P
 
 
 def test_weights_read_once_leave_the_resident_set_every_so_many_bytes(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """`ReadOnce` hands back the clean file pages of the weights passed to it once `RELEASE_EVERY`
-    bytes of them have passed; they read again the same."""
+    """`ReadOnce` is given each weight before it is read: once `RELEASE_EVERY` bytes have passed,
+    the clean file pages of the weights before the one passed last leave the resident set; that
+    one's go at the next hand-back (`release`). They read again the same."""
     import torch
 
     from coreai_opt import _memory
 
-    monkeypatch.setattr(_memory, "RELEASE_EVERY", SIZE // 2)
+    monkeypatch.setattr(_memory, "RELEASE_EVERY", SIZE)
     pattern = bytes(range(256)) * (SIZE // 256)
-    (tmp_path / "weights.bin").write_bytes(pattern)
+    for name in ("first.bin", "second.bin"):
+        (tmp_path / name).write_bytes(pattern)
     with (
-        open(tmp_path / "weights.bin", "r+b") as file,
-        mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY) as mapped,
+        open(tmp_path / "first.bin", "r+b") as first_file,
+        open(tmp_path / "second.bin", "r+b") as second_file,
+        mmap.mmap(first_file.fileno(), 0, access=mmap.ACCESS_COPY) as first_map,
+        mmap.mmap(second_file.fileno(), 0, access=mmap.ACCESS_COPY) as second_map,
     ):
-        whole = torch.frombuffer(mapped, dtype=torch.uint8)
-        first, second = whole[: SIZE // 4], whole[SIZE // 4 :]
-        before = _resident_file_bytes()
-        assert int(whole[7::4096].sum()) == 7 * (SIZE // 4096)  # a byte of every page
-        touched = _resident_file_bytes()
-        assert touched - before > SIZE // 2
         read = _memory.ReadOnce()
-        assert read.passed(first) is first
-        assert touched - _resident_file_bytes() < SIZE // 8  # half the threshold passed: none handed back
-        read.passed(second)  # past it: handed back
-        assert touched - _resident_file_bytes() > SIZE // 2
-        assert bytes(first[:8192].numpy()) == pattern[:8192]  # read again from the file
-        del whole, first, second
+        before = _resident_file_bytes()
+        first = read.passed(torch.frombuffer(first_map, dtype=torch.uint8))
+        assert int(first[7::4096].sum()) == 7 * (SIZE // 4096)  # read after it was passed
+        second = read.passed(torch.frombuffer(second_map, dtype=torch.uint8))  # the threshold: the first goes
+        assert _resident_file_bytes() - before < SIZE // 2
+        assert int(second[7::4096].sum()) == 7 * (SIZE // 4096)
+        assert _resident_file_bytes() - before > SIZE // 2  # the second stays until the next hand-back
+        read.release()
+        assert _resident_file_bytes() - before < SIZE // 2
+        assert bytes(first[:8192].numpy()) == bytes(second[:8192].numpy()) == pattern[:8192]  # read again
+        del first, second, read

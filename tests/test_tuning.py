@@ -282,9 +282,12 @@ def test_a_tuned_pass_hands_back_the_pages_of_every_weight_it_read(llama, monkey
 
     samples = Samples.of(llama["text"], tokens=64, tokenizer=model_tokenizer(llama["ref"]))
     released: list[int] = []
-    monkeypatch.setattr(_memory, "release_clean_mapped", lambda a: released.extend(a) or 0)
+    hand_backs: list[list[int]] = []
+    monkeypatch.setattr(_memory, "RELEASE_EVERY", 1)  # a hand-back before every weight read
+    monkeypatch.setattr(_memory, "release_clean_mapped", lambda a: hand_backs.append(a) or released.extend(a))
     for epochs in (0, 1):
         released.clear()
+        hand_backs.clear()
         config = PalettizeConfig(n_bits=2, granularity="grouped", group_size=4, method="gptq",
                                  weight_num_threshold=0, tune_epochs=epochs)  # fmt: skip
         program = load_pt2(llama["ref"])
@@ -296,5 +299,7 @@ def test_a_tuned_pass_hands_back_the_pages_of_every_weight_it_read(llama, monkey
         assert len(tuned) == 16
         if epochs:
             assert {read[n] for n in tuned} <= set(released)
+            ours = [a for a in hand_backs if set(a) & set(read.values())]  # not the calibration's own
+            assert len(ours) >= 2 * len(tuned)  # as it went: each weight is read twice (encoded, reported)
         else:
             assert not set(read.values()) & set(released)

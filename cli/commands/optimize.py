@@ -248,8 +248,8 @@ def _render(report: Any, recipe: Path | None) -> None:
     console.print(_line(report))
     trials = (f"; {report.trials} trials on {report.trial_tokens} tokens, {report.trial_seconds:.1f} s of it"
               if report.trials else "")  # fmt: skip
-    sampled = (f"; {report.sampled} weights over {report.estimate_sample:,} values estimated on a sample of their "
-               "channels" if report.sampled else "")  # fmt: skip
+    sampled = (f"; {report.sampled} weights estimated on a sample of their channels (--estimate-sample "
+               f"{report.estimate_sample:,}; 16/k of it for tables of k > 16 entries)" if report.sampled else "")  # fmt: skip
     console.print(f"costs {report.cost_seconds:.1f} s ({len(report.cached)} choices from the cache{trials}{sampled}), "
                   f"solve {report.solve_seconds:.2f} s; the plan is optimal to within {human_bytes(report.slack_bytes)}")  # fmt: skip
     if recipe is not None:

@@ -296,9 +296,10 @@ def sampled_trial_encodings(
     container: Container, config: WeightConfig, calibration: Calibration | None = None,
     only: Collection[str] | None = None, elements: int = 0,
 ) -> Iterator[tuple[WeightSite, Encoding | Skipped, RowSample | None]]:  # fmt: skip
-    """`trial_encodings`, a weight of more than `elements` values (0: none) encoded on a sample of
-    its row groups where its encoding keeps the rows apart (`_row_sample`): each weight's site, its
-    outcome - of the sample's rows, where there is a sample - and the sample or None."""
+    """`trial_encodings`, a weight of more than `elements` values (0: none; fewer for a large table:
+    `_row_sample.sample_size`) encoded on a sample of that many values of its row groups where its
+    encoding keeps the rows apart (`_row_sample`): each weight's site, its outcome - of the
+    sample's rows, where there is a sample - and the sample or None."""
     sites, _ = select_sites(container.candidates(), config.weight_num_threshold, config.for_weight)
     if only is not None:
         sites = [(site, cfg) for site, cfg in sites if site.name in only]

@@ -76,10 +76,11 @@ _TABLE_ENTRIES_PRICED = 16  # a look-up table's entries up to which a sample is 
 
 
 def sample_size(config: WeightConfig, elements: int) -> int:
-    """The values an estimate under `config` is made on, for `elements` asked: a look-up table
-    of more than 16 entries takes a sample that many times smaller (exact k-means costs about its
-    entries per value, so a 256-entry table's estimate costs what a 16-entry one's does: on
-    SmolLM2, 8-bit tables were most of the cost table's k-means time and no 4-bit plan took one)."""
+    """The values an estimate under `config` is made on, for `elements` asked (and the size from
+    which a weight is sampled): for a look-up table of k > 16 entries 16/k of them, as exact
+    k-means costs about k a value - so a 256-entry table's estimate costs what a 16-entry one's
+    does (on SmolLM2, 8-bit tables were most of the cost table's k-means time, and no 4-bit plan
+    took one)."""
     if isinstance(config, PalettizeConfig) and elements > 0:
         entries = 2**config.n_bits
         if entries > _TABLE_ENTRIES_PRICED:

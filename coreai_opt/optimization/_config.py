@@ -57,8 +57,8 @@ class OptimizeConfig:
     trial_tokens: int = option(512, "--trial-tokens", _TRIALS, minimum=0)
     estimate_sample: int = option(
         ESTIMATE_SAMPLE, "--estimate-sample", "Estimate a weight of more values than this on evenly spread "
-        "groups of its channels, about this many values (tables of more than 16 entries on 16/entries of "
-        "that; 0: every weight whole); the plan is measured whole.",
+        "groups of its channels, about this many values (for tables of k > 16 entries: 16/k of this, both "
+        "the size and the sample; 0: every weight whole); the plan is measured whole.",
         minimum=0,
     )  # fmt: skip
     rounds: int = option(3, "--rounds", "Confirmation rounds at most (accuracy bounds).", minimum=1)

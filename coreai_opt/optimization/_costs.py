@@ -95,8 +95,9 @@ def cost_table(
     its learned method (`program`: a callable giving the loaded `ExportedProgram`, called only
     when the cache misses): estimated, then for a language model each weight's two smallest
     choices measured on `trial_tokens` calibration tokens (0: estimated only). A weight of more
-    than `sample_elements` values (0: none) is estimated on a sample of its row groups where its
-    encoding keeps the rows apart (`compression.sampled_trial_encodings`); trials are whole."""
+    than `sample_elements` values (0: none; 16/k of them for a table of k > 16 entries) is
+    estimated on a sample of that many values of its row groups where its encoding keeps the rows
+    apart (`compression.sampled_trial_encodings`); trials are whole."""
     from coreai_opt.calibration import Source
 
     start = time.perf_counter()
