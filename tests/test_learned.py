@@ -893,3 +893,23 @@ def test_the_cpu_block_kernel_takes_scales_in_a_16_bit_weights_dtype(dtype: torc
     )
     assert _same_bits(kernel, loop) and _same_bits(held_kernel, held_loop)
     assert loop.abs().amax() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_mean_squared_gradient_is_summed_in_pieces_to_the_exact_mean(monkeypatch, dtype) -> None:  # type: ignore[no-untyped-def]
+    """`Statistics.gradient_mean` sums a piece of the squares at a time in float64 (no float64 copy
+    of the whole weight): the exact mean to float64's rounding, whatever the piece; one piece
+    gives torch's own float64 sum; a sample's `squares_mean` is taken as given."""
+    from coreai_opt import _pieces
+
+    squares = (torch.rand(300, 77, generator=torch.Generator().manual_seed(3)) * 1e-3).to(dtype)
+    exact = math.fsum(squares.double().reshape(-1).tolist()) / squares.numel()
+    whole = float(squares.sum(dtype=torch.float64)) / squares.numel()
+    for piece in (1000, 4096, 1 << 22):
+        monkeypatch.setattr(_pieces, "PIECE", piece)
+        mean = Statistics(8, gradient_squares=squares).gradient_mean()
+        assert mean == pytest.approx(exact, rel=1e-13)
+        if piece >= squares.numel():
+            assert mean == whole
+    assert Statistics(8, gradient_squares=squares[:10], squares_mean=0.25).gradient_mean() == 0.25
+    assert Statistics(8).gradient_mean() == 0.0

@@ -28,8 +28,8 @@ from ._choices import Choice
 
 Progress = Callable[[int, int, str], None]
 # The cache files' layout (2: the Kronecker-factored estimate; 3: GPTQ onto clipped scales, twin heads;
-# 4: tables of more than 16 entries estimated on smaller samples).
-_LAYOUT = 4
+# 4: tables of more than 16 entries estimated on smaller samples; 5: squared gradients' means summed in pieces).
+_LAYOUT = 5
 
 
 @dataclass
