@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,22 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ma
 SIZE = 32 << 20
 
 
+PATTERN = bytes(range(256)) * (SIZE // 256)
+
+
+@contextlib.contextmanager
+def _mapped_files(folder: Path, *names: str) -> Iterator[list[mmap.mmap]]:
+    """Files of `PATTERN` under `folder`, each mapped private and writable (as torch maps a
+    `.pt2`'s records)."""
+    with contextlib.ExitStack() as stack:
+        maps = []
+        for name in names:
+            (folder / name).write_bytes(PATTERN)
+            file = stack.enter_context(open(folder / name, "r+b"))
+            maps.append(stack.enter_context(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)))
+        yield maps
+
+
 def _resident_file_bytes() -> int:
     with open("/proc/self/status", encoding="utf-8") as status:
         line = next(line for line in status if line.startswith("RssFile:"))
@@ -22,8 +40,7 @@ def _resident_file_bytes() -> int:
 
 def test_read_pages_of_a_mapped_file_are_released_and_read_again(tmp_path: Path) -> None:
     path = tmp_path / "weights.bin"
-    pattern = bytes(range(256)) * (SIZE // 256)
-    path.write_bytes(pattern)
+    path.write_bytes(PATTERN)
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         before = _resident_file_bytes()
         assert sum(mapped[i] for i in range(7, SIZE, 4096)) == 7 * (SIZE // 4096)  # a byte of every page
@@ -31,7 +48,7 @@ def test_read_pages_of_a_mapped_file_are_released_and_read_again(tmp_path: Path)
         assert touched - before > SIZE // 2  # every page was read in
         assert release_file_pages("weights.bin") == 1
         assert touched - _resident_file_bytes() > SIZE // 2  # and handed back
-        assert mapped[:SIZE] == pattern  # the data is read again from the file
+        assert mapped[:SIZE] == PATTERN  # the data is read again from the file
     assert release_file_pages("no-such-file.bin") == 0
     trim_heap()  # harmless at any time
 
@@ -43,8 +60,7 @@ def test_a_weights_file_mapping_is_paged_out_and_a_written_page_kept(tmp_path: P
     import torch
 
     path = tmp_path / "weights.bin"
-    pattern = bytes(range(256)) * (SIZE // 256)
-    path.write_bytes(pattern)
+    path.write_bytes(PATTERN)
     with open(path, "r+b") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
         tensor = torch.frombuffer(mapped, dtype=torch.uint8)
         before = _resident_file_bytes()
@@ -55,7 +71,7 @@ def test_a_weights_file_mapping_is_paged_out_and_a_written_page_kept(tmp_path: P
         assert page_out_mapped([torch.zeros(1).data_ptr()]) == 0  # not a file's
         assert page_out_mapped([tensor.data_ptr() + 4096]) == 1
         assert touched - _resident_file_bytes() > SIZE // 2
-        assert int(tensor[5]) == 99 and bytes(tensor[4096:8192].numpy()) == pattern[4096:8192]
+        assert int(tensor[5]) == 99 and bytes(tensor[4096:8192].numpy()) == PATTERN[4096:8192]
         del tensor
 
 
@@ -268,15 +284,7 @@ def test_clean_mappings_leave_the_resident_set_and_written_ones_stay(tmp_path: P
 
     from coreai_opt._memory import release_clean_mapped
 
-    pattern = bytes(range(256)) * (SIZE // 256)
-    for name in ("clean.bin", "written.bin"):
-        (tmp_path / name).write_bytes(pattern)
-    with (
-        open(tmp_path / "clean.bin", "r+b") as clean_file,
-        open(tmp_path / "written.bin", "r+b") as written_file,
-        mmap.mmap(clean_file.fileno(), 0, access=mmap.ACCESS_COPY) as clean_map,
-        mmap.mmap(written_file.fileno(), 0, access=mmap.ACCESS_COPY) as written_map,
-    ):
+    with _mapped_files(tmp_path, "clean.bin", "written.bin") as (clean_map, written_map):
         clean = torch.frombuffer(clean_map, dtype=torch.uint8)
         written = torch.frombuffer(written_map, dtype=torch.uint8)
         before = _resident_file_bytes()
@@ -288,7 +296,7 @@ def test_clean_mappings_leave_the_resident_set_and_written_ones_stay(tmp_path: P
         assert release_clean_mapped([clean.data_ptr() + 4096, written.data_ptr()]) == 1
         left = touched - _resident_file_bytes()
         assert SIZE // 2 < left < SIZE + SIZE // 2  # the clean one went, the written one stayed
-        assert int(written[5]) == 99 and bytes(clean[:8192].numpy()) == pattern[:8192]
+        assert int(written[5]) == 99 and bytes(clean[:8192].numpy()) == PATTERN[:8192]
         del clean, written
 
 
@@ -301,15 +309,7 @@ def test_weights_read_once_leave_the_resident_set_every_so_many_bytes(tmp_path: 
     from coreai_opt import _memory
 
     monkeypatch.setattr(_memory, "RELEASE_EVERY", SIZE)
-    pattern = bytes(range(256)) * (SIZE // 256)
-    for name in ("first.bin", "second.bin"):
-        (tmp_path / name).write_bytes(pattern)
-    with (
-        open(tmp_path / "first.bin", "r+b") as first_file,
-        open(tmp_path / "second.bin", "r+b") as second_file,
-        mmap.mmap(first_file.fileno(), 0, access=mmap.ACCESS_COPY) as first_map,
-        mmap.mmap(second_file.fileno(), 0, access=mmap.ACCESS_COPY) as second_map,
-    ):
+    with _mapped_files(tmp_path, "first.bin", "second.bin") as (first_map, second_map):
         read = _memory.ReadOnce()
         before = _resident_file_bytes()
         first = read.passed(torch.frombuffer(first_map, dtype=torch.uint8))
@@ -320,5 +320,5 @@ def test_weights_read_once_leave_the_resident_set_every_so_many_bytes(tmp_path: 
         assert _resident_file_bytes() - before > SIZE // 2  # the second stays until the next hand-back
         read.release()
         assert _resident_file_bytes() - before < SIZE // 2
-        assert bytes(first[:8192].numpy()) == bytes(second[:8192].numpy()) == pattern[:8192]  # read again
+        assert bytes(first[:8192].numpy()) == bytes(second[:8192].numpy()) == PATTERN[:8192]  # read again
         del first, second, read

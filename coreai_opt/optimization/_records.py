@@ -174,9 +174,7 @@ class OptimizeReport:
     seconds: float = 0.0
     slack_bytes: float = 0.0
     elements: int = 0
-    estimate_sample: int = (
-        0  # values: a larger weight was estimated on a sample of its rows (16/k of it: k-entry tables)
-    )
+    estimate_sample: int = 0  # values: a larger weight was estimated on a sample (k-entry tables: 16/k)
     sampled: int = 0  # weights estimated on a sample
 
     @property

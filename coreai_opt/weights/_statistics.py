@@ -40,8 +40,9 @@ class Statistics:
 
     def gradient_mean(self) -> float:
         """The mean squared gradient over the whole weight, summed on the host in float64 a piece
-        at a time (a float64 copy of a whole embedding's squares was 216 MB at SmolLM2), or
-        `squares_mean` where `gradient_squares` is a sample of its rows; 0 without them."""
+        at a time (no host or float64 copy of the whole: a float64 one of SmolLM2's embedding's
+        squares was 216 MB), or `squares_mean` where `gradient_squares` is a sample of its rows; 0
+        without them."""
         import torch
 
         from coreai_opt._pieces import PIECE
@@ -49,9 +50,9 @@ class Statistics:
         squares = self.gradient_squares
         if self.squares_mean is not None or squares is None or not squares.numel():
             return self.squares_mean or 0.0
-        flat = squares.detach().cpu().reshape(-1)
+        flat = squares.detach().reshape(-1)
         total = sum(
-            float(flat[a : a + PIECE].sum(dtype=torch.float64)) for a in range(0, flat.numel(), PIECE)
+            float(flat[a : a + PIECE].cpu().sum(dtype=torch.float64)) for a in range(0, flat.numel(), PIECE)
         )
         return total / flat.numel()
 
