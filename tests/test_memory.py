@@ -322,3 +322,17 @@ def test_weights_read_once_leave_the_resident_set_every_so_many_bytes(tmp_path: 
         assert _resident_file_bytes() - before < SIZE // 2
         assert bytes(first[:8192].numpy()) == bytes(second[:8192].numpy()) == PATTERN[:8192]  # read again
         del first, second, read
+
+
+def test_a_mappings_pages_count_as_written_when_copied_or_swapped() -> None:
+    """The pagemap flags `release_clean_mapped` reads: a page in memory that is the file's, or not
+    in memory, is clean; one in memory that is not the file's (a private copy) or swapped is written."""
+    import numpy as np
+
+    from coreai_opt._memory import _any_written
+
+    present, swapped, file_page = 1 << 63, 1 << 62, 1 << 61
+    assert not _any_written(np.array([present | file_page, 0, present | file_page], dtype=np.uint64))
+    assert not _any_written(np.array([], dtype=np.uint64))
+    assert _any_written(np.array([present | file_page, present], dtype=np.uint64))
+    assert _any_written(np.array([0, swapped], dtype=np.uint64))
