@@ -913,3 +913,37 @@ def test_the_mean_squared_gradient_is_summed_in_pieces_to_the_exact_mean(monkeyp
             assert mean == whole
     assert Statistics(8, gradient_squares=squares[:10], squares_mean=0.25).gradient_mean() == 0.25
     assert Statistics(8).gradient_mean() == 0.0
+
+
+def test_configs_that_cluster_alike_share_one_k_means_with_the_same_bytes(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Within `clusters_shared`, lut6 and lut6-q8 of one weight and importance run one k-means and
+    encode the same bytes as each alone; other values under the same config, or a config that
+    clusters otherwise, cluster anew; an entry is taken once per config left to take it."""
+    import coreai_opt.compression.algorithms._kmeans as palettize
+    from coreai_opt.compression import clusters_shared
+
+    generator = torch.Generator().manual_seed(5)
+    w = torch.randn(64, 96, generator=generator)
+    other = w.clone()
+    other[3, 7] += 0.5
+    importance = torch.rand(64, 96, generator=generator) + 0.01
+    site = _site((64, 96))
+    floats, codes, lut4 = (
+        PalettizeConfig(n_bits=n, granularity="grouped", group_size=16, lut_dtype=dtype)
+        for n, dtype in ((6, None), (6, "int8"), (4, None))
+    )
+    pairs = ((w, floats), (other, floats), (w, codes), (other, codes), (w, codes), (w, lut4))
+    alone = [palettize.weighted_palettize(x, site, c, importance, 0.1) for x, c in pairs]
+    runs: list[int] = []
+    clusters = palettize._clusters
+    monkeypatch.setattr(palettize, "_clusters", lambda *a: runs.append(1) or clusters(*a))
+    with clusters_shared([floats, codes, lut4]):
+        shared = [palettize.weighted_palettize(x, site, c, importance, 0.1) for x, c in pairs]
+    assert len(runs) == 4  # w and other under lut6 once each, w under lut6-q8 a second time, lut4
+    for got, want in zip(shared, alone, strict=True):
+        assert isinstance(got, Encoding) and isinstance(want, Encoding)
+        assert np.array_equal(got.form.indices.values, want.form.indices.values)  # type: ignore[union-attr]
+        assert np.array_equal(got.form.lut.values, want.form.lut.values)  # type: ignore[union-attr]
+        assert torch.equal(decode(got), decode(want))
+    assert not torch.equal(decode(shared[0]), decode(shared[1]))
+    assert not np.array_equal(shared[0].form.lut.values, shared[2].form.lut.values)  # type: ignore[union-attr]

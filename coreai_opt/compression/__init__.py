@@ -12,7 +12,8 @@ report lists every weight, and every float tensor left alone with why.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import contextlib
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from coreai_opt.errors import ConfigError
@@ -122,6 +123,7 @@ __all__ = [
     "algorithm_for",
     "algorithm_named",
     "check_options",
+    "clusters_shared",
     "compress_",
     "config_from_dict",
     "config_type",
@@ -182,6 +184,16 @@ def load_kmeans_kernels() -> None:
     from .algorithms._kmeans_1d import warm_kernels
 
     warm_kernels()
+
+
+@contextlib.contextmanager
+def clusters_shared(configs: Collection[WeightConfig]) -> Iterator[None]:
+    """Within it, encodings under `configs` that cluster alike (lut6 and lut6-q8: the same k-means,
+    its tables stored otherwise) run that k-means once per weight: the same bytes, less time."""
+    from .algorithms._shared_clusters import clusters_shared as scope
+
+    with scope(configs):
+        yield
 
 
 def eligible_weights(program: Any, config: WeightConfig) -> list[WeightSite]:

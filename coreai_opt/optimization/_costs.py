@@ -203,11 +203,12 @@ def _measure(
     its rows was encoded; every weight some choice may take, with its (elements, stored bytes);
     the bytes of all the program's tensors; each choice's sampled weights, with the share."""
 
-    from coreai_opt.compression import container_of, eligible_weights, sampled_trial_encodings
-    from coreai_opt.weights import Needs, Skipped, stored_nbytes
+    from coreai_opt.compression import clusters_shared, container_of, eligible_weights
+    from coreai_opt.weights import Needs, stored_nbytes
 
     ep = loaded.ep
-    eligible = {site.name for c in choices for site in eligible_weights(ep, c.config_for(True, threshold))}
+    configs = {c.name: c.config_for(True, threshold) for c in choices}
+    eligible = {site.name for config in configs.values() for site in eligible_weights(ep, config)}
     candidates = container_of(ep).candidates()
     sizes = {  # a tensor stored once for two names counts once
         c.name: [math.prod(c.shape), stored_nbytes(c.shape, c.element)]
@@ -218,32 +219,63 @@ def _measure(
     calibration = loaded.calibration
     fisher = calibration.statistics(list(sizes), Needs.GRADIENT_SQUARES)
     grams = calibration.statistics(list(sizes), Needs.INPUT_GRAM)  # what GPTQ's trials read too
-    per_sample = len(calibration.inputs)
-    weights = {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())}
-    total = len(choices) * len(sizes)
-    done = 0
+    context = _Context(loaded, {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())},
+                       fisher, grams, sample_elements)  # fmt: skip
     found: dict[str, dict[str, list[float]]] = {}
     shares: dict[str, dict[str, float]] = {}
-    for choice in choices:
-        config = choice.config_for(True, threshold)
-        costs: dict[str, list[float]] = {}
-        shares[choice.name] = {}
-        for site, outcome, sample in sampled_trial_encodings(
-            ep, config, calibration, elements=sample_elements
-        ):
-            done += 1
-            if progress is not None:
-                progress(min(done, total), total, f"{choice.name} {site.name}")
-            if isinstance(outcome, Skipped):
-                continue
-            costs[site.name] = _cost(site, weights[site.name], outcome, sample, fisher, grams, per_sample)
-            if sample is None:  # the trials take whole encodings: a sample's they make again
-                loaded.keep(site.name, choice.name, outcome)
-            else:
-                shares[choice.name][site.name] = sample.share
-        found[choice.name] = costs
-        done = (choices.index(choice) + 1) * len(sizes)  # the skipped ones counted too
+    with clusters_shared(list(configs.values())):  # lut6 and lut6-q8: one k-means a weight
+        for k, choice in enumerate(choices):
+
+            def advance(done: int, name: str, k: int = k, choice: Choice = choice) -> None:
+                if progress is not None:
+                    progress(min(k * len(sizes) + done, len(choices) * len(sizes)),
+                             len(choices) * len(sizes), f"{choice.name} {name}")  # fmt: skip
+
+            found[choice.name], shares[choice.name] = _measure_choice(
+                context, choice, configs[choice.name], advance
+            )
     return found, sizes, state, shares
+
+
+@dataclass
+class _Context:
+    """What every choice's column is measured against: the program and calibration, its weights
+    as given, their Fisher and Gram statistics, and the estimate's sample size."""
+
+    loaded: _Loaded
+    weights: dict[str, Any]
+    fisher: Any
+    grams: Any
+    sample_elements: int
+
+
+def _measure_choice(
+    context: _Context, choice: Choice, config: Any, advance: Callable[[int, str], None]
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """One choice's (bytes, estimated damage) per weight it takes, and its sampled weights' shares;
+    `advance(weights done, name)` after each weight."""
+    from coreai_opt.compression import sampled_trial_encodings
+    from coreai_opt.weights import Skipped
+
+    loaded = context.loaded
+    per_sample = len(loaded.calibration.inputs)
+    costs: dict[str, list[float]] = {}
+    shares: dict[str, float] = {}
+    encodings = sampled_trial_encodings(
+        loaded.ep, config, loaded.calibration, elements=context.sample_elements
+    )
+    for done, (site, outcome, sample) in enumerate(encodings, 1):
+        advance(done, site.name)
+        if isinstance(outcome, Skipped):
+            continue
+        costs[site.name] = _cost(
+            site, context.weights[site.name], outcome, sample, context.fisher, context.grams, per_sample
+        )
+        if sample is None:  # the trials take whole encodings: a sample's they make again
+            loaded.keep(site.name, choice.name, outcome)
+        else:
+            shares[site.name] = sample.share
+    return costs, shares
 
 
 def _cost(

@@ -33,6 +33,7 @@ from ..configs import CompressionGranularity, DType, PalettizeConfig, QScheme
 from ..grids import cast_codes, stored_codes, stored_float
 from ._columns import in_pieces
 from ._kmeans_1d import in_threads, kmeans_1d
+from ._shared_clusters import shared
 
 G = CompressionGranularity
 
@@ -340,7 +341,10 @@ def weighted_palettize(
         if importance is None
         else _channel_weights(importance.movedim(axis, 0), channel_scale, groups, floor)
     )
-    centroids, index = _clusters(rows, matrix, pull, groups, site, config)
+    layout = (tuple(site.shape), axis, site.element.name)
+    centroids, index = shared(
+        w, importance, floor, layout, config, lambda: _clusters(rows, matrix, pull, groups, site, config)
+    )
     return _encoding(centroids, index, channel_scale, tuple(moved.shape), site, config, groups)
 
 

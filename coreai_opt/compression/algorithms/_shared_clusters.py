@@ -1,0 +1,85 @@
+"""Clusters shared by configs that cluster alike (`clusters_shared`).
+
+`optimize`'s cost table encodes every weight under each choice in turn, and some choices differ
+only in how a table's entries are stored: lut6 and lut6-q8 run the same weighted k-means on the
+same values, then store its centroids as floats or as int8 codes under a scale (lut4 and lut4-q8
+the same, before GPTQ). Exact k-means of a 6-bit table is most of such an encoding's time (0.38 s
+for a 1536 x 576 weight against 5 ms to hash its values and importance), so within the scope the
+second one takes the first one's clusters. An entry is keyed by the config less `lut_dtype` and a
+digest of the values and importance clustered: a config that clusters otherwise, or other values
+under the same name, never meet an entry that is not theirs. It is kept only while a config of the
+scope that clusters alike has yet to take it, so the scope holds at most one column of clusters
+when those configs come one after the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..configs import PalettizeConfig, WeightConfig
+
+Clusters = tuple[np.ndarray, torch.Tensor]  # centroids [G, P, V], indices
+
+
+@dataclasses.dataclass
+class _Memo:
+    sharing: Counter[PalettizeConfig]  # configs clustering alike: how many of the scope's each
+    held: dict[tuple[Any, ...], tuple[Clusters, int]] = dataclasses.field(default_factory=dict)
+
+
+_MEMO: contextvars.ContextVar[_Memo | None] = contextvars.ContextVar("shared clusters", default=None)
+
+
+def _alike(config: PalettizeConfig) -> PalettizeConfig:
+    """What decides the clusters: the config with its tables' storage left out."""
+    return dataclasses.replace(config, lut_dtype=None)
+
+
+@contextlib.contextmanager
+def clusters_shared(configs: Iterable[WeightConfig]) -> Iterator[None]:
+    """Within it, clusters made under one of `configs` are kept for the others that cluster alike
+    (see the module); nothing is kept where no two of them do."""
+    sharing = Counter(_alike(c) for c in configs if isinstance(c, PalettizeConfig))
+    memo = _Memo(Counter({c: n for c, n in sharing.items() if n > 1}))
+    token = _MEMO.set(memo if memo.sharing else None)
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def shared(
+    values: torch.Tensor, importance: torch.Tensor | None, floor: float, layout: tuple[Any, ...],
+    config: PalettizeConfig, make: Callable[[], Clusters],
+) -> Clusters:  # fmt: skip
+    """`make()`'s clusters of `values` weighted by `importance` + `floor` under `config`, `layout`
+    saying how the values are read (their shape, axes, element) - taken from an earlier config of
+    the scope that clusters alike, where one made them (copies: each encoding owns its own)."""
+    memo, alike = _MEMO.get(), _alike(config)
+    if memo is None or alike not in memo.sharing:
+        return make()
+    key = (alike, layout, float(floor), _digest(values), None if importance is None else _digest(importance))
+    if key in memo.held:
+        (centroids, index), left = memo.held.pop(key)
+        if left > 1:
+            memo.held[key] = ((centroids, index), left - 1)
+        return centroids.copy(), index.clone()
+    centroids, index = make()
+    memo.held[key] = ((centroids.copy(), index.clone()), memo.sharing[alike] - 1)
+    return centroids, index
+
+
+def _digest(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
+    """The tensor's dtype, shape and a hash of its bytes (an expanded view's as materialized)."""
+    data = tensor.detach().cpu().contiguous()
+    raw = data.reshape(-1).view(torch.uint8).numpy()
+    return str(data.dtype), tuple(data.shape), hashlib.blake2b(raw).digest()
