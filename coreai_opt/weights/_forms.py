@@ -123,11 +123,11 @@ class Learned:
     (`weighting`: "output" - the consumer's output on the calibration data, through its input Gram
     matrix; "fisher" - squared gradients of the loss; "input-moments" - each input channel's mean
     square), as an SNR in dB, for this encoding and for the data-free one of the same config (None
-    where that was not measured: an estimate's trial reads neither)."""
+    where that was not measured: an estimate's trial reads neither, and measures neither)."""
 
     method: str
     weighting: str
-    snr_db: float
+    snr_db: float | None
     data_free_snr_db: float | None
 
 

@@ -128,9 +128,13 @@ def with_output_error(
     view: MatrixView,
     matrix: torch.Tensor,
     gram: torch.Tensor,
+    measured: bool = True,
 ) -> Encoding:
     """`encoding` with what the data did: the consumer's output SNR on the calibration data,
-    beside that of `free` (the data-free encoding of the same config; None: not compared)."""
+    beside that of `free` (the data-free encoding of the same config; None: not compared) - or
+    neither, not `measured` (an estimate: two float64 products a weight nobody reads)."""
+    if not measured:
+        return replace(encoding, learned=Learned(method, "output", None, None))
     snr = output_snr_db(matrix, view.matrix(decode(encoding, device=gram.device)), gram)
     before = (
         None if free is None else output_snr_db(matrix, view.matrix(decode(free, device=gram.device)), gram)

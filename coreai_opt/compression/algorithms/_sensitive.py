@@ -93,7 +93,7 @@ def _learned_palettize(
     record = Learned(
         config.method,
         weighting,
-        weighted_snr_db(w, decode(learned), weights, floor),
+        weighted_snr_db(w, decode(learned), weights, floor) if compare else None,  # an estimate reads none
         None if free is None else weighted_snr_db(w, decode(free), weights, floor),
     )
     return Encoding(learned.form, learned.element, learned.luts, learned.sparsity, learned=record)
