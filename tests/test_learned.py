@@ -952,3 +952,32 @@ def test_configs_that_cluster_alike_share_one_k_means_with_the_same_bytes(monkey
         assert torch.equal(decode(got), decode(want))
     assert not torch.equal(decode(shared[0]), decode(shared[1]))
     assert not np.array_equal(shared[0].form.lut.values, shared[2].form.lut.values)  # type: ignore[union-attr]
+
+
+def test_clusters_are_shared_only_by_configs_that_read_a_weight_alike(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A broadcast importance (one row expanded, as `input_importance` gives) is shared without
+    being made whole; configs that differ in threads share; a uint8-entry table, whose estimate
+    samples no rows (`row_unit`), shares with no other and is kept by none."""
+    import coreai_opt.compression.algorithms._kmeans as palettize
+    from coreai_opt.compression import clusters_shared
+    from coreai_opt.compression.algorithms import _shared_clusters
+
+    generator = torch.Generator().manual_seed(6)
+    w = torch.randn(64, 96, generator=generator)
+    row = (torch.rand(1, 96, generator=generator, dtype=torch.float64) + 0.01).expand(64, 96)
+    site = _site((64, 96))
+    base = {"n_bits": 4, "granularity": "grouped", "group_size": 16}
+    floats, codes = PalettizeConfig(**base), PalettizeConfig(**base, lut_dtype="int8", num_kmeans_workers=1)
+    unsigned = PalettizeConfig(**base, lut_dtype="uint8")
+    runs: list[int] = []
+    clusters = palettize._clusters
+    monkeypatch.setattr(palettize, "_clusters", lambda *a: runs.append(1) or clusters(*a))
+    with clusters_shared([floats, codes, unsigned]):
+        first = palettize.weighted_palettize(w, site, floats, row)
+        second = palettize.weighted_palettize(w, site, codes, row)
+        palettize.weighted_palettize(w, site, unsigned, row)
+        assert not _shared_clusters._MEMO.get().held  # type: ignore[union-attr]
+    assert len(runs) == 2  # floats and codes once, unsigned on its own
+    assert torch.equal(decode(first), decode(palettize.weighted_palettize(w, site, floats, row)))
+    assert torch.equal(decode(second), decode(palettize.weighted_palettize(w, site, codes, row)))
+    assert _shared_clusters._digest(row)[2] == (0,)  # the broadcast axis named, its one row hashed

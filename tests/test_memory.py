@@ -336,3 +336,24 @@ def test_a_mappings_pages_count_as_written_when_copied_or_swapped() -> None:
     assert not _any_written(np.array([], dtype=np.uint64))
     assert _any_written(np.array([present | file_page, present], dtype=np.uint64))
     assert _any_written(np.array([0, swapped], dtype=np.uint64))
+
+
+def test_a_written_page_deep_in_a_mapping_is_found_reading_its_flags_in_pieces(
+    tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The flags are read a bounded piece at a time: a page written in a later piece keeps its
+    mapping, and a clean mapping read in pieces is handed back."""
+    import torch
+
+    from coreai_opt import _memory
+
+    monkeypatch.setattr(_memory, "_FLAGS_READ", 8)
+    with _mapped_files(tmp_path, "clean.bin", "written.bin") as (clean_map, written_map):
+        clean = torch.frombuffer(clean_map, dtype=torch.uint8)
+        written = torch.frombuffer(written_map, dtype=torch.uint8)
+        assert int(clean[7::4096].sum()) == int(written[7::4096].sum()) == 7 * (SIZE // 4096)
+        written[37 * 4096 + 5] = 99  # in the fifth piece of eight pages
+        assert _memory.release_clean_mapped([written.data_ptr()]) == 0
+        assert _memory.release_clean_mapped([clean.data_ptr()]) == 1
+        assert int(written[37 * 4096 + 5]) == 99 and bytes(clean[:8192].numpy()) == PATTERN[:8192]
+        del clean, written

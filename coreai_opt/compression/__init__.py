@@ -190,9 +190,10 @@ def load_kmeans_kernels() -> None:
 def clusters_shared(configs: Collection[WeightConfig]) -> Iterator[None]:
     """Within it, encodings under `configs` that cluster alike (lut6 and lut6-q8: the same k-means,
     its tables stored otherwise) run that k-means once per weight: the same bytes, less time."""
+    from ._row_sample import row_unit
     from .algorithms._shared_clusters import clusters_shared as scope
 
-    with scope(configs):
+    with scope(configs, row_unit):  # configs sampled otherwise never meet: they share nothing
         yield
 
 

@@ -32,7 +32,8 @@ Clusters = tuple[np.ndarray, torch.Tensor]  # centroids [G, P, V], indices
 
 @dataclasses.dataclass
 class _Memo:
-    sharing: Counter[PalettizeConfig]  # configs clustering alike: how many of the scope's each
+    members: set[PalettizeConfig]  # the scope's configs that share with another of it
+    sharing: Counter[PalettizeConfig]  # how many members cluster alike, by what decides it
     held: dict[tuple[Any, ...], tuple[Clusters, int]] = dataclasses.field(default_factory=dict)
 
 
@@ -40,17 +41,23 @@ _MEMO: contextvars.ContextVar[_Memo | None] = contextvars.ContextVar("shared clu
 
 
 def _alike(config: PalettizeConfig) -> PalettizeConfig:
-    """What decides the clusters: the config with its tables' storage left out."""
-    return dataclasses.replace(config, lut_dtype=None)
+    """What decides the clusters: the config with its tables' storage and its thread count (the
+    results do not depend on it) left out."""
+    return dataclasses.replace(config, lut_dtype=None, num_kmeans_workers=0)
 
 
 @contextlib.contextmanager
-def clusters_shared(configs: Iterable[WeightConfig]) -> Iterator[None]:
+def clusters_shared(
+    configs: Iterable[WeightConfig], reads: Callable[[WeightConfig], object] = lambda c: None
+) -> Iterator[None]:
     """Within it, clusters made under one of `configs` are kept for the others that cluster alike
-    (see the module); nothing is kept where no two of them do."""
-    sharing = Counter(_alike(c) for c in configs if isinstance(c, PalettizeConfig))
-    memo = _Memo(Counter({c: n for c, n in sharing.items() if n > 1}))
-    token = _MEMO.set(memo if memo.sharing else None)
+    and read the same values of a weight (`reads(config)` equal: the caller's sample of its rows);
+    nothing is kept where no two of them do, nor for a config not among them."""
+    palettes = [c for c in configs if isinstance(c, PalettizeConfig)]
+    families = Counter((_alike(c), reads(c)) for c in palettes)
+    members = {c for c in palettes if families[(_alike(c), reads(c))] > 1}
+    memo = _Memo(members, Counter(_alike(c) for c in members))
+    token = _MEMO.set(memo if members else None)
     try:
         yield
     finally:
@@ -64,9 +71,10 @@ def shared(
     """`make()`'s clusters of `values` weighted by `importance` + `floor` under `config`, `layout`
     saying how the values are read (their shape, axes, element) - taken from an earlier config of
     the scope that clusters alike, where one made them (copies: each encoding owns its own)."""
-    memo, alike = _MEMO.get(), _alike(config)
-    if memo is None or alike not in memo.sharing:
+    memo = _MEMO.get()
+    if memo is None or config not in memo.members:
         return make()
+    alike = _alike(config)
     key = (alike, layout, float(floor), _digest(values), None if importance is None else _digest(importance))
     if key in memo.held:
         (centroids, index), left = memo.held.pop(key)
@@ -78,8 +86,12 @@ def shared(
     return centroids, index
 
 
-def _digest(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
-    """The tensor's dtype, shape and a hash of its bytes (an expanded view's as materialized)."""
-    data = tensor.detach().cpu().contiguous()
-    raw = data.reshape(-1).view(torch.uint8).numpy()
-    return str(data.dtype), tuple(data.shape), hashlib.blake2b(raw).digest()
+def _digest(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], tuple[int, ...], bytes]:
+    """The tensor's dtype, shape, broadcast axes and a hash of its bytes - of a broadcast view's
+    own values (an input importance is one row expanded: never made whole here)."""
+    data = tensor.detach()
+    broadcast = tuple(axis for axis in range(data.dim()) if data.stride(axis) == 0 and data.shape[axis] > 1)
+    for axis in broadcast:
+        data = data.narrow(axis, 0, 1)
+    raw = data.cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return str(data.dtype), tuple(tensor.shape), broadcast, hashlib.blake2b(raw).digest()
