@@ -157,8 +157,6 @@ def _advise(mappings: list[tuple[int, int]], advice: int) -> int:
 
 _PAGE = mmap.PAGESIZE
 _PRESENT, _SWAPPED, _FILE_PAGE = 1 << 63, 1 << 62, 1 << 61  # /proc/self/pagemap's flags of a page
-
-
 _FLAGS_READ = 1 << 20  # pagemap entries read at a time (8 MiB: a 4 GiB mapping's flags in 1 MiB reads)
 
 
@@ -170,13 +168,11 @@ def _unwritten(mappings: list[tuple[int, int]]) -> list[tuple[int, int]]:
     where the flags cannot be read (nothing is handed back: the safe side), nor a mapping whose
     flags read short. A kernel that leaves the file flag off huge file pages keeps those
     mappings (taken as written)."""
-    clean = []
     try:
         with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
-            clean = [(low, high) for low, high in mappings if _unwritten_pages(pagemap, low, high)]
+            return [(low, high) for low, high in mappings if _unwritten_pages(pagemap, low, high)]
     except OSError:
         return []
-    return clean
 
 
 def _unwritten_pages(pagemap: BinaryIO, low: int, high: int) -> bool:

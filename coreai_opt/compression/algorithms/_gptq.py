@@ -158,7 +158,7 @@ def quantize_gptq(
     del held, round_column  # the weight's size each: gone before the output error is measured
     if isinstance(encoding, str):
         return encoding
-    return with_output_error(config.method, encoding, free if compare else None, view, matrix, gram, compare)
+    return with_output_error(config.method, encoding, free, view, matrix, gram, measured=compare)
 
 
 def integer_rounding(
@@ -325,4 +325,4 @@ def palettize_gptq(
     coded = MatrixView(tuple(shape), view.output_axis, view.input_axis).weight(index)
     indices = Stored(coded.contiguous().cpu().numpy(), form.indices.element)
     encoding = replace(tables_of, form=replace(form, indices=indices))
-    return with_output_error(config.method, encoding, free, view, matrix, gram, compare)
+    return with_output_error(config.method, encoding, free, view, matrix, gram, measured=compare)

@@ -32,8 +32,8 @@ Clusters = tuple[np.ndarray, torch.Tensor]  # centroids [G, P, V], indices
 
 @dataclasses.dataclass
 class _Memo:
-    members: set[PalettizeConfig]  # the scope's configs that share with another of it
-    sharing: Counter[PalettizeConfig]  # how many members cluster alike, by what decides it
+    family: Callable[[PalettizeConfig], object]  # what configs that share agree on
+    sharing: Counter[object]  # how many of the scope's configs each family has, where more than one
     held: dict[tuple[Any, ...], tuple[Clusters, int]] = dataclasses.field(default_factory=dict)
 
 
@@ -51,13 +51,16 @@ def clusters_shared(
     configs: Iterable[WeightConfig], reads: Callable[[WeightConfig], object] = lambda c: None
 ) -> Iterator[None]:
     """Within it, clusters made under one of `configs` are kept for the others that cluster alike
-    and read the same values of a weight (`reads(config)` equal: the caller's sample of its rows);
-    nothing is kept where no two of them do, nor for a config not among them."""
-    palettes = [c for c in configs if isinstance(c, PalettizeConfig)]
-    families = Counter((_alike(c), reads(c)) for c in palettes)
-    members = {c for c in palettes if families[(_alike(c), reads(c))] > 1}
-    memo = _Memo(members, Counter(_alike(c) for c in members))
-    token = _MEMO.set(memo if members else None)
+    and read the same values of a weight (`reads(config)` equal: the caller's sample of its rows),
+    each entry until as many of that family as `configs` holds have taken it; nothing is kept for
+    a family of one."""
+
+    def family(config: PalettizeConfig) -> object:
+        return _alike(config), reads(config)
+
+    families = Counter(family(c) for c in configs if isinstance(c, PalettizeConfig))
+    sharing = Counter({f: n for f, n in families.items() if n > 1})
+    token = _MEMO.set(_Memo(family, sharing) if sharing else None)
     try:
         yield
     finally:
@@ -72,17 +75,18 @@ def shared(
     saying how the values are read (their shape, axes, element) - taken from an earlier config of
     the scope that clusters alike, where one made them (copies: each encoding owns its own)."""
     memo = _MEMO.get()
-    if memo is None or config not in memo.members:
+    family = None if memo is None else memo.family(config)
+    if memo is None or family not in memo.sharing:
         return make()
-    alike = _alike(config)
-    key = (alike, layout, float(floor), _digest(values), None if importance is None else _digest(importance))
+    key = (family, layout, float(floor), _digest(values), None if importance is None else _digest(importance))
     if key in memo.held:
         (centroids, index), left = memo.held.pop(key)
-        if left > 1:
-            memo.held[key] = ((centroids, index), left - 1)
+        if left == 1:
+            return centroids, index  # the last to take them: no copy is left behind
+        memo.held[key] = ((centroids, index), left - 1)
         return centroids.copy(), index.clone()
     centroids, index = make()
-    memo.held[key] = ((centroids.copy(), index.clone()), memo.sharing[alike] - 1)
+    memo.held[key] = ((centroids.copy(), index.clone()), memo.sharing[family] - 1)
     return centroids, index
 
 

@@ -117,7 +117,7 @@ def sparsify_sparsegpt(
     del dense, kept
     if isinstance(encoding, str):
         return encoding
-    return with_output_error(config.method, encoding, free if compare else None, view, matrix, gram, compare)
+    return with_output_error(config.method, encoding, free, view, matrix, gram, measured=compare)
 
 
 def _pruned(
