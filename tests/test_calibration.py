@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from coreai_opt.calibration import Samples, Source, calibrate
 from coreai_opt.io import ModelFileError, load_pt2
-from coreai_opt.weights import Needs
+from coreai_opt.weights import Needs, Statistics
 from tests.conftest import SAMPLES
 
 MLP_WEIGHTS = ["fc1.weight", "fc2.weight", "fc3.weight"]
@@ -697,6 +697,33 @@ def test_readers_of_one_input_share_one_gram_computed_and_cached_once(
         )
     (stored,) = (tmp_path / "cache").glob("*.safetensors")
     assert len([key for key in load_file(str(stored)) if key.endswith("/gram")]) == 4 * len(names) // 7
+
+
+def test_layer_by_layer_readers_of_one_input_share_one_gram_though_the_first_was_replaced() -> None:
+    """Layer by layer too, q, k and v (gate and up) take one Gram matrix: the rows were made before
+    the first of them paused, so replacing q (here by zeros) changes nothing k and v read - and
+    the shared matrix is the one-pass one, bit for bit."""
+    import _architectures as arch
+
+    program = arch.export(arch.MATRIX[0])  # llama-fp32
+    samples = Samples(Source.RANDOM, count=2, seed=4)
+    names = [k for k, v in program.state_dict.items() if k.endswith("proj.weight") and v.dim() == 2]
+    one_pass = calibrate(program, samples, cache=False).statistics(names, Needs.INPUT_GRAM)
+    calibration = calibrate(program, samples, cache=False)
+    found: dict[str, Statistics] = {}
+    for name, statistics in calibration.sequential(names, Needs.INPUT_GRAM):
+        found[name] = statistics
+        if name.endswith(("q_proj.weight", "gate_proj.weight")):
+            calibration.replace(name, torch.zeros_like(program.state_dict[name]))
+    by_tensor: dict[int, list[str]] = {}
+    for name in names:
+        by_tensor.setdefault(id(found[name].gram), []).append(name.split(".")[-2])
+        if ".0.self_attn." in name and not name.endswith("o_proj.weight"):  # upstream of every replacement
+            assert torch.equal(found[name].gram, one_pass[name].gram), name
+    assert sorted(map(sorted, by_tensor.values())) == sorted(
+        [["k_proj", "q_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]]
+        * (len(names) // 7)
+    )
 
 
 def test_a_text_calibration_takes_a_default_token_budget_or_every_token(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -533,6 +533,37 @@ def test_optimize_rotate_searches_the_rotated_program_and_its_recipe_starts_with
     assert filecmp.cmp(out, again, shallow=False)
 
 
+def test_nothing_takes_the_rotated_programs_gram_matrices_again(llama, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A learned rotation hands the rotated program's Gram matrices (its own, turned) to the cost
+    table, whose estimates and trials - a sampled weight re-encoded whole by GPTQ included - take
+    them from there: no pass over the calibration runs for them (the round's GPTQ takes its own
+    layer by layer). The plan is the one the measured Gram matrices make."""
+    from coreai_opt.calibration import _capture
+    from coreai_opt.optimization import optimize
+
+    passes: list[list[str]] = []
+    one_pass = _capture.one_pass
+    monkeypatch.setattr(
+        _capture, "one_pass", lambda gm, names, *a: passes.append(list(names)) or one_pass(gm, names, *a)
+    )
+    common = {"threshold": 0, "candidates": "int8,int4", "calibration_tokens": 128, "trial_tokens": 64,
+              "estimate_sample": 256, "uniform": 0, "force": True, "rotate": "learned"}  # fmt: skip
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    found = optimize(llama["ref"], Goal(target_bits=6), llama["calib"], llama["held"],
+                     output=tmp_path / "known.pt2", **common)  # fmt: skip
+    assert passes == [] and found.report.sampled > 0
+    from coreai_opt.transforms import _derived
+
+    monkeypatch.setattr(_derived, "rotated_statistics", lambda *a: {})  # nothing known: all measured
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache-measured"))
+    measured = optimize(llama["ref"], Goal(target_bits=6), llama["calib"], llama["held"],
+                        output=tmp_path / "measured.pt2", **common)  # fmt: skip
+    assert passes and set(passes[0]) >= {w["name"] for w in found.report.weights}
+    choices = [(w["name"], w["choice"]) for w in found.report.weights]
+    assert choices == [(w["name"], w["choice"]) for w in measured.report.weights]
+    assert {c for _, c in choices} == {"int8", "int4"}
+
+
 def test_optimize_tunes_the_plans_tables_together_and_apply_reproduces_it(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """--tune-epochs: the same plan, its indices kept, its tables tuned end to end in the palettize
     step, closer to the float model on the calibration windows than the untuned plan."""

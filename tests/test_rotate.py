@@ -161,6 +161,39 @@ def test_the_gain_before_a_tied_head_stays_between_two_exact_matmuls(
         assert torch.equal(loaded.module()(*inputs), rotated)
 
 
+@pytest.mark.parametrize("heads", [False, True])
+def test_a_learned_rotation_knows_the_rotated_programs_gram_matrices(tied_llama: Path, heads: bool) -> None:
+    """The statistics a learned rotation derives are those a pass over the rotated program
+    measures, up to float32 rounding - the turning matmuls around the kept gain included; with
+    heads turned, the output projections' (their inputs turned head by head) are left out."""
+    from coreai_opt.calibration import Samples, Source, calibrate
+    from coreai_opt.weights import Needs
+
+    program = load_pt2(tied_llama)
+    samples = Samples(Source.RANDOM, count=3, seed=4)
+    config = RotateConfig(rotation="learned", steps=5, heads=heads)
+    report = transform_(program, config, calibrate(program, samples, cache=False))
+    assert report.samples == samples.digest()
+    derived = report.known[Needs.INPUT_GRAM]
+    linears = [k for k, v in program.state_dict.items() if v.dim() == 2 and "embed" not in k]
+    outputs = {k for k in linears if k.endswith("o_proj.weight")}
+    assert {"model.norm.rotation", "model.norm.unrotation", "lm_head.weight"} <= set(derived)
+    assert set(linears) - set(derived) == (outputs if heads else set())
+    measured = calibrate(program, samples, cache=False).statistics(sorted(derived), Needs.INPUT_GRAM)
+    for name, found in derived.items():
+        want = measured[name]
+        assert found.rows == want.rows, name
+        if want.gram is None:
+            assert found.gram is None, name
+            continue
+        scale = float(want.gram.diagonal().max())
+        torch.testing.assert_close(found.gram, want.gram, rtol=0, atol=2e-5 * scale, msg=name)
+        torch.testing.assert_close(found.moments, want.moments, rtol=0, atol=2e-5 * scale, msg=name)
+    # the same Gram is turned once for the readers of one input
+    q, k = (derived[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qk")
+    assert q is k
+
+
 def test_rotation_keeps_the_op_count_and_the_runtime_agrees(llama: Path, tmp_path: Path) -> None:
     from coreai_opt.conversion import convert_exported_program
     from coreai_opt.inspection import inspect_model

@@ -20,7 +20,7 @@ from coreai_opt.weights import Needs, Statistics
 
 from ._graph import call, state_value
 from ._readers import Reader, first_readers
-from ._sums import Sums
+from ._sums import Sums, rows_key
 
 if TYPE_CHECKING:
     from torch.fx import Node
@@ -72,6 +72,7 @@ class LayerByLayer:
             yield name, Statistics(0)
         passing = _last_reads(graph, state, order) if self.final else []
         segment: list[Node] = []
+        last: tuple[object, Statistics] | None = None  # the rows summed last, and their statistics
         with torch.no_grad():
             for node in graph.nodes:
                 if node.op in ("placeholder", "output") or node in state:
@@ -85,17 +86,28 @@ class LayerByLayer:
                         if name in self.calibration.released and name in self.calibration.replaced:
                             self.calibration._let_go(name)
                     for reader in self.pending.pop(node):
-                        sums = Sums()
-                        if reader.activation is not None:
-                            for activation in self._operand(
-                                node.args[reader.activation], values, fixed, state
-                            ):
-                                sums.add(activation, reader, self.needs)
-                        yield reader.name, sums.mean()
+                        last = self._statistics(reader, node, (values, fixed, state), last)
+                        yield reader.name, last[1]
                         fixed.clear()  # the caller replaced the weight: views of it are stale
                     if not self.pending:
                         return  # every weight has its statistics: the rest of the program is not needed
                 segment.append(node)
+
+    def _statistics(
+        self, reader: Reader, node: Node, held: tuple[dict[Node, list[Any]], dict[Node, Any], set[Node]],
+        last: tuple[object, Statistics] | None,
+    ) -> tuple[object, Statistics]:  # fmt: skip
+        """The rows `reader` adds (`rows_key`) and their statistics: those of the reader before it
+        where it read the same rows (a layer's q, k and v: computed before the first of them paused,
+        so no replacement since has changed them), else summed now."""
+        key = rows_key(reader)
+        if last is not None and last[0] == key:
+            return last
+        sums = Sums()
+        if reader.activation is not None:
+            for activation in self._operand(node.args[reader.activation], *held):
+                sums.add(activation, reader, self.needs)
+        return key, sums.mean()
 
     def _run_segment(
         self, segment: list[Node], pause: int, values: dict[Node, list[Any]], fixed: dict[Node, Any],

@@ -211,14 +211,17 @@ def trial_encodings(
     config: WeightConfig,
     calibration: Calibration | None = None,
     only: Collection[str] | None = None,
+    known: Any = None,
 ) -> Any:
     """Each weight `compress_(program, config)` would compress (of those in `only`, if given), with
     its encoding or why it stays, nothing written (`_driver.trial_encodings`; an iterator of
     `(WeightSite, Encoding | Skipped)`). The same encodings as `compress_`'s, without the data-free
-    SNR a learned one's report puts beside it (`Learned.data_free_snr_db` None)."""
+    SNR a learned one's report puts beside it (`Learned.data_free_snr_db` None). `known`
+    ({Needs: {name: Statistics}}): statistics of the program as it is, already taken; the
+    calibration takes only the others."""
     from ._driver import trial_encodings as trials
 
-    return trials(container_of(program), config, calibration, only)
+    return trials(container_of(program), config, calibration, only, known)
 
 
 def sampled_trial_encodings(
@@ -227,13 +230,14 @@ def sampled_trial_encodings(
     calibration: Calibration | None = None,
     only: Collection[str] | None = None,
     elements: int = 0,
+    known: Any = None,
 ) -> Any:
     """`trial_encodings`, each weight of more than `elements` values (0: none) whose encoding keeps
     its rows apart encoded on an evenly spread sample of its row groups: an iterator of
     `(WeightSite, Encoding | Skipped, RowSample | None)`, the outcome of the sample's rows."""
     from ._driver import sampled_trial_encodings as trials
 
-    return trials(container_of(program), config, calibration, only, elements)
+    return trials(container_of(program), config, calibration, only, elements, known)
 
 
 def __getattr__(name: str) -> Any:

@@ -18,12 +18,14 @@ from coreai_opt.weights import (
     Calibration,
     Container,
     Encoding,
+    Known,
     SkipKind,
     Skipped,
     Statistics,
     WeightSite,
     decode,
     row_slice,
+    statistics_from,
 )
 
 from ._executors import Executor, executor_of
@@ -282,19 +284,19 @@ def _non_finite(w: torch.Tensor) -> str | None:
 
 def trial_encodings(
     container: Container, config: WeightConfig, calibration: Calibration | None = None,
-    only: Collection[str] | None = None,
+    only: Collection[str] | None = None, known: Known | None = None,
 ) -> Iterator[tuple[WeightSite, Encoding | Skipped]]:  # fmt: skip
     """Each weight `compress_container` would compress (of those named in `only`, if given), with
     its encoding (or why it stays) - nothing written: what a caller swaps into a model in memory to
     measure one weight at a time. Methods that learn from data take their statistics of the
-    program as it is, in one pass."""
-    for site, outcome, _ in sampled_trial_encodings(container, config, calibration, only):
+    program as it is from `known` where it has them, the rest in one pass."""
+    for site, outcome, _ in sampled_trial_encodings(container, config, calibration, only, known=known):
         yield site, outcome
 
 
 def sampled_trial_encodings(
     container: Container, config: WeightConfig, calibration: Calibration | None = None,
-    only: Collection[str] | None = None, elements: int = 0,
+    only: Collection[str] | None = None, elements: int = 0, known: Known | None = None,
 ) -> Iterator[tuple[WeightSite, Encoding | Skipped, RowSample | None]]:  # fmt: skip
     """`trial_encodings`, a weight of more than `elements` values (0: none; fewer for a large table:
     `_row_sample.sample_size`) encoded on a sample of that many values of its row groups where its
@@ -306,10 +308,10 @@ def sampled_trial_encodings(
     learned = [(site, cfg) for site, cfg in sites if not algorithm_for(cfg).data_free]
     if learned and calibration is None:
         raise ConfigError("the method learns from data: give calibration samples", "calibration")
-    statistics = {}
+    statistics: dict[str, Statistics] = {}
     for needs in {algorithm_for(cfg).needs for _, cfg in learned}:
         names = [site.name for site, cfg in learned if algorithm_for(cfg).needs is needs]
-        statistics.update(calibration.statistics(names, needs))  # type: ignore[union-attr]
+        statistics.update(statistics_from(calibration, names, needs, known))  # type: ignore[arg-type]
     for site, cfg in sites:
         w, encoded, stats = container.read(site), site, statistics.get(site.name)
         if (sample := row_sample(site, cfg, sample_size(cfg, elements))) is not None:

@@ -90,6 +90,7 @@ def cost_table(
     sample_elements: int = 0,
     device: str | None = None,
     progress: Progress | None = None,
+    known: Any = None,
 ) -> CostTable:
     """Bytes and damage of every choice on every weight some choice compresses, each choice with
     its learned method (`program`: a callable giving the loaded `ExportedProgram`, called only
@@ -97,7 +98,10 @@ def cost_table(
     choices measured on `trial_tokens` calibration tokens (0: estimated only). A weight of more
     than `sample_elements` values (0: none; 16/k of them for a table of k > 16 entries) is
     estimated on a sample of that many values of its row groups where its encoding keeps the rows
-    apart (`compression.sampled_trial_encodings`); trials are whole."""
+    apart (`compression.sampled_trial_encodings`); trials are whole. `known` (a dict, as
+    `weights.Known`): statistics of the program on these samples already known (a transform's,
+    derived from the ones it measured); the calibration takes only the others. It is emptied once
+    the estimates have read it, so nothing the caller holds keeps them past their use."""
     from coreai_opt.calibration import Source
 
     start = time.perf_counter()
@@ -114,7 +118,8 @@ def cost_table(
     trials = trial_tokens > 0 and samples.kind is not Source.RANDOM  # random ids are no text
     loaded = _Loaded(program, samples, device, [c.name for c in choices] if trials else [])
     if missing:
-        measured, weights, state, shares = _measure(loaded, missing, threshold, sample_elements, progress)
+        measured, weights, state, shares = _measure(loaded, missing, (threshold, sample_elements), known,
+                                                    progress)  # fmt: skip
         for choice in missing:
             found[choice.name] = {"weights": weights, "state_bytes": state, "costs": measured[choice.name],
                                   "sampled": shares[choice.name]}  # fmt: skip
@@ -141,6 +146,9 @@ class _Loaded:
         self._ep: Any = None
         self._calibration: Any = None
         self.encodings: dict[str, dict[str, Any]] = {}  # weight -> {choice: encoding}, two smallest
+        self.known: dict[
+            Any, dict[str, Any]
+        ] = {}  # the sampled weights' statistics: the trials encode them whole
 
     @property
     def ep(self) -> Any:
@@ -197,14 +205,17 @@ def _assemble(choices: tuple[Choice, ...], found: dict[str, dict[str, Any]]) -> 
 
 
 def _measure(
-    loaded: _Loaded, choices: list[Choice], threshold: int, sample_elements: int, progress: Progress | None
+    loaded: _Loaded, choices: list[Choice], limits: tuple[int, int], known: Any, progress: Progress | None
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[int]], int, dict[str, dict[str, float]]]:
     """Each choice's (bytes, estimated damage) per weight - of the whole weight where a sample of
     its rows was encoded; every weight some choice may take, with its (elements, stored bytes);
-    the bytes of all the program's tensors; each choice's sampled weights, with the share."""
+    the bytes of all the program's tensors; each choice's sampled weights, with the share.
+    `limits`: the size threshold and the estimate's sample size."""
 
     from coreai_opt.compression import clusters_shared, container_of, eligible_weights
-    from coreai_opt.weights import Needs, stored_nbytes
+    from coreai_opt.weights import Needs, statistics_from, stored_nbytes
+
+    threshold, sample_elements = limits
 
     ep = loaded.ep
     configs = {c.name: c.config_for(True, threshold) for c in choices}
@@ -217,10 +228,12 @@ def _measure(
     }
     state = sum(int(t.numel() * t.element_size()) for t in ep.state_dict.values())
     calibration = loaded.calibration
-    fisher = calibration.statistics(list(sizes), Needs.GRADIENT_SQUARES)
-    grams = calibration.statistics(list(sizes), Needs.INPUT_GRAM)  # what GPTQ's trials read too
+    taken = {needs: statistics_from(calibration, list(sizes), needs, known)  # what the learned methods read
+             for needs in (Needs.GRADIENT_SQUARES, Needs.INPUT_GRAM)}  # fmt: skip
+    if known is not None:
+        known.clear()  # `taken` holds what is used, and lets it go with the estimates
     context = _Context(loaded, {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())},
-                       fisher, grams, sample_elements)  # fmt: skip
+                       taken, sample_elements)  # fmt: skip
     found: dict[str, dict[str, list[float]]] = {}
     shares: dict[str, dict[str, float]] = {}
     with clusters_shared(list(configs.values())):  # lut6 and lut6-q8: one k-means a weight
@@ -234,18 +247,21 @@ def _measure(
             found[choice.name], shares[choice.name] = _measure_choice(
                 context, choice, configs[choice.name], advance
             )
+    sampled = {name for share in shares.values() for name in share}
+    loaded.known = {
+        needs: {n: s for n, s in by_name.items() if n in sampled} for needs, by_name in taken.items()
+    }
     return found, sizes, state, shares
 
 
 @dataclass
 class _Context:
     """What every choice's column is measured against: the program and calibration, its weights
-    as given, their Fisher and Gram statistics, and the estimate's sample size."""
+    as given, their Fisher and Gram statistics (by need), and the estimate's sample size."""
 
     loaded: _Loaded
     weights: dict[str, Any]
-    fisher: Any
-    grams: Any
+    taken: dict[Any, dict[str, Any]]
     sample_elements: int
 
 
@@ -255,22 +271,21 @@ def _measure_choice(
     """One choice's (bytes, estimated damage) per weight it takes, and its sampled weights' shares;
     `advance(weights done, name)` after each weight."""
     from coreai_opt.compression import sampled_trial_encodings
-    from coreai_opt.weights import Skipped
+    from coreai_opt.weights import Needs, Skipped
 
     loaded = context.loaded
     per_sample = len(loaded.calibration.inputs)
     costs: dict[str, list[float]] = {}
     shares: dict[str, float] = {}
     encodings = sampled_trial_encodings(
-        loaded.ep, config, loaded.calibration, elements=context.sample_elements
+        loaded.ep, config, loaded.calibration, elements=context.sample_elements, known=context.taken
     )
+    fisher, grams = context.taken[Needs.GRADIENT_SQUARES], context.taken[Needs.INPUT_GRAM]
     for done, (site, outcome, sample) in enumerate(encodings, 1):
         advance(done, site.name)
         if isinstance(outcome, Skipped):
             continue
-        costs[site.name] = _cost(
-            site, context.weights[site.name], outcome, sample, context.fisher, context.grams, per_sample
-        )
+        costs[site.name] = _cost(site, context.weights[site.name], outcome, sample, fisher, grams, per_sample)
         if sample is None:  # the trials take whole encodings: a sample's they make again
             loaded.keep(site.name, choice.name, outcome)
         else:

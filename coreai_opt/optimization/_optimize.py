@@ -73,17 +73,29 @@ def optimize(
     if config.rotate == "auto":
         config = dataclasses.replace(config, rotate=_auto_rotation(path, note))
     if config.rotate not in (None, "none"):
-        return _rotated(
-            program, budget, calibration, evaluation, config, output, choices, force, progress, say
-        )
-    start = time.perf_counter()
+        return _rotated(path, budget, calibration, evaluation, config, output, picked, force, progress, say)
     out = None if config.dry_run else _output(path, output, config.to == "aimodel", force)
+    return _optimized((path, sidecars, out), budget, calibration, evaluation, config, picked, progress, note)
+
+
+def _optimized(
+    files: tuple[Path, Any, Path | None], budget: Goal, calibration: Path | str, evaluation: Path | str | None,
+    config: OptimizeConfig, picked: tuple[Choice, ...], progress: Progress | None, note: Say,
+    known: tuple[str | None, Any] = (None, None),
+) -> Optimized:  # fmt: skip
+    """The search and the plan made (`optimize` with its inputs checked): `files`, the program,
+    its sidecars and the output (None: a dry run); `known`, the digest of calibration samples and
+    statistics of the program on them that a transform derived (used where the samples match)."""
+    path, sidecars, out = files
+    start = time.perf_counter()
     loaded = _checked(path)  # checked, and its first run done, before anything is said or computed
     samples = _samples(
         calibration, config.calibration_tokens, config.calibration_samples, sidecars.tokenizer_file(path)
     )
     note(f"estimating {len(picked) - 1} choices on every weight from {samples.describe()}")
-    table = _costs(path, loaded, picked, samples, config, progress)
+    digest, statistics = known
+    table = _costs(path, loaded, picked, samples, config, progress,
+                   statistics if digest is not None and digest == samples.digest() else None)  # fmt: skip
     loaded = None  # the rounds load the file afresh: let this copy go, with what the table's
     release_garbage(path.stat().st_size)  # calibration hung on it (only the cyclic collector frees it)
     steps = Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
@@ -106,33 +118,39 @@ def optimize(
 
 
 def _rotated(
-    program: Path | str, budget: Goal, calibration: Path | str, evaluation: Path | str | None,
-    config: OptimizeConfig, output: Path | str | None, choices: tuple[Choice, ...] | None, force: bool,
+    path: Path, budget: Goal, calibration: Path | str, evaluation: Path | str | None,
+    config: OptimizeConfig, output: Path | str | None, picked: tuple[Choice, ...], force: bool,
     progress: Progress | None, say: Say | None,
 ) -> Optimized:  # fmt: skip
     """The search on the program rotated first (written to a private folder beside the output,
     removed after), its recipe starting with that transform: `coreopt apply` of it on the
-    original program makes the same file."""
+    original program makes the same file. The statistics of the rotated program that the
+    rotation knows from its own (a learned one's Gram matrices, turned) are not taken again."""
     import tempfile
 
     from coreai_opt.calibration import CalibrationSpec
     from coreai_opt.recipes import Recipe, Transform, apply_recipe
     from coreai_opt.transforms import RotateConfig
 
-    path, _ = _source(program)
     step = Transform(config=RotateConfig(rotation=config.rotate))
     source = str(calibration) if str(calibration) == "random" else str(Path(calibration).resolve())
     spec = CalibrationSpec(source=source, samples=config.calibration_samples, tokens=config.calibration_tokens,
                            device=config.device)  # fmt: skip
     out = None if config.dry_run else _output(path, output, config.to == "aimodel", force)
-    (say or (lambda _: None))(f"rotating the residual stream ({config.rotate})")
+    note = say or (lambda _: None)
+    note(f"rotating the residual stream ({config.rotate})")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)  # the output's folder holds the rotated copy
     with tempfile.TemporaryDirectory(prefix=".coreopt-rotate-", dir=out.parent if out else None) as folder:
-        turned = apply_recipe(Recipe((step,), spec), path, Path(folder) / path.name, progress=progress).output
+        made = apply_recipe(
+            Recipe((step,), spec), path, Path(folder) / path.name, progress=progress, known=True
+        )
+        known = (made.steps[0][1].samples, made.steps[0][1].known)  # the cost table empties them once read
+        del made
+        turned, sidecars = _source(Path(folder) / path.name)
         inner = dataclasses.replace(config, rotate=None)
-        found = optimize(turned, budget, calibration, evaluation, config=inner, output=out, choices=choices,
-                         force=True, progress=progress, say=say)  # fmt: skip
+        found = _optimized((turned, sidecars, out), budget, calibration, evaluation, inner, picked, progress, note,
+                           known)  # fmt: skip
     found.report.program = path
     recipe = Recipe((step, *found.recipe.steps), found.recipe.calibration or spec)
     return Optimized(found.program, recipe, found.report)
@@ -189,7 +207,7 @@ def _checked(path: Path) -> Any:
 
 def _costs(
     path: Path, program: Any, picked: tuple[Choice, ...], samples: Any, config: OptimizeConfig,
-    progress: Progress | None,
+    progress: Progress | None, known: Any = None,
 ) -> Any:  # fmt: skip
     """Each candidate's bytes and damage for every weight (a failing run named by the file)."""
     from coreai_opt.io import running
@@ -197,7 +215,7 @@ def _costs(
     with running(path):
         return cost_table(path, lambda: program, picked, samples, threshold=config.threshold,
                           trial_tokens=config.trial_tokens, sample_elements=config.estimate_sample,
-                          device=config.device, progress=progress)  # fmt: skip
+                          device=config.device, progress=progress, known=known)  # fmt: skip
 
 
 def _check_goal(budget: Goal, evaluation: Path | str | None, dry_run: bool) -> None:

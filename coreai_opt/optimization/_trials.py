@@ -159,7 +159,9 @@ def _trials(
     missing = [n for n, e in held.items() if e is None]
     if missing:
         config = choice.config_for(True, threshold)
-        for site, outcome in trial_encodings(loaded.ep, config, loaded.calibration, only=set(missing)):
+        for site, outcome in trial_encodings(
+            loaded.ep, config, loaded.calibration, set(missing), loaded.known
+        ):
             if not isinstance(outcome, Skipped):
                 held[site.name] = outcome
     found: dict[str, float | None] = {n: None for n, e in held.items() if e is None}

@@ -32,6 +32,7 @@ from ._equivalence import Equivalence, TransformError
 from ._orthogonal import hadamard_matrix, largest_hadamard_factor, rotation_matrix
 from ._registry import (
     BUILT_IN,
+    Edited,
     Transform,
     register_transform,
     transform_for,
@@ -45,6 +46,7 @@ __all__ = [
     "CONFIG_VERSION",
     "ROTATIONS",
     "SCALINGS",
+    "Edited",
     "Equivalence",
     "FoldNormsConfig",
     "RotateConfig",
@@ -69,11 +71,15 @@ __all__ = [
 
 @dataclass
 class TransformReport:
-    """What a transform changed (a line each) and how closely the result reproduces the original."""
+    """What a transform changed (a line each) and how closely the result reproduces the original;
+    for one that learned from data, the result's statistics on its calibration samples that follow
+    from what it measured (`known`, a `weights.Known`; `samples`, their digest) - not recorded."""
 
     kind: str
     changes: list[str] = field(default_factory=list)
     equivalence: Equivalence | None = None
+    known: Any = None
+    samples: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "changes": list(self.changes),
@@ -124,7 +130,10 @@ def transform_(
     before = outputs(program, inputs, device)
     snapshot = Snapshot(program)
     try:
-        report = TransformReport(config.KIND, edit(*arguments, **reporting))
+        edited = edit(*arguments, **reporting)
+        if not isinstance(edited, Edited):
+            edited = Edited(edited)
+        report = TransformReport(config.KIND, edited.lines, known=edited.known, samples=edited.samples)
         _page_out_replaced(snapshot.state, program.state_dict)
         report.equivalence = compare(before, outputs(program, inputs, device))
     except BaseException:

@@ -1,7 +1,8 @@
 """A residual-stream rotation learned on calibration data (after SpinQuant, layer by layer): Q
 starts at the seeded Hadamard rotation and moves on the orthogonal group - Q = Q0 (I - A)^-1
 (I + A), A skew-symmetric (the Cayley map), A learned by Adam - to lower the loss its weights
-take from round to nearest.
+take from round to nearest. The statistics it measured come back with Q: the rotated program's
+follow from them (`_derived`), so nothing runs the program again to take them.
 
 Each weight on the stream contributes its rounding error as its layer's output sees it, relative
 to that output: for a reader W (the stream its input), E = rtn(W Q) - W Q and the loss
@@ -25,6 +26,8 @@ from coreai_opt.weights import Needs
 if TYPE_CHECKING:
     import torch
 
+    from coreai_opt.weights import Statistics
+
     from ._stream import Stream
 
 
@@ -34,7 +37,8 @@ _PART = 1 << 22  # elements of a weight whose loss one product takes (16 MB in f
 @dataclass(frozen=True)
 class _Term:
     """One weight, its output axis first and input axis last ([out, in]), whether the stream is
-    its input (reader) or output (writer), its input Gram and its output energy."""
+    its input (reader) or output (writer), its input Gram (float64, as measured: each loss takes
+    it in float32) and its output energy."""
 
     weight: torch.Tensor
     reader: bool
@@ -49,13 +53,15 @@ def learned_rotation(
     config: Any,
     calibration: Any,
     progress: Any = None,
-) -> tuple[torch.Tensor, float, float]:
-    """(Q, the mean relative loss at Q0, at Q) after `config.steps` steps, each reported to
+) -> tuple[torch.Tensor, float, float, dict[str, Statistics]]:
+    """(Q, the mean relative loss at Q0, at Q, the input statistics of every tensor on the stream
+    as `calibration` measured them) after `config.steps` steps, each reported to
     `progress(done, total, label)` when given."""
     import torch
 
     device = getattr(calibration, "device", None) or torch.device("cpu")
-    groups = _terms(state, stream, calibration, device)
+    measured = dict(calibration.sequential(sorted(stream.axes), Needs.INPUT_GRAM))  # in the program's order
+    groups = _terms(state, stream, measured, device)
     generator = torch.Generator().manual_seed(config.seed)
     q0 = q0.to(device)
     skew = torch.zeros_like(q0, requires_grad=True)
@@ -73,32 +79,32 @@ def learned_rotation(
         optimizer.step()
     with torch.no_grad():
         q = _cayley(q0, skew)
-    return q.detach().cpu(), first, _mean_loss(groups, q, config.bits)
+    return q.detach().cpu(), first, _mean_loss(groups, q, config.bits), measured
 
 
-def _terms(state: dict[str, Any], stream: Stream, calibration: Any, device: Any) -> list[list[_Term]]:
+def _terms(
+    state: dict[str, Any], stream: Stream, measured: dict[str, Statistics], device: Any
+) -> list[list[_Term]]:
     """The stream's weights with a Gram matrix (every linear layer; not an embedding lookup),
     grouped by layer (their names up to the last two parts), on `device`. A weight already in
-    float32 there is used as it is. The Gram matrices come layer by layer and each is kept in
-    float32 only, once for the readers of one input (equal to the one before it: q, k, v)."""
+    float32 there is used as it is; each Gram matrix is the one measured (the readers of one
+    input - q, k, v - share it)."""
     import torch
 
     axes = {name: (axis, reader) for name, axis, reader in stream.roles}
     groups: dict[str, list[_Term]] = {}
-    last: torch.Tensor | None = None
-    for name, found in calibration.sequential(sorted(axes), Needs.INPUT_GRAM):
-        weight = state[name].detach()
-        if found.gram is None or weight.dim() != 2:
+    for name in (name for name in measured if name in axes):
+        weight, gram = state[name].detach(), measured[name].gram
+        if gram is None or weight.dim() != 2:
             continue
-        gram = found.gram.to(device, torch.float32)
-        last = last if last is not None and last.shape == gram.shape and torch.equal(last, gram) else gram
         axis, reader = axes[name]
+        gram = gram.to(device)
         rows = (weight if (axis == weight.dim() - 1) == reader else weight.T).to(
             device, torch.float32
         )  # [out, in]
-        energy = float(((rows @ last) * rows).sum())
+        energy = float(((rows @ gram.float()) * rows).sum())
         if energy > 0:
-            groups.setdefault(name.rsplit(".", 2)[0], []).append(_Term(rows, reader, last, energy))
+            groups.setdefault(name.rsplit(".", 2)[0], []).append(_Term(rows, reader, gram, energy))
     return [groups[key] for key in sorted(groups)] if groups else [[]]
 
 
@@ -129,7 +135,7 @@ def _loss(term: _Term, q: torch.Tensor, bits: int) -> torch.Tensor:
     error = held * step
     if term.reader:
         error = error @ q.T  # back to the weight's own input channels, where H was measured
-    return ((error @ term.gram) * error).sum() / term.energy
+    return ((error @ term.gram.float()) * error).sum() / term.energy
 
 
 def _mean_loss(groups: list[list[_Term]], q: torch.Tensor, bits: int) -> float:

@@ -12,10 +12,21 @@ from coreai_opt.errors import ConfigError
 
 from ._config import FoldNormsConfig, RotateConfig, ScaleConfig, TransformConfig
 
-Edit = Callable[
-    ..., list[str]
-]  # (program, config[, calibration][, progress=...]) -> what it changed, a line each
 _HERE = "coreai_opt.transforms"
+
+
+@dataclass(frozen=True)
+class Edited:
+    """What an edit changed, a line each; for one that learned from calibration data, the edited
+    program's statistics on those samples that follow from what it measured (`weights.Known`),
+    and the samples' digest."""
+
+    lines: list[str]
+    known: Any = None
+    samples: str | None = None
+
+
+Edit = Callable[..., "list[str] | Edited"]  # (program, config[, calibration][, progress=...])
 
 
 @dataclass(frozen=True)

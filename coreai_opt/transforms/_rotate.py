@@ -13,10 +13,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from coreai_opt._aten import CAST_PACKETS, VIEW_PACKETS, WEIGHT_OPS, packet
+from coreai_opt.weights import Needs
+
 from ._equivalence import TransformError
 from ._fold_norms import fold_norms, replace_tensor
 from ._heads import HeadPair, trace_heads
 from ._orthogonal import rotation_matrix
+from ._registry import Edited
 from ._stream import NotAStream, Stream, trace_stream
 
 if TYPE_CHECKING:
@@ -25,10 +29,11 @@ if TYPE_CHECKING:
     from torch.fx import Node
 
 
-def rotate(program: ExportedProgram, config: Any, calibration: Any = None, progress: Any = None) -> list[str]:
+def rotate(program: ExportedProgram, config: Any, calibration: Any = None, progress: Any = None) -> Edited:
     """Fold the norms, then rotate the stream by `config.rotation` (seeded by `config.seed`) and,
     with `config.heads`, every attention layer's values and outputs head by head (seed + 1); a
-    line for each norm, one for each rotation and one for each attention layer left."""
+    line for each norm, one for each rotation and one for each attention layer left. A learned
+    rotation also gives the rotated program's input statistics on its calibration (`_derived`)."""
     try:
         stream = trace_stream(program)
     except NotAStream as why:
@@ -36,8 +41,10 @@ def rotate(program: ExportedProgram, config: Any, calibration: Any = None, progr
     heads, left = trace_heads(program) if config.heads else ([], [])
     lines = fold_norms(program, config)
     q = rotation_matrix(stream.width, "random" if config.rotation == "random" else "hadamard", config.seed)
+    measured = None
     if config.learns():
-        q, lines = _learned(program, stream, q, config, (calibration, progress), lines)
+        q, lines, measured = _learned(program, stream, q, config, (calibration, progress), lines)
+    gains = [_kept_gain(program, node, name) for node, name in stream.gains.items()]
     turn_weights(program.state_dict, stream, q)
     turned_heads = _turn_heads(program.state_dict, heads, config) + left
     kept = [name for node, name in stream.gains.items() if _unrotated_gain(program, node, name, q)]
@@ -50,14 +57,23 @@ def rotate(program: ExportedProgram, config: Any, calibration: Any = None, progr
         f"{name}: kept, applied to the stream turned back (x Q^T, then Q: two {stream.width}x{stream.width} matmuls)"
         for name in kept
     ]
-    return lines
+    if measured is None:
+        return Edited(lines)
+    from ._derived import rotated_statistics
+
+    writes = {name: axis for name, axis, reader in stream.roles if not reader}
+    inputs_turned = {name for pair in heads for name, axis in pair.turned if writes.get(name, axis) != axis}
+    kept_gains = [gain for gain in gains if f"{gain.prefix}.rotation" in program.state_dict]
+    derived = rotated_statistics(measured, stream, q, kept_gains, inputs_turned)
+    return Edited(lines, {Needs.INPUT_GRAM: derived}, calibration.samples.digest())
 
 
 def _learned(program: ExportedProgram, stream: Stream, q0: torch.Tensor, config: Any, given: tuple[Any, Any],
-             lines: list[str]) -> tuple[torch.Tensor, list[str]]:  # fmt: skip
+             lines: list[str]) -> tuple[torch.Tensor, list[str], dict[str, Any]]:  # fmt: skip
     """Q learned from the seeded Hadamard one on the calibration's samples, run again through
-    the program with its norms folded (the Gram matrices the rotated weights will meet); each
-    step reported to the progress callback given with the calibration."""
+    the program with its norms folded (the Gram matrices the rotated weights will meet), and the
+    statistics measured there; each step reported to the progress callback given with the
+    calibration."""
     import time
 
     from coreai_opt._memory import release_garbage
@@ -68,12 +84,33 @@ def _learned(program: ExportedProgram, stream: Stream, q0: torch.Tensor, config:
     calibration, progress = given
     began = time.perf_counter()
     folded = calibrate(program, calibration.samples, cache=calibration.cache, device=calibration.device)
-    q, before, after = learned_rotation(program.state_dict, stream, q0, config, folded, progress)
-    del folded  # the Gram matrices and the folded program's run are gone
+    q, before, after, measured = learned_rotation(program.state_dict, stream, q0, config, folded, progress)
+    del folded  # the folded program's run is gone (its statistics stay, to be turned)
     release_garbage(sum(t.numel() * t.element_size() for t in program.state_dict.values()))
     lines.append(f"rotation learned in {config.steps} steps ({time.perf_counter() - began:.0f} s): mean relative "
                  f"int{config.bits} rounding loss {before:.4g} at the Hadamard start -> {after:.4g}")  # fmt: skip
-    return q.double(), lines
+    return q.double(), lines, measured
+
+
+def _kept_gain(program: ExportedProgram, node: Node, name: str) -> Any:
+    """The gain `name` that `node` applies, with the stored weight of the first linear layer that
+    reads its output through views (the tied head), before the rotation rewrites around it."""
+    from ._derived import KeptGain
+    from ._graph import parameters, source
+
+    names, frontier = parameters(program), [(node, user) for user in node.users]
+    while frontier:
+        value, user = frontier.pop(0)
+        if packet(user) in VIEW_PACKETS | CAST_PACKETS and user.args and user.args[0] is value:
+            frontier.extend((user, after) for after in user.users)
+            continue
+        facts = WEIGHT_OPS.get(packet(user))
+        if facts is None or facts.weight >= len(user.args) or user.args[facts.weight] is value:
+            continue
+        weight, _ = source(user.args[facts.weight])
+        if weight is not None and weight.name in names:
+            return KeptGain(name.rpartition(".")[0], program.state_dict[name].detach(), names[weight.name])
+    return KeptGain(name.rpartition(".")[0], program.state_dict[name].detach(), None)
 
 
 def _turn_heads(state: dict[str, Any], pairs: list[HeadPair], config: Any) -> list[str]:

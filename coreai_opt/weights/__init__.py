@@ -30,7 +30,7 @@ from ._forms import (
     nbytes_for_rows,
 )
 from ._sites import Candidate, Consumer, SkipKind, Skipped, Use, WeightSite, stored_nbytes
-from ._statistics import Calibration, Checkpoints, Needs, Statistics
+from ._statistics import Calibration, Checkpoints, Known, Needs, Statistics, statistics_from
 
 __all__ = [
     "CONTAINERS",
@@ -42,6 +42,7 @@ __all__ = [
     "Described",
     "Encoding",
     "Form",
+    "Known",
     "Learned",
     "Needs",
     "Palettized",
@@ -64,6 +65,7 @@ __all__ = [
     "row_slice",
     "shift_scale",
     "sparse_to_dense",
+    "statistics_from",
     "stored_nbytes",
     "torch_values",
 ]

@@ -122,3 +122,18 @@ class Calibration(Protocol):
         keyed by what else its result depends on, `identity()` (asked only where it keeps them);
         None: it keeps none."""
         ...
+
+
+Known = Mapping[Needs, Mapping[str, Statistics]]  # statistics of a program as it is, taken before
+
+
+def statistics_from(
+    calibration: Calibration, names: Sequence[str], needs: Needs, known: Known | None
+) -> dict[str, Statistics]:
+    """`names`' statistics of the program as it is: from `known` where it has them (taken earlier
+    in the run, or derived by a transform from what it measured), the rest taken by `calibration`
+    in one pass (none where `known` has them all)."""
+    have = (known or {}).get(needs, {})
+    missing = [name for name in names if name not in have]
+    taken = calibration.statistics(missing, needs) if missing else {}
+    return {name: have[name] if name in have else taken[name] for name in names}

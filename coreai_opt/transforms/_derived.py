@@ -1,0 +1,84 @@
+"""The rotated program's input statistics, derived from those the learned rotation measured on the
+program with its norms folded, so nothing runs the rotated program to take them again.
+
+A reader of the stream sees x Q where it saw x: its Gram matrix becomes Q^T G Q (and its input
+moments that Gram's diagonal); a tensor looked up from the stream's table and measured through
+its multiplied twin turns the same way. A writer's input is not on the stream: it keeps its own.
+Around a gain kept before a tied head, the matmul that turns the stream back reads the normalized
+stream (x Q, whose Gram is Q^T D^-1 G D^-1 Q, G the head's measured Gram and D the gain) and the
+one that turns it forward reads the gain's output (G itself). Where a statistic cannot be derived
+- a head-rotated output projection, a gain with a zero - it is left out, and the caller takes it.
+The derived Gram matrices equal the measured ones of the rotated program up to rounding: the
+measured Gram is turned in float64, where the rotated program would square rotated activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from coreai_opt.weights import Statistics
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._stream import Stream
+
+
+@dataclass(frozen=True)
+class KeptGain:
+    """A gain kept before a tied head: the name its two matmuls' weights start with, its values,
+    and the weight that read its output in the measured program (None: none did)."""
+
+    prefix: str
+    gain: torch.Tensor
+    reader: str | None
+
+
+def rotated_statistics(
+    measured: dict[str, Statistics], stream: Stream, q: torch.Tensor, kept: list[KeptGain],
+    left: set[str],
+) -> dict[str, Statistics]:  # fmt: skip
+    """The rotated program's statistics of every measured tensor (but those in `left`) and of the
+    matmuls around each kept gain, from `measured` and Q (float64)."""
+    writers = {name for name, _, reader in stream.roles if not reader}
+    turned: dict[int, Statistics] = {}  # readers of one input (q, k, v) share one derived Gram
+    derived: dict[str, Statistics] = {}
+    for name, found in measured.items():
+        if name in left:
+            continue
+        if name in writers or found.gram is None:
+            derived[name] = found
+            continue
+        if id(found) not in turned:
+            turned[id(found)] = _turned(found, q)
+        derived[name] = turned[id(found)]
+    for gain in kept:
+        derived.update(_around_gain(gain, measured, q))
+    return derived
+
+
+def _turned(found: Statistics, q: torch.Tensor) -> Statistics:
+    """`found` of inputs x seen as x Q."""
+    assert found.gram is not None
+    q = q.to(found.gram.device, found.gram.dtype)
+    gram = q.T @ found.gram @ q
+    gram = (gram + gram.T) / 2  # exactly symmetric, as a measured Gram is
+    return Statistics(found.rows, moments=gram.diagonal().clone(), gram=gram)
+
+
+def _around_gain(gain: KeptGain, measured: dict[str, Statistics], q: torch.Tensor) -> dict[str, Statistics]:
+    """The statistics of `gain`'s two matmuls: forward (reads the gain's output, turned back) and
+    back (reads the normalized stream); none without a measured reader, back none where the gain
+    has a zero (the normalized stream is then not known from its product)."""
+    import torch
+
+    found = measured.get(gain.reader) if gain.reader is not None else None
+    if found is None or found.gram is None:
+        return {}
+    derived = {f"{gain.prefix}.rotation": found}
+    g = gain.gain.to(found.gram.device, torch.float64).reshape(-1)
+    if g.numel() == found.gram.shape[0] and bool(torch.isfinite(g).all()) and bool((g != 0).all()):
+        normalized = found.gram / (g[:, None] * g[None, :])
+        derived[f"{gain.prefix}.unrotation"] = _turned(Statistics(found.rows, gram=normalized), q)
+    return derived
