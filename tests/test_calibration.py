@@ -699,31 +699,80 @@ def test_readers_of_one_input_share_one_gram_computed_and_cached_once(
     assert len([key for key in load_file(str(stored)) if key.endswith("/gram")]) == 4 * len(names) // 7
 
 
-def test_layer_by_layer_readers_of_one_input_share_one_gram_though_the_first_was_replaced() -> None:
-    """Layer by layer too, q, k and v (gate and up) take one Gram matrix: the rows were made before
-    the first of them paused, so replacing q (here by zeros) changes nothing k and v read - and
-    the shared matrix is the one-pass one, bit for bit."""
+def test_layer_by_layer_readers_of_one_input_share_one_gram_after_replacements() -> None:
+    """Layer by layer too, q, k and v (gate and up) take one Gram matrix, in every layer after
+    weights before it were replaced: it is, bit for bit, the one k (and up) take alone in a pass
+    with the same replacements (q and gate zeroed: all made before their layer's rows, whose
+    readers follow them)."""
     import _architectures as arch
 
     program = arch.export(arch.MATRIX[0])  # llama-fp32
     samples = Samples(Source.RANDOM, count=2, seed=4)
     names = [k for k, v in program.state_dict.items() if k.endswith("proj.weight") and v.dim() == 2]
-    one_pass = calibrate(program, samples, cache=False).statistics(names, Needs.INPUT_GRAM)
+    zeroed = [name for name in names if name.endswith(("q_proj.weight", "gate_proj.weight"))]
     calibration = calibrate(program, samples, cache=False)
-    found: dict[str, Statistics] = {}
+    shared: dict[str, Statistics] = {}
     for name, statistics in calibration.sequential(names, Needs.INPUT_GRAM):
-        found[name] = statistics
-        if name.endswith(("q_proj.weight", "gate_proj.weight")):
+        shared[name] = statistics
+        if name in zeroed:
             calibration.replace(name, torch.zeros_like(program.state_dict[name]))
+    alone = calibrate(program, samples, cache=False)
+    for name in zeroed:  # a weight's replacement reaches only what follows it: the same pass
+        alone.replace(name, torch.zeros_like(program.state_dict[name]))
+    apart = [name for name in names if name.endswith(("k_proj.weight", "up_proj.weight"))]
+    for name, statistics in alone.sequential(apart, Needs.INPUT_GRAM):  # no reader beside it to share with
+        assert torch.equal(shared[name].gram, statistics.gram), name
     by_tensor: dict[int, list[str]] = {}
     for name in names:
-        by_tensor.setdefault(id(found[name].gram), []).append(name.split(".")[-2])
-        if ".0.self_attn." in name and not name.endswith("o_proj.weight"):  # upstream of every replacement
-            assert torch.equal(found[name].gram, one_pass[name].gram), name
+        by_tensor.setdefault(id(shared[name].gram), []).append(name.split(".")[-2])
     assert sorted(map(sorted, by_tensor.values())) == sorted(
         [["k_proj", "q_proj", "v_proj"], ["o_proj"], ["gate_proj", "up_proj"], ["down_proj"]]
         * (len(names) // 7)
     )
+
+
+class _ReadsALookupAndAConvolution(torch.nn.Module):
+    """A linear layer reading an embedding lookup's output directly (OPT's `project_in`), and one
+    reading a convolution's: each reader is keyed apart from the op before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+        self.project = torch.nn.Linear(16, 16, bias=False)
+        self.conv = torch.nn.Conv1d(16, 16, 1, bias=False)
+        self.after = torch.nn.Linear(16, 8, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        y = self.conv(self.project(x).transpose(1, 2)).transpose(1, 2)
+        return self.after(y)
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_a_linear_reading_a_lookup_or_a_convolution_takes_its_own_rows(
+    tmp_path: Path, sequential: bool
+) -> None:
+    """Keyed by rows, a linear layer that reads a lookup's output shares nothing with the lookup
+    (which has no rows), nor one that reads a convolution's output with the convolution: each
+    Gram matrix is that of its own input, in one pass and layer by layer."""
+    model = _ReadsALookupAndAConvolution().eval()
+    program = torch.export.export(model, (torch.zeros(1, 8, dtype=torch.long),))
+    ids = torch.randint(0, 50, (3, 1, 8), generator=torch.Generator().manual_seed(2))
+    save_file({"ids": ids}, str(tmp_path / "ids.safetensors"))
+    calibration = calibrate(program, Samples.of(tmp_path / "ids.safetensors"), cache=False)
+    names = ["embed.weight", "project.weight", "conv.weight", "after.weight"]
+    if sequential:
+        found = dict(calibration.sequential(names, Needs.INPUT_GRAM))
+    else:
+        found = calibration.statistics(names, Needs.INPUT_GRAM)
+    with torch.no_grad():
+        x = model.embed(ids.reshape(-1, 8))
+        h = model.project(x)
+        y = model.conv(h.transpose(1, 2)).transpose(1, 2)
+    assert found["embed.weight"].gram is None
+    for name, rows in (("project.weight", x), ("conv.weight", h), ("after.weight", y)):
+        rows = rows.reshape(-1, 16).double()
+        torch.testing.assert_close(found[name].gram, rows.T @ rows / 24, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_a_text_calibration_takes_a_default_token_budget_or_every_token(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -539,6 +540,7 @@ def test_nothing_takes_the_rotated_programs_gram_matrices_again(llama, monkeypat
     them from there: no pass over the calibration runs for them (the round's GPTQ takes its own
     layer by layer). The plan is the one the measured Gram matrices make."""
     from coreai_opt.calibration import _capture
+    from coreai_opt.optimization import _optimize as module
     from coreai_opt.optimization import optimize
 
     passes: list[list[str]] = []
@@ -546,12 +548,23 @@ def test_nothing_takes_the_rotated_programs_gram_matrices_again(llama, monkeypat
     monkeypatch.setattr(
         _capture, "one_pass", lambda gm, names, *a: passes.append(list(names)) or one_pass(gm, names, *a)
     )
+    handed: list[Any] = []  # what each cost table was given: emptied by the time it returns
+    table = module.cost_table
+    monkeypatch.setattr(
+        module, "cost_table", lambda *a, known, **k: handed.append(known) or table(*a, known=known, **k)
+    )
     common = {"threshold": 0, "candidates": "int8,int4", "calibration_tokens": 128, "trial_tokens": 64,
               "estimate_sample": 256, "uniform": 0, "force": True, "rotate": "learned"}  # fmt: skip
     monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
     found = optimize(llama["ref"], Goal(target_bits=6), llama["calib"], llama["held"],
                      output=tmp_path / "known.pt2", **common)  # fmt: skip
     assert passes == [] and found.report.sampled > 0
+    again = optimize(llama["ref"], Goal(target_bits=6), llama["calib"], llama["held"],
+                     output=tmp_path / "again.pt2", **common)  # fmt: skip  # every column and trial cached
+    assert again.report.weights == found.report.weights
+    assert len(handed) == 2 and all(
+        isinstance(h, dict) and not h for h in handed
+    )  # nothing kept past its use
     from coreai_opt.transforms import _derived
 
     monkeypatch.setattr(_derived, "rotated_statistics", lambda *a: {})  # nothing known: all measured
@@ -562,6 +575,8 @@ def test_nothing_takes_the_rotated_programs_gram_matrices_again(llama, monkeypat
     choices = [(w["name"], w["choice"]) for w in found.report.weights]
     assert choices == [(w["name"], w["choice"]) for w in measured.report.weights]
     assert {c for _, c in choices} == {"int8", "int4"}
+    for a, b in zip(found.report.weights, measured.report.weights, strict=True):  # up to the Grams' rounding
+        assert a["estimated_damage"] == pytest.approx(b["estimated_damage"], rel=1e-3), a["name"]
 
 
 def test_optimize_tunes_the_plans_tables_together_and_apply_reproduces_it(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]

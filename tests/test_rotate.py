@@ -173,12 +173,24 @@ def test_a_learned_rotation_knows_the_rotated_programs_gram_matrices(tied_llama:
     samples = Samples(Source.RANDOM, count=3, seed=4)
     config = RotateConfig(rotation="learned", steps=5, heads=heads)
     report = transform_(program, config, calibrate(program, samples, cache=False))
-    assert report.samples == samples.digest()
+    assert report.samples_digest == samples.digest()
     derived = report.known[Needs.INPUT_GRAM]
     linears = [k for k, v in program.state_dict.items() if v.dim() == 2 and "embed" not in k]
     outputs = {k for k in linears if k.endswith("o_proj.weight")}
     assert {"model.norm.rotation", "model.norm.unrotation", "lm_head.weight"} <= set(derived)
     assert set(linears) - set(derived) == (outputs if heads else set())
+    _assert_measured_alike(derived, program, samples)
+    # the same Gram is turned once for the readers of one input
+    q, k = (derived[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qk")
+    assert q is k
+
+
+def _assert_measured_alike(derived: dict, program: torch.export.ExportedProgram, samples: object) -> None:  # type: ignore[type-arg]
+    """Each derived statistic is the one a pass over `program` measures, in float64, up to float32
+    rounding of the activations (2e-5 of the Gram's largest diagonal entry)."""
+    from coreai_opt.calibration import calibrate
+    from coreai_opt.weights import Needs
+
     measured = calibrate(program, samples, cache=False).statistics(sorted(derived), Needs.INPUT_GRAM)
     for name, found in derived.items():
         want = measured[name]
@@ -186,12 +198,53 @@ def test_a_learned_rotation_knows_the_rotated_programs_gram_matrices(tied_llama:
         if want.gram is None:
             assert found.gram is None, name
             continue
+        assert found.gram.dtype == want.gram.dtype == torch.float64, name
         scale = float(want.gram.diagonal().max())
         torch.testing.assert_close(found.gram, want.gram, rtol=0, atol=2e-5 * scale, msg=name)
         torch.testing.assert_close(found.moments, want.moments, rtol=0, atol=2e-5 * scale, msg=name)
-    # the same Gram is turned once for the readers of one input
-    q, k = (derived[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qk")
-    assert q is k
+
+
+class _ReadsAndWritesTheStream(torch.nn.Module):
+    """A stream that a weight both reads and writes (x + W norm(x)), an untied head, and a gain
+    with a zero before it: the head's gain is folded, so no matmul is kept around it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gains = 0.5 + torch.rand(3, 16, generator=torch.Generator().manual_seed(3))
+        gains[2, 5] = 0.0
+        self.gain0, self.gain1, self.gain2 = (torch.nn.Parameter(g) for g in gains)
+        self.embed = torch.nn.Embedding(40, 16)
+        self.mix = torch.nn.Linear(16, 16, bias=False)
+        self.up = torch.nn.Linear(16, 32, bias=False)
+        self.down = torch.nn.Linear(32, 16, bias=False)
+        self.head = torch.nn.Linear(16, 40, bias=False)
+
+    @staticmethod
+    def _norm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * gain
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        x = x + self.mix(self._norm(x, self.gain0))
+        x = x + self.down(torch.relu(self.up(self._norm(x, self.gain1))))
+        return self.head(self._norm(x, self.gain2))
+
+
+def test_a_weight_that_reads_and_writes_the_stream_reads_it_turned() -> None:
+    """A weight that reads the stream and writes it back (x + W norm(x)) sees the stream turned:
+    its derived Gram is turned, as a pure reader's is, while a pure writer keeps its own - each as
+    a pass over the rotated program measures it."""
+    from coreai_opt.calibration import Samples, Source, calibrate
+    from coreai_opt.weights import Needs
+
+    program = torch.export.export(_ReadsAndWritesTheStream().eval(), (torch.zeros(1, 8, dtype=torch.long),))
+    samples = Samples(Source.RANDOM, count=3, seed=4)
+    report = transform_(
+        program, RotateConfig(rotation="learned", steps=5), calibrate(program, samples, cache=False)
+    )
+    derived = report.known[Needs.INPUT_GRAM]
+    assert {"mix.weight", "up.weight", "down.weight", "head.weight"} <= set(derived)
+    _assert_measured_alike(derived, program, samples)
 
 
 def test_rotation_keeps_the_op_count_and_the_runtime_agrees(llama: Path, tmp_path: Path) -> None:

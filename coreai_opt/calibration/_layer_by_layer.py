@@ -94,18 +94,20 @@ class LayerByLayer:
                 segment.append(node)
 
     def _statistics(
-        self, reader: Reader, node: Node, held: tuple[dict[Node, list[Any]], dict[Node, Any], set[Node]],
+        self, reader: Reader, node: Node, operands: tuple[dict[Node, list[Any]], dict[Node, Any], set[Node]],
         last: tuple[object, Statistics] | None,
     ) -> tuple[object, Statistics]:  # fmt: skip
         """The rows `reader` adds (`rows_key`) and their statistics: those of the reader before it
-        where it read the same rows (a layer's q, k and v: computed before the first of them paused,
-        so no replacement since has changed them), else summed now."""
+        where it read the same rows of a computed value (a layer's q, k and v: computed before the
+        first of them paused, never again, so no replacement since has changed them), else summed
+        now. Rows computed from weights alone are recomputed after a replacement: never shared."""
+        _, _, state = operands
         key = rows_key(reader)
-        if last is not None and last[0] == key:
+        if last is not None and last[0] == key and key[0] == "rows" and key[1] not in state:
             return last
         sums = Sums()
         if reader.activation is not None:
-            for activation in self._operand(node.args[reader.activation], *held):
+            for activation in self._operand(node.args[reader.activation], *operands):
                 sums.add(activation, reader, self.needs)
         return key, sums.mean()
 

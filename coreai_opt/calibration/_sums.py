@@ -36,8 +36,9 @@ def _patches(activation: torch.Tensor, node: Node) -> torch.Tensor:
 
     weight = node.args[1].meta["val"]  # type: ignore[union-attr]
     kernel = tuple(weight.shape[2:])
-    stride, padding, dilation = (
-        tuple(node.args[i]) if len(node.args) > i else (1,) * len(kernel) for i in (3, 4, 5)
+    stride, padding, dilation = (  # an argument left out takes its default: stride 1, padding 0, dilation 1
+        tuple(node.args[i]) if len(node.args) > i else (default,) * len(kernel)
+        for i, default in ((3, 1), (4, 0), (5, 1))
     )  # type: ignore[arg-type]
     x = activation if len(kernel) == 2 else activation.unsqueeze(-1)
     if len(kernel) == 1:
@@ -49,22 +50,23 @@ def _patches(activation: torch.Tensor, node: Node) -> torch.Tensor:
 _ROW_VIEWS = ("view", "reshape", "_unsafe_view")
 
 
-def rows_key(reader: Reader) -> object:
-    """What identifies the rows `reader` adds: its activation's source, looked through the views
-    that keep the last axis (every reshape to [rows, channels] of them is the same), for a reader
-    that takes rows of channels last; the reader itself for a convolution."""
+def rows_key(reader: Reader) -> tuple[str, object]:
+    """What identifies the rows `reader` adds: ("rows", its activation's source), looked through
+    the views that keep the last axis (every reshape to [rows, channels] of them is the same), for
+    a reader that takes rows of channels last; ("reader", the reader's own node) for a convolution
+    or a lookup - never equal to a rows key, though a linear layer may read a lookup's output."""
     from torch.fx import Node
 
     value = reader.node.args[reader.activation] if reader.activation is not None else None
     if reader.consumer is Consumer.CONV or not isinstance(value, Node):
-        return reader.node
+        return "reader", reader.node
     while value.op == "call_function" and getattr(value.target, "__name__", "").split(".")[0] in _ROW_VIEWS:
         source = value.args[0]
         axis = _last_axis(source) if isinstance(source, Node) else None
         if axis is None or axis != _last_axis(value):
             break
         value = source
-    return value
+    return "rows", value
 
 
 def _last_axis(node: Node) -> int | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,8 @@ def cost_table(
     apart (`compression.sampled_trial_encodings`); trials are whole. `known` (a dict, as
     `weights.Known`): statistics of the program on these samples already known (a transform's,
     derived from the ones it measured); the calibration takes only the others. It is emptied once
-    the estimates have read it, so nothing the caller holds keeps them past their use."""
+    the table is made (whether its columns were measured or cached), so nothing the caller holds
+    keeps them past their use; the trials keep the sampled weights' (they encode those whole)."""
     from coreai_opt.calibration import Source
 
     start = time.perf_counter()
@@ -118,14 +119,18 @@ def cost_table(
     trials = trial_tokens > 0 and samples.kind is not Source.RANDOM  # random ids are no text
     loaded = _Loaded(program, samples, device, [c.name for c in choices] if trials else [])
     if missing:
-        measured, weights, state, shares = _measure(loaded, missing, (threshold, sample_elements), known,
-                                                    progress)  # fmt: skip
+        measured, weights, state, shares = _measure(
+            loaded, missing, threshold, sample_elements, known, progress
+        )
         for choice in missing:
             found[choice.name] = {"weights": weights, "state_bytes": state, "costs": measured[choice.name],
                                   "sampled": shares[choice.name]}  # fmt: skip
             _cache.write(_cache.entry(keys[choice.name]), found[choice.name])
     table = _assemble(choices, found)
     table.cached = cached_names
+    if known is not None:  # read by the estimates, or every column cached: the trials' share, then let go
+        loaded.known = loaded.known or _for_trials(known, table.sampled, choices, threshold)
+        known.clear()
     if trials:
         from ._trials import measure_anchors
 
@@ -205,17 +210,14 @@ def _assemble(choices: tuple[Choice, ...], found: dict[str, dict[str, Any]]) -> 
 
 
 def _measure(
-    loaded: _Loaded, choices: list[Choice], limits: tuple[int, int], known: Any, progress: Progress | None
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[int]], int, dict[str, dict[str, float]]]:
+    loaded: _Loaded, choices: list[Choice], threshold: int, sample_elements: int, known: Any,
+    progress: Progress | None,
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[int]], int, dict[str, dict[str, float]]]:  # fmt: skip
     """Each choice's (bytes, estimated damage) per weight - of the whole weight where a sample of
     its rows was encoded; every weight some choice may take, with its (elements, stored bytes);
-    the bytes of all the program's tensors; each choice's sampled weights, with the share.
-    `limits`: the size threshold and the estimate's sample size."""
-
+    the bytes of all the program's tensors; each choice's sampled weights, with the share."""
     from coreai_opt.compression import clusters_shared, container_of, eligible_weights
     from coreai_opt.weights import Needs, statistics_from, stored_nbytes
-
-    threshold, sample_elements = limits
 
     ep = loaded.ep
     configs = {c.name: c.config_for(True, threshold) for c in choices}
@@ -231,7 +233,7 @@ def _measure(
     taken = {needs: statistics_from(calibration, list(sizes), needs, known)  # what the learned methods read
              for needs in (Needs.GRADIENT_SQUARES, Needs.INPUT_GRAM)}  # fmt: skip
     if known is not None:
-        known.clear()  # `taken` holds what is used, and lets it go with the estimates
+        known.clear()  # `taken` holds what is read, and lets it go with the estimates
     context = _Context(loaded, {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())},
                        taken, sample_elements)  # fmt: skip
     found: dict[str, dict[str, list[float]]] = {}
@@ -248,10 +250,20 @@ def _measure(
                 context, choice, configs[choice.name], advance
             )
     sampled = {name for share in shares.values() for name in share}
-    loaded.known = {
-        needs: {n: s for n, s in by_name.items() if n in sampled} for needs, by_name in taken.items()
-    }
+    loaded.known = _for_trials(taken, sampled, choices, threshold)
     return found, sizes, state, shares
+
+
+def _for_trials(
+    statistics: Any, sampled: Collection[str], choices: Collection[Choice], threshold: int
+) -> dict[Any, dict[str, Any]]:
+    """The sampled weights' statistics of the needs the choices' learned methods have: the trials
+    encode those weights whole."""
+    from coreai_opt.compression import algorithm_for
+
+    needs = {algorithm_for(c.config_for(True, threshold)).needs for c in choices if c.config is not None}
+    return {kind: {n: s for n, s in by_name.items() if n in sampled} for kind, by_name in statistics.items()
+            if kind in needs}  # fmt: skip
 
 
 @dataclass

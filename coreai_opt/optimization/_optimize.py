@@ -81,11 +81,12 @@ def optimize(
 def _optimized(
     files: tuple[Path, Any, Path | None], budget: Goal, calibration: Path | str, evaluation: Path | str | None,
     config: OptimizeConfig, picked: tuple[Choice, ...], progress: Progress | None, note: Say,
-    known: tuple[str | None, Any] = (None, None),
+    derived: tuple[str | None, Any] = (None, None),
 ) -> Optimized:  # fmt: skip
     """The search and the plan made (`optimize` with its inputs checked): `files`, the program,
-    its sidecars and the output (None: a dry run); `known`, the digest of calibration samples and
-    statistics of the program on them that a transform derived (used where the samples match)."""
+    its sidecars and the output (None: a dry run); `derived`, the digest of calibration samples
+    and statistics of the program on them that a transform derived (a dict the cost table reads
+    where the samples match, and empties)."""
     path, sidecars, out = files
     start = time.perf_counter()
     loaded = _checked(path)  # checked, and its first run done, before anything is said or computed
@@ -93,9 +94,10 @@ def _optimized(
         calibration, config.calibration_tokens, config.calibration_samples, sidecars.tokenizer_file(path)
     )
     note(f"estimating {len(picked) - 1} choices on every weight from {samples.describe()}")
-    digest, statistics = known
-    table = _costs(path, loaded, picked, samples, config, progress,
-                   statistics if digest is not None and digest == samples.digest() else None)  # fmt: skip
+    digest, statistics = derived
+    if statistics is not None and digest != samples.digest():
+        statistics.clear()  # of other samples: nothing reads them
+    table = _costs(path, loaded, picked, samples, config, progress, statistics)
     loaded = None  # the rounds load the file afresh: let this copy go, with what the table's
     release_garbage(path.stat().st_size)  # calibration hung on it (only the cyclic collector frees it)
     steps = Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
@@ -143,14 +145,14 @@ def _rotated(
         out.parent.mkdir(parents=True, exist_ok=True)  # the output's folder holds the rotated copy
     with tempfile.TemporaryDirectory(prefix=".coreopt-rotate-", dir=out.parent if out else None) as folder:
         made = apply_recipe(
-            Recipe((step,), spec), path, Path(folder) / path.name, progress=progress, known=True
+            Recipe((step,), spec), path, Path(folder) / path.name, progress=progress, keep_statistics=True
         )
-        known = (made.steps[0][1].samples, made.steps[0][1].known)  # the cost table empties them once read
+        derived = (made.steps[0][1].samples_digest, made.steps[0][1].known)  # the cost table empties them
         del made
         turned, sidecars = _source(Path(folder) / path.name)
         inner = dataclasses.replace(config, rotate=None)
         found = _optimized((turned, sidecars, out), budget, calibration, evaluation, inner, picked, progress, note,
-                           known)  # fmt: skip
+                           derived)  # fmt: skip
     found.report.program = path
     recipe = Recipe((step, *found.recipe.steps), found.recipe.calibration or spec)
     return Optimized(found.program, recipe, found.report)

@@ -86,7 +86,7 @@ class _Run:
     progress: Progress | None
     sidecars: Any  # `models.Sidecars` read before the load: a bad one fails before anything is written
     calibration: Any = None  # the recipe's CalibrationSpec
-    known: bool = False  # a transform's report keeps the result's statistics it knows
+    keep_statistics: bool = False  # a transform's report keeps the result's statistics it knows
 
 
 def apply_recipe(
@@ -99,13 +99,13 @@ def apply_recipe(
     trust_pickle: bool = False,
     executor: Any = None,
     allow_empty: bool = False,
-    known: bool = False,
+    keep_statistics: bool = False,
 ) -> RecipeResult:
     """Run `recipe` on the model file `source` into `output` (default: beside the input, named by
     the steps). A step whose check fails (a cast's, a budget) stops the run: nothing is written
     unless that cast step keeps failures (`keep_failed`). A compress step that changes nothing
-    raises `NothingDoneError` unless `allow_empty`. `known`: a transform step's report keeps the
-    statistics of its result on the recipe's samples that it knows without a run
+    raises `NothingDoneError` unless `allow_empty`. `keep_statistics`: a transform step's report
+    keeps the statistics of its result on the recipe's samples that it knows without a run
     (`TransformReport.known`), for a caller that goes on with the output on those samples;
     otherwise they are let go with the step."""
     from coreai_opt._memory import release_garbage, spilling
@@ -120,7 +120,7 @@ def apply_recipe(
     from coreai_opt.models import read_sidecars
 
     run = _Run(source, out, force, trust_pickle, executor, allow_empty, progress, read_sidecars(source),
-               recipe.calibration, known)  # fmt: skip
+               recipe.calibration, keep_statistics)  # fmt: skip
     _check_steps(recipe, run)
     program = (
         load_aimodel(source) if kind is ModelFormat.AIMODEL else load_pt2(source, trust_pickle=trust_pickle)
@@ -389,7 +389,7 @@ def _transform(step: Transform, program: Any, run: _Run, index: int) -> StepOutc
     except TransformError as why:
         raise TransformError(f"{run.source}: {why}") from None
     del calibration  # it holds the weights as they were: they go back before the save
-    if not run.known:
+    if not run.keep_statistics:
         report.known = None  # nobody goes on with them: the Gram matrices go before the save
     release_garbage(asset_bytes(run.source))
     return program, report, None

@@ -73,13 +73,14 @@ __all__ = [
 class TransformReport:
     """What a transform changed (a line each) and how closely the result reproduces the original;
     for one that learned from data, the result's statistics on its calibration samples that follow
-    from what it measured (`known`, a `weights.Known`; `samples`, their digest) - not recorded."""
+    from what it measured (`known`, a `weights.Known`; `samples_digest`, the samples') - not
+    recorded."""
 
     kind: str
     changes: list[str] = field(default_factory=list)
     equivalence: Equivalence | None = None
     known: Any = None
-    samples: str | None = None
+    samples_digest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "changes": list(self.changes),
@@ -133,7 +134,9 @@ def transform_(
         edited = edit(*arguments, **reporting)
         if not isinstance(edited, Edited):
             edited = Edited(edited)
-        report = TransformReport(config.KIND, edited.lines, known=edited.known, samples=edited.samples)
+        report = TransformReport(
+            config.KIND, edited.lines, known=edited.known, samples_digest=edited.samples_digest
+        )
         _page_out_replaced(snapshot.state, program.state_dict)
         report.equivalence = compare(before, outputs(program, inputs, device))
     except BaseException:

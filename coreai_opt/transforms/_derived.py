@@ -37,32 +37,45 @@ class KeptGain:
 
 def rotated_statistics(
     measured: dict[str, Statistics], stream: Stream, q: torch.Tensor, kept: list[KeptGain],
-    left: set[str],
+    underivable: set[str],
 ) -> dict[str, Statistics]:  # fmt: skip
-    """The rotated program's statistics of every measured tensor (but those in `left`) and of the
-    matmuls around each kept gain, from `measured` and Q (float64)."""
-    writers = {name for name, _, reader in stream.roles if not reader}
-    turned: dict[int, Statistics] = {}  # readers of one input (q, k, v) share one derived Gram
-    derived: dict[str, Statistics] = {}
-    for name, found in measured.items():
-        if name in left:
+    """The rotated program's statistics (float64) of every measured tensor but the `underivable`
+    ones, and of the matmuls around each kept gain, from `measured` and Q. A weight that reads the
+    stream and writes it too (x + W norm(x)) reads it turned: only a pure writer keeps its Gram."""
+    readers = {name for name, _, reader in stream.roles if reader}
+    writers = {name for name, _, reader in stream.roles if not reader} - readers
+    derived: dict[int, Statistics] = {}  # readers of one input (q, k, v) share one derived Gram
+    found: dict[str, Statistics] = {}
+    for name, statistics in measured.items():
+        if name in underivable:
             continue
-        if name in writers or found.gram is None:
-            derived[name] = found
-            continue
-        if id(found) not in turned:
-            turned[id(found)] = _turned(found, q)
-        derived[name] = turned[id(found)]
+        if id(statistics) not in derived:
+            derived[id(statistics)] = (
+                _as_measured(statistics)
+                if name in writers or statistics.gram is None
+                else _turned(statistics, q)
+            )
+        found[name] = derived[id(statistics)]
     for gain in kept:
-        derived.update(_around_gain(gain, measured, q))
-    return derived
+        found.update(_around_gain(gain, measured, q))
+    return found
+
+
+def _as_measured(found: Statistics) -> Statistics:
+    """`found` in float64, as a pass's statistics are (the rotation keeps float32 ones)."""
+    if found.gram is None:
+        return found
+    gram = found.gram.double()
+    return Statistics(found.rows, moments=gram.diagonal().clone(), gram=gram)
 
 
 def _turned(found: Statistics, q: torch.Tensor) -> Statistics:
-    """`found` of inputs x seen as x Q."""
+    """`found` of inputs x seen as x Q, in float64."""
+    import torch
+
     assert found.gram is not None
-    q = q.to(found.gram.device, found.gram.dtype)
-    gram = q.T @ found.gram @ q
+    q = q.to(found.gram.device, torch.float64)
+    gram = q.T @ found.gram.double() @ q
     gram = (gram + gram.T) / 2  # exactly symmetric, as a measured Gram is
     return Statistics(found.rows, moments=gram.diagonal().clone(), gram=gram)
 
@@ -76,9 +89,9 @@ def _around_gain(gain: KeptGain, measured: dict[str, Statistics], q: torch.Tenso
     found = measured.get(gain.reader) if gain.reader is not None else None
     if found is None or found.gram is None:
         return {}
-    derived = {f"{gain.prefix}.rotation": found}
+    derived = {f"{gain.prefix}.rotation": _as_measured(found)}
     g = gain.gain.to(found.gram.device, torch.float64).reshape(-1)
     if g.numel() == found.gram.shape[0] and bool(torch.isfinite(g).all()) and bool((g != 0).all()):
-        normalized = found.gram / (g[:, None] * g[None, :])
+        normalized = found.gram.double() / (g[:, None] * g[None, :])
         derived[f"{gain.prefix}.unrotation"] = _turned(Statistics(found.rows, gram=normalized), q)
     return derived

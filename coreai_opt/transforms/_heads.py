@@ -33,7 +33,12 @@ class HeadPair:
 
     label: str
     head_dim: int
-    turned: tuple[tuple[str, int], ...]
+    turned: tuple[tuple[str, int], ...]  # the value projection's, the output projection's, a bias
+
+    @property
+    def output(self) -> str:
+        """The output projection's weight: its input axis is the one turned."""
+        return self.turned[1][0]
 
 
 def trace_heads(program: ExportedProgram) -> tuple[list[HeadPair], list[str]]:

@@ -37,8 +37,7 @@ _PART = 1 << 22  # elements of a weight whose loss one product takes (16 MB in f
 @dataclass(frozen=True)
 class _Term:
     """One weight, its output axis first and input axis last ([out, in]), whether the stream is
-    its input (reader) or output (writer), its input Gram (float64, as measured: each loss takes
-    it in float32) and its output energy."""
+    its input (reader) or output (writer), its input Gram (float32) and its output energy."""
 
     weight: torch.Tensor
     reader: bool
@@ -55,12 +54,12 @@ def learned_rotation(
     progress: Any = None,
 ) -> tuple[torch.Tensor, float, float, dict[str, Statistics]]:
     """(Q, the mean relative loss at Q0, at Q, the input statistics of every tensor on the stream
-    as `calibration` measured them) after `config.steps` steps, each reported to
+    as `calibration` measured them, their Gram matrices in float32) after `config.steps` steps, each reported to
     `progress(done, total, label)` when given."""
     import torch
 
     device = getattr(calibration, "device", None) or torch.device("cpu")
-    measured = dict(calibration.sequential(sorted(stream.axes), Needs.INPUT_GRAM))  # in the program's order
+    measured = _in_float32(calibration.sequential(sorted(stream.axes), Needs.INPUT_GRAM), device)
     groups = _terms(state, stream, measured, device)
     generator = torch.Generator().manual_seed(config.seed)
     q0 = q0.to(device)
@@ -82,13 +81,31 @@ def learned_rotation(
     return q.detach().cpu(), first, _mean_loss(groups, q, config.bits), measured
 
 
+def _in_float32(found: Iterator[tuple[str, Statistics]], device: Any) -> dict[str, Statistics]:
+    """Each weight's statistics in the program's order, its Gram matrix in float32 on `device`
+    only (one for the readers of one input, as measured), each float64 one let go as the next
+    comes."""
+    import torch
+
+    from coreai_opt.weights import Statistics
+
+    kept: dict[int, Statistics] = {}
+    measured: dict[str, Statistics] = {}
+    for name, statistics in found:
+        if id(statistics) not in kept:
+            gram = None if statistics.gram is None else statistics.gram.to(device, torch.float32)
+            kept[id(statistics)] = Statistics(statistics.rows, gram=gram)
+        measured[name] = kept[id(statistics)]
+    return measured
+
+
 def _terms(
     state: dict[str, Any], stream: Stream, measured: dict[str, Statistics], device: Any
 ) -> list[list[_Term]]:
     """The stream's weights with a Gram matrix (every linear layer; not an embedding lookup),
     grouped by layer (their names up to the last two parts), on `device`. A weight already in
-    float32 there is used as it is; each Gram matrix is the one measured (the readers of one
-    input - q, k, v - share it)."""
+    float32 there is used as it is; each Gram matrix is the one measured, in float32 (the readers
+    of one input - q, k, v - share it)."""
     import torch
 
     axes = {name: (axis, reader) for name, axis, reader in stream.roles}
@@ -98,11 +115,10 @@ def _terms(
         if gram is None or weight.dim() != 2:
             continue
         axis, reader = axes[name]
-        gram = gram.to(device)
         rows = (weight if (axis == weight.dim() - 1) == reader else weight.T).to(
             device, torch.float32
         )  # [out, in]
-        energy = float(((rows @ gram.float()) * rows).sum())
+        energy = float(((rows @ gram) * rows).sum())
         if energy > 0:
             groups.setdefault(name.rsplit(".", 2)[0], []).append(_Term(rows, reader, gram, energy))
     return [groups[key] for key in sorted(groups)] if groups else [[]]
@@ -135,7 +151,7 @@ def _loss(term: _Term, q: torch.Tensor, bits: int) -> torch.Tensor:
     error = held * step
     if term.reader:
         error = error @ q.T  # back to the weight's own input channels, where H was measured
-    return ((error @ term.gram.float()) * error).sum() / term.energy
+    return ((error @ term.gram) * error).sum() / term.energy
 
 
 def _mean_loss(groups: list[list[_Term]], q: torch.Tensor, bits: int) -> float:

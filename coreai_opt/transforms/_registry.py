@@ -19,11 +19,11 @@ _HERE = "coreai_opt.transforms"
 class Edited:
     """What an edit changed, a line each; for one that learned from calibration data, the edited
     program's statistics on those samples that follow from what it measured (`weights.Known`),
-    and the samples' digest."""
+    and the samples' digest (`Samples.digest`)."""
 
     lines: list[str]
     known: Any = None
-    samples: str | None = None
+    samples_digest: str | None = None
 
 
 Edit = Callable[..., "list[str] | Edited"]  # (program, config[, calibration][, progress=...])

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt._aten import CAST_PACKETS, VIEW_PACKETS, WEIGHT_OPS, packet
 from coreai_opt.weights import Needs
 
+from ._derived import KeptGain
 from ._equivalence import TransformError
 from ._fold_norms import fold_norms, replace_tensor
 from ._heads import HeadPair, trace_heads
@@ -44,7 +45,9 @@ def rotate(program: ExportedProgram, config: Any, calibration: Any = None, progr
     measured = None
     if config.learns():
         q, lines, measured = _learned(program, stream, q, config, (calibration, progress), lines)
-    gains = [_kept_gain(program, node, name) for node, name in stream.gains.items()]
+    gains = (
+        [] if measured is None else [_kept_gain(program, node, name) for node, name in stream.gains.items()]
+    )
     turn_weights(program.state_dict, stream, q)
     turned_heads = _turn_heads(program.state_dict, heads, config) + left
     kept = [name for node, name in stream.gains.items() if _unrotated_gain(program, node, name, q)]
@@ -61,10 +64,8 @@ def rotate(program: ExportedProgram, config: Any, calibration: Any = None, progr
         return Edited(lines)
     from ._derived import rotated_statistics
 
-    writes = {name: axis for name, axis, reader in stream.roles if not reader}
-    inputs_turned = {name for pair in heads for name, axis in pair.turned if writes.get(name, axis) != axis}
     kept_gains = [gain for gain in gains if f"{gain.prefix}.rotation" in program.state_dict]
-    derived = rotated_statistics(measured, stream, q, kept_gains, inputs_turned)
+    derived = rotated_statistics(measured, stream, q, kept_gains, {pair.output for pair in heads})
     return Edited(lines, {Needs.INPUT_GRAM: derived}, calibration.samples.digest())
 
 
@@ -92,10 +93,9 @@ def _learned(program: ExportedProgram, stream: Stream, q0: torch.Tensor, config:
     return q.double(), lines, measured
 
 
-def _kept_gain(program: ExportedProgram, node: Node, name: str) -> Any:
+def _kept_gain(program: ExportedProgram, node: Node, name: str) -> KeptGain:
     """The gain `name` that `node` applies, with the stored weight of the first linear layer that
     reads its output through views (the tied head), before the rotation rewrites around it."""
-    from ._derived import KeptGain
     from ._graph import parameters, source
 
     names, frontier = parameters(program), [(node, user) for user in node.users]
