@@ -556,3 +556,24 @@ def test_a_stateful_decoder_with_a_tied_head_rotates_and_generates_the_same_toke
     refused = coreopt("quantize", turned, "--kv-cache-dtype", "int8", "-o", tmp_path / "q.pt2")
     assert refused.exit_code == 1 and refused.stderr.count("\n") == 1
     assert "quantize the cache before transforming" in refused.stderr
+
+
+def test_statistics_kept_in_float32_share_only_what_was_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rotation's float32 copies follow the objects measured: readers handed one statistics
+    (q, k, v) share one copy, and one made where a let-go one lived - with its id, as the
+    allocator reuses freed memory at once; here every id is made the same - gets its own."""
+    from coreai_opt.transforms import _learned
+    from coreai_opt.weights import Statistics
+
+    monkeypatch.setattr(_learned, "id", lambda _: 0, raising=False)  # ids recur: all of them, here
+    grams = [torch.full((2 + i % 2, 2 + i % 2), float(i), dtype=torch.float64) for i in range(6)]
+
+    def measured():  # type: ignore[no-untyped-def]
+        for i, gram in enumerate(grams):
+            shared = Statistics(8, gram=gram)
+            yield from ((f"{i}.{p}", shared) for p in "qkv")
+
+    found = _learned._in_float32(measured(), "cpu")
+    for i, gram in enumerate(grams):
+        q, k, v = (found[f"{i}.{p}"] for p in "qkv")
+        assert q is k is v and q.gram.dtype == torch.float32 and torch.equal(q.gram, gram.float()), i

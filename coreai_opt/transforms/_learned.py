@@ -83,19 +83,19 @@ def learned_rotation(
 
 def _in_float32(found: Iterator[tuple[str, Statistics]], device: Any) -> dict[str, Statistics]:
     """Each weight's statistics in the program's order, its Gram matrix in float32 on `device`
-    only (one for the readers of one input, as measured), each float64 one let go as the next
-    comes."""
+    only (one for the readers of one input, as measured: they come one after another), each
+    float64 one let go as the next comes."""
     import torch
 
     from coreai_opt.weights import Statistics
 
-    kept: dict[int, Statistics] = {}
     measured: dict[str, Statistics] = {}
+    last: tuple[Statistics, Statistics] | None = None  # (as measured, in float32): shared ones come in a row
     for name, statistics in found:
-        if id(statistics) not in kept:
+        if last is None or last[0] is not statistics:  # by identity, the object held: ids of freed ones recur
             gram = None if statistics.gram is None else statistics.gram.to(device, torch.float32)
-            kept[id(statistics)] = Statistics(statistics.rows, gram=gram)
-        measured[name] = kept[id(statistics)]
+            last = statistics, Statistics(statistics.rows, gram=gram)
+        measured[name] = last[1]
     return measured
 
 
