@@ -161,37 +161,46 @@ def test_the_gain_before_a_tied_head_stays_between_two_exact_matmuls(
         assert torch.equal(loaded.module()(*inputs), rotated)
 
 
-@pytest.mark.parametrize("heads", [False, True])
-def test_a_learned_rotation_knows_the_rotated_programs_gram_matrices(tied_llama: Path, heads: bool) -> None:
+@pytest.mark.parametrize(("heads", "device"), [(False, "cpu"), (True, "cpu"), (False, "cuda")])
+def test_a_learned_rotation_knows_the_rotated_programs_gram_matrices(
+    tied_llama: Path, heads: bool, device: str
+) -> None:
     """The statistics a learned rotation derives are those a pass over the rotated program
     measures, up to float32 rounding - the turning matmuls around the kept gain included; with
-    heads turned, the output projections' (their inputs turned head by head) are left out."""
+    heads turned, the output projections' (their inputs turned head by head) are left out. On a
+    GPU they are derived there, where the calibration keeps its statistics."""
     from coreai_opt.calibration import Samples, Source, calibrate
     from coreai_opt.weights import Needs
 
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
     program = load_pt2(tied_llama)
     samples = Samples(Source.RANDOM, count=3, seed=4)
     config = RotateConfig(rotation="learned", steps=5, heads=heads)
-    report = transform_(program, config, calibrate(program, samples, cache=False))
+    report = transform_(program, config, calibrate(program, samples, cache=False, device=device))
     assert report.samples_digest == samples.digest()
     derived = report.known[Needs.INPUT_GRAM]
     linears = [k for k, v in program.state_dict.items() if v.dim() == 2 and "embed" not in k]
     outputs = {k for k in linears if k.endswith("o_proj.weight")}
     assert {"model.norm.rotation", "model.norm.unrotation", "lm_head.weight"} <= set(derived)
     assert set(linears) - set(derived) == (outputs if heads else set())
-    _assert_measured_alike(derived, program, samples)
+    assert all(s.gram is None or s.gram.device.type == device for s in derived.values())
+    _assert_measured_alike(derived, program, samples, device)
     # the same Gram is turned once for the readers of one input
     q, k = (derived[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qk")
     assert q is k
 
 
-def _assert_measured_alike(derived: dict, program: torch.export.ExportedProgram, samples: object) -> None:  # type: ignore[type-arg]
-    """Each derived statistic is the one a pass over `program` measures, in float64, up to float32
-    rounding of the activations (2e-5 of the Gram's largest diagonal entry)."""
+def _assert_measured_alike(
+    derived: dict, program: torch.export.ExportedProgram, samples: object, device: str = "cpu"
+) -> None:  # type: ignore[type-arg]
+    """Each derived statistic is the one a pass over `program` measures (on `device`), in float64,
+    up to float32 rounding of the activations (2e-5 of the Gram's largest diagonal entry)."""
     from coreai_opt.calibration import calibrate
     from coreai_opt.weights import Needs
 
-    measured = calibrate(program, samples, cache=False).statistics(sorted(derived), Needs.INPUT_GRAM)
+    calibration = calibrate(program, samples, cache=False, device=device)
+    measured = calibration.statistics(sorted(derived), Needs.INPUT_GRAM)
     for name, found in derived.items():
         want = measured[name]
         assert found.rows == want.rows, name
