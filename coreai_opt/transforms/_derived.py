@@ -9,7 +9,10 @@ stream (x Q, whose Gram is Q^T D^-1 G D^-1 Q, G the head's measured Gram and D t
 one that turns it forward reads the gain's output (G itself). Where a statistic cannot be derived
 - a head-rotated output projection, a gain with a zero - it is left out, and the caller takes it.
 The derived Gram matrices equal the measured ones of the rotated program up to rounding: the
-measured Gram is turned in float64, where the rotated program would square rotated activations.
+rotation's float32 Gram is turned in float64, where the rotated program would square rotated
+activations, and kept in float32 again - half of what a pass's float64 ones hold from the rotation
+to the estimates that read them (each read widens its own, `compression.gram_of`); the moments,
+one value a channel, in float64 as a pass's.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ def rotated_statistics(
     measured: dict[str, Statistics], stream: Stream, q: torch.Tensor, kept: list[KeptGain],
     underivable: set[str],
 ) -> dict[str, Statistics]:  # fmt: skip
-    """The rotated program's statistics (float64) of every measured tensor but the `underivable`
-    ones, and of the matmuls around each kept gain, from `measured` and Q. A weight that reads the
-    stream and writes it too (x + W norm(x)) reads it turned: only a pure writer keeps its Gram."""
+    """The rotated program's statistics of every measured tensor but the `underivable` ones, and
+    of the matmuls around each kept gain, from `measured` and Q. A weight that reads the stream and
+    writes it too (x + W norm(x)) reads it turned: only a pure writer keeps its Gram."""
     readers = {name for name, _, reader in stream.roles if reader}
     writers = {name for name, _, reader in stream.roles if not reader} - readers
     derived: dict[int, Statistics] = {}  # readers of one input (q, k, v) share one derived Gram
@@ -62,22 +65,25 @@ def rotated_statistics(
 
 
 def _as_measured(found: Statistics) -> Statistics:
-    """`found` in float64, as a pass's statistics are (the rotation keeps float32 ones)."""
+    """`found` with the moments a pass gives beside its Gram (float64)."""
     if found.gram is None:
         return found
-    gram = found.gram.double()
-    return Statistics(found.rows, moments=gram.diagonal().clone(), gram=gram)
+    return _kept(found.rows, found.gram.double())
 
 
 def _turned(found: Statistics, q: torch.Tensor) -> Statistics:
-    """`found` of inputs x seen as x Q, in float64."""
+    """`found` of inputs x seen as x Q."""
     import torch
 
     assert found.gram is not None
     q = q.to(found.gram.device, torch.float64)
     gram = q.T @ found.gram.double() @ q
-    gram = (gram + gram.T) / 2  # exactly symmetric, as a measured Gram is
-    return Statistics(found.rows, moments=gram.diagonal().clone(), gram=gram)
+    return _kept(found.rows, (gram + gram.T) / 2)  # exactly symmetric, as a measured Gram is
+
+
+def _kept(rows: int, gram: torch.Tensor) -> Statistics:
+    """A float64 Gram kept in float32, its diagonal in float64 as the moments."""
+    return Statistics(rows, moments=gram.diagonal().clone(), gram=gram.float())
 
 
 def _around_gain(gain: KeptGain, measured: dict[str, Statistics], q: torch.Tensor) -> dict[str, Statistics]:
