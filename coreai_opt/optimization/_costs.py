@@ -151,9 +151,8 @@ class _Loaded:
         self._ep: Any = None
         self._calibration: Any = None
         self.encodings: dict[str, dict[str, Any]] = {}  # weight -> {choice: encoding}, two smallest
-        self.known: dict[
-            Any, dict[str, Any]
-        ] = {}  # the sampled weights' statistics: the trials encode them whole
+        # the sampled weights' statistics, by need: the trials encode those weights whole
+        self.known: dict[Any, dict[str, Any]] = {}
 
     @property
     def ep(self) -> Any:
@@ -232,8 +231,6 @@ def _measure(
     calibration = loaded.calibration
     taken = {needs: statistics_from(calibration, list(sizes), needs, known)  # what the learned methods read
              for needs in (Needs.GRADIENT_SQUARES, Needs.INPUT_GRAM)}  # fmt: skip
-    if known is not None:
-        known.clear()  # `taken` holds what is read, and lets it go with the estimates
     context = _Context(loaded, {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())},
                        taken, sample_elements)  # fmt: skip
     found: dict[str, dict[str, list[float]]] = {}

@@ -28,12 +28,19 @@ if TYPE_CHECKING:
     from ._stream import Stream
 
 
+def turning_names(gain: str) -> tuple[str, str]:
+    """The stored weights of the two matmuls kept around the gain `gain`: the one that turns the
+    stream back before it, and the one that turns it forward after it."""
+    prefix = gain.rpartition(".")[0]
+    return f"{prefix}.unrotation", f"{prefix}.rotation"
+
+
 @dataclass(frozen=True)
 class KeptGain:
-    """A gain kept before a tied head: the name its two matmuls' weights start with, its values,
-    and the weight that read its output in the measured program (None: none did)."""
+    """A gain kept before a tied head: its name, its values, and the weight that read its output
+    in the measured program (None: none did)."""
 
-    prefix: str
+    name: str
     gain: torch.Tensor
     reader: str | None
 
@@ -65,10 +72,10 @@ def rotated_statistics(
 
 
 def _as_measured(found: Statistics) -> Statistics:
-    """`found` with the moments a pass gives beside its Gram (float64)."""
+    """`found`, its float32 Gram as it is, with the moments a pass gives beside it (float64)."""
     if found.gram is None:
         return found
-    return _kept(found.rows, found.gram.double())
+    return Statistics(found.rows, moments=found.gram.diagonal().double(), gram=found.gram)
 
 
 def _turned(found: Statistics, q: torch.Tensor) -> Statistics:
@@ -95,9 +102,10 @@ def _around_gain(gain: KeptGain, measured: dict[str, Statistics], q: torch.Tenso
     found = measured.get(gain.reader) if gain.reader is not None else None
     if found is None or found.gram is None:
         return {}
-    derived = {f"{gain.prefix}.rotation": _as_measured(found)}
+    back, forward = turning_names(gain.name)
+    derived = {forward: _as_measured(found)}
     g = gain.gain.to(found.gram.device, torch.float64).reshape(-1)
     if g.numel() == found.gram.shape[0] and bool(torch.isfinite(g).all()) and bool((g != 0).all()):
         normalized = found.gram.double() / (g[:, None] * g[None, :])
-        derived[f"{gain.prefix}.unrotation"] = _turned(Statistics(found.rows, gram=normalized), q)
+        derived[back] = _turned(Statistics(found.rows, gram=normalized), q)
     return derived

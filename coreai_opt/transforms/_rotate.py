@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt._aten import CAST_PACKETS, VIEW_PACKETS, WEIGHT_OPS, packet
 from coreai_opt.weights import Needs
 
-from ._derived import KeptGain
+from ._derived import KeptGain, turning_names
 from ._equivalence import TransformError
 from ._fold_norms import fold_norms, replace_tensor
 from ._heads import HeadPair, trace_heads
@@ -46,7 +46,9 @@ def rotate(program: ExportedProgram, config: Any, calibration: Any = None, progr
     if config.learns():
         q, lines, measured = _learned(program, stream, q, config, (calibration, progress), lines)
     gains = (
-        [] if measured is None else [_kept_gain(program, node, name) for node, name in stream.gains.items()]
+        {}
+        if measured is None
+        else {name: _kept_gain(program, node, name) for node, name in stream.gains.items()}
     )
     turn_weights(program.state_dict, stream, q)
     turned_heads = _turn_heads(program.state_dict, heads, config) + left
@@ -64,8 +66,9 @@ def rotate(program: ExportedProgram, config: Any, calibration: Any = None, progr
         return Edited(lines)
     from ._derived import rotated_statistics
 
-    kept_gains = [gain for gain in gains if f"{gain.prefix}.rotation" in program.state_dict]
-    derived = rotated_statistics(measured, stream, q, kept_gains, {pair.output for pair in heads})
+    derived = rotated_statistics(
+        measured, stream, q, [gains[name] for name in kept], {pair.output for pair in heads}
+    )
     return Edited(lines, {Needs.INPUT_GRAM: derived}, calibration.samples.digest())
 
 
@@ -98,8 +101,8 @@ def _kept_gain(program: ExportedProgram, node: Node, name: str) -> KeptGain:
     reads its output through views (the tied head), before the rotation rewrites around it."""
     from ._graph import parameters, source
 
-    names, frontier = parameters(program), [(node, user) for user in node.users]
-    while frontier:
+    names, frontier, reader = parameters(program), [(node, user) for user in node.users], None
+    while frontier and reader is None:
         value, user = frontier.pop(0)
         if packet(user) in VIEW_PACKETS | CAST_PACKETS and user.args and user.args[0] is value:
             frontier.extend((user, after) for after in user.users)
@@ -108,9 +111,8 @@ def _kept_gain(program: ExportedProgram, node: Node, name: str) -> KeptGain:
         if facts is None or facts.weight >= len(user.args) or user.args[facts.weight] is value:
             continue
         weight, _ = source(user.args[facts.weight])
-        if weight is not None and weight.name in names:
-            return KeptGain(name.rpartition(".")[0], program.state_dict[name].detach(), names[weight.name])
-    return KeptGain(name.rpartition(".")[0], program.state_dict[name].detach(), None)
+        reader = names.get(weight.name) if weight is not None else None
+    return KeptGain(name, program.state_dict[name].detach(), reader)
 
 
 def _turn_heads(state: dict[str, Any], pairs: list[HeadPair], config: Any) -> list[str]:
@@ -169,11 +171,11 @@ def _unrotated_gain(program: ExportedProgram, node: Node, name: str, q: torch.Te
     from coreai_opt._export import ProgramEdit
 
     edit = ProgramEdit(program)
-    prefix = name.rpartition(".")[0]
+    back_name, forward_name = turning_names(name)
     back = _linear(program, edit, node, node.args[1] if _reads(node.args[0], name, program) else node.args[0],
-                   f"{prefix}.unrotation", q, before=True)  # fmt: skip
+                   back_name, q, before=True)  # fmt: skip
     node.replace_input_with(back.args[0].args[0].args[0], back)  # type: ignore[union-attr]
-    forward = _linear(program, edit, node, node, f"{prefix}.rotation", q.T, before=False)
+    forward = _linear(program, edit, node, node, forward_name, q.T, before=False)
     own = {forward.args[0].args[0], *forward.args[1]}  # type: ignore[union-attr]  # its rows, and sizes it reads
     node.replace_all_uses_with(forward, delete_user_cb=lambda user: user not in own)
     return True
