@@ -266,6 +266,7 @@ class Spill:
 
         self._file = tempfile.TemporaryFile(dir=folder, prefix=".coreopt-spill-")  # noqa: SIM115 (closed by close)
         self._addresses: list[int] = []
+        self._parked: set[int] = set()
         self._every = EveryBytes(self.page_out)
         self._left = _mappings_allowed()
 
@@ -277,6 +278,9 @@ class Spill:
         nbytes = tensor.numel() * tensor.element_size()
         if nbytes < PARK_FROM or self._left <= 0 or tensor.device.type != "cpu":
             return tensor
+        if tensor.data_ptr() in self._parked:  # parked already (a tuned weight's codes): not twice
+            self._every.passed(nbytes)
+            return tensor
         if tensor.layout != torch.strided or not tensor.is_contiguous():
             return tensor
         try:
@@ -286,6 +290,7 @@ class Spill:
             return tensor
         self._left -= 1
         self._addresses.append(parked.data_ptr())
+        self._parked.add(parked.data_ptr())
         self._every.passed(nbytes)
         return parked
 

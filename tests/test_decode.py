@@ -152,3 +152,36 @@ def test_shift_scale_keeps_the_formulas_dtype_for_a_wider_zero_point() -> None:
         2, 1, 1, 1
     )
     assert out.dtype == torch.float32 and torch.equal(out, expected.reshape(4, 4))
+
+
+def test_stored_codes_already_in_the_ops_dtype_are_shared_not_copied() -> None:
+    """`torch_values` hands over a stored array whose bytes are already what the ops take (uint8
+    codes, int8 data, float32 scales) without a copy - a tuning or a write of a 1.1B model would
+    otherwise hold its codes twice - with the same values as a copy; an array numpy forbids to
+    write is copied (torch cannot mark a tensor read-only), and codes that need a new dtype (signed
+    sub-byte codes, sign-extended) are new tensors."""
+    import warnings
+
+    import numpy as np
+
+    from coreai_opt._elements import ELEMENTS
+    from coreai_opt.weights import Stored, torch_values
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 16, (64, 48), dtype=np.uint8)
+    data = rng.integers(-128, 128, (64, 48), dtype=np.int8)
+    scales = rng.standard_normal((64, 3)).astype(np.float32)
+    for values, element in ((codes, "ui4"), (data, "si8"), (scales, "f32")):
+        tensor = torch_values(Stored(values, ELEMENTS[element]))
+        assert tensor.data_ptr() == values.ctypes.data and np.array_equal(tensor.numpy(), values)
+    frozen = codes.copy()
+    frozen.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns on a tensor over a read-only array
+        copied = torch_values(Stored(frozen, ELEMENTS["ui4"]))
+    assert copied.data_ptr() != frozen.ctypes.data and np.array_equal(copied.numpy(), frozen)
+    signed = torch_values(Stored(codes, ELEMENTS["si4"]))
+    assert signed.data_ptr() != codes.ctypes.data
+    assert torch.equal(
+        signed, torch.from_numpy(np.where(codes >= 8, codes.astype(np.int16) - 16, codes)).to(torch.int8)
+    )

@@ -177,6 +177,7 @@ def test_parked_tensors_keep_their_values_and_leave_the_resident_set(tmp_path: P
     assert parked(given["codes"]) is given["codes"]  # no spill around
     with spilling(tmp_path):
         inside = parked(given["codes"])
+        assert parked(inside) is inside  # a parked tensor is not written to the file again
     assert inside is not given["codes"] and torch.equal(inside, given["codes"])
 
 

@@ -303,3 +303,44 @@ def test_a_tuned_pass_hands_back_the_pages_of_every_weight_it_read(llama, monkey
             assert len(ours) >= 2 * len(tuned)  # as it went: each weight is read twice (encoded, reported)
         else:
             assert not set(read.values()) & set(released)
+
+
+def test_held_codes_wait_for_the_tuning_as_file_pages_and_write_the_same_program(
+    llama, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Within a spill (`apply_recipe`'s), each weight held for the tuning has its indices parked
+    there - file pages, not heap - and the tuning hands their pages back as it decodes, every
+    step; the program written is bit for bit the one made with nothing parked."""
+    from coreai_opt import _memory
+    from coreai_opt.compression.algorithms import _tuning
+    from coreai_opt.models import model_tokenizer
+
+    samples = Samples.of(llama["text"], tokens=64, tokenizer=model_tokenizer(llama["ref"]))
+    config = PalettizeConfig(n_bits=2, granularity="grouped", group_size=4, method="gptq",
+                             weight_num_threshold=0, tune_epochs=1)  # fmt: skip
+    held_in_files: list[bool] = []
+    original = _tuning.tune_tables
+
+    def watched(held, calibration, epochs, progress=None):  # type: ignore[no-untyped-def]
+        mapped = [(low, high) for low, high, _, _ in _memory._file_mappings()]
+        for _, encoding in held:
+            at = encoding.form.indices.values.ctypes.data
+            held_in_files.append(any(low <= at < high for low, high in mapped))
+        return original(held, calibration, epochs, progress)
+
+    monkeypatch.setattr(_tuning, "tune_tables", watched)
+    monkeypatch.setattr(_memory, "PARK_FROM", 1)
+    handed: list[int] = []
+    release = _memory.release_clean_mapped
+    monkeypatch.setattr(_memory, "release_clean_mapped", lambda a: handed.extend(a) or release(a))
+    with _memory.spilling(tmp_path):
+        parked, _ = _compressed(llama["ref"], samples, config)
+    assert len(held_in_files) == 16 and all(held_in_files)
+    indices = {t.data_ptr() for k, t in parked.state_dict.items() if k.endswith(".indices")}
+    assert len(indices) == 16 and indices <= set(handed)  # the codes written are the parked ones
+    held_in_files.clear()
+    given, _ = _compressed(llama["ref"], samples, config)
+    assert len(held_in_files) == 16 and not any(held_in_files)
+    assert parked.state_dict.keys() == given.state_dict.keys()
+    for name, value in given.state_dict.items():
+        assert torch.equal(parked.state_dict[name], value), name

@@ -8,10 +8,11 @@ import math
 from collections.abc import Collection, Iterator
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 import tcast
-from coreai_opt._memory import EveryBytes, ReadOnce, trim_heap
+from coreai_opt._memory import EveryBytes, ReadOnce, parked, trim_heap
 from coreai_opt._pieces import energies_in_pieces
 from coreai_opt.errors import ConfigError
 from coreai_opt.weights import (
@@ -19,6 +20,7 @@ from coreai_opt.weights import (
     Container,
     Encoding,
     Known,
+    Palettized,
     SkipKind,
     Skipped,
     Statistics,
@@ -125,8 +127,9 @@ class _Run:
             outcome = encode_weight(self._read(site), site, cfg, statistics)
             if _tunes(cfg, outcome) and self.container.refusal(site, outcome) is None:
                 assert isinstance(outcome, Encoding)
-                held.append((site, outcome))
                 calibration.replace(site.name, decode(outcome), keep_original=True)
+                held.append((site, _parked_indices(outcome)))  # decoded first, from the heap's copy
+                self.trims.passed(math.prod(site.shape) * 4)  # as `finish` does for a weight written
                 continue
             self.finish(site, outcome, learns=True)
         if held:
@@ -140,6 +143,17 @@ class _Run:
 
     def _read(self, site: WeightSite) -> torch.Tensor:
         return self.read_once.passed(self.container.read(site)) if self.keep else self.container.read(site)
+
+
+def _parked_indices(encoding: Encoding) -> Encoding:
+    """`encoding` with its table's indices parked in the spill around, if any (`_memory.parked`):
+    a weight held for the tuning keeps its codes (a byte each) as file pages that the tuning reads
+    a weight at a time and hands back, not as heap held until every weight is written."""
+    form = encoding.form
+    if not isinstance(form, Palettized) or not form.indices.values.flags.writeable:
+        return encoding
+    values = parked(torch.from_numpy(np.ascontiguousarray(form.indices.values))).numpy()
+    return replace(encoding, form=replace(form, indices=replace(form.indices, values=values)))
 
 
 def _tunes(config: WeightConfig, outcome: Encoding | Skipped) -> bool:

@@ -57,7 +57,9 @@ class _Knapsack:
         self.args: list[np.ndarray] = []
         for row_bytes, row_damage in zip(table.nbytes, table.damage, strict=True):
             new = np.full(capacity + 1, np.inf)
-            arg = np.full(capacity + 1, -1, dtype=np.int16)
+            arg = np.full(
+                capacity + 1, -1, dtype=np.int8 if len(row_bytes) < 128 else np.int16
+            )  # kept to the end
             for k, (b, d) in enumerate(zip(row_bytes, row_damage, strict=True)):
                 if not (math.isfinite(b) and math.isfinite(d)):
                     continue

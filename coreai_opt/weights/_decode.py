@@ -27,12 +27,14 @@ if TYPE_CHECKING:
 def torch_values(stored: Stored) -> torch.Tensor:
     """`stored` as the tensor coreai-torch's ops take: own dtypes for 8/16/32-bit elements (FP8 and
     E8M0 by their bits), sub-byte integers one per byte (signed ones sign-extended), OCP FP4 codes
-    two per byte along the last axis, masks as booleans."""
+    two per byte along the last axis, masks as booleans. Where the stored array already holds
+    those bytes the tensor shares its memory (read it, never write it): a 1.1B model's codes are
+    0.7 GB that a tuning or a write would otherwise hold twice."""
     import torch
 
     element, values = stored.element, np.ascontiguousarray(stored.values)
     if element.name == "ui1":
-        return torch.from_numpy(values.astype(bool))
+        return _shared(values if values.dtype == np.bool_ else values.astype(bool))
     if element.codes_per_byte > 1:  # a last axis of whole bytes (see _refusal): none spans two rows
         import tcast
 
@@ -40,18 +42,27 @@ def torch_values(stored: Stored) -> torch.Tensor:
         return packed.reshape(*values.shape[:-1], values.shape[-1] // element.codes_per_byte)
     if element.is_float:
         if element.bits == 8:  # FP8 and E8M0 by their bits
-            return torch.from_numpy(values.view(np.uint8).copy()).view(element.torch_dtype())
+            return _shared(values.view(np.uint8)).view(element.torch_dtype())
         if element.name == "bf16":
-            return torch.from_numpy(values.view(np.int16).copy()).view(torch.bfloat16)
-        return torch.from_numpy(values.copy())
+            return _shared(values.view(np.int16)).view(torch.bfloat16)
+        return _shared(values)
     if element.bits == 8:
-        return torch.from_numpy(values.copy())
-    codes = values.astype(np.int16)
+        return _shared(values)
     if element.kind.name == "INT":  # two's complement codes of `bits` bits
-        half = 1 << (element.bits - 1)
-        codes = (codes ^ half) - half
-        return torch.from_numpy(codes.astype(np.int8))
-    return torch.from_numpy(codes.astype(np.uint8))
+        half = np.int8(1 << (element.bits - 1))
+        signed = values.astype(np.int8)  # codes below 2**bits: no wrap; one copy, turned in place
+        np.bitwise_xor(signed, half, out=signed)
+        np.subtract(signed, half, out=signed)
+        return torch.from_numpy(signed)
+    return _shared(values if values.dtype == np.uint8 else values.astype(np.uint8))
+
+
+def _shared(values: np.ndarray) -> torch.Tensor:
+    """`values` as a tensor over the same memory; a copy where numpy forbids writes (torch cannot
+    mark a tensor read-only, and warns)."""
+    import torch
+
+    return torch.from_numpy(values if values.flags.writeable else values.copy())
 
 
 def _blocks(t: torch.Tensor, blocks: tuple[int, ...]) -> torch.Tensor:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 import tcast
+from coreai_opt._memory import ReadOnce, trim_heap
 from coreai_opt.weights import (
     Calibration,
     Checkpoints,
@@ -118,7 +119,11 @@ class _Tuned:
     def parameters(self) -> list[torch.Tensor]:
         return [p.delta for p in (self.entries, self.scale) if isinstance(p, _Parameter)]
 
-    def dense(self) -> torch.Tensor:
+    def dense(self, read: ReadOnce | None = None) -> torch.Tensor:
+        """The weight decoded; its indices `read` first where they are file pages handed back as a
+        pass goes (`_driver` parks a held weight's codes: a 1.1B model's are 0.7-1 GB)."""
+        if read is not None:
+            read.passed(self.indices)
         form = self.encoding.form
         assert isinstance(form, Palettized)
         values = lut_to_dense(self.indices, _value(self.entries), form.axis if self.indices.dim() > 1 else 0)
@@ -177,6 +182,7 @@ def tune_tables(
                 return [encoding for _, encoding in held], []  # no held weight reaches the program's output
             run.optimizer.step()
             run.schedule.step()
+            trim_heap()  # a step's activations, freed, back to the system: not held as heap to the end
             total += loss * len(batch)
             done += 1
             if progress is not None:
@@ -197,12 +203,13 @@ def _leaves(tables: list[_Tuned], calibration: Calibration) -> dict[str, torch.T
     leaves and their gradients stay there (a 1.1B model's are 8.8 GB): the host holds the tables,
     and one weight's decode at a time."""
     device = getattr(calibration, "device", None)  # a Calibration of before it said none: the tables'
-    leaves = {}
+    leaves, read = {}, ReadOnce()
     for t in tables:
         with torch.no_grad():
-            leaves[t.site.name] = t.dense().to(device)
+            leaves[t.site.name] = t.dense(read).to(device)
         calibration.replace(t.site.name, leaves[t.site.name], keep_original=True)
         leaves[t.site.name].requires_grad_()
+    read.release()
     return leaves
 
 
@@ -215,9 +222,10 @@ def _step_gradients(
     decode goes back once, one weight at a time. A step holds every decoded weight and its
     gradient (float32), one sample's activations and one weight's gather indices (int64, 8 bytes
     an element), not the batch's activations and every weight's indices at once."""
+    read = ReadOnce()  # the indices' pages, where parked, held a weight's worth at a time
     with torch.no_grad():
         for t in tables:
-            leaves[t.site.name].copy_(t.dense())  # each gradient was taken back and cleared below
+            leaves[t.site.name].copy_(t.dense(read))  # each gradient was taken back and cleared below
     total = 0.0
     for sample in batch:
         loss = calibration.divergence(leaves, sample) / len(batch)
@@ -229,8 +237,9 @@ def _step_gradients(
         leaf = leaves[t.site.name]
         grad, leaf.grad = leaf.grad, None
         if grad is not None:
-            dense = t.dense()
+            dense = t.dense(read)
             dense.backward(grad.to(dense.device))  # the tables' own device: the CPU's sums, in order
+    read.release()
     return total
 
 
