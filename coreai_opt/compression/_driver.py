@@ -8,7 +8,6 @@ import math
 from collections.abc import Collection, Iterator
 from dataclasses import replace
 
-import numpy as np
 import torch
 
 import tcast
@@ -150,9 +149,12 @@ def _parked_indices(encoding: Encoding) -> Encoding:
     a weight held for the tuning keeps its codes (a byte each) as file pages that the tuning reads
     a weight at a time and hands back, not as heap held until every weight is written."""
     form = encoding.form
-    if not isinstance(form, Palettized) or not form.indices.values.flags.writeable:
+    if not isinstance(form, Palettized):
         return encoding
-    values = parked(torch.from_numpy(np.ascontiguousarray(form.indices.values))).numpy()
+    values = form.indices.values
+    if values.ndim == 0 or not (values.flags.writeable and values.flags.c_contiguous):
+        return encoding
+    values = parked(torch.from_numpy(values)).numpy()
     return replace(encoding, form=replace(form, indices=replace(form.indices, values=values)))
 
 

@@ -230,6 +230,7 @@ def _step_gradients(
     for sample in batch:
         loss = calibration.divergence(leaves, sample) / len(batch)
         if not loss.requires_grad:
+            read.release()
             return None
         loss.backward()
         total += float(loss.detach())
