@@ -265,8 +265,7 @@ class Spill:
         import tempfile
 
         self._file = tempfile.TemporaryFile(dir=folder, prefix=".coreopt-spill-")  # noqa: SIM115 (closed by close)
-        self._addresses: list[int] = []
-        self._parked: set[int] = set()
+        self._parked: set[int] = set()  # each parked tensor's address: paged out, and never parked twice
         self._every = EveryBytes(self.page_out)
         self._left = _mappings_allowed()
 
@@ -289,7 +288,6 @@ class Spill:
             self._left = 0
             return tensor
         self._left -= 1
-        self._addresses.append(parked.data_ptr())
         self._parked.add(parked.data_ptr())
         self._every.passed(nbytes)
         return parked
@@ -306,7 +304,7 @@ class Spill:
         return torch.from_numpy(mapped).view(tensor.dtype).reshape(tensor.shape)
 
     def page_out(self) -> None:
-        page_out_mapped(self._addresses)
+        page_out_mapped(list(self._parked))
 
     def close(self) -> None:
         """Close the file: its parked tensors stay readable through their mappings."""
