@@ -218,6 +218,27 @@ def test_upcast_decodes_every_code_and_scale_like_torchcast(name: str, out: torc
     assert same_bits(tcast.upcast(t, computemode="triton"), tcast.upcast(t, computemode="torch"))
 
 
+@pytest.mark.parametrize("name", ["mxfp6e2", "mxfp6e3"])
+def test_six_bit_codes_unpack_from_words_and_from_bytes_where_they_are_not_aligned(name: str) -> None:
+    """6-bit codes of whole 32-code tiles are read sixteen from three 32-bit words; codes that
+    start off a 4-byte boundary are read a byte at a time. Both decode as TorchCast does, into
+    bfloat16 and float32."""
+    from tcast._triton import _launch
+
+    dtype = tcast.lookup(name)
+    codes = torch.arange(64).repeat(9)[torch.randperm(576, generator=torch.Generator().manual_seed(1))]
+    packed = tcast.pack_codes(codes.reshape(-1, 32), 6).to(DEVICE)
+    shifted = torch.empty(packed.numel() + 1, dtype=torch.uint8, device=DEVICE)[1:]
+    shifted.copy_(packed)
+    scales = torch.tensor([127, 120, 135] * 6, dtype=torch.uint8, device=DEVICE)
+    for stored, words in ((packed, True), (shifted, False)):
+        for out in (torch.bfloat16, torch.float32):
+            t = tcast.Tensor(dtype=dtype, shape=(18, 32), source_dtype=out, codes=stored, scales=scales, zeros=None,
+                             numel_padded=576)  # fmt: skip
+            assert _launch._six_bit_words(t, _launch.geometry(t.shape, dtype)) is words
+            assert same_bits(tcast.upcast(t, computemode="triton"), tcast.upcast(t, computemode="torch"))
+
+
 def test_stochastic_rounding_is_reproducible_and_unbiased() -> None:
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     first = tcast.cast(x, "mxfp4e2", "stochastic", seed=3, computemode="triton")

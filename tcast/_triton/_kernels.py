@@ -239,12 +239,13 @@ def upcast_kernel(
     FNUZ: tl.constexpr,
     HAS_INF: tl.constexpr,
     VEC: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     offsets, valid, _ = tile_offsets(
         block, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, EVEN
     )
-    code = load_codes(codes_ptr, block, code_bytes, TILE, TILE, BLOCKS, BITS, VEC)
+    code = load_codes(codes_ptr, block, code_bytes, TILE, TILE, BLOCKS, BITS, VEC, WORDS)
     if DECODE:
         values = decode_codes(code, BITS, MBITS, EMIN, IS_INT, FNUZ, HAS_INF)
     else:
@@ -688,14 +689,14 @@ def float_upcast_kernel(
     TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr,
     GIVEN: tl.constexpr, TWO_LEVEL: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
     EMIN: tl.constexpr, IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr, VEC: tl.constexpr,
-    S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr, S_FNUZ: tl.constexpr,
+    WORDS: tl.constexpr, S_FP32: tl.constexpr, S_MBITS: tl.constexpr, S_EMIN: tl.constexpr, S_FNUZ: tl.constexpr,
     S_HAS_INF: tl.constexpr,
 ):  # fmt: skip
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     offsets, valid, _ = tile_offsets(
         block, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, EVEN
     )
-    code = load_codes(codes_ptr, block, code_bytes, code_stride, TILE, BLOCKS, BITS, VEC)
+    code = load_codes(codes_ptr, block, code_bytes, code_stride, TILE, BLOCKS, BITS, VEC, WORDS)
     if GIVEN:
         divisor = tl.zeros([BLOCKS], dtype=tl.float32) + tl.load(given_ptr)
     else:

@@ -186,9 +186,10 @@ def _upcast_config(dtype: DataType, geo: Geometry, out_size: int) -> LaunchConfi
     docs/benchmarks.md): square E8M0 tiles to 16 bits as `_square_upcast_config`, 4-bit codes of
     square tiles of 1,024 values or more to float32 4,096 values a program (measured on 32x32:
     mxfp4s 77% -> 90% of copy); one float scale per tensor 4 KiB of output a program on 4 warps
-    (fp8_F to bf16 69% -> 97%, to float32 76% -> 97%); tiles under other float scales and 4-bit
-    codes of 1-D E8M0 tiles to float32 1,024 values on 4 warps (measured on nvfp4, nvf4,
-    fp8_1x128, mxfp4e2, mxint4: 92-93% -> 94-95%)."""
+    (fp8_F to bf16 69% -> 97%, to float32 76% -> 97%); tiles under other float scales and 4- and
+    8-bit codes of 1-D E8M0 tiles to float32 1,024 values on 4 warps (measured on nvfp4, nvf4,
+    fp8_1x128, mxfp4e2, mxint4: 92-93% -> 94-95%; mxfp8e4, mxint8, bfp16: 93-94% -> 96%), 6-bit
+    ones on 2 warps (mxfp6e3: 94% -> 95%; 4 warps: 78%)."""
     sspec, bits = dtype.sspec, dtype.nspec.bits
     if sspec is None:
         return LaunchConfig()
@@ -198,9 +199,9 @@ def _upcast_config(dtype: DataType, geo: Geometry, out_size: int) -> LaunchConfi
         return LaunchConfig(4096, 4) if bits == 4 and geo.tile >= 1024 else LaunchConfig()
     if geo.flat:
         return LaunchConfig(4096 // out_size, 4)
-    if out_size == 4 and (not sspec.is_exponent or bits == 4):
+    if out_size == 4 and (not sspec.is_exponent or bits in (4, 8)):
         return LaunchConfig(1024, 4)
-    return LaunchConfig()
+    return LaunchConfig(1024, 2) if out_size == 4 and bits == 6 else LaunchConfig()
 
 
 def _nibble_words_config(geo: Geometry) -> LaunchConfig:
@@ -626,7 +627,7 @@ def upcast(
     vec = min(geo.tcols, 16 // out.element_size())
     common = {
         "TILE": geo.tile, "TCOLS": geo.tcols, "BLOCKS": per_program, "EVEN": geo.even, "BITS": nspec.bits,
-        "VEC": vec, "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
+        "VEC": vec, "WORDS": _six_bit_words(t, geo), "num_warps": config.warps(geo.tile), "enable_fp_fusion": False,
     } | _format_params(nspec)  # fmt: skip
     if sspec is not None and not sspec.is_exponent:
         return _float_upcast(t, out, geo, grid, common)
@@ -640,6 +641,18 @@ def upcast(
             HAS_SCALE=has_scale, DECODE=decode, **common,
         )  # fmt: skip
     return out
+
+
+def _six_bit_words(t: Tensor, geo: Geometry) -> bool:
+    """Whether an upcast reads 6-bit codes sixteen from three 32-bit words (`_memory.load_codes`):
+    whole tiles of a multiple of 16 codes, 4-byte aligned."""
+    codes = t.codes
+    return (
+        t.dtype.nspec.bits == 6
+        and geo.tile % 16 == 0
+        and codes.data_ptr() % 4 == 0
+        and codes.numel() == geo.blocks * geo.tile * 3 // 4
+    )
 
 
 def _float_upcast(
