@@ -83,6 +83,21 @@ def test_the_smallest_plan_within_a_damage_bound_is_the_smallest_of_every_plan(s
         assert plan.nbytes == min(fits)
 
 
+def test_a_weights_row_mass_is_summed_a_piece_at_a_time_to_the_same_bits(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The rows' sums of squared gradients that price a sampled weight come a piece of rows at a
+    time in float64 (no float64 copy of the whole): bit for bit the whole's sums where the rows
+    lead (a linear layer's, an embedding's), over pieces that split them unevenly, and for a
+    vector; to float64's rounding where they are columns (the pieces sum in another order)."""
+    from coreai_opt import _pieces
+    from coreai_opt.optimization._costs import _row_mass
+
+    monkeypatch.setattr(_pieces, "PIECE", 1000)  # pieces of 1 or 3 rows below, the last one short
+    squares = torch.rand(50, 300, generator=torch.Generator().manual_seed(0)) ** 4
+    assert torch.equal(_row_mass(squares, 0), squares.double().sum(dim=1))
+    torch.testing.assert_close(_row_mass(squares, 1), squares.double().sum(dim=0), rtol=1e-14, atol=0)
+    assert torch.equal(_row_mass(squares[0], 0), squares[0].double())
+
+
 def test_choices_parse_names_defaults_and_configs_of_ones_own() -> None:
     picked = parse_choices("int8,mine=quantize:dtype=int4,granularity=block,block_size=16,lut2")
     assert [c.name for c in picked] == ["int8", "mine", "lut2", "keep"]
@@ -295,6 +310,46 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
     )
     for name, kl in trial_divergences(ep, ids, decoded).items():
         assert tried.measured[tried.names.index(name)][0] == pytest.approx(kl, rel=1e-9)
+
+
+def test_the_trials_keep_the_statistics_of_the_weights_they_encode_whole_and_no_others(
+    llama, monkeypatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """A 64-entry table is estimated on a quarter of the values a 16-entry one is, so it samples
+    weights that the anchors (lut2, lut4) encode whole in the estimate: the trials keep only the
+    statistics of the weights an anchor sampled, let each choice's go after its trials, and take
+    none again from the calibration."""
+    from coreai_opt.calibration import Samples, _capture
+    from coreai_opt.io import load_pt2
+    from coreai_opt.models import model_tokenizer
+    from coreai_opt.optimization import _trials, cost_table
+
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    samples = Samples.of(llama["calib"], tokens=128, tokenizer=model_tokenizer(llama["ref"]))
+    passes: list[list[str]] = []
+    one_pass = _capture.one_pass
+    monkeypatch.setattr(
+        _capture, "one_pass", lambda gm, names, *a: passes.append(list(names)) or one_pass(gm, names, *a)
+    )
+    seen: list[tuple[str, set[str], set[str], int]] = []
+    trials = _trials._trials
+
+    def spy(loaded, choice, names, *rest):  # type: ignore[no-untyped-def]
+        kept = {n for by_name in loaded.known.values() for n in by_name}
+        whole = {n for n in names if choice.name not in loaded.encodings.get(n, {})}
+        seen.append((choice.name, kept, whole, len(passes)))
+        return trials(loaded, choice, names, *rest)
+
+    monkeypatch.setattr(_trials, "_trials", spy)
+    table = cost_table(llama["ref"], lambda: load_pt2(llama["ref"]), parse_choices("lut6,lut4,lut2"), samples,
+                       threshold=0, trial_tokens=32, sample_elements=1024)  # fmt: skip
+    assert [s[0] for s in seen] == ["lut2", "lut4"]
+    (_, kept_first, whole_first, before), (_, kept_second, whole_second, _) = seen
+    assert whole_first and whole_second and kept_second == whole_second
+    assert kept_first == whole_first | whole_second
+    assert set(table.sampled) > kept_first  # lut6 sampled weights no trial encodes again
+    assert len(passes) == before  # the trials took no statistics of their own
+    assert all(set(m) == {0, 1, 2} - {table.column("lut6")} for m in table.measured)
 
 
 # data-free tables keep this quick (the learned methods are tests/test_learned.py's)

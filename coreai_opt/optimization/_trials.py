@@ -91,7 +91,11 @@ def measure_anchors(
     used = max((r[1] for r in results.values()), default=0)
     total, done = sum(map(len, wanted.values())), 0
     ids = _token_ids(loaded, tokens) if total else None
+    pending = {k: {n for n in names if table.choices[k] not in loaded.encodings.get(n, {})}
+               for k, names in wanted.items()}  # fmt: skip
     for k, names in wanted.items():
+        _keep_statistics(loaded, set().union(*pending.values()))
+        del pending[k]
         if not names:
             continue
         try:
@@ -111,6 +115,19 @@ def measure_anchors(
         table.measured[w] = {k: v for k, v in found.items() if v is not None}
         table.damage[w] = corrected(table.estimate[w], table.measured[w])
     table.trial_tokens = used
+
+
+def _keep_statistics(loaded: Any, names: set[str]) -> None:
+    """Let go of the statistics of every weight but `names`, those the trials have yet to encode
+    whole. The estimate kept every weight's that some choice sampled (at 135M, lut8's sample
+    takes in nearly all), but a trial encodes again only where its anchor was sampled. What they
+    held goes back to the system (glibc keeps the freed heap otherwise)."""
+    from coreai_opt._memory import trim_heap
+
+    loaded.known = {
+        kind: {n: s for n, s in by_name.items() if n in names} for kind, by_name in loaded.known.items()
+    }
+    trim_heap()
 
 
 def _stored(entry: dict[str, Any]) -> tuple[dict[str, float | None], int]:

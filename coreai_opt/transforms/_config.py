@@ -16,7 +16,7 @@ _ROUNDINGS = 10  # a default tolerance: this many machine epsilons of the weight
 
 def default_tolerance(state: dict[str, Any]) -> float:
     """`_ROUNDINGS` machine epsilons of the coarsest float dtype among the program's weights
-    (float32: 1.2e-5; float16: 9.8e-3; bfloat16: 7.8e-2): a transform stores every weight it
+    (float32: 1.2e-6; float16: 9.8e-3; bfloat16: 7.8e-2): a transform stores every weight it
     turns again in its own dtype, so a float16 program cannot come closer than its rounding."""
     import torch
 
