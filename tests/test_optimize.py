@@ -589,6 +589,29 @@ def test_optimize_rotate_searches_the_rotated_program_and_its_recipe_starts_with
     assert filecmp.cmp(out, again, shallow=False)
 
 
+def test_a_rotation_its_check_refuses_stops_a_learned_search_and_auto_goes_on_unrotated(
+    llama, monkeypatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """--rotate learned stops at a refused rotation; auto says why and searches the program as it is
+    (its recipe without the transform): the plan the same as --rotate none's."""
+    from coreai_opt import transforms
+    from coreai_opt.optimization import optimize
+    from coreai_opt.transforms import TransformError
+
+    monkeypatch.setattr(transforms, "default_tolerance", lambda state: 1e-30)  # below any rounding
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
+    common = {"threshold": 0, "candidates": "int8,int4", "calibration_tokens": 128, "trial_tokens": 0,
+              "uniform": 0, "dry_run": True}  # fmt: skip
+    with pytest.raises(TransformError, match="would change the program's outputs"):
+        optimize(llama["ref"], Goal(target_bits=6), llama["calib"], rotate="learned", **common)
+    said: list[str] = []
+    found = optimize(llama["ref"], Goal(target_bits=6), llama["calib"], say=said.append, **common)
+    assert any(line.startswith("no rotation: ") and "would change" in line for line in said), said
+    assert not any(type(step).__name__ == "Transform" for step in found.recipe.steps)
+    plain = optimize(llama["ref"], Goal(target_bits=6), llama["calib"], rotate="none", **common)
+    assert found.report.weights == plain.report.weights and found.recipe == plain.recipe
+
+
 def test_nothing_takes_the_rotated_programs_gram_matrices_again(llama, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A learned rotation hands the rotated program's Gram matrices (its own, turned) to the cost
     table, whose estimates and trials - a sampled weight re-encoded whole by GPTQ included - take

@@ -359,6 +359,69 @@ def test_a_float16_program_is_held_to_its_own_rounding_and_a_float32_one_to_fp32
     assert 1e-4 < report.equivalence.relative_rms < 10 * torch.finfo(torch.float16).eps  # type: ignore[union-attr]
 
 
+def _float_outputs(program, inputs, *, exact: bool) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
+    from coreai_opt._export import compute_in_float64, runnable
+
+    module = runnable(program)
+    if exact:
+        compute_in_float64(module)
+    with torch.no_grad():
+        return [module(*sample) for sample in inputs]
+
+
+def _relative_rms(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(float((x.double() - y.double()).norm() / x.double().norm()) for x, y in zip(a, b, strict=True))
+
+
+def test_the_check_computes_both_programs_in_float64_and_sees_only_what_the_rotation_changed(
+    tiny_llama: dict[str, Path],
+) -> None:
+    """A program made to compute in float64 makes every floating-point value of its graph in
+    float64 and leaves the program's float32 tensors as they were; so the check sees what a
+    rotation changed - its weights stored again in float32, under one epsilon - and not the
+    float32 arithmetic's own rounding, which differs between the two programs by more."""
+    from torch.fx import Interpreter
+
+    from coreai_opt._export import compute_in_float64, runnable
+
+    program = load_pt2(tiny_llama["ref"])
+    before = {name: value.clone() for name, value in program.state_dict.items()}
+    inputs = [_drawn(program, seed) for seed in range(2)]
+    module = runnable(program)
+    compute_in_float64(module)
+    made: set[torch.dtype] = set()
+
+    class Recording(Interpreter):
+        def run_node(self, node):  # type: ignore[no-untyped-def]
+            value = super().run_node(node)
+            if node.op != "get_attr":  # the program's own tensors, cast where they are first read
+                made.update(
+                    t.dtype for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)
+                )
+            return value
+
+    with torch.no_grad():
+        exact = Recording(module).run(*inputs[0])
+    assert {dtype for dtype in made if dtype.is_floating_point} == {torch.float64}, made
+    rounded = _float_outputs(program, inputs[:1], exact=False)
+    assert 1e-8 < _relative_rms([exact], rounded) < 1e-6  # the float32 arithmetic's own rounding
+    assert all(
+        v.dtype == before[k].dtype and torch.equal(v, before[k]) for k, v in program.state_dict.items()
+    )
+    original = load_pt2(tiny_llama["ref"])
+    report = transform_(program, RotateConfig(seed=1))
+    checked = report.equivalence.relative_rms  # type: ignore[union-attr]
+    exact = _float_outputs(original, inputs, exact=True)
+    assert checked == pytest.approx(
+        _relative_rms(exact, _float_outputs(program, inputs, exact=True)), rel=1e-9
+    )
+    assert checked < torch.finfo(torch.float32).eps / 2
+    in_float32 = _relative_rms(
+        _float_outputs(original, inputs, exact=False), _float_outputs(program, inputs, exact=False)
+    )
+    assert in_float32 > 3 * checked
+
+
 @pytest.mark.parametrize(
     "data, problem",
     [({"kind": "rotate", "rotation": "spiral"}, "rotation is one of hadamard, random"),

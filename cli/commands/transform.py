@@ -34,8 +34,8 @@ _DOC = """Write an equivalent .pt2 whose weights compress with less error.
     Norms are folded into the linears that read them, the residual stream is rotated by an
     orthogonal matrix folded into the weights (--rotate) and channels are scaled between each
     activation and its readers by scales searched on calibration data (--scale awq). The result
-    is checked against the input on seeded inputs and refused beyond --tolerance; every
-    compression command works on it unchanged.
+    is checked against the input on seeded inputs (both computed in float64) and refused beyond
+    --tolerance; every compression command works on it unchanged.
 
     Example: coreopt transform model.pt2 --rotate hadamard -o model.rot.pt2
 
@@ -62,7 +62,7 @@ def _command() -> Any:
         keyword("heads", typer.Option(False, "--heads", help="--rotate: also each attention layer's values and outputs, head by head."), bool),
         keyword("seed", typer.Option(0, "--seed", help="Seed of the rotation's random signs / matrix."), int),
         keyword("steps", typer.Option(300, "--steps", help="--rotate learned: optimisation steps (one layer's weights each)."), int),
-        keyword("tolerance", typer.Option(None, "--tolerance", help="Largest relative RMS difference of any output from the input's, on seeded inputs (default: 10 machine epsilons of the weights' coarsest float dtype: 1.2e-6 for float32, 9.8e-3 for float16)."), float | None),
+        keyword("tolerance", typer.Option(None, "--tolerance", help="Largest relative RMS difference of any output from the input's, both computed in float64 on seeded inputs (default: 10 machine epsilons of the weights' coarsest float dtype: 1.2e-6 for float32, 9.8e-3 for float16)."), float | None),
         keyword("samples", typer.Option(2, "--samples", help="How many seeded inputs the check runs."), int),
         keyword("output", typer.Option(None, "-o", "--output", help="Output .pt2 (default: model.<rotated|scaled|folded>.pt2 beside the input)."), Path | None),
     ]  # fmt: skip

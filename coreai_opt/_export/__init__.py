@@ -20,7 +20,7 @@ from ._ops import (
     is_decompression,
     op_name,
 )
-from ._runnable import checked_device, ready_to_run, release_unheld, runnable
+from ._runnable import checked_device, compute_in_float64, ready_to_run, release_unheld, runnable
 from ._weights import ExportWeights
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "ProgramEdit",
     "StateWalker",
     "checked_device",
+    "compute_in_float64",
     "coreai_decompositions",
     "fold_decompression",
     "is_decompression",

@@ -155,6 +155,41 @@ def place_factories(gm: GraphModule, device: torch.device) -> None:
         gm.recompile()
 
 
+def compute_in_float64(gm: GraphModule) -> None:
+    """Make `gm` (a module `runnable` made) compute in float64: each floating-point tensor it
+    holds cast just before the node that first reads it - a copy, let go after its last reader,
+    so the program's own tensors stay as they are and one weight at a time is held twice - and
+    every floating-point dtype its graph names (casts, factories, metadata checks) float64. Its
+    floating-point inputs must come in float64. What two programs compute, compared so, differs
+    by what their weights differ by, not by their float32 arithmetic's rounding (itself 5
+    epsilons of SmolLM2-135M's logits against float64, and different for every order of
+    operations)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    def widened(value: object) -> object:
+        return torch.float64 if isinstance(value, torch.dtype) and value.is_floating_point else value
+
+    graph = gm.graph
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
+        if node.op == "call_function":
+            node.args, node.kwargs = pytree.tree_map(widened, (node.args, node.kwargs))
+        elif node.op == "get_attr" and node.users and _float_attribute(gm, node.target):
+            with graph.inserting_before(min(node.users, key=order.__getitem__)):
+                cast = graph.call_function(torch.ops.aten._to_copy.default, (node,), {"dtype": torch.float64})
+            node.replace_all_uses_with(cast, delete_user_cb=lambda user, cast=cast: user is not cast)
+    gm.recompile()
+
+
+def _float_attribute(gm: GraphModule, target: str) -> bool:
+    import torch
+
+    owner, last = _owner(gm, target)
+    held = getattr(owner, last, None)
+    return isinstance(held, torch.Tensor) and held.is_floating_point()
+
+
 def ready_to_run(program: ExportedProgram, module: GraphModule | None = None) -> None:
     """A program read from a file runs first in a forked child, on zeros, its compressed weights
     folded (the decoders' memory, not coreai-torch's expansion of every table): `ProgramRunError`

@@ -25,8 +25,8 @@ _TRIALS = (
 )
 _ROTATE = (
     "Rotate the residual stream first (hadamard, random, learned - on --calibration; auto: learned "
-    "where the program's residual stream can be rotated, else none): the search runs on the rotated "
-    "program and the recipe starts with that transform."
+    "where the program's residual stream can be rotated, else none, and none when its check refuses "
+    "it): the search runs on the rotated program and the recipe starts with that transform."
 )
 CONFIG_VERSION = 1
 ESTIMATE_SAMPLE = 1 << 22  # values: a large weight's cost estimated on a sample (`_costs`)

@@ -70,10 +70,21 @@ def optimize(
     note = say or (lambda _: None)
     picked = _picked(choices if choices is not None else config.candidates)
     _check_goal(budget, evaluation, config.dry_run)
-    if config.rotate == "auto":
+    auto = config.rotate == "auto"
+    if auto:
         config = dataclasses.replace(config, rotate=_auto_rotation(path, note))
     if config.rotate not in (None, "none"):
-        return _rotated(path, budget, calibration, evaluation, config, output, picked, force, progress, say)
+        from coreai_opt.transforms import TransformError
+
+        try:
+            return _rotated(
+                path, budget, calibration, evaluation, config, output, picked, force, progress, say
+            )
+        except TransformError as why:  # refused, the program left as it was: auto searches it unrotated
+            if not auto:
+                raise
+            note(f"no rotation: {why}")
+            config = dataclasses.replace(config, rotate="none")
     out = None if config.dry_run else _output(path, output, config.to == "aimodel", force)
     return _optimized((path, sidecars, out), budget, calibration, evaluation, config, picked, progress, note)
 

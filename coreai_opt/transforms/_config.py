@@ -27,8 +27,8 @@ def default_tolerance(state: dict[str, Any]) -> float:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformConfig:
     """What every transform shares: how closely the transformed program must reproduce the
-    original's outputs - the RMS of the difference over the RMS of the outputs, on `samples`
-    seeded inputs - before anything is written (`tolerance`; None: `default_tolerance` of the
+    original's outputs - the RMS of the difference over the RMS of the outputs, both computed in
+    float64 on `samples` seeded inputs - before anything is written (`tolerance`; None: `default_tolerance` of the
     program, what storing its weights again in their own dtype may cost)."""
 
     KIND: ClassVar[str]

@@ -1,5 +1,5 @@
-"""Whether a transformed program computes what the original did: both run on the same seeded
-inputs (the input policy of `coreai_opt.inputs`), every output compared."""
+"""Whether a transformed program computes what the original did: both run in float64 on the same
+seeded inputs (the input policy of `coreai_opt.inputs`), every output compared."""
 
 from __future__ import annotations
 
@@ -40,16 +40,19 @@ def seeded_inputs(program: ExportedProgram, count: int) -> list[list[torch.Tenso
 def outputs(
     program: ExportedProgram, inputs: list[list[torch.Tensor]], device: torch.device | None = None
 ) -> list[list[torch.Tensor]]:
-    """The program's float outputs on each input set (in their own dtype: `compare` sums in
-    float64), run on `device` (a calibration's: a 1B program's check on a GPU, not the CPU)."""
+    """The program's float outputs on each input set, computed in float64 (`compute_in_float64`:
+    a transform is judged by what it changed, not by the float32 arithmetic's own rounding, which
+    differs between two orders of the same sums by more than a weight stored again does), run on
+    `device` (a calibration's: a 1B program's check on a GPU, not the CPU)."""
     import torch
     import torch.utils._pytree as pytree
 
-    from coreai_opt._export import runnable
+    from coreai_opt._export import compute_in_float64, runnable
 
     module, where = runnable(program, device), torch.device(device or "cpu")
+    compute_in_float64(module)
     with torch.no_grad():
-        runs = [pytree.tree_leaves(module(*(t.to(where) for t in sample))) for sample in inputs]
+        runs = [pytree.tree_leaves(module(*(_widened(t, where) for t in sample))) for sample in inputs]
     del module
     return [
         [t.detach().cpu() for t in run if isinstance(t, torch.Tensor) and t.is_floating_point()]
@@ -57,9 +60,15 @@ def outputs(
     ]
 
 
+def _widened(t: torch.Tensor, where: torch.device) -> torch.Tensor:
+    import torch
+
+    return t.to(where, torch.float64) if t.is_floating_point() else t.to(where)
+
+
 def compare(before: list[list[torch.Tensor]], after: list[list[torch.Tensor]]) -> Equivalence:
-    """The worst relative RMS and largest absolute difference, with one temporary an output (a
-    difference of two close floats is exact in their dtype; the sums are taken in float64)."""
+    """The worst relative RMS and largest absolute difference, with one temporary an output (the
+    sums taken in float64)."""
     import torch
 
     worst, largest = 0.0, 0.0
