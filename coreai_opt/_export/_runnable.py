@@ -159,8 +159,10 @@ def compute_in_float64(gm: GraphModule) -> None:
     """Make `gm` (a module `runnable` made) compute in float64: each floating-point tensor it
     holds cast just before the node that first reads it - a copy, let go after its last reader,
     so the program's own tensors stay as they are and one weight at a time is held twice - and
-    every floating-point dtype its graph names (casts, factories, metadata checks) float64. Its
-    floating-point inputs must come in float64. What two programs compute, compared so, differs
+    every floating-point dtype its graph names (casts, factories, metadata checks) float64; every
+    view a reshape (CUDA's float64 attention lays out its result otherwise than the float32 one
+    the graph was traced on, and a view of it fails). Its floating-point inputs must come in
+    float64. What two programs compute, compared so, differs
     by what their weights differ by, not by their float32 arithmetic's rounding (itself 5
     epsilons of SmolLM2-135M's logits against float64, and different for every order of
     operations)."""
@@ -175,6 +177,8 @@ def compute_in_float64(gm: GraphModule) -> None:
     for node in list(graph.nodes):
         if node.op == "call_function":
             node.args, node.kwargs = pytree.tree_map(widened, (node.args, node.kwargs))
+            if node.target is torch.ops.aten.view.default:
+                node.target = torch.ops.aten.reshape.default
         elif node.op == "get_attr" and node.users and _float_attribute(gm, node.target):
             with graph.inserting_before(min(node.users, key=order.__getitem__)):
                 cast = graph.call_function(torch.ops.aten._to_copy.default, (node,), {"dtype": torch.float64})
