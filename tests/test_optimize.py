@@ -255,12 +255,15 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
     from coreai_opt.evaluation import trial_divergences
     from coreai_opt.io import load_pt2
     from coreai_opt.models import model_tokenizer
-    from coreai_opt.optimization import cost_table
+    from coreai_opt.optimization import _costs, cost_table
     from coreai_opt.weights import Needs, decode
 
     monkeypatch.setenv("COREOPT_CACHE", str(llama["root"] / "cache-costs"))
     samples = Samples.of(llama["calib"], tokens=128, tokenizer=model_tokenizer(llama["ref"]))
     choices = parse_choices("int4,lut2")
+    reduced: dict[str, Any] = {}
+    gradients = _costs._gradients
+    monkeypatch.setattr(_costs, "_gradients", lambda *a: reduced.update(gradients(*a)) or dict(reduced))
     table = cost_table(llama["ref"], lambda: load_pt2(llama["ref"]), choices, samples, threshold=0)
     assert table.cached == [] and table.choices == ["int4", "lut2", "keep"]
     # by hand, K-FAC: 1/2 sum_j S_j dW_j G dW_j^T per token, S_j = sum_i F_ij / (T tr G), F the mean
@@ -291,6 +294,12 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
         checked += 1
     assert kronecker == checked - 1
     assert checked == len(table.names) > 10
+    # the estimate kept each weight's squared gradients as row sums (the same bits), and whole
+    # only where no Gram matrix fits: a learned method of these choices reads none of them
+    assert [n for n, g in reduced.items() if g.squares is not None] == ["model.embed_tokens.weight"]
+    assert sorted(reduced) == sorted(table.names) and all(
+        torch.equal(g.row_sums, fisher[n].gradient_squares.double().sum(1)) for n, g in reduced.items()
+    )
     # the bytes of a uniform setting are what compressing with it stores
     report = compress_(load_pt2(llama["ref"]), choices[1].config_for(False, 0))
     assert table.uniform("lut2")[0] == sum(r.bytes_after for r in report.weights) + sum(

@@ -133,6 +133,7 @@ __all__ = [
     "executor_of",
     "flag_names",
     "flags",
+    "gram_fits",
     "gram_of",
     "learning_methods",
     "learns_from_data",
@@ -241,9 +242,9 @@ def sampled_trial_encodings(
 
 
 def __getattr__(name: str) -> Any:
-    """`MatrixView` and `gram_of` (a weight as the matrix its consumer multiplies, and its input
-    Gram matrix in that order) import torch: loaded when asked for."""
-    if name in ("MatrixView", "gram_of"):
+    """`MatrixView`, `gram_of` and `gram_fits` (a weight as the matrix its consumer multiplies,
+    its input Gram matrix in that order, whether there is one) import torch: loaded when asked for."""
+    if name in ("MatrixView", "gram_of", "gram_fits"):
         from .algorithms import _layerwise
 
         return getattr(_layerwise, name)

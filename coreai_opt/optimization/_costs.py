@@ -229,10 +229,13 @@ def _measure(
     }
     state = sum(int(t.numel() * t.element_size()) for t in ep.state_dict.values())
     calibration = loaded.calibration
-    taken = {needs: statistics_from(calibration, list(sizes), needs, known)  # what the learned methods read
-             for needs in (Needs.GRADIENT_SQUARES, Needs.INPUT_GRAM)}  # fmt: skip
+    learned = _learned_needs(choices, threshold)
+    taken = {needs: statistics_from(calibration, list(sizes), needs, known)  # the estimate's and the learned methods'
+             for needs in (Needs.GRADIENT_SQUARES, Needs.INPUT_GRAM) if needs is Needs.INPUT_GRAM or needs in learned}  # fmt: skip
+    sites = {site.name: site for config in configs.values() for site in eligible_weights(ep, config)}
+    gradients = _gradients(calibration, {name: sites[name] for name in sizes}, taken, known)
     context = _Context(loaded, {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())},
-                       taken, sample_elements)  # fmt: skip
+                       taken, gradients, sample_elements)  # fmt: skip
     found: dict[str, dict[str, list[float]]] = {}
     shares: dict[str, dict[str, float]] = {}
     with clusters_shared(list(configs.values())):  # lut6 and lut6-q8: one k-means a weight
@@ -251,26 +254,82 @@ def _measure(
     return found, sizes, state, shares
 
 
+def _learned_needs(choices: Collection[Choice], threshold: int) -> set[Any]:
+    """The statistics the choices' learned methods read."""
+    from coreai_opt.compression import algorithm_for
+
+    return {algorithm_for(c.config_for(True, threshold)).needs for c in choices if c.config is not None}
+
+
 def _for_trials(
     statistics: Any, sampled: Collection[str], choices: Collection[Choice], threshold: int
 ) -> dict[Any, dict[str, Any]]:
     """The sampled weights' statistics of the needs the choices' learned methods have: the trials
     encode those weights whole."""
-    from coreai_opt.compression import algorithm_for
-
-    needs = {algorithm_for(c.config_for(True, threshold)).needs for c in choices if c.config is not None}
+    needs = _learned_needs(choices, threshold)
     return {kind: {n: s for n, s in by_name.items() if n in sampled} for kind, by_name in statistics.items()
             if kind in needs}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Gradients:
+    """A weight's squared gradients as the estimate reads them: how many tokens they were summed
+    over (`rows`), each output row's sum in float64 (None: no squares), and the squares themselves
+    only where no input Gram matrix fits (the diagonal estimate reads them one by one)."""
+
+    rows: int
+    row_sums: Any = None
+    squares: Any = None
+
+    def of_rows(self, sample: Any, site: Any) -> _Gradients:
+        """Those of a row sample of the weight at `site`."""
+        squares = None if self.squares is None else sample.take(self.squares, site.output_axis)
+        return _Gradients(self.rows, self.row_sums[sample.rows.to(self.row_sums.device)], squares)
+
+
+def _gradients(
+    calibration: Any, sites: dict[str, Any], taken: dict[Any, Any], known: Any
+) -> dict[str, _Gradients]:
+    """Every weight's squared gradients as the estimate reads them (`_Gradients`), each weight's
+    squares let go as the next come - 135M's together are 0.54 GB - unless a learned method reads
+    them whole (`taken` holds them then)."""
+    from itertools import chain
+
+    from coreai_opt.compression import MatrixView, gram_fits
+    from coreai_opt.weights import Needs
+
+    whole = taken.get(Needs.GRADIENT_SQUARES)
+    if whole is not None:
+        found: Any = whole.items()
+    else:
+        have = (known or {}).get(Needs.GRADIENT_SQUARES, {})
+        missing = [name for name in sites if name not in have]
+        found = chain(((name, have[name]) for name in sites if name in have),
+                      calibration.sequential(missing, Needs.GRADIENT_SQUARES) if missing else ())  # fmt: skip
+    grams, reduced = taken[Needs.INPUT_GRAM], {}
+    for name, statistics in found:
+        site = sites[name]
+        squares = None if statistics is None else statistics.gradient_squares
+        if squares is None or tuple(squares.shape) != tuple(site.shape):
+            reduced[name] = _Gradients(0 if statistics is None else statistics.rows)
+            continue
+        diagonal = not gram_fits(grams.get(name), MatrixView.of(site))
+        reduced[name] = _Gradients(
+            statistics.rows, _row_mass(squares, site.output_axis), squares if diagonal else None
+        )
+    return reduced
 
 
 @dataclass
 class _Context:
     """What every choice's column is measured against: the program and calibration, its weights
-    as given, their Fisher and Gram statistics (by need), and the estimate's sample size."""
+    as given, their statistics the learned methods read (by need) and their squared gradients as
+    the estimate reads them, and the estimate's sample size."""
 
     loaded: _Loaded
     weights: dict[str, Any]
     taken: dict[Any, dict[str, Any]]
+    gradients: dict[str, _Gradients]
     sample_elements: int
 
 
@@ -289,12 +348,14 @@ def _measure_choice(
     encodings = sampled_trial_encodings(
         loaded.ep, config, loaded.calibration, elements=context.sample_elements, known=context.taken
     )
-    fisher, grams = context.taken[Needs.GRADIENT_SQUARES], context.taken[Needs.INPUT_GRAM]
+    gradients, grams = context.gradients, context.taken[Needs.INPUT_GRAM]
     for done, (site, outcome, sample) in enumerate(encodings, 1):
         advance(done, site.name)
         if isinstance(outcome, Skipped):
             continue
-        costs[site.name] = _cost(site, context.weights[site.name], outcome, sample, fisher, grams, per_sample)
+        costs[site.name] = _cost(
+            site, context.weights[site.name], outcome, sample, gradients, grams, per_sample
+        )
         if sample is None:  # the trials take whole encodings: a sample's they make again
             loaded.keep(site.name, choice.name, outcome)
         else:
@@ -303,8 +364,9 @@ def _measure_choice(
 
 
 def _cost(
-    site: Any, weight: Any, outcome: Any, sample: Any, fisher: Any, grams: Any, per_sample: int
-) -> list[float]:
+    site: Any, weight: Any, outcome: Any, sample: Any, gradients: dict[str, _Gradients], grams: Any,
+    per_sample: int,
+) -> list[float]:  # fmt: skip
     """[bytes, estimated damage] of the whole weight from the encoding of it or of its `sample`
     of rows: then the sample's damage over its share of the weight's squared gradients (each row's
     error is its own, and a vocabulary's rows matter as unevenly as its tokens are frequent), or of
@@ -314,25 +376,25 @@ def _cost(
     from coreai_opt.weights import decode, nbytes_for_rows
 
     w = weight.detach()
-    statistics = fisher.get(site.name)
+    found = gradients.get(site.name)
     if sample is None:
         nbytes, share = outcome.nbytes, 1.0
     else:
         nbytes = nbytes_for_rows(outcome.form, len(sample.rows), sample.of)
-        share = _share(sample, site, statistics)
-        w, statistics = sample.take(w, site.output_axis), sample.statistics(statistics, site)
+        share = _share(sample, found)
+        w = sample.take(w, site.output_axis)
+        found = None if found is None or found.row_sums is None else found.of_rows(sample, site)
         site = sample.site(site)
     w = w.to("cpu", torch.float64)  # the damage is taken on the host
     delta = decode(outcome).to("cpu", torch.float64) - w  # the weight or its encoding may be on a GPU
-    return [nbytes, _damage(site, w, delta, statistics, grams.get(site.name), per_sample, share)]
+    return [nbytes, _damage(site, w, delta, found, grams.get(site.name), per_sample, share)]
 
 
-def _share(sample: Any, site: Any, statistics: Any) -> float:
+def _share(sample: Any, gradients: _Gradients | None) -> float:
     """The sample's share of the weight's squared gradients (of its rows without them)."""
-    squares = None if statistics is None else statistics.gradient_squares
-    if squares is None or tuple(squares.shape) != tuple(site.shape):
+    if gradients is None or gradients.row_sums is None:
         return float(sample.share)
-    mass = _row_mass(squares, site.output_axis)
+    mass = gradients.row_sums
     total = float(mass.sum())
     return float(mass[sample.rows.to(mass.device)].sum()) / total if total > 0 else float(sample.share)
 
@@ -354,28 +416,34 @@ def _row_mass(squares: Any, output_axis: int) -> Any:
 
 
 def _damage(
-    site: Any, w: Any, delta: Any, fisher: Any, inputs: Any, per_sample: int, share: float = 1.0
+    site: Any,
+    w: Any,
+    delta: Any,
+    gradients: _Gradients | None,
+    inputs: Any,
+    per_sample: int,
+    share: float = 1.0,
 ) -> float:
     """1/2 dW F dW per token, F the Fisher information in Kronecker form (K-FAC): per output
     channel j, the mean squared gradient of the loss at the layer's output, S_j, times the
     consumer's input Gram matrix G - so an error that GPTQ steered to where the inputs do not
     reach costs what it costs, not its energy: 1/2 sum_j S_j dW_j G dW_j^T. S_j is read off the
-    squared weight gradients (F_ij ~ T S_j G_ii over T tokens a window). Without a Gram that fits
-    (an embedding lookup) the diagonal 1/2 sum F dW^2; without gradients, the relative error.
-    `w` and `delta` may be a `share` of the weight's rows: the sums are then over that share."""
+    squared weight gradients' row sums (F_ij ~ T S_j G_ii over T tokens a window). Without a Gram
+    that fits (an embedding lookup) the diagonal 1/2 sum F dW^2; without gradients, the relative
+    error. `w` and `delta` may be a `share` of the weight's rows: the sums are then over that share."""
     from coreai_opt.compression import MatrixView, gram_of
 
-    if fisher is None or fisher.gradient_squares is None or not fisher.rows:
+    if gradients is None or gradients.row_sums is None or not gradients.rows:
         return float(delta.square().sum() / max(float(w.square().sum()), 1e-30))  # no path to the loss
-    tokens = fisher.rows / per_sample
-    squares = fisher.gradient_squares.cpu().double()
+    tokens = gradients.rows / per_sample
     view = MatrixView.of(site)
     gram = gram_of(inputs, view)
     if gram is None:
+        squares = gradients.squares.cpu().double()
         return float(0.5 * (squares * delta.square()).sum() / tokens / share)
     gram = gram.cpu()
     d = view.matrix(delta)
-    per_channel = view.matrix(squares).sum(1) / (tokens * max(float(gram.diagonal().sum()), 1e-300))
+    per_channel = gradients.row_sums.cpu() / (tokens * max(float(gram.diagonal().sum()), 1e-300))
     return float(0.5 * (per_channel * ((d @ gram) * d).sum(1)).sum() / share)
 
 

@@ -65,16 +65,23 @@ def gram_of(statistics: Statistics | None, view: MatrixView) -> torch.Tensor | N
     has none that fits (an embedding lookup, a grouped convolution, a weight nothing reads). To be
     read, never written: where the order is the calibration's own (every linear weight), it is
     the statistics' matrix itself - a copy is 0.25 GB at a 5,632-input projection."""
-    if statistics is None or statistics.gram is None or statistics.rows == 0:
+    if not gram_fits(statistics, view):
         return None
+    assert statistics is not None and statistics.gram is not None
     columns = math.prod(view.shape) // view.shape[view.output_axis]
-    if tuple(statistics.gram.shape) != (columns, columns):
-        return None
     order = view.columns_in_gram_order()
     gram = statistics.gram.double()
     if torch.equal(order, torch.arange(columns)):
         return gram
     return gram[order[:, None], order[None, :]]
+
+
+def gram_fits(statistics: Statistics | None, view: MatrixView) -> bool:
+    """Whether `statistics` hold an input Gram matrix of the view's columns (`gram_of` gives one)."""
+    if statistics is None or statistics.gram is None or statistics.rows == 0:
+        return False
+    columns = math.prod(view.shape) // view.shape[view.output_axis]
+    return tuple(statistics.gram.shape) == (columns, columns)
 
 
 def dead_inputs(gram: torch.Tensor) -> torch.Tensor:
