@@ -134,6 +134,30 @@ def test_a_trials_kl_read_off_its_difference_from_the_reference_is_the_textbook_
     assert abs(held.against(reference + 5.0)[0]) < 1e-7 * rows  # a shift of every logit changes nothing
 
 
+def test_the_reference_distribution_taken_a_piece_of_rows_at_a_time_has_the_whole_batchs_bits(
+    monkeypatch,
+) -> None:  # type: ignore[no-untyped-def]
+    """Its log-sum-exp, probabilities, their sums and the targets' NLL, each row's own: 4 rows a
+    piece give the bits one piece of every row gives, and those the textbook's float64 gives."""
+    from coreai_opt.evaluation._scores import Reference
+    from coreai_opt.evaluation._tokens import Windows
+
+    generator = torch.Generator().manual_seed(5)
+    batch, length, vocab = 3, 11, 300
+    windows = Windows(length * batch, length, length)
+    ids = torch.randint(0, vocab, (batch, length), generator=generator)
+    logits = 4 * torch.randn(batch, length, vocab, generator=generator)
+    monkeypatch.setattr(Reference, "ROWS", 1 << 30)
+    whole = Reference(logits, ids, batch, windows, first=0)
+    monkeypatch.setattr(Reference, "ROWS", 4)
+    pieces = Reference(logits, ids, batch, windows, first=0)
+    for field in ("lse", "p", "mass", "target_nll"):
+        assert torch.equal(getattr(pieces, field), getattr(whole, field)), field
+    wide = whole.z.double()
+    assert torch.equal(whole.lse, torch.logsumexp(wide, -1)) and whole.nll == pieces.nll
+    assert torch.equal(whole.p, (wide - whole.lse[:, None]).exp().float())
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_bfloat16_differences_measure_what_exact_trials_do(family: str, tmp_path: Path) -> None:
     """Every weight's trial with its products as the reference's plus bfloat16 products of the
