@@ -266,9 +266,9 @@ def _for_trials(
 ) -> dict[Any, dict[str, Any]]:
     """The sampled weights' statistics of the needs the choices' learned methods have: the trials
     encode those weights whole."""
-    needs = _learned_needs(choices, threshold)
-    return {kind: {n: s for n, s in by_name.items() if n in sampled} for kind, by_name in statistics.items()
-            if kind in needs}  # fmt: skip
+    from coreai_opt.weights import known_of
+
+    return known_of(statistics, sampled, _learned_needs(choices, threshold))
 
 
 @dataclass(frozen=True)

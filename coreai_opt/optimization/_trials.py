@@ -123,10 +123,9 @@ def _keep_statistics(loaded: Any, names: set[str]) -> None:
     takes in nearly all), but a trial encodes again only where its anchor was sampled. What they
     held goes back to the system (glibc keeps the freed heap otherwise)."""
     from coreai_opt._memory import trim_heap
+    from coreai_opt.weights import known_of
 
-    loaded.known = {
-        kind: {n: s for n, s in by_name.items() if n in names} for kind, by_name in loaded.known.items()
-    }
+    loaded.known = known_of(loaded.known, names)
     trim_heap()
 
 

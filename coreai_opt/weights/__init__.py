@@ -30,7 +30,7 @@ from ._forms import (
     nbytes_for_rows,
 )
 from ._sites import Candidate, Consumer, SkipKind, Skipped, Use, WeightSite, stored_nbytes
-from ._statistics import Calibration, Checkpoints, Known, Needs, Statistics, statistics_from
+from ._statistics import Calibration, Checkpoints, Known, Needs, Statistics, known_of, statistics_from
 
 __all__ = [
     "CONTAINERS",
@@ -59,6 +59,7 @@ __all__ = [
     "container_of",
     "decode",
     "describe",
+    "known_of",
     "lut_to_dense",
     "nbytes_for_rows",
     "register_container",

@@ -9,7 +9,7 @@ them in graph order with every weight compressed so far already swapped in (`rep
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -125,6 +125,15 @@ class Calibration(Protocol):
 
 
 Known = Mapping[Needs, Mapping[str, Statistics]]  # statistics of a program as it is, taken before
+
+
+def known_of(
+    known: Known, names: Collection[str], needs: Collection[Needs] | None = None
+) -> dict[Needs, dict[str, Statistics]]:
+    """`known` narrowed to the weights `names` (and the kinds `needs`, when given): what a later
+    step reads, so the rest can go."""
+    return {kind: {n: s for n, s in by_name.items() if n in names} for kind, by_name in known.items()
+            if needs is None or kind in needs}  # fmt: skip
 
 
 def statistics_from(
