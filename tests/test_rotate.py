@@ -422,6 +422,21 @@ def test_the_check_computes_both_programs_in_float64_and_sees_only_what_the_rota
     assert in_float32 > 3 * checked
 
 
+def test_a_program_without_float64_kernels_is_checked_in_its_own_dtypes(llama: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Where the program cannot compute in float64, both run as they are, and the report says so."""
+    from coreai_opt import _export
+
+    def no_float64(module):  # type: ignore[no-untyped-def]
+        raise NotImplementedError("no float64 kernel")
+
+    monkeypatch.setattr(_export, "compute_in_float64", no_float64)
+    report = transform_(load_pt2(llama), RotateConfig(seed=1))
+    check = report.equivalence.to_dict()  # type: ignore[union-attr]
+    assert check["in_float64"] is False and torch.finfo(torch.float32).eps / 2 < check["relative_rms"] < 1e-6
+    monkeypatch.undo()
+    assert transform_(load_pt2(llama), RotateConfig(seed=1)).equivalence.to_dict()["in_float64"] is True  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     "data, problem",
     [({"kind": "rotate", "rotation": "spiral"}, "rotation is one of hadamard, random"),

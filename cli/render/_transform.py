@@ -12,9 +12,10 @@ from ._shared import fitted_table, print_line
 
 def transform_line(output: Path, report: Any) -> str:
     eq = report.equivalence
+    arithmetic = "float64" if eq.in_float64 else "its own dtypes"
     return (
         f"{report.kind}: {len(report.changes)} changes -> {output}; outputs within "
-        f"{eq.relative_rms:.2g} relative RMS, {eq.max_abs:.2g} max abs ({eq.samples} seeded inputs)"
+        f"{eq.relative_rms:.2g} relative RMS, {eq.max_abs:.2g} max abs ({eq.samples} seeded inputs, {arithmetic})"
     )
 
 

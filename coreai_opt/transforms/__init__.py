@@ -15,7 +15,7 @@ result against the original on seeded inputs before keeping it - beyond the conf
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._config import (
@@ -118,7 +118,7 @@ def transform_(
     when the result differs by more than `config.tolerance`. A transform that learns from data
     (`config.learns()`) reads `calibration` (`coreai_opt.calibration.calibrate(program, ...)`) and
     reports its steps to `progress(done, total, label)` when given."""
-    from ._equivalence import compare, outputs, seeded_inputs
+    from ._equivalence import compare, original_outputs, outputs, seeded_inputs
     from ._graph import Snapshot
 
     edit = transform_for(config).function()
@@ -128,7 +128,7 @@ def transform_(
     reporting = {"progress": progress} if "progress" in inspect.signature(edit).parameters else {}
     inputs = seeded_inputs(program, config.samples)
     device = getattr(calibration, "device", None)  # the check runs where the calibration does
-    before = outputs(program, inputs, device)
+    before, exact = original_outputs(program, inputs, device)
     snapshot = Snapshot(program)
     try:
         edited = edit(*arguments, **reporting)
@@ -138,7 +138,9 @@ def transform_(
             config.KIND, edited.lines, known=edited.known, samples_digest=edited.samples_digest
         )
         _page_out_replaced(snapshot.state, program.state_dict)
-        report.equivalence = compare(before, outputs(program, inputs, device))
+        report.equivalence = replace(
+            compare(before, outputs(program, inputs, device, exact=exact)), in_float64=exact
+        )
     except BaseException:
         snapshot.restore()
         raise

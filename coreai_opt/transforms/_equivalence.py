@@ -25,9 +25,11 @@ class Equivalence:
     relative_rms: float
     max_abs: float
     samples: int
+    in_float64: bool = True  # False: compared in the program's own dtypes (an op without float64)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"relative_rms": self.relative_rms, "max_abs": self.max_abs, "samples": self.samples}
+        return {"relative_rms": self.relative_rms, "max_abs": self.max_abs, "samples": self.samples,
+                "in_float64": self.in_float64}  # fmt: skip
 
 
 def seeded_inputs(program: ExportedProgram, count: int) -> list[list[torch.Tensor]]:
@@ -38,21 +40,24 @@ def seeded_inputs(program: ExportedProgram, count: int) -> list[list[torch.Tenso
 
 
 def outputs(
-    program: ExportedProgram, inputs: list[list[torch.Tensor]], device: torch.device | None = None
-) -> list[list[torch.Tensor]]:
+    program: ExportedProgram, inputs: list[list[torch.Tensor]], device: torch.device | None = None,
+    *, exact: bool = True,
+) -> list[list[torch.Tensor]]:  # fmt: skip
     """The program's float outputs on each input set, computed in float64 (`compute_in_float64`:
     a transform is judged by what it changed, not by the float32 arithmetic's own rounding, which
-    differs between two orders of the same sums by more than a weight stored again does), run on
-    `device` (a calibration's: a 1B program's check on a GPU, not the CPU)."""
+    differs between two orders of the same sums by more than a weight stored again does) - in its
+    own dtypes where not `exact` - run on `device` (a calibration's: a 1B program's check on a
+    GPU, not the CPU)."""
     import torch
     import torch.utils._pytree as pytree
 
     from coreai_opt._export import compute_in_float64, runnable
 
     module, where = runnable(program, device), torch.device(device or "cpu")
-    compute_in_float64(module)
+    if exact:
+        compute_in_float64(module)
     with torch.no_grad():
-        runs = [pytree.tree_leaves(module(*(_widened(t, where) for t in sample))) for sample in inputs]
+        runs = [pytree.tree_leaves(module(*(_widened(t, where, exact) for t in sample))) for sample in inputs]
     del module
     return [
         [t.detach().cpu() for t in run if isinstance(t, torch.Tensor) and t.is_floating_point()]
@@ -60,10 +65,22 @@ def outputs(
     ]
 
 
-def _widened(t: torch.Tensor, where: torch.device) -> torch.Tensor:
+def original_outputs(
+    program: ExportedProgram, inputs: list[list[torch.Tensor]], device: torch.device | None = None
+) -> tuple[list[list[torch.Tensor]], bool]:
+    """`outputs` of the program before a transform, and whether they are in float64: in its own
+    dtypes where it cannot run so (an op without a float64 kernel), and the transformed program
+    is then run so too."""
+    try:
+        return outputs(program, inputs, device), True
+    except (RuntimeError, NotImplementedError, TypeError):
+        return outputs(program, inputs, device, exact=False), False
+
+
+def _widened(t: torch.Tensor, where: torch.device, exact: bool) -> torch.Tensor:
     import torch
 
-    return t.to(where, torch.float64) if t.is_floating_point() else t.to(where)
+    return t.to(where, torch.float64) if exact and t.is_floating_point() else t.to(where)
 
 
 def compare(before: list[list[torch.Tensor]], after: list[list[torch.Tensor]]) -> Equivalence:
