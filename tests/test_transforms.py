@@ -71,6 +71,19 @@ def llama(tiny_llama: dict[str, Path]) -> Path:
     return tiny_llama["ref"]
 
 
+def test_a_program_that_reinterprets_bits_is_not_made_to_compute_in_float64() -> None:
+    """Its bits in float64 would be others: refused, so the check compares it in its own dtypes."""
+    from coreai_opt._export import compute_in_float64
+
+    class Bits(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x.view(torch.int32) & 0x7FFFFFFF).view(torch.float32)
+
+    module = torch.export.export(Bits(), (torch.randn(4),)).module()
+    with pytest.raises(NotImplementedError, match="reinterprets bits"):
+        compute_in_float64(module)
+
+
 def test_rms_norms_of_a_decoder_fold_and_its_logits_stay(llama: Path) -> None:
     program = load_pt2(llama)
     before = {k: v.detach().clone() for k, v in program.state_dict.items()}

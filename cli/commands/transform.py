@@ -62,7 +62,7 @@ def _command() -> Any:
         keyword("heads", typer.Option(False, "--heads", help="--rotate: also each attention layer's values and outputs, head by head."), bool),
         keyword("seed", typer.Option(0, "--seed", help="Seed of the rotation's random signs / matrix."), int),
         keyword("steps", typer.Option(300, "--steps", help="--rotate learned: optimisation steps (one layer's weights each)."), int),
-        keyword("tolerance", typer.Option(None, "--tolerance", help="Largest relative RMS difference of any output from the input's, both computed in float64 on seeded inputs (default: 10 machine epsilons of the weights' coarsest float dtype: 1.2e-6 for float32, 9.8e-3 for float16)."), float | None),
+        keyword("tolerance", typer.Option(None, "--tolerance", help="Largest relative RMS difference of any output from the input's, both computed in float64 (in their own dtypes where an op has no float64 kernel) on seeded inputs (default: 10 machine epsilons of the weights' coarsest float dtype: 1.2e-6 for float32, 9.8e-3 for float16)."), float | None),
         keyword("samples", typer.Option(2, "--samples", help="How many seeded inputs the check runs."), int),
         keyword("output", typer.Option(None, "-o", "--output", help="Output .pt2 (default: model.<rotated|scaled|folded>.pt2 beside the input)."), Path | None),
     ]  # fmt: skip

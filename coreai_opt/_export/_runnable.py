@@ -158,14 +158,13 @@ def place_factories(gm: GraphModule, device: torch.device) -> None:
 def compute_in_float64(gm: GraphModule) -> None:
     """Make `gm` (a module `runnable` made) compute in float64: each floating-point tensor it
     holds cast just before the node that first reads it - a copy, let go after its last reader,
-    so the program's own tensors stay as they are and one weight at a time is held twice - and
-    every floating-point dtype its graph names (casts, factories, metadata checks) float64; every
+    so the program's own tensors stay as they are and one weight at a time is held twice - every
+    floating-point dtype its graph names (casts, factories, metadata checks) float64, and every
     view a reshape (CUDA's float64 attention lays out its result otherwise than the float32 one
-    the graph was traced on, and a view of it fails). Its floating-point inputs must come in
-    float64. What two programs compute, compared so, differs
-    by what their weights differ by, not by their float32 arithmetic's rounding (itself 5
-    epsilons of SmolLM2-135M's logits against float64, and different for every order of
-    operations)."""
+    the graph was traced on). Its floating-point inputs must come in float64. Two programs
+    compared so differ by what their weights differ by, not by their float32 arithmetic's own
+    rounding (5 epsilons of SmolLM2-135M's logits against float64, and another for every order
+    of operations). A graph that reinterprets bits (`view.dtype`) cannot: NotImplementedError."""
     import torch
     import torch.utils._pytree as pytree
 
@@ -173,6 +172,8 @@ def compute_in_float64(gm: GraphModule) -> None:
         return torch.float64 if isinstance(value, torch.dtype) and value.is_floating_point else value
 
     graph = gm.graph
+    for node in graph.find_nodes(op="call_function", target=torch.ops.aten.view.dtype):
+        raise NotImplementedError(f"{node.name} reinterprets bits: in float64 they would be others")
     order = {node: index for index, node in enumerate(graph.nodes)}
     for node in list(graph.nodes):
         if node.op == "call_function":

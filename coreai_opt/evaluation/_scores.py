@@ -45,7 +45,7 @@ class Reference:
         float64 `ROWS` rows at a time - each row's own, so the same bits as of the whole batch,
         whose float64 copies (a 1,016-row batch's logits, log-probabilities and their exponent:
         1.2 GB) were the trials' peak at 135M."""
-        lse, p = torch.empty(len(self.z), dtype=torch.float64), torch.empty_like(self.z)
+        lse, p = torch.empty(len(self.z), dtype=torch.float64, device=self.z.device), torch.empty_like(self.z)
         mass, nll = torch.empty_like(lse), torch.empty_like(lse)
         for a in range(0, len(self.z), self.ROWS):
             rows = slice(a, a + self.ROWS)

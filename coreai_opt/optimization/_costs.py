@@ -220,19 +220,18 @@ def _measure(
 
     ep = loaded.ep
     configs = {c.name: c.config_for(True, threshold) for c in choices}
-    eligible = {site.name for config in configs.values() for site in eligible_weights(ep, config)}
+    sites = {site.name: site for config in configs.values() for site in eligible_weights(ep, config)}
     candidates = container_of(ep).candidates()
     sizes = {  # a tensor stored once for two names counts once
         c.name: [math.prod(c.shape), stored_nbytes(c.shape, c.element)]
         for c in candidates
-        if c.tied_to is None and c.name in eligible
+        if c.tied_to is None and c.name in sites
     }
     state = sum(int(t.numel() * t.element_size()) for t in ep.state_dict.values())
     calibration = loaded.calibration
     learned = _learned_needs(choices, threshold)
     taken = {needs: statistics_from(calibration, list(sizes), needs, known)  # the estimate's and the learned methods'
              for needs in (Needs.GRADIENT_SQUARES, Needs.INPUT_GRAM) if needs is Needs.INPUT_GRAM or needs in learned}  # fmt: skip
-    sites = {site.name: site for config in configs.values() for site in eligible_weights(ep, config)}
     gradients = _gradients(calibration, {name: sites[name] for name in sizes}, taken, known)
     context = _Context(loaded, {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())},
                        taken, gradients, sample_elements)  # fmt: skip

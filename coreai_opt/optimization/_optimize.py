@@ -74,16 +74,14 @@ def optimize(
     if auto:
         config = dataclasses.replace(config, rotate=_auto_rotation(path, note))
     if config.rotate not in (None, "none"):
-        from coreai_opt.transforms import TransformError
-
         try:
             return _rotated(
                 path, budget, calibration, evaluation, config, output, picked, force, progress, say
             )
-        except TransformError as why:  # refused, the program left as it was: auto searches it unrotated
+        except _RotationRefused as why:  # the program left as it was: auto searches it unrotated
             if not auto:
-                raise
-            note(f"no rotation: {why}")
+                raise why.refusal from None
+            note(f"no rotation: {why.refusal}")
             config = dataclasses.replace(config, rotate="none")
     out = None if config.dry_run else _output(path, output, config.to == "aimodel", force)
     return _optimized((path, sidecars, out), budget, calibration, evaluation, config, picked, progress, note)
@@ -130,6 +128,14 @@ def _optimized(
     return Optimized(out, recipe, report)
 
 
+class _RotationRefused(Exception):
+    """The rotation before the search refused by its check (`refusal`, the TransformError)."""
+
+    def __init__(self, refusal: Exception) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
 def _rotated(
     path: Path, budget: Goal, calibration: Path | str, evaluation: Path | str | None,
     config: OptimizeConfig, output: Path | str | None, picked: tuple[Choice, ...], force: bool,
@@ -143,7 +149,7 @@ def _rotated(
 
     from coreai_opt.calibration import CalibrationSpec
     from coreai_opt.recipes import Recipe, Transform, apply_recipe
-    from coreai_opt.transforms import RotateConfig
+    from coreai_opt.transforms import RotateConfig, TransformError
 
     step = Transform(config=RotateConfig(rotation=config.rotate))
     source = str(calibration) if str(calibration) == "random" else str(Path(calibration).resolve())
@@ -155,9 +161,12 @@ def _rotated(
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)  # the output's folder holds the rotated copy
     with tempfile.TemporaryDirectory(prefix=".coreopt-rotate-", dir=out.parent if out else None) as folder:
-        made = apply_recipe(
-            Recipe((step,), spec), path, Path(folder) / path.name, progress=progress, keep_statistics=True
-        )
+        try:
+            made = apply_recipe(
+                Recipe((step,), spec), path, Path(folder) / path.name, progress=progress, keep_statistics=True
+            )
+        except TransformError as why:
+            raise _RotationRefused(why) from None
         derived = (made.steps[0][1].samples_digest, made.steps[0][1].known)  # the cost table empties them
         del made
         turned, sidecars = _source(Path(folder) / path.name)

@@ -110,6 +110,17 @@ def _page_out_replaced(before: dict[str, Any], after: dict[str, Any]) -> None:
     )
 
 
+def _checked_outputs(program: Any, inputs: list[Any], device: Any, exact: bool) -> list[Any]:
+    """The transformed program's outputs as its original's were taken; TransformError where the
+    transformed program fails to run."""
+    from ._equivalence import outputs
+
+    try:
+        return outputs(program, inputs, device, exact=exact)
+    except (RuntimeError, NotImplementedError) as why:
+        raise TransformError(f"the transformed program fails to run on its check: {why}") from None
+
+
 def transform_(
     program: Any, config: TransformConfig, calibration: Any = None, progress: Any = None
 ) -> TransformReport:
@@ -118,7 +129,7 @@ def transform_(
     when the result differs by more than `config.tolerance`. A transform that learns from data
     (`config.learns()`) reads `calibration` (`coreai_opt.calibration.calibrate(program, ...)`) and
     reports its steps to `progress(done, total, label)` when given."""
-    from ._equivalence import compare, original_outputs, outputs, seeded_inputs
+    from ._equivalence import compare, original_outputs, seeded_inputs
     from ._graph import Snapshot
 
     edit = transform_for(config).function()
@@ -138,9 +149,8 @@ def transform_(
             config.KIND, edited.lines, known=edited.known, samples_digest=edited.samples_digest
         )
         _page_out_replaced(snapshot.state, program.state_dict)
-        report.equivalence = replace(
-            compare(before, outputs(program, inputs, device, exact=exact)), in_float64=exact
-        )
+        report.equivalence = replace(compare(before, _checked_outputs(program, inputs, device, exact)),
+                                     in_float64=exact)  # fmt: skip
     except BaseException:
         snapshot.restore()
         raise

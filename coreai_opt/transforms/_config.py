@@ -28,8 +28,9 @@ def default_tolerance(state: dict[str, Any]) -> float:
 class TransformConfig:
     """What every transform shares: how closely the transformed program must reproduce the
     original's outputs - the RMS of the difference over the RMS of the outputs, both computed in
-    float64 on `samples` seeded inputs - before anything is written (`tolerance`; None: `default_tolerance` of the
-    program, what storing its weights again in their own dtype may cost)."""
+    float64 (in their own dtypes where an op has no float64 kernel) on `samples` seeded inputs -
+    before anything is written (`tolerance`; None: `default_tolerance` of the program, what
+    storing its weights again in their own dtype may cost)."""
 
     KIND: ClassVar[str]
     TAG: ClassVar[str]  # in default output names: model.<tag>.pt2

@@ -47,13 +47,13 @@ def outputs(
     a transform is judged by what it changed, not by the float32 arithmetic's own rounding, which
     differs between two orders of the same sums by more than a weight stored again does) - in its
     own dtypes where not `exact` - run on `device` (a calibration's: a 1B program's check on a
-    GPU, not the CPU)."""
+    GPU, not the CPU), its state read and never written."""
     import torch
     import torch.utils._pytree as pytree
 
     from coreai_opt._export import compute_in_float64, runnable
 
-    module, where = runnable(program, device), torch.device(device or "cpu")
+    module, where = runnable(program, device, stateless=True), torch.device(device or "cpu")
     if exact:
         compute_in_float64(module)
     with torch.no_grad():
@@ -73,8 +73,9 @@ def original_outputs(
     is then run so too."""
     try:
         return outputs(program, inputs, device), True
-    except (RuntimeError, NotImplementedError, TypeError):
-        return outputs(program, inputs, device, exact=False), False
+    except (RuntimeError, NotImplementedError):
+        pass  # retried out of the handler: its traceback would hold the failed run's tensors
+    return outputs(program, inputs, device, exact=False), False
 
 
 def _widened(t: torch.Tensor, where: torch.device, exact: bool) -> torch.Tensor:
