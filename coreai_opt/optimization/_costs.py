@@ -229,9 +229,10 @@ def _measure(
     }
     state = sum(int(t.numel() * t.element_size()) for t in ep.state_dict.values())
     calibration = loaded.calibration
-    learned = _learned_needs(choices, threshold)
-    taken = {needs: statistics_from(calibration, list(sizes), needs, known)  # the estimate's and the learned methods'
-             for needs in (Needs.GRADIENT_SQUARES, Needs.INPUT_GRAM) if needs is Needs.INPUT_GRAM or needs in learned}  # fmt: skip
+    # the Gram matrices the estimate reads; the squares whole only where a learned method reads them
+    kinds = (Needs.GRADIENT_SQUARES, Needs.INPUT_GRAM) if Needs.GRADIENT_SQUARES in _learned_needs(choices, threshold) \
+        else (Needs.INPUT_GRAM,)  # fmt: skip
+    taken = {needs: statistics_from(calibration, list(sizes), needs, known) for needs in kinds}
     gradients = _gradients(calibration, {name: sites[name] for name in sizes}, taken, known)
     context = _Context(loaded, {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())},
                        taken, gradients, sample_elements)  # fmt: skip

@@ -15,7 +15,7 @@ result against the original on seeded inputs before keeping it - beyond the conf
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._config import (
@@ -110,17 +110,6 @@ def _page_out_replaced(before: dict[str, Any], after: dict[str, Any]) -> None:
     )
 
 
-def _checked_outputs(program: Any, inputs: list[Any], device: Any, exact: bool) -> list[Any]:
-    """The transformed program's outputs as its original's were taken; TransformError where the
-    transformed program fails to run."""
-    from ._equivalence import outputs
-
-    try:
-        return outputs(program, inputs, device, exact=exact)
-    except (RuntimeError, NotImplementedError) as why:
-        raise TransformError(f"the transformed program fails to run on its check: {why}") from None
-
-
 def transform_(
     program: Any, config: TransformConfig, calibration: Any = None, progress: Any = None
 ) -> TransformReport:
@@ -129,7 +118,7 @@ def transform_(
     when the result differs by more than `config.tolerance`. A transform that learns from data
     (`config.learns()`) reads `calibration` (`coreai_opt.calibration.calibrate(program, ...)`) and
     reports its steps to `progress(done, total, label)` when given."""
-    from ._equivalence import compare, original_outputs, seeded_inputs
+    from ._equivalence import compare, original_outputs, seeded_inputs, transformed_outputs
     from ._graph import Snapshot
 
     edit = transform_for(config).function()
@@ -149,8 +138,7 @@ def transform_(
             config.KIND, edited.lines, known=edited.known, samples_digest=edited.samples_digest
         )
         _page_out_replaced(snapshot.state, program.state_dict)
-        report.equivalence = replace(compare(before, _checked_outputs(program, inputs, device, exact)),
-                                     in_float64=exact)  # fmt: skip
+        report.equivalence = compare(before, transformed_outputs(program, inputs, device, exact), exact)
     except BaseException:
         snapshot.restore()
         raise

@@ -78,22 +78,35 @@ def original_outputs(
     return outputs(program, inputs, device, exact=False), False
 
 
+def transformed_outputs(
+    program: ExportedProgram, inputs: list[list[torch.Tensor]], device: torch.device | None, exact: bool
+) -> list[list[torch.Tensor]]:
+    """`outputs` of the transformed program, taken as its original's were; TransformError where
+    it fails to run."""
+    try:
+        return outputs(program, inputs, device, exact=exact)
+    except (RuntimeError, NotImplementedError) as why:
+        raise TransformError(f"the transformed program fails to run on its check: {why}") from None
+
+
 def _widened(t: torch.Tensor, where: torch.device, exact: bool) -> torch.Tensor:
     import torch
 
     return t.to(where, torch.float64) if exact and t.is_floating_point() else t.to(where)
 
 
-def compare(before: list[list[torch.Tensor]], after: list[list[torch.Tensor]]) -> Equivalence:
+def compare(
+    before: list[list[torch.Tensor]], after: list[list[torch.Tensor]], in_float64: bool = True
+) -> Equivalence:
     """The worst relative RMS and largest absolute difference, with one temporary an output (the
-    sums taken in float64)."""
+    sums taken in float64); `in_float64`: how the outputs were computed."""
     import torch
 
     worst, largest = 0.0, 0.0
     for was, now in zip(before, after, strict=True):
         for a, b in zip(was, now, strict=True):
             if a.shape != b.shape:
-                return Equivalence(math.inf, math.inf, len(before))
+                return Equivalence(math.inf, math.inf, len(before), in_float64)
             count = math.sqrt(max(a.numel(), 1))
             scale = float(torch.linalg.vector_norm(a, dtype=torch.float64)) / count or 1.0
             difference = (a - b).nan_to_num_(nan=math.inf)
@@ -101,4 +114,4 @@ def compare(before: list[list[torch.Tensor]], after: list[list[torch.Tensor]]) -
                 worst, float(torch.linalg.vector_norm(difference, dtype=torch.float64)) / count / scale
             )
             largest = max(largest, float(difference.abs_().max()) if difference.numel() else 0.0)
-    return Equivalence(worst, largest, len(before))
+    return Equivalence(worst, largest, len(before), in_float64)
