@@ -483,6 +483,52 @@ def test_squared_gradients_are_stored_a_weight_a_file_and_streamed_back(
     )
 
 
+@pytest.mark.usefixtures("cut_small_programs")
+def test_squares_kept_on_disk_read_back_the_same_bits_a_weight_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`squares_on_disk`: each weight's squares written as they pass, read back bit-equal (with
+    their whole mean, so nobody sums them again) only when asked; narrowing keeps them unread and
+    shares the folder, which goes with the last view."""
+    import gc
+
+    import _architectures as arch
+
+    from coreai_opt.calibration import squares_on_disk
+    from coreai_opt.weights import Narrowable, Statistics, known_of, statistics_from
+
+    program = arch.export(arch.MATRIX[0])
+    names = [k for k, v in program.state_dict.items() if v.dim() == 2]
+    calibration = calibrate(program, Samples(Source.RANDOM, count=2, seed=3), cache=False)
+    whole = calibration.statistics(names, Needs.GRADIENT_SQUARES)
+    kept = squares_on_disk()
+    passing = [*((n, whole[n]) for n in names), ("unread", Statistics(0))]
+    assert [n for n, _ in kept.keeping(iter(passing))] == [*names, "unread"]
+    assert isinstance(kept, Narrowable) and list(kept) == [*names, "unread"] and kept["unread"].rows == 0
+    folder = Path(kept._folder.name)
+    assert sorted(p.name for p in folder.iterdir()) == [f"{k:05d}.f32" for k in range(1, len(names) + 1)]
+    for name in names:
+        back = kept[name]
+        assert back.gradient_squares.dtype == torch.float32 and back.rows == whole[name].rows
+        assert torch.equal(back.gradient_squares, whole[name].gradient_squares), name
+        assert back.gradient_mean() == whole[name].gradient_mean()
+        assert back.gradient_squares.data_ptr() != kept[name].gradient_squares.data_ptr()  # read anew
+    reads: list[str] = []
+    read = type(kept).__getitem__
+    monkeypatch.setattr(type(kept), "__getitem__", lambda self, n: reads.append(n) or read(self, n))
+    narrowed = known_of({Needs.GRADIENT_SQUARES: kept}, set(names[:2]))[Needs.GRADIENT_SQUARES]
+    asked = statistics_from(calibration, names[1:2], Needs.GRADIENT_SQUARES, {Needs.GRADIENT_SQUARES: kept})
+    assert reads == [] and list(narrowed) == names[:2] and list(asked) == names[1:2]
+    assert torch.equal(asked[names[1]].gradient_squares, whole[names[1]].gradient_squares)
+    assert reads == [names[1]] and names[2] not in narrowed
+    del kept, asked
+    gc.collect()
+    assert folder.is_dir()  # the narrowed view still reads it
+    del narrowed
+    gc.collect()
+    assert not folder.exists()
+
+
 def test_statistics_are_cached_by_program_and_samples(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -263,7 +263,14 @@ def test_the_cost_table_is_the_taylor_term_and_the_bytes_the_writer_stores(llama
     choices = parse_choices("int4,lut2")
     reduced: dict[str, Any] = {}
     gradients = _costs._gradients
-    monkeypatch.setattr(_costs, "_gradients", lambda *a: reduced.update(gradients(*a)) or dict(reduced))
+
+    def reducing(*args: Any) -> Any:
+        found, kept = gradients(*args)
+        assert kept is None  # no learned method of these choices reads the squares again
+        reduced.update(found)
+        return found, kept
+
+    monkeypatch.setattr(_costs, "_gradients", reducing)
     table = cost_table(llama["ref"], lambda: load_pt2(llama["ref"]), choices, samples, threshold=0)
     assert table.cached == [] and table.choices == ["int4", "lut2", "keep"]
     # by hand, K-FAC: 1/2 sum_j S_j dW_j G dW_j^T per token, S_j = sum_i F_ij / (T tr G), F the mean
@@ -359,6 +366,49 @@ def test_the_trials_keep_the_statistics_of_the_weights_they_encode_whole_and_no_
     assert set(table.sampled) > kept_first  # lut6 sampled weights no trial encodes again
     assert len(passes) == before  # the trials took no statistics of their own
     assert all(set(m) == {0, 1, 2} - {table.column("lut6")} for m in table.measured)
+
+
+def test_squares_a_learned_choice_reads_again_are_kept_on_disk_with_the_same_table(
+    llama, tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """lut6 (`sensitive` k-means) reads every weight's squared gradients again, in the estimate
+    and the trials: on the host they wait on disk, read a weight at a time, and the cost table is
+    the one of squares held in memory, to the bit."""
+    import coreai_opt.calibration as calibration_package
+    from coreai_opt.calibration import Samples
+    from coreai_opt.calibration._kept import SquaresOnDisk
+    from coreai_opt.io import load_pt2
+    from coreai_opt.models import model_tokenizer
+    from coreai_opt.optimization import _costs, cost_table
+
+    class InMemory(dict):  # type: ignore[type-arg]
+        def keeping(self, passing):  # type: ignore[no-untyped-def]
+            for name, statistics in passing:
+                self[name] = statistics
+                yield name, statistics
+
+    samples = Samples.of(llama["calib"], tokens=128, tokenizer=model_tokenizer(llama["ref"]))
+    kept: list[Any] = []
+    gradients = _costs._gradients
+
+    def keeping(*args: Any) -> Any:
+        found = gradients(*args)
+        kept.append(found[1])
+        return found
+
+    monkeypatch.setattr(_costs, "_gradients", keeping)
+    tables = []
+    for where in ("disk", "memory"):
+        monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / where))
+        if where == "memory":
+            monkeypatch.setattr(calibration_package, "squares_on_disk", InMemory)
+        tables.append(cost_table(llama["ref"], lambda: load_pt2(llama["ref"]), parse_choices("lut6,lut2"), samples,
+                                 threshold=0, trial_tokens=32, sample_elements=1024))  # fmt: skip
+    assert [type(k) for k in kept] == [SquaresOnDisk, InMemory]
+    on_disk, in_memory = tables
+    np.testing.assert_array_equal(np.array(on_disk.damage), np.array(in_memory.damage))  # NaN: not estimated
+    assert on_disk.nbytes == in_memory.nbytes
+    assert on_disk.measured == in_memory.measured and on_disk.sampled == in_memory.sampled != {}
 
 
 # data-free tables keep this quick (the learned methods are tests/test_learned.py's)

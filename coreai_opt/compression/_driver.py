@@ -5,7 +5,7 @@ statistics, layer by layer where they ask - let the container write it, report e
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import replace
 
 import torch
@@ -19,6 +19,7 @@ from coreai_opt.weights import (
     Container,
     Encoding,
     Known,
+    Needs,
     Palettized,
     SkipKind,
     Skipped,
@@ -324,12 +325,13 @@ def sampled_trial_encodings(
     learned = [(site, cfg) for site, cfg in sites if not algorithm_for(cfg).data_free]
     if learned and calibration is None:
         raise ConfigError("the method learns from data: give calibration samples", "calibration")
-    statistics: dict[str, Statistics] = {}
-    for needs in {algorithm_for(cfg).needs for _, cfg in learned}:
+    by_needs: dict[Needs, Mapping[str, Statistics]] = {}  # read a weight at a time where they are so
+    for needs in dict.fromkeys(algorithm_for(cfg).needs for _, cfg in learned):
         names = [site.name for site, cfg in learned if algorithm_for(cfg).needs is needs]
-        statistics.update(statistics_from(calibration, names, needs, known))  # type: ignore[arg-type]
+        by_needs[needs] = statistics_from(calibration, names, needs, known)  # type: ignore[arg-type]
     for site, cfg in sites:
-        w, encoded, stats = container.read(site), site, statistics.get(site.name)
+        stats = by_needs.get(algorithm_for(cfg).needs, {}).get(site.name)
+        w, encoded = container.read(site), site
         if (sample := row_sample(site, cfg, sample_size(cfg, elements))) is not None:
             w, encoded, stats = (
                 sample.take(w, site.output_axis),

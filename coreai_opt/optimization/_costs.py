@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -229,11 +229,11 @@ def _measure(
     }
     state = sum(int(t.numel() * t.element_size()) for t in ep.state_dict.values())
     calibration = loaded.calibration
-    # the Gram matrices the estimate reads; the squares whole only where a learned method reads them
-    kinds = (Needs.GRADIENT_SQUARES, Needs.INPUT_GRAM) if Needs.GRADIENT_SQUARES in _learned_needs(choices, threshold) \
-        else (Needs.INPUT_GRAM,)  # fmt: skip
-    taken = {needs: statistics_from(calibration, list(sizes), needs, known) for needs in kinds}
-    gradients = _gradients(calibration, {name: sites[name] for name in sizes}, taken, known)
+    taken = {Needs.INPUT_GRAM: statistics_from(calibration, list(sizes), Needs.INPUT_GRAM, known)}
+    keep = Needs.GRADIENT_SQUARES in _learned_needs(choices, threshold)  # a learned method reads them again
+    gradients, kept = _gradients(calibration, {name: sites[name] for name in sizes}, taken, known, keep)
+    if kept is not None:
+        taken[Needs.GRADIENT_SQUARES] = kept
     context = _Context(loaded, {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())},
                        taken, gradients, sample_elements)  # fmt: skip
     found: dict[str, dict[str, list[float]]] = {}
@@ -288,24 +288,26 @@ class _Gradients:
 
 
 def _gradients(
-    calibration: Any, sites: dict[str, Any], taken: dict[Any, Any], known: Any
-) -> dict[str, _Gradients]:
+    calibration: Any, sites: dict[str, Any], taken: dict[Any, Any], known: Any, keep: bool
+) -> tuple[dict[str, _Gradients], Mapping[str, Any] | None]:
     """Every weight's squared gradients as the estimate reads them (`_Gradients`), each weight's
-    squares let go as the next come - 135M's together are 0.54 GB - unless a learned method reads
-    them whole (`taken` holds them then)."""
+    squares let go as the next come - 135M's together are 0.54 GB - and, where `keep` (a learned
+    method reads them again, a weight at a time), kept: on disk where the program runs on the
+    host (`squares_on_disk`), else in memory."""
     from itertools import chain
 
+    from coreai_opt.calibration import squares_on_disk
     from coreai_opt.compression import MatrixView, gram_fits
     from coreai_opt.weights import Needs
 
-    whole = taken.get(Needs.GRADIENT_SQUARES)
-    if whole is not None:
-        found: Any = whole.items()
-    else:
-        have = (known or {}).get(Needs.GRADIENT_SQUARES, {})
-        missing = [name for name in sites if name not in have]
-        found = chain(((name, have[name]) for name in sites if name in have),
-                      calibration.sequential(missing, Needs.GRADIENT_SQUARES) if missing else ())  # fmt: skip
+    have = (known or {}).get(Needs.GRADIENT_SQUARES, {})
+    missing = [name for name in sites if name not in have]
+    found: Any = chain(((name, have[name]) for name in sites if name in have),
+                       calibration.sequential(missing, Needs.GRADIENT_SQUARES) if missing else ())  # fmt: skip
+    kept: Any = None
+    if keep:
+        kept = squares_on_disk() if calibration.device.type == "cpu" else {}
+        found = kept.keeping(found) if calibration.device.type == "cpu" else _held_in(found, kept)
     grams, reduced = taken[Needs.INPUT_GRAM], {}
     for name, statistics in found:
         site = sites[name]
@@ -317,7 +319,14 @@ def _gradients(
         reduced[name] = _Gradients(
             statistics.rows, _row_mass(squares, site.output_axis), squares if diagonal else None
         )
-    return reduced
+    return reduced, kept
+
+
+def _held_in(found: Iterator[tuple[str, Any]], into: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """`found` as it comes, each weight's statistics also held in `into`."""
+    for name, statistics in found:
+        into[name] = statistics
+        yield name, statistics
 
 
 @dataclass

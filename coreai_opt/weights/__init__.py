@@ -30,7 +30,16 @@ from ._forms import (
     nbytes_for_rows,
 )
 from ._sites import Candidate, Consumer, SkipKind, Skipped, Use, WeightSite, stored_nbytes
-from ._statistics import Calibration, Checkpoints, Known, Needs, Statistics, known_of, statistics_from
+from ._statistics import (
+    Calibration,
+    Checkpoints,
+    Known,
+    Narrowable,
+    Needs,
+    Statistics,
+    known_of,
+    statistics_from,
+)
 
 __all__ = [
     "CONTAINERS",
@@ -44,6 +53,7 @@ __all__ = [
     "Form",
     "Known",
     "Learned",
+    "Narrowable",
     "Needs",
     "Palettized",
     "Quantized",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,8 @@ class Statistics:
     moments: torch.Tensor | None = None  # [in_features]
     gram: torch.Tensor | None = None  # [in_features, in_features]
     gradient_squares: torch.Tensor | None = None  # the weight's shape
-    # where `gradient_squares` holds a sample of a weight's rows: the mean over the whole weight
+    # the mean of the whole weight's squared gradients where it is known without summing them:
+    # `gradient_squares` holds a sample of its rows, or was read back from disk (`Narrowable`)
     squares_mean: float | None = None
 
     def gradient_mean(self) -> float:
@@ -111,10 +112,19 @@ class Calibration(Protocol):
         """Where the program runs: weights given to `divergence` there are used without a copy."""
         ...
 
-    def divergence(self, weights: Mapping[str, torch.Tensor], sample: int) -> torch.Tensor:
+    def references(self, samples: Sequence[int]) -> list[Any]:
+        """The program's outputs as it was given on calibration samples `samples`: what
+        `divergence` compares with, taken together before a step holds any gradient (the weights
+        as given are read in for them, the leaves' gradients need not be held beside them)."""
+        ...
+
+    def divergence(
+        self, weights: Mapping[str, torch.Tensor], sample: int, reference: Any = None
+    ) -> torch.Tensor:
         """How far the program's output on calibration sample `sample`, with `weights` (by name,
         differentiable) in place of the named weights and every `replace` made so far, is from
-        the program's as it was given: a scalar that gradients flow back from to `weights`."""
+        the program's as it was given (`reference`, from `references`; else taken now): a scalar
+        that gradients flow back from to `weights`."""
         ...
 
     def checkpoints(self, identity: Callable[[], bytes]) -> Checkpoints | None:
@@ -127,22 +137,43 @@ class Calibration(Protocol):
 Known = Mapping[Needs, Mapping[str, Statistics]]  # statistics of a program as it is, taken before
 
 
+@runtime_checkable
+class Narrowable(Protocol):
+    """Statistics by name that are read one weight at a time (from disk: `calibration`'s squared
+    gradients kept for a later step), so that whatever narrows them keeps them unread."""
+
+    def narrowed(self, names: Collection[str]) -> Mapping[str, Statistics]:
+        """The same, of `names` only (those it has), still unread."""
+        ...
+
+
+def _narrowed(by_name: Mapping[str, Statistics], names: Collection[str]) -> Mapping[str, Statistics]:
+    """`by_name` of `names` only (in its order), read no sooner than before."""
+    if isinstance(by_name, Narrowable):
+        return by_name.narrowed(names)
+    wanted = set(names)
+    return {n: s for n, s in by_name.items() if n in wanted}
+
+
 def known_of(
     known: Known, names: Collection[str], needs: Collection[Needs] | None = None
-) -> dict[Needs, dict[str, Statistics]]:
+) -> dict[Needs, Mapping[str, Statistics]]:
     """`known` narrowed to the weights `names` (and the kinds `needs`, when given): what a later
     step reads, so the rest can go."""
-    return {kind: {n: s for n, s in by_name.items() if n in names} for kind, by_name in known.items()
-            if needs is None or kind in needs}  # fmt: skip
+    return {
+        kind: _narrowed(by_name, names) for kind, by_name in known.items() if needs is None or kind in needs
+    }
 
 
 def statistics_from(
     calibration: Calibration, names: Sequence[str], needs: Needs, known: Known | None
-) -> dict[str, Statistics]:
+) -> Mapping[str, Statistics]:
     """`names`' statistics of the program as it is: from `known` where it has them (taken earlier
     in the run, or derived by a transform from what it measured), the rest taken by `calibration`
-    in one pass (none where `known` has them all)."""
+    in one pass (none where `known` has them all; those read a weight at a time stay so)."""
     have = (known or {}).get(needs, {})
     missing = [name for name in names if name not in have]
+    if not missing and isinstance(have, Narrowable):
+        return have.narrowed(names)
     taken = calibration.statistics(missing, needs) if missing else {}
     return {name: have[name] if name in have else taken[name] for name in names}
