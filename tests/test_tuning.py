@@ -272,6 +272,46 @@ def test_the_divergence_lets_the_weights_as_given_go_between_samples(llama, monk
     )  # the weights as given, read again
 
 
+def test_a_step_takes_its_batchs_references_before_any_gradient_is_held(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The weights as given are read in for the reference passes only: a step takes its whole
+    batch's references at once, first, while no leaf holds a gradient; a divergence given its
+    reference is the one that takes it, to the bit."""
+    from coreai_opt.compression.algorithms import _tuning
+    from coreai_opt.models import model_tokenizer
+
+    samples = Samples.of(llama["text"], tokens=128, tokenizer=model_tokenizer(llama["ref"]))
+    calibration = calibrate(load_pt2(llama["ref"]), samples, cache=False)
+    names = [n for n, p in calibration.gm.named_parameters() if p.dim() == 2][:2]
+    for name in names:
+        calibration.replace(name, calibration.state[name] * 0.5, keep_original=True)
+    leaves = {n: (calibration.state[n] * 0.5).requires_grad_() for n in names}
+    (reference,) = calibration.references([1])
+    given, taken = calibration.divergence(leaves, 1, reference), calibration.divergence(leaves, 1)
+    assert float(given.detach()) == float(taken.detach()) > 0
+    config = PalettizeConfig(n_bits=2, granularity="grouped", group_size=4, method="gptq", weight_num_threshold=0,
+                             tune_epochs=1)  # fmt: skip
+    seen: list[tuple[list[int], list[str]]] = []
+    held: dict[str, torch.Tensor] = {}
+    step, references = _tuning._step_gradients, type(calibration).references
+
+    def stepping(tables, calibration, batch, leaves):  # type: ignore[no-untyped-def]
+        held.update(leaves)
+        return step(tables, calibration, batch, leaves)
+
+    def watched(self, batch):  # type: ignore[no-untyped-def]
+        seen.append((list(batch), [n for n, leaf in held.items() if leaf.grad is not None]))
+        return references(self, batch)
+
+    monkeypatch.setattr(_tuning, "_step_gradients", stepping)
+    monkeypatch.setattr(type(calibration), "references", watched)
+    tuned = calibrate(load_pt2(llama["ref"]), samples, cache=False)
+    report = compress_(load_pt2(llama["ref"]), config, calibration=tuned)
+    steps = -(-tuned.sample_count // _tuning._ACCUMULATE)
+    assert report.tuning and len(seen) == steps > 1
+    assert [len(batch) for batch, _ in seen[:-1]] == [_tuning._ACCUMULATE] * (steps - 1)
+    assert all(grads == [] for _, grads in seen)  # no gradient held while the weights as given are in
+
+
 def test_a_tuned_pass_hands_back_the_pages_of_every_weight_it_read(llama, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A pass that tunes keeps each weight as given for the tuning's reference, so the weights it
     reads from the program's mapped file would stay resident to its end: their addresses are

@@ -199,18 +199,26 @@ class ProgramCalibration:
     def sample_count(self) -> int:
         return len(self.inputs)
 
-    def divergence(self, weights: Mapping[str, torch.Tensor], sample: int) -> torch.Tensor:
+    def references(self, samples: Sequence[int]) -> list[Any]:
         import torch
 
         self._check_whole()
         if self.released:
             raise RuntimeError(f"{sorted(self.released)[0]} was replaced without keeping the weight as given")
-        inputs = self.inputs[sample]
         originals = {name: self.state[name].to(self.device) for name in self.replaced if name in self.state}
         with torch.no_grad():
-            reference = self._call(originals, inputs)
+            found = [self._call(originals, self.inputs[sample]) for sample in samples]
         del originals
         self._release_originals()
+        return found
+
+    def divergence(
+        self, weights: Mapping[str, torch.Tensor], sample: int, reference: Any = None
+    ) -> torch.Tensor:
+        if reference is None:
+            (reference,) = self.references([sample])
+        self._check_whole()
+        inputs = self.inputs[sample]
         placed: dict[str, torch.Tensor] = {}
         for name, targets in self._targets(tuple(weights)).items():
             for target in targets:
@@ -223,8 +231,8 @@ class ProgramCalibration:
         return output_divergence(self._call({**fixed, **placed}, inputs), reference, inputs)
 
     def _release_originals(self) -> None:
-        """The replaced weights as given, read by the reference pass only, leave the resident set
-        until the next sample's reference pass reads them again from the page cache: a tuning
+        """The replaced weights as given, read by the reference passes only, leave the resident
+        set until the next step's reference passes read them again from the page cache: a tuning
         step's forward and backward passes do not hold them beside the leaves and their gradients
         (SmolLM2's fp32 weights, 0.54 GB). Only where they are worth a walk over the mappings."""
         from coreai_opt._memory import RELEASE_EVERY, release_clean_mapped
