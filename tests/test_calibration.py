@@ -485,7 +485,7 @@ def test_squared_gradients_are_stored_a_weight_a_file_and_streamed_back(
 
 @pytest.mark.usefixtures("cut_small_programs")
 def test_squares_kept_on_disk_read_back_the_same_bits_a_weight_at_a_time(
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`squares_on_disk`: each weight's squares written as they pass, read back bit-equal (with
     their whole mean, so nobody sums them again) only when asked; narrowing keeps them unread and
@@ -497,6 +497,7 @@ def test_squares_kept_on_disk_read_back_the_same_bits_a_weight_at_a_time(
     from coreai_opt.calibration import squares_on_disk
     from coreai_opt.weights import Narrowable, Statistics, known_of, statistics_from
 
+    monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
     program = arch.export(arch.MATRIX[0])
     names = [k for k, v in program.state_dict.items() if v.dim() == 2]
     calibration = calibrate(program, Samples(Source.RANDOM, count=2, seed=3), cache=False)
@@ -506,6 +507,7 @@ def test_squares_kept_on_disk_read_back_the_same_bits_a_weight_at_a_time(
     assert [n for n, _ in kept.keeping(iter(passing))] == [*names, "unread"]
     assert isinstance(kept, Narrowable) and list(kept) == [*names, "unread"] and kept["unread"].rows == 0
     folder = Path(kept._folder.name)
+    assert folder.parent == tmp_path / "cache"  # on disk beside the cache's own files, not in TMPDIR
     assert sorted(p.name for p in folder.iterdir()) == [f"{k:05d}.f32" for k in range(1, len(names) + 1)]
     for name in names:
         back = kept[name]

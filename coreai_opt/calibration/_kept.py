@@ -6,7 +6,9 @@ again later, one weight at a time (`optimize`'s estimate, then its trials, each 
 `SquaresOnDisk.keeping(passing)` writes each weight's float32 values into a private temporary
 folder as they go by; the mapping reads one back when asked. The folder is this process's own
 (`tempfile`: created for it alone, removed when the last view of it goes), so nothing read back
-comes from anyone else.
+comes from anyone else. It lies in the calibration cache's folder where that may be written - on
+disk, beside the Fisher pass's own files - else in the system's temporary folder (`TMPDIR`),
+which some systems keep in memory.
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ class SquaresOnDisk(Mapping[str, Statistics]):
     weight without squares is held as it came."""
 
     def __init__(self) -> None:
-        self._folder = tempfile.TemporaryDirectory(prefix="coreopt-squares-")
+        from ._cache import _usable_folder
+
+        try:
+            root = _usable_folder(create=True)
+        except OSError:
+            root = None
+        self._folder = tempfile.TemporaryDirectory(prefix=".coreopt-squares-", dir=root)
         self._written: dict[str, _Entry] = {}
         self._held: dict[str, Statistics] = {}
         self._names: list[str] = []
