@@ -63,7 +63,14 @@ class SquaresOnDisk(Mapping[str, Statistics]):
             self._held[name] = statistics
             return
         file = f"{len(self._names):05d}.f32"
-        squares.detach().float().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(self._path(file))
+        try:
+            squares.detach().float().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(
+                self._path(file)
+            )
+        except OSError:  # a full disk: held in memory, as they were before (only costs memory)
+            self._path(file).unlink(missing_ok=True)
+            self._held[name] = statistics
+            return
         shape = tuple(int(n) for n in squares.shape)
         self._written[name] = _Entry(file, statistics.rows, shape, statistics.gradient_mean())
 
