@@ -529,6 +529,9 @@ def test_squares_kept_on_disk_read_back_the_same_bits_a_weight_at_a_time(
     del narrowed
     gc.collect()
     assert not folder.exists()
+    wide = squares_on_disk()  # float64 squares (not the Fisher pass's): held, their bits as given
+    doubled = Statistics(1, gradient_squares=whole[names[0]].gradient_squares.double())
+    assert [n for n, _ in wide.keeping(iter([("wide", doubled)]))] == ["wide"] and wide["wide"] is doubled
     full = squares_on_disk()  # a folder that takes nothing (a full disk): held in memory instead
     monkeypatch.setattr(type(full), "_path", lambda self, file: tmp_path / "gone" / file)
     assert [n for n, _ in full.keeping(iter(passing[:1]))] == names[:1] and full[names[0]] is whole[names[0]]

@@ -59,14 +59,13 @@ class SquaresOnDisk(Mapping[str, Statistics]):
         squares = statistics.gradient_squares
         if name not in self._written and name not in self._held:
             self._names.append(name)
-        if squares is None or statistics.squares_mean is not None:  # none, or only a sample's rows
+        # none, only a sample's rows, or not the Fisher pass's float32 (a file would not hold their bits)
+        if squares is None or statistics.squares_mean is not None or str(squares.dtype) != "torch.float32":
             self._held[name] = statistics
             return
         file = f"{len(self._names):05d}.f32"
         try:
-            squares.detach().float().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(
-                self._path(file)
-            )
+            squares.detach().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(self._path(file))
         except OSError:  # a full disk: held in memory, as they were before (only costs memory)
             self._path(file).unlink(missing_ok=True)
             self._held[name] = statistics
