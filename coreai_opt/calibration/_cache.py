@@ -219,15 +219,9 @@ class FisherStore:
     def _read(
         self, folder: Path, entries: list[tuple[str, str, int, list[int]]], device: torch.device
     ) -> Iterator[tuple[str, Statistics]]:
-        import numpy as np
-        import torch
 
         for name, file, rows, shape in entries:
-            count = math.prod(shape)
-            values = np.fromfile(folder / file, dtype="<f4", count=count)
-            if values.size != count:
-                raise OSError(f"{folder / file} was cut short while being read")
-            yield name, Statistics(rows, gradient_squares=torch.from_numpy(values.reshape(shape)).to(device))
+            yield name, Statistics(rows, gradient_squares=read_float32(folder / file, shape).to(device))
 
     def saving(self, passing: Iterator[tuple[str, Statistics]]) -> Iterator[tuple[str, Statistics]]:
         """`passing`, each weight written as it goes by; stored once the pass is done (a cache
@@ -250,9 +244,7 @@ class FisherStore:
                 if entries is not None and squares is not None:
                     file = _squares_file(len(entries))
                     try:
-                        squares.float().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(
-                            temporary / file
-                        )
+                        write_float32(squares.float(), temporary / file)
                         entries.append([name, file, statistics.rows, list(squares.shape)])
                     except OSError:
                         entries = None
@@ -265,6 +257,23 @@ class FisherStore:
                     pass  # another run stored the same pass first, or the disk is full
         finally:
             shutil.rmtree(temporary, ignore_errors=True)
+
+
+def write_float32(values: torch.Tensor, path: Path) -> None:
+    """A float32 tensor's values as raw little-endian bytes, from its own memory (no serialiser's copy)."""
+    values.detach().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(path)
+
+
+def read_float32(path: Path, shape: Sequence[int]) -> torch.Tensor:
+    """`write_float32`'s values back, of `shape`, into one new array; OSError where the file is short."""
+    import numpy as np
+    import torch
+
+    count = math.prod(shape)
+    values = np.fromfile(path, dtype="<f4", count=count)
+    if values.size != count:
+        raise OSError(f"{path} was cut short while being read")
+    return torch.from_numpy(values.reshape(tuple(shape)))
 
 
 def _fisher_entries(index: dict[str, Any]) -> list[tuple[str, str, int, list[int]]] | None:

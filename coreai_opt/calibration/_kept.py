@@ -13,13 +13,14 @@ which some systems keep in memory.
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from coreai_opt.weights import Statistics
+
+from ._cache import _usable_folder, read_float32, write_float32
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,6 @@ class SquaresOnDisk(Mapping[str, Statistics]):
     weight without squares is held as it came."""
 
     def __init__(self) -> None:
-        from ._cache import _usable_folder
-
         try:
             root = _usable_folder(create=True)
         except OSError:
@@ -65,7 +64,7 @@ class SquaresOnDisk(Mapping[str, Statistics]):
             return
         file = f"{len(self._names):05d}.f32"
         try:
-            squares.detach().contiguous().cpu().numpy().astype("<f4", copy=False).tofile(self._path(file))
+            write_float32(squares, self._path(file))
         except OSError:  # a full disk: held in memory, as they were before (only costs memory)
             self._path(file).unlink(missing_ok=True)
             self._held[name] = statistics
@@ -80,14 +79,7 @@ class SquaresOnDisk(Mapping[str, Statistics]):
         if name in self._held:
             return self._held[name]
         entry = self._written[name]  # KeyError: not kept
-        import numpy as np
-        import torch
-
-        count = math.prod(entry.shape)
-        values = np.fromfile(self._path(entry.file), dtype="<f4", count=count)
-        if values.size != count:
-            raise OSError(f"{self._path(entry.file)} was cut short while being read back")
-        squares = torch.from_numpy(values.reshape(entry.shape))
+        squares = read_float32(self._path(entry.file), entry.shape)
         return Statistics(entry.rows, gradient_squares=squares, squares_mean=entry.mean)
 
     def __iter__(self) -> Iterator[str]:
