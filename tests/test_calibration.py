@@ -535,6 +535,9 @@ def test_squares_kept_on_disk_read_back_the_same_bits_a_weight_at_a_time(
     full = squares_on_disk()  # a folder that takes nothing (a full disk): held in memory instead
     monkeypatch.setattr(type(full), "_path", lambda self, file: tmp_path / "gone" / file)
     assert [n for n, _ in full.keeping(iter(passing[:1]))] == names[:1] and full[names[0]] is whole[names[0]]
+    held = squares_on_disk(in_memory=True)  # squares on a GPU: held as they came, no folder
+    assert [n for n, _ in held.keeping(iter(passing))] == [*names, "unread"] and held._folder is None
+    assert all(held[n] is whole[n] for n in names) and list(held.narrowed(names[:1])) == names[:1]
 
 
 def test_statistics_are_cached_by_program_and_samples(

@@ -376,16 +376,9 @@ def test_squares_a_learned_choice_reads_again_are_kept_on_disk_with_the_same_tab
     the one of squares held in memory, to the bit."""
     import coreai_opt.calibration as calibration_package
     from coreai_opt.calibration import Samples
-    from coreai_opt.calibration._kept import SquaresOnDisk
     from coreai_opt.io import load_pt2
     from coreai_opt.models import model_tokenizer
     from coreai_opt.optimization import _costs, cost_table
-
-    class InMemory(dict):  # type: ignore[type-arg]
-        def keeping(self, passing):  # type: ignore[no-untyped-def]
-            for name, statistics in passing:
-                self[name] = statistics
-                yield name, statistics
 
     samples = Samples.of(llama["calib"], tokens=128, tokenizer=model_tokenizer(llama["ref"]))
     kept: list[Any] = []
@@ -397,14 +390,14 @@ def test_squares_a_learned_choice_reads_again_are_kept_on_disk_with_the_same_tab
         return found
 
     monkeypatch.setattr(_costs, "_gradients", keeping)
-    tables = []
+    tables, kept_as_given = [], calibration_package.squares_on_disk
     for where in ("disk", "memory"):
         monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / where))
-        if where == "memory":
-            monkeypatch.setattr(calibration_package, "squares_on_disk", InMemory)
+        if where == "memory":  # as on a GPU
+            monkeypatch.setattr(calibration_package, "squares_on_disk", lambda in_memory: kept_as_given(True))
         tables.append(cost_table(llama["ref"], lambda: load_pt2(llama["ref"]), parse_choices("lut6,lut2"), samples,
                                  threshold=0, trial_tokens=32, sample_elements=1024))  # fmt: skip
-    assert [type(k) for k in kept] == [SquaresOnDisk, InMemory]
+    assert [k._folder is None for k in kept] == [False, True]
     on_disk, in_memory = tables
     np.testing.assert_array_equal(np.array(on_disk.damage), np.array(in_memory.damage))  # NaN: not estimated
     assert on_disk.nbytes == in_memory.nbytes

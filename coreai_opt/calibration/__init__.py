@@ -58,13 +58,14 @@ def cache_folder() -> Path:
     return folder()
 
 
-def squares_on_disk() -> SquaresOnDisk:
+def squares_on_disk(in_memory: bool = False) -> SquaresOnDisk:
     """An empty mapping of statistics by name that keeps the squared gradients passed through its
     `keeping(passing)` in a private temporary folder and reads one weight's back when asked: a
-    later step that reads them a weight at a time does not hold them all (SmolLM2-135M's 0.54 GB)."""
+    later step that reads them a weight at a time does not hold them all (SmolLM2-135M's 0.54 GB).
+    `in_memory`: held as they came instead (squares that live on a GPU)."""
     from ._kept import SquaresOnDisk
 
-    return SquaresOnDisk()
+    return SquaresOnDisk(in_memory)
 
 
 def calibrate(

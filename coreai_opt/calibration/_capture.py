@@ -216,8 +216,9 @@ class ProgramCalibration:
         self, weights: Mapping[str, torch.Tensor], sample: int, reference: Any = None
     ) -> torch.Tensor:
         if reference is None:
-            (reference,) = self.references([sample])
-        self._check_whole()
+            (reference,) = self.references([sample])  # checks the program whole
+        else:
+            self._check_whole()
         inputs = self.inputs[sample]
         placed: dict[str, torch.Tensor] = {}
         for name, targets in self._targets(tuple(weights)).items():

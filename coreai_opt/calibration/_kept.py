@@ -8,7 +8,8 @@ folder as they go by; the mapping reads one back when asked. The folder is this 
 (`tempfile`: created for it alone, removed when the last view of it goes), so nothing read back
 comes from anyone else. It lies in the calibration cache's folder where that may be written - on
 disk, beside the Fisher pass's own files - else in the system's temporary folder (`TMPDIR`),
-which some systems keep in memory.
+which some systems keep in memory. Where the squares live on a GPU they are held as they came
+(`in_memory`): the device's memory is not the host's.
 """
 
 from __future__ import annotations
@@ -36,14 +37,16 @@ class _Entry:
 class SquaresOnDisk(Mapping[str, Statistics]):
     """Statistics by name whose squared gradients are read from a private folder each time they
     are asked for (`Statistics.squares_mean` says their mean, so nobody sums them again); a
-    weight without squares is held as it came."""
+    weight without squares, and every weight where `in_memory`, is held as it came."""
 
-    def __init__(self) -> None:
-        try:
-            root = _usable_folder(create=True)
-        except OSError:
-            root = None
-        self._folder = tempfile.TemporaryDirectory(prefix=".coreopt-squares-", dir=root)
+    def __init__(self, in_memory: bool = False) -> None:
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+        if not in_memory:
+            try:
+                root = _usable_folder(create=True)
+            except OSError:
+                root = None
+            self._folder = tempfile.TemporaryDirectory(prefix=".coreopt-squares-", dir=root)
         self._written: dict[str, _Entry] = {}
         self._held: dict[str, Statistics] = {}
         self._names: list[str] = []
@@ -58,8 +61,9 @@ class SquaresOnDisk(Mapping[str, Statistics]):
         squares = statistics.gradient_squares
         if name not in self._written and name not in self._held:
             self._names.append(name)
-        # none, only a sample's rows, or not the Fisher pass's float32 (a file would not hold their bits)
-        if squares is None or statistics.squares_mean is not None or str(squares.dtype) != "torch.float32":
+        # in memory; none, only a sample's rows, or not the Fisher pass's float32 (a file would not hold their bits)
+        if (self._folder is None or squares is None or statistics.squares_mean is not None
+                or str(squares.dtype) != "torch.float32"):  # fmt: skip
             self._held[name] = statistics
             return
         file = f"{len(self._names):05d}.f32"
@@ -73,6 +77,7 @@ class SquaresOnDisk(Mapping[str, Statistics]):
         self._written[name] = _Entry(file, statistics.rows, shape, statistics.gradient_mean())
 
     def _path(self, file: str) -> Path:
+        assert self._folder is not None  # only what was written is read
         return Path(self._folder.name) / file
 
     def __getitem__(self, name: str) -> Statistics:
@@ -92,7 +97,7 @@ class SquaresOnDisk(Mapping[str, Statistics]):
         return name in self._written or name in self._held
 
     def narrowed(self, names: Collection[str]) -> SquaresOnDisk:
-        """The same folder (kept while either view lives), of `names` only."""
+        """The same folder (kept while either view lives) or memory, of `names` only."""
         wanted = set(names)
         view = SquaresOnDisk.__new__(SquaresOnDisk)
         view._folder = self._folder

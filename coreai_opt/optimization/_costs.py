@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,8 +306,8 @@ def _gradients(
                        calibration.sequential(missing, Needs.GRADIENT_SQUARES) if missing else ())  # fmt: skip
     kept: Any = None
     if keep:
-        kept = squares_on_disk() if calibration.device.type == "cpu" else {}
-        found = kept.keeping(found) if calibration.device.type == "cpu" else _held_in(found, kept)
+        kept = squares_on_disk(in_memory=calibration.device.type != "cpu")
+        found = kept.keeping(found)
     grams, reduced = taken[Needs.INPUT_GRAM], {}
     for name, statistics in found:
         site = sites[name]
@@ -320,13 +320,6 @@ def _gradients(
             statistics.rows, _row_mass(squares, site.output_axis), squares if diagonal else None
         )
     return reduced, kept
-
-
-def _held_in(found: Iterator[tuple[str, Any]], into: dict[str, Any]) -> Iterator[tuple[str, Any]]:
-    """`found` as it comes, each weight's statistics also held in `into`."""
-    for name, statistics in found:
-        into[name] = statistics
-        yield name, statistics
 
 
 @dataclass
