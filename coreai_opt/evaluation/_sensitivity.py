@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from coreai_opt._memory import trim_heap
 from coreai_opt.io import ModelFileError, ProgramRunError, load_pt2, require_existing, running
 
 from ._language import Counter, Progress
@@ -408,6 +409,7 @@ def trial_divergences(
     sums, _ = runner.sums(ids, windows, decoded, Counter(progress, batches * (1 + len(decoded))))
     del runner
     gc.collect()  # its program copy (a graph module refers to itself) before the next piece's
+    trim_heap()  # and what its passes freed: glibc keeps a freed heap otherwise
     return {name: total[0] / windows.scored for name, total in sums.items()}
 
 

@@ -230,6 +230,7 @@ def _step_gradients(
     # the program's outputs as given, taken before any gradient is held: the weights as given,
     # read in for them, are never resident beside the leaves' gradients (0.54 GB each at 135M)
     references = calibration.references(batch)
+    trim_heap()  # their passes' activations, freed: not held as heap under the backward passes
     total = 0.0
     for sample in batch:  # each reference let go as it is used
         loss = calibration.divergence(leaves, sample, references.pop(0)) / len(batch)
@@ -238,6 +239,7 @@ def _step_gradients(
             return None
         loss.backward()
         total += float(loss.detach())
+        trim_heap()  # the sample's activations, freed
     for t in tables:
         leaf = leaves[t.site.name]
         grad, leaf.grad = leaf.grad, None
