@@ -487,14 +487,14 @@ def test_squared_gradients_are_stored_a_weight_a_file_and_streamed_back(
 def test_squares_kept_on_disk_read_back_the_same_bits_a_weight_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`squares_on_disk`: each weight's squares written as they pass, read back bit-equal (with
+    """`kept_squares`: each weight's squares written as they pass, read back bit-equal (with
     their whole mean, so nobody sums them again) only when asked; narrowing keeps them unread and
     shares the folder, which goes with the last view."""
     import gc
 
     import _architectures as arch
 
-    from coreai_opt.calibration import squares_on_disk
+    from coreai_opt.calibration import kept_squares
     from coreai_opt.weights import Narrowable, Statistics, known_of, statistics_from
 
     monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
@@ -502,7 +502,7 @@ def test_squares_kept_on_disk_read_back_the_same_bits_a_weight_at_a_time(
     names = [k for k, v in program.state_dict.items() if v.dim() == 2]
     calibration = calibrate(program, Samples(Source.RANDOM, count=2, seed=3), cache=False)
     whole = calibration.statistics(names, Needs.GRADIENT_SQUARES)
-    kept = squares_on_disk()
+    kept = kept_squares()
     passing = [*((n, whole[n]) for n in names), ("unread", Statistics(0))]
     assert [n for n, _ in kept.keeping(iter(passing))] == [*names, "unread"]
     assert isinstance(kept, Narrowable) and list(kept) == [*names, "unread"] and kept["unread"].rows == 0
@@ -529,13 +529,13 @@ def test_squares_kept_on_disk_read_back_the_same_bits_a_weight_at_a_time(
     del narrowed
     gc.collect()
     assert not folder.exists()
-    wide = squares_on_disk()  # float64 squares (not the Fisher pass's): held, their bits as given
+    wide = kept_squares()  # float64 squares (not the Fisher pass's): held, their bits as given
     doubled = Statistics(1, gradient_squares=whole[names[0]].gradient_squares.double())
     assert [n for n, _ in wide.keeping(iter([("wide", doubled)]))] == ["wide"] and wide["wide"] is doubled
-    full = squares_on_disk()  # a folder that takes nothing (a full disk): held in memory instead
+    full = kept_squares()  # a folder that takes nothing (a full disk): held in memory instead
     monkeypatch.setattr(type(full), "_path", lambda self, file: tmp_path / "gone" / file)
     assert [n for n, _ in full.keeping(iter(passing[:1]))] == names[:1] and full[names[0]] is whole[names[0]]
-    held = squares_on_disk(in_memory=True)  # squares on a GPU: held as they came, no folder
+    held = kept_squares(on_disk=False)  # squares on a GPU: held as they came, no folder
     assert [n for n, _ in held.keeping(iter(passing))] == [*names, "unread"] and held._folder is None
     assert all(held[n] is whole[n] for n in names) and list(held.narrowed(names[:1])) == names[:1]
 

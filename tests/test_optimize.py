@@ -390,11 +390,11 @@ def test_squares_a_learned_choice_reads_again_are_kept_on_disk_with_the_same_tab
         return found
 
     monkeypatch.setattr(_costs, "_gradients", keeping)
-    tables, kept_as_given = [], calibration_package.squares_on_disk
+    tables, kept_as_given = [], calibration_package.kept_squares
     for where in ("disk", "memory"):
         monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / where))
         if where == "memory":  # as on a GPU
-            monkeypatch.setattr(calibration_package, "squares_on_disk", lambda in_memory: kept_as_given(True))
+            monkeypatch.setattr(calibration_package, "kept_squares", lambda on_disk: kept_as_given(False))
         tables.append(cost_table(llama["ref"], lambda: load_pt2(llama["ref"]), parse_choices("lut6,lut2"), samples,
                                  threshold=0, trial_tokens=32, sample_elements=1024))  # fmt: skip
     assert [k._folder is None for k in kept] == [False, True]

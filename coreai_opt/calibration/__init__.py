@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from ._capture import ProgramCalibration
-    from ._kept import SquaresOnDisk
+    from ._kept import KeptSquares
 
 __all__ = [
     "ALL_TOKENS",
@@ -43,8 +43,8 @@ __all__ = [
     "calibrate",
     "check_source",
     "is_text",
+    "kept_squares",
     "recorded_budget",
-    "squares_on_disk",
     "text_tokens",
     "token_budget",
 ]
@@ -58,14 +58,14 @@ def cache_folder() -> Path:
     return folder()
 
 
-def squares_on_disk(in_memory: bool = False) -> SquaresOnDisk:
+def kept_squares(on_disk: bool = True) -> KeptSquares:
     """An empty mapping of statistics by name that keeps the squared gradients passed through its
     `keeping(passing)` in a private temporary folder and reads one weight's back when asked: a
     later step that reads them a weight at a time does not hold them all (SmolLM2-135M's 0.54 GB).
-    `in_memory`: held as they came instead (squares that live on a GPU)."""
-    from ._kept import SquaresOnDisk
+    Not `on_disk`: held as they came instead (squares that live on a GPU)."""
+    from ._kept import KeptSquares
 
-    return SquaresOnDisk(in_memory)
+    return KeptSquares(on_disk)
 
 
 def calibrate(

@@ -1,15 +1,15 @@
-"""Squared gradients kept on disk between the steps of one run, read back a weight at a time.
+"""Squared gradients kept between the steps of one run - on disk - read back a weight at a time.
 
 A Fisher pass hands each weight's squares over as it finishes them; a caller that reads them
 again later, one weight at a time (`optimize`'s estimate, then its trials, each choice made by
 `sensitive` k-means), need not hold them all: SmolLM2-135M's are 0.54 GB, a 1B model's 4.4 GB.
-`SquaresOnDisk.keeping(passing)` writes each weight's float32 values into a private temporary
+`KeptSquares.keeping(passing)` writes each weight's float32 values into a private temporary
 folder as they go by; the mapping reads one back when asked. The folder is this process's own
 (`tempfile`: created for it alone, removed when the last view of it goes), so nothing read back
 comes from anyone else. It lies in the calibration cache's folder where that may be written - on
 disk, beside the Fisher pass's own files - else in the system's temporary folder (`TMPDIR`),
 which some systems keep in memory. Where the squares live on a GPU they are held as they came
-(`in_memory`): the device's memory is not the host's.
+(`on_disk=False`): the device's memory is not the host's.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ class _Entry:
     mean: float
 
 
-class SquaresOnDisk(Mapping[str, Statistics]):
+class KeptSquares(Mapping[str, Statistics]):
     """Statistics by name whose squared gradients are read from a private folder each time they
     are asked for (`Statistics.squares_mean` says their mean, so nobody sums them again); a
-    weight without squares, and every weight where `in_memory`, is held as it came."""
+    weight without squares, and every weight unless `on_disk`, is held as it came."""
 
-    def __init__(self, in_memory: bool = False) -> None:
+    def __init__(self, on_disk: bool = True) -> None:
         self._folder: tempfile.TemporaryDirectory[str] | None = None
-        if not in_memory:
+        if on_disk:
             try:
                 root = _usable_folder(create=True)
             except OSError:
@@ -96,10 +96,10 @@ class SquaresOnDisk(Mapping[str, Statistics]):
     def __contains__(self, name: object) -> bool:
         return name in self._written or name in self._held
 
-    def narrowed(self, names: Collection[str]) -> SquaresOnDisk:
+    def narrowed(self, names: Collection[str]) -> KeptSquares:
         """The same folder (kept while either view lives) or memory, of `names` only."""
         wanted = set(names)
-        view = SquaresOnDisk.__new__(SquaresOnDisk)
+        view = KeptSquares.__new__(KeptSquares)
         view._folder = self._folder
         view._names = [name for name in self._names if name in wanted]
         view._written = {name: entry for name, entry in self._written.items() if name in wanted}

@@ -233,7 +233,6 @@ def _measure(
     taken = {Needs.INPUT_GRAM: statistics_from(calibration, list(sizes), Needs.INPUT_GRAM, known)}
     keep = Needs.GRADIENT_SQUARES in _learned_needs(choices, threshold)  # a learned method reads them again
     gradients, kept = _gradients(calibration, {name: sites[name] for name in sizes}, taken, known, keep)
-    trim_heap()  # the Fisher pass's freed heap (about 1 GB at 135M) back to the system: glibc keeps it
     if kept is not None:
         taken[Needs.GRADIENT_SQUARES] = kept
     context = _Context(loaded, {**dict(ep.module().named_parameters()), **dict(ep.module().named_buffers())},
@@ -242,6 +241,7 @@ def _measure(
     shares: dict[str, dict[str, float]] = {}
     with clusters_shared(list(configs.values())):  # lut6 and lut6-q8: one k-means a weight
         for k, choice in enumerate(choices):
+            trim_heap()  # what the Fisher pass (about 1 GB at 135M) or the last choice freed: glibc keeps it
 
             def advance(done: int, name: str, k: int = k, choice: Choice = choice) -> None:
                 if progress is not None:
@@ -251,7 +251,6 @@ def _measure(
             found[choice.name], shares[choice.name] = _measure_choice(
                 context, choice, configs[choice.name], advance
             )
-            trim_heap()  # the choice's encodings, freed
     sampled = {name for share in shares.values() for name in share}
     loaded.known = _for_trials(taken, sampled, choices, threshold)
     return found, sizes, state, shares
@@ -296,10 +295,10 @@ def _gradients(
     """Every weight's squared gradients as the estimate reads them (`_Gradients`), each weight's
     squares let go as the next come - 135M's together are 0.54 GB - and, where `keep` (a learned
     method reads them again, a weight at a time), kept: on disk where the program runs on the
-    host (`squares_on_disk`), else in memory."""
+    host (`kept_squares`), else in memory."""
     from itertools import chain
 
-    from coreai_opt.calibration import squares_on_disk
+    from coreai_opt.calibration import kept_squares
     from coreai_opt.compression import MatrixView, gram_fits
     from coreai_opt.weights import Needs
 
@@ -309,7 +308,7 @@ def _gradients(
                        calibration.sequential(missing, Needs.GRADIENT_SQUARES) if missing else ())  # fmt: skip
     kept: Any = None
     if keep:
-        kept = squares_on_disk(in_memory=calibration.device.type != "cpu")
+        kept = kept_squares(on_disk=calibration.device.type == "cpu")
         found = kept.keeping(found)
     grams, reduced = taken[Needs.INPUT_GRAM], {}
     for name, statistics in found:

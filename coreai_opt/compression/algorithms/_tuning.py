@@ -230,16 +230,15 @@ def _step_gradients(
     # the program's outputs as given, taken before any gradient is held: the weights as given,
     # read in for them, are never resident beside the leaves' gradients (0.54 GB each at 135M)
     references = calibration.references(batch)
-    trim_heap()  # their passes' activations, freed: not held as heap under the backward passes
     total = 0.0
     for sample in batch:  # each reference let go as it is used
+        trim_heap()  # the reference passes' or the last sample's activations, freed: glibc keeps them
         loss = calibration.divergence(leaves, sample, references.pop(0)) / len(batch)
         if not loss.requires_grad:
             read.release()
             return None
         loss.backward()
         total += float(loss.detach())
-        trim_heap()  # the sample's activations, freed
     for t in tables:
         leaf = leaves[t.site.name]
         grad, leaf.grad = leaf.grad, None
