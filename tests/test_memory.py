@@ -358,3 +358,91 @@ def test_a_written_page_deep_in_a_mapping_is_found_reading_its_flags_in_pieces(
         assert _memory.release_clean_mapped([clean.data_ptr()]) == 1
         assert int(written[37 * 4096 + 5]) == 99 and bytes(clean[:8192].numpy()) == PATTERN[:8192]
         del clean, written
+
+
+def _two_linears(folder: Path) -> Path:
+    """A `.pt2` of two float32 linear layers of `SIZE` bytes each, as a model file maps them."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2048, 4096, bias=False), nn.Tanh(), nn.Linear(4096, 2048, bias=False))
+    path = folder / "two.pt2"
+    torch.export.save(torch.export.export(model.eval(), (torch.randn(4, 2048),)).run_decompositions(), path)
+    return path
+
+
+def _untouched(program) -> list:  # type: ignore[no-untyped-def]
+    """The program's weights, their file pages out of the resident set (loading read them)."""
+    from coreai_opt._memory import release_clean_mapped
+
+    weights = [t for t in program.state_dict.values() if t.dim() == 2]
+    assert release_clean_mapped([t.data_ptr() for t in weights]) >= 1  # they are mapped from the file
+    return weights
+
+
+def test_a_fisher_pass_holds_no_file_pages_of_the_weights_it_holds_in_bfloat16(tmp_path: Path) -> None:
+    """Weights read only as a product's matrix are held in bfloat16 for a fast Fisher pass: their
+    float32 file pages leave the resident set once the copies are made (SmolLM2-135M's 0.5 GB),
+    and the squares are those of the same pass over the weights held in memory, bit for bit."""
+    import torch
+
+    from coreai_opt.calibration import Samples, Source, calibrate
+    from coreai_opt.calibration._fisher import SegmentedBackward
+    from coreai_opt.calibration._losses import sample_loss
+    from coreai_opt.io import load_pt2
+
+    def squares(held_in_memory: bool) -> tuple[dict[str, torch.Tensor], list[int]]:
+        program = load_pt2(_two_linears(tmp_path))
+        calibration = calibrate(program, Samples(Source.RANDOM, count=2, seed=0), cache=False)
+        names = [name for name, t in program.state_dict.items() if t.dim() == 2]
+        if held_in_memory:
+            for name in names:
+                module, _, attr = name.rpartition(".")
+                setattr(calibration.gm.get_submodule(module), attr, torch.nn.Parameter(program.state_dict[name].clone(), requires_grad=False))  # fmt: skip
+        _untouched(program)
+        before, seen = _resident_file_bytes(), []
+        generator = torch.Generator().manual_seed(0)
+
+        def loss(output, inputs):  # type: ignore[no-untyped-def]
+            seen.append(_resident_file_bytes() - before)
+            return sample_loss(output, inputs, generator)
+
+        passing = SegmentedBackward(calibration.gm, names, fast=True)
+        assert passing.narrowed == set(names)
+        found = {name: s.gradient_squares for name, s in passing.run(calibration.inputs, loss)}
+        return found, seen
+
+    mapped, seen = squares(held_in_memory=False)
+    assert len(seen) == 2 and max(seen) < SIZE // 2  # 2 x 32 MiB read into bfloat16, none held as file pages
+    held, _ = squares(held_in_memory=True)
+    assert mapped.keys() == held.keys() and all(torch.equal(mapped[n], held[n]) for n in mapped)
+
+
+def test_an_estimates_encodings_hand_back_the_weights_file_pages_as_they_go(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`sampled_trial_encodings` (the cost table's columns, the trials, `sensitivity`) reads each
+    weight once a pass: its file pages leave the resident set every `RELEASE_EVERY` bytes, and all
+    of them once the pass ends, not the whole program's held to the end of every pass; the
+    encodings are those of the weights as they are."""
+    import torch
+
+    from coreai_opt import _memory
+    from coreai_opt.compression import sampled_trial_encodings
+    from coreai_opt.io import load_pt2
+    from coreai_opt.optimization import parse_choices
+    from coreai_opt.weights import decode
+
+    monkeypatch.setattr(_memory, "RELEASE_EVERY", SIZE)
+    program = load_pt2(_two_linears(tmp_path))
+    weights = _untouched(program)
+    config = parse_choices("int8")[0].config_for(False, 0)
+    before, seen, decoded = _resident_file_bytes(), [], []
+    for _, encoding, sample in sampled_trial_encodings(program, config):
+        seen.append(_resident_file_bytes() - before)
+        decoded.append(decode(encoding))
+        assert sample is None
+    assert len(seen) == 2 and seen[0] > SIZE // 2 and seen[1] < SIZE * 3 // 2  # the first weight's went
+    assert _resident_file_bytes() - before < SIZE // 2  # and the last one's at the end
+    for weight, values in zip(weights, decoded, strict=True):
+        scale = weight.abs().amax(dim=1, keepdim=True) / 127
+        assert torch.allclose(values, weight, atol=float(scale.max()) * 0.51)

@@ -33,7 +33,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from coreai_opt._aten import state_only
-from coreai_opt._memory import page_out_mapped, trim_heap
+from coreai_opt._memory import page_out_mapped, release_clean_mapped, trim_heap
 from coreai_opt.weights import Statistics
 
 from ._graph import attribute, call, state_value
@@ -135,6 +135,7 @@ class SegmentedBackward:
                     totals[name] = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
             at: list[Any] = [0, ()]  # the sample the backward pass is on: its index and inputs
             leaves = {name: self._leaf(name, at, totals, rows_of) for name in segment.leaves}
+            self._release_narrowed(segment)
             last = index == len(self.segments) - 1
             for k, inputs in enumerate(samples):  # one sample's values at a time, gone after it
                 if self.progress is not None and not cut:  # cut: each segment's weights report as they finish
@@ -178,6 +179,13 @@ class SegmentedBackward:
                 del fixed
                 self._page_out()
         return kept
+
+    def _release_narrowed(self, segment: _Segment) -> None:
+        """The file pages of the segment's weights held in bfloat16 for the pass: until a later
+        step reads them again, nothing reads their own values (a row lookup reads a few pages back
+        from the page cache), so they leave the resident set (SmolLM2-135M's 0.5 GB)."""
+        narrowed = [self._weight(name) for name in segment.leaves if name in self.narrowed]
+        release_clean_mapped([t.data_ptr() for t in narrowed if t.device.type == "cpu" and t.numel()])
 
     def _input(self, node: Node, k: int, inputs: tuple[Any, ...], kept: dict[Node, list[Any]]) -> Any:
         return self._placeholder(node, inputs) if node.op == "placeholder" else kept[node][k]

@@ -329,16 +329,31 @@ def sampled_trial_encodings(
     for needs in dict.fromkeys(algorithm_for(cfg).needs for _, cfg in learned):
         names = [site.name for site, cfg in learned if algorithm_for(cfg).needs is needs]
         by_needs[needs] = statistics_from(calibration, names, needs, known)  # type: ignore[arg-type]
-    for site, cfg in sites:
-        stats = by_needs.get(algorithm_for(cfg).needs, {}).get(site.name)
-        w, encoded = container.read(site), site
-        if (sample := row_sample(site, cfg, sample_size(cfg, elements))) is not None:
-            w, encoded, stats = (
-                sample.take(w, site.output_axis),
-                sample.site(site),
-                sample.statistics(stats, site),
+    read = ReadOnce()  # each weight's file pages handed back as the pass goes, not held to its end
+    try:
+        for site, cfg in sites:
+            stats = by_needs.get(algorithm_for(cfg).needs, {}).get(site.name)
+            outcome, sample = _sampled_encoding(
+                container, site, cfg, read.passed(container.read(site)), stats, elements
             )
-        outcome = encode_weight(w, encoded, cfg, stats, compare=False)  # an estimate: no data-free SNR
-        if not isinstance(outcome, Skipped) and (refusal := container.refusal(encoded, outcome)) is not None:
-            outcome = site.skipped(refusal, SkipKind.LAYOUT)
-        yield site, outcome, sample
+            yield site, outcome, sample
+    finally:
+        read.release()
+
+
+def _sampled_encoding(
+    container: Container, site: WeightSite, cfg: WeightConfig, w: torch.Tensor, stats: Statistics | None,
+    elements: int,
+) -> tuple[Encoding | Skipped, RowSample | None]:  # fmt: skip
+    """The encoding of `w` at `site`, or of a sample of its rows (`sampled_trial_encodings`)."""
+    encoded = site
+    if (sample := row_sample(site, cfg, sample_size(cfg, elements))) is not None:
+        w, encoded, stats = (
+            sample.take(w, site.output_axis),
+            sample.site(site),
+            sample.statistics(stats, site),
+        )
+    outcome = encode_weight(w, encoded, cfg, stats, compare=False)  # an estimate: no data-free SNR
+    if not isinstance(outcome, Skipped) and (refusal := container.refusal(encoded, outcome)) is not None:
+        outcome = site.skipped(refusal, SkipKind.LAYOUT)
+    return outcome, sample
