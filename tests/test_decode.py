@@ -114,6 +114,48 @@ def test_lut_to_dense_in_pieces_of_rows_is_the_whole_gather(
     assert torch.equal(whole, expected.reshape(12, 9 * vector))
 
 
+@pytest.mark.parametrize(
+    ("blocks", "vector", "entries"),
+    [((1, 1), 1, 16), ((12, 1), 1, 16), ((3, 3), 2, 16), ((4, 1), 1, 256)],
+    ids=["one table", "a table a row", "blocks and vectors", "256 entries"],
+)
+def test_a_tuned_tables_gradient_adds_each_elements_gradient_to_its_entry(
+    blocks: tuple[int, int], vector: int, entries: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table that takes a gradient (tuned end to end) gathers through its own autograd function,
+    whose backward adds each element's gradient to the entry it read, a piece of rows at a time:
+    the same values as the plain gather, and the same gradient as autograd takes through plain
+    indexing (exactly, up to the order of the sums: within float32 rounding)."""
+    import coreai_opt._pieces as pieces
+    from coreai_opt.weights._decode import lut_to_dense
+
+    generator = torch.Generator().manual_seed(5)
+    indices = torch.randint(0, entries, (12, 9), generator=generator, dtype=torch.uint8)
+    lut = torch.randn(*blocks, entries, vector, generator=generator)
+    cotangent = torch.randn(12, 9 * vector, generator=generator)
+    monkeypatch.setattr(
+        pieces, "spans", lambda count, width: [(a, min(a + 5, count)) for a in range(0, count, 5)]
+    )
+    tuned = lut.clone().requires_grad_()
+    values = lut_to_dense(indices, tuned, 1)
+    values.backward(cotangent)
+    plain = lut.clone().requires_grad_()
+    rows, columns = (
+        torch.arange(12)[:, None] // (12 // blocks[0]),
+        torch.arange(9)[None, :] // (9 // blocks[1]),
+    )
+    expected = plain[rows, columns, indices.long()].reshape(12, 9 * vector)  # [12, 9, V] as the weight
+    expected.backward(cotangent)
+    assert torch.equal(values.detach(), expected.detach()) and torch.equal(
+        values.detach(), lut_to_dense(indices, lut, 1)
+    )
+    torch.testing.assert_close(tuned.grad, plain.grad, rtol=1e-6, atol=1e-6)
+    used = torch.zeros(lut.shape[:-1]).index_put_(
+        (rows.expand(12, 9), columns.expand(12, 9), indices.long()), torch.ones(12, 9), accumulate=True
+    )
+    assert torch.equal(tuned.grad.abs().sum(-1) > 0, used > 0)  # an entry no element reads takes none
+
+
 @pytest.mark.parametrize("kind", ["int8 with zero point", "int8", "float32"])
 def test_shift_scale_in_place_leaves_its_inputs_and_equals_the_broadcast_formula(kind: str) -> None:
     """The decoder scales the one output tensor in place: a non-contiguous input, the caller's

@@ -12,6 +12,8 @@ buffers, and the Core AI runtime computes the same values (tests/test_compress_p
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -84,30 +86,81 @@ def _per_block(param: torch.Tensor) -> torch.Tensor:
 def lut_to_dense(indices: torch.Tensor, lut: torch.Tensor, axis: int) -> torch.Tensor:
     import torch
 
-    from coreai_opt._pieces import spans
-
     rank = indices.dim()
     entries, vector = lut.shape[-2], lut.shape[-1]
     table = lut.reshape(-1, vector)
     if rank == 0:
         return table[indices.long()].reshape(()) if vector == 1 else table[indices.long()]
-    rows = torch.empty((*indices.shape, vector), dtype=lut.dtype, device=indices.device)
-    # a piece of the first axis at a time: each element's int64 row of the table (8 bytes an
-    # element, 0.5 GB at a 1B model's head) exists only for the piece
-    for top, bottom in spans(indices.shape[0], indices[:1].numel()):
-        flat = torch.zeros((), dtype=torch.int64, device=indices.device)
-        for k, (size, count) in enumerate(zip(indices.shape, lut.shape[:rank], strict=True)):
-            if count > 1:
-                along = torch.arange(top if k == 0 else 0, bottom if k == 0 else size, device=indices.device)
-                block = along // (size // count)
-                flat = flat * count + block.reshape([len(along) if i == k else 1 for i in range(rank)])
-        rows[top:bottom] = table[flat * entries + indices[top:bottom].long()]
+    counts = tuple(int(n) for n in lut.shape[:rank])
+    if table.requires_grad and torch.is_grad_enabled():  # a table tuned end to end
+        rows = _table_gather().apply(table, indices, counts, entries)
+    else:
+        rows = _gathered(table, indices, counts, entries)
     if vector == 1:
         return rows.reshape(indices.shape)
     axis = axis % rank
     shape = list(indices.shape)
     shape[axis] *= vector
     return rows.movedim(-1, axis + 1).reshape(shape)
+
+
+def _table_rows(
+    indices: torch.Tensor, counts: tuple[int, ...], entries: int
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """(top, bottom, the row of the flattened tables each element of indices[top:bottom] reads), a
+    piece of the first axis at a time: each element's int64 row (8 bytes an element, 0.5 GB at a
+    1B model's head) exists only for its piece."""
+    import torch
+
+    from coreai_opt._pieces import spans
+
+    rank = indices.dim()
+    for top, bottom in spans(indices.shape[0], indices[:1].numel()):
+        flat = torch.zeros((1,) * rank, dtype=torch.int64, device=indices.device)  # dimensioned: promotes a uint8 sum
+        for k, (size, count) in enumerate(zip(indices.shape, counts, strict=True)):
+            if count > 1:
+                along = torch.arange(top if k == 0 else 0, bottom if k == 0 else size, device=indices.device)
+                block = along // (size // count)
+                flat = flat * count + block.reshape([len(along) if i == k else 1 for i in range(rank)])
+        yield top, bottom, (flat * entries).add(indices[top:bottom])  # int64, without a widened copy first
+
+
+def _gathered(
+    table: torch.Tensor, indices: torch.Tensor, counts: tuple[int, ...], entries: int
+) -> torch.Tensor:
+    """Each index's table row, [*indices.shape, vector]."""
+    import torch
+
+    rows = torch.empty((*indices.shape, table.shape[-1]), dtype=table.dtype, device=indices.device)
+    for top, bottom, positions in _table_rows(indices, counts, entries):
+        torch.index_select(table, 0, positions.reshape(-1), out=rows[top:bottom].view(-1, rows.shape[-1]))
+    return rows
+
+
+@functools.cache
+def _table_gather() -> Any:
+    """`_gathered` as an autograd function whose backward adds each element's gradient to its
+    table row (`index_add_`, a piece at a time): autograd's own - the pieces' copies and an
+    accumulating `index_put_` - took most of a tuning step's fold at SmolLM2-135M."""
+    import torch
+
+    class TableGather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, table: torch.Tensor, indices: torch.Tensor, counts: tuple[int, ...],
+                    entries: int) -> torch.Tensor:  # fmt: skip
+            ctx.save_for_backward(indices)
+            ctx.table_shape, ctx.counts, ctx.entries = table.shape, counts, entries
+            return _gathered(table, indices, counts, entries)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+            (indices,) = ctx.saved_tensors
+            summed = torch.zeros(ctx.table_shape, dtype=grad.dtype, device=grad.device)
+            for top, bottom, positions in _table_rows(indices, ctx.counts, ctx.entries):
+                summed.index_add_(0, positions.reshape(-1), grad[top:bottom].reshape(-1, summed.shape[-1]))
+            return summed, None, None, None
+
+    return TableGather
 
 
 def shift_scale(

@@ -45,8 +45,8 @@ from ..grids import stored_float
 _STEP = 5e-3  # Adam's first step size, in units of each table's root mean square entry
 _ACCUMULATE = 4  # calibration samples per step
 _SEED = 0
-_ORDER = 2  # how a step adds its gradients up (2: a window and a weight at a time): a checkpoint
-# of another order resumes to other bytes, so it is another run
+_ORDER = 3  # how a step adds its gradients up (2: a window and a weight at a time; 3: and a table's
+# entries by `index_add_`): a checkpoint of another order resumes to other bytes, so it is another run
 
 TuningProgress = Callable[[int, int, float], None]  # (steps done, steps in all, mean divergence)
 
