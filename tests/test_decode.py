@@ -156,6 +156,29 @@ def test_a_tuned_tables_gradient_adds_each_elements_gradient_to_its_entry(
     assert torch.equal(tuned.grad.abs().sum(-1) > 0, used > 0)  # an entry no element reads takes none
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    ],
+)
+def test_a_16_bit_tables_gradient_is_summed_in_float32_and_rounded_once(device: str) -> None:
+    """2,048 elements read one entry of a bfloat16 table, their gradients 1 and 2**-9 each: the
+    entry's gradient is the float32 sum rounded once (5.0); summed in bfloat16 (a GPU's atomic
+    adds), the small ones stop counting once the sum passes 1 (2**-9 is below half its step)."""
+    from coreai_opt.weights._decode import lut_to_dense
+
+    indices = torch.zeros(32, 64, dtype=torch.uint8, device=device)
+    cotangent = torch.full((32, 64), 2.0**-9, dtype=torch.bfloat16, device=device)
+    cotangent[7, 5] = 1.0
+    table = torch.tensor([0.5, -0.25], dtype=torch.bfloat16, device=device)
+    tuned = table.reshape(1, 1, 2, 1).requires_grad_()
+    lut_to_dense(indices, tuned, 1).backward(cotangent)
+    assert tuned.grad.dtype == torch.bfloat16
+    assert tuned.grad.flatten().tolist() == [float(torch.tensor(1 + 2047 * 2.0**-9).bfloat16()), 0.0]
+
+
 @pytest.mark.parametrize("kind", ["int8 with zero point", "int8", "float32"])
 def test_shift_scale_in_place_leaves_its_inputs_and_equals_the_broadcast_formula(kind: str) -> None:
     """The decoder scales the one output tensor in place: a non-contiguous input, the caller's

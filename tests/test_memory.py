@@ -419,7 +419,9 @@ def test_a_fisher_pass_holds_no_file_pages_of_the_weights_it_holds_in_bfloat16(t
     assert mapped.keys() == held.keys() and all(torch.equal(mapped[n], held[n]) for n in mapped)
 
 
-def test_an_estimates_encodings_hand_back_the_weights_file_pages_as_they_go(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_estimates_encodings_hand_back_the_weights_file_pages_as_they_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`sampled_trial_encodings` (the cost table's columns, the trials, `sensitivity`) reads each
     weight once a pass: its file pages leave the resident set every `RELEASE_EVERY` bytes, and all
     of them once the pass ends, not the whole program's held to the end of every pass; the

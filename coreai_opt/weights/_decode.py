@@ -116,7 +116,8 @@ def _table_rows(
 
     rank = indices.dim()
     for top, bottom in spans(indices.shape[0], indices[:1].numel()):
-        flat = torch.zeros((1,) * rank, dtype=torch.int64, device=indices.device)  # dimensioned: promotes a uint8 sum
+        # dimensioned, so that adding uint8 indices promotes to int64
+        flat = torch.zeros((1,) * rank, dtype=torch.int64, device=indices.device)
         for k, (size, count) in enumerate(zip(indices.shape, counts, strict=True)):
             if count > 1:
                 along = torch.arange(top if k == 0 else 0, bottom if k == 0 else size, device=indices.device)
@@ -155,12 +156,23 @@ def _table_gather() -> Any:
         @staticmethod
         def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
             (indices,) = ctx.saved_tensors
-            summed = torch.zeros(ctx.table_shape, dtype=grad.dtype, device=grad.device)
+            wide = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+            summed = torch.zeros(ctx.table_shape, dtype=wide, device=grad.device)
             for top, bottom, positions in _table_rows(indices, ctx.counts, ctx.entries):
-                summed.index_add_(0, positions.reshape(-1), grad[top:bottom].reshape(-1, summed.shape[-1]))
-            return summed, None, None, None
+                _add_rows(summed, positions.reshape(-1), grad[top:bottom].reshape(-1, summed.shape[-1]))
+            return summed.to(grad.dtype), None, None, None
 
     return TableGather
+
+
+def _add_rows(summed: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> None:
+    """summed[positions] += rows, repeats added up - in float32 at least (a 16-bit sum loses
+    small gradients among millions of adds); on a GPU by an accumulating index_put_, which sorts
+    first: index_add_ adds there by atomics, in an order that differs run to run."""
+    if summed.is_cuda:
+        summed.index_put_((positions,), rows.to(summed.dtype), accumulate=True)
+    else:
+        summed.index_add_(0, positions, rows.to(summed.dtype))
 
 
 def shift_scale(
