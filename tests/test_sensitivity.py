@@ -159,10 +159,14 @@ def test_the_reference_distribution_taken_a_piece_of_rows_at_a_time_has_the_whol
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_bfloat16_differences_measure_what_exact_trials_do(family: str, tmp_path: Path) -> None:
+def test_bfloat16_differences_measure_what_exact_trials_do(
+    family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every weight's trial with its products as the reference's plus bfloat16 products of the
     differences, the head left factored, against the exact float32 trial: KL, NLL and top-1 of
-    each weight close, the ranking the same. GPT-2 reads its weights through addmm with a bias."""
+    each weight close, the ranking the same. GPT-2 reads its weights through addmm with a bias.
+    On any CPU: one without bfloat16 instructions takes the same products, emulated."""
+    import coreai_opt._cpu
     from coreai_opt.compression import PalettizeConfig, trial_encodings
     from coreai_opt.evaluation import spearman
     from coreai_opt.evaluation._language import Counter
@@ -180,6 +184,7 @@ def test_bfloat16_differences_measure_what_exact_trials_do(family: str, tmp_path
     ids = text_token_ids(text, path.with_suffix(".tokenizer.json"))[: 6 * SEQ]
     windows = Windows(len(ids), SEQ, SEQ)
     found = {}
+    monkeypatch.setattr(coreai_opt._cpu, "native_bfloat16", lambda: True)
     for differences in (False, True):
         runner = _Resumable(ep, path, differences)
         assert (runner.head is not None) == differences  # the logits' product, factored
