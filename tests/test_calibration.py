@@ -136,7 +136,11 @@ def test_a_lookup_still_finds_its_twin_after_the_twin_was_replaced_without_its_o
 
 
 def test_gradient_squares_of_a_language_model_follow_next_token_cross_entropy() -> None:
+    """The squares of each sample's gradient of the cross entropy of next tokens drawn from the
+    model's own predictions (the calibration's seed, 0, on the CPU: in sample order)."""
     import _architectures as arch
+
+    from coreai_opt.calibration._losses import _drawn_tokens
 
     program = arch.export(arch.MATRIX[0])  # llama-fp32: ids and a mask in, logits out
     samples = Samples(Source.RANDOM, count=2, seed=3)
@@ -150,11 +154,13 @@ def test_gradient_squares_of_a_language_model_follow_next_token_cross_entropy() 
     module = program.module()
     parameter = dict(module.named_parameters())[name].requires_grad_(True)
     rows = 0
+    generator = torch.Generator().manual_seed(0)
     for _, inputs in samples.inputs(program):
         logits = module(*inputs)
         ids = inputs[0]
+        predicted = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
         loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1), reduction="sum"
+            predicted, _drawn_tokens(predicted, generator), reduction="sum"
         )
         (grad,) = torch.autograd.grad(loss, [parameter])
         expected += grad.double() ** 2
@@ -165,7 +171,7 @@ def test_gradient_squares_of_a_language_model_follow_next_token_cross_entropy() 
 
 def _whole_backward_squares(program: torch.export.ExportedProgram, names: list[str], samples: Samples):
     """The squared gradients of one whole backward pass per sample (float64 sums), the loss as the
-    calibration takes it (next-token cross entropy, or one seeded random-sign projection)."""
+    calibration takes it (the cross entropy of drawn next tokens, or one seeded random-sign projection)."""
     from coreai_opt.calibration._losses import sample_loss
 
     module = program.module()
@@ -186,8 +192,9 @@ def _whole_backward_squares(program: torch.export.ExportedProgram, names: list[s
 def test_a_token_taggers_loss_is_no_next_token_loss() -> None:
     """A token tagger's output is [batch, tokens, labels] like a language model's logits, but its
     labels are not its ids: the loss is the random-sign projection, not a cross entropy whose
-    targets (ids up to 99) would index past its 5 labels. A language model's ids stay targets."""
-    from coreai_opt.calibration._losses import sample_loss
+    targets (ids up to 99) would index past its 5 labels. A language model's loss is the cross
+    entropy of next tokens drawn from its own predictions by the generator."""
+    from coreai_opt.calibration._losses import _drawn_tokens, sample_loss
 
     torch.manual_seed(0)
     embed, head = torch.nn.Embedding(100, 8), torch.nn.Linear(8, 5)
@@ -198,10 +205,44 @@ def test_a_token_taggers_loss_is_no_next_token_loss() -> None:
         assert rows == scores.numel() and torch.isfinite(loss)
         logits = torch.nn.Linear(8, 100)(embed(ids))
         loss, rows = sample_loss(logits, (ids,), torch.Generator().manual_seed(0))
-        expected = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, 100), ids[:, 1:].reshape(-1), reduction="sum"
-        )
+        predicted = logits[:, :-1].reshape(-1, 100)
+        drawn = _drawn_tokens(predicted, torch.Generator().manual_seed(0))
+        expected = torch.nn.functional.cross_entropy(predicted, drawn, reduction="sum")
     assert rows == 6 and float(loss) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_a_language_models_squared_gradients_are_of_its_own_predictions() -> None:
+    """The Fisher pass's loss for a language model takes next tokens drawn from the model's own
+    predictions, not the text's: the text's next ids do not move it, a model sure of one token
+    draws only that one (loss ~0 however the text goes on), and the draws follow the generator."""
+    from coreai_opt.calibration._losses import sample_loss
+
+    ids = torch.tensor([[3, 9, 42, 7, 1], [0, 1, 98, 2, 5]])
+    sure = torch.full((2, 5, 100), -30.0)
+    sure[..., 17] = 30.0
+    loss, rows = sample_loss(sure, (ids,), torch.Generator().manual_seed(0))
+    assert rows == 8 and float(loss) < 1e-20
+    spread = torch.randn(2, 5, 100, generator=torch.Generator().manual_seed(1))
+    other_text = ids.flip(1)
+    first, _ = sample_loss(spread, (ids,), torch.Generator().manual_seed(2))
+    same, _ = sample_loss(spread, (other_text,), torch.Generator().manual_seed(2))
+    other, _ = sample_loss(spread, (ids,), torch.Generator().manual_seed(3))
+    assert float(first) == float(same) and float(first) != float(other)
+
+
+def test_drawn_next_tokens_follow_the_models_probabilities() -> None:
+    """30,000 rows predicting tokens 0, 1, 2 with probabilities 0.6, 0.3, 0.1 (the rest ~0): the
+    drawn tokens' shares are those probabilities within 1% - a draw, not the most likely token."""
+    from coreai_opt.calibration._losses import _drawn_tokens
+
+    logits = torch.full((30_000, 50), -40.0)
+    logits[:, :3] = torch.tensor([0.6, 0.3, 0.1]).log()
+    drawn = _drawn_tokens(logits, torch.Generator().manual_seed(4))
+    shares = torch.bincount(drawn, minlength=50).double() / len(drawn)
+    torch.testing.assert_close(
+        shares[:3], torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64), atol=0.01, rtol=0
+    )
+    assert shares[3:].sum() == 0
 
 
 @pytest.fixture
@@ -314,16 +355,27 @@ def test_a_program_whose_whole_pass_fits_2_gib_is_one_segment() -> None:
 @pytest.mark.usefixtures("cut_small_programs")
 @pytest.mark.parametrize("fast", [False, True], ids=["exact", "bfloat16 products"])
 @pytest.mark.parametrize("name", ["llama-fp32", "llama-fp16", "vit", "mistral-gqa-tied", "gpt2"])
-def test_squared_gradients_a_segment_at_a_time_are_the_whole_backward_passes(name: str, fast: bool) -> None:
+def test_squared_gradients_a_segment_at_a_time_are_the_whole_backward_passes(
+    name: str, fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The Fisher pass cut into segments (a decoder's blocks; a ViT's head, under the random-sign
     loss of a model that is not a language model; an embedding tied to the output head, its
     lookup's rows added to the head's gradient there) gives every weight the squares of one
     whole backward pass. With its weights' products in bfloat16 (fast gradients) they stay within
-    a few percent of them, and only weights read as a product's matrix are held in bfloat16."""
+    a few percent of them, and only weights read as a product's matrix are held in bfloat16. The
+    language models' next tokens are seeded uniform draws here, as a text's would be: tokens
+    drawn from these random models' own sharp predictions leave gradients so small that the
+    products' rounding is 10-15% of them (docs/benchmarks.md, 2026-12-02)."""
     import _architectures as arch
 
-    from coreai_opt.calibration import _device
+    from coreai_opt.calibration import _device, _losses
     from coreai_opt.calibration._fisher import SegmentedBackward
+
+    monkeypatch.setattr(
+        _losses,
+        "_drawn_tokens",
+        lambda logits, generator: torch.randint(0, logits.shape[-1], logits.shape[:1], generator=generator),
+    )
 
     program = arch.export(next(a for a in arch.MATRIX if a.name == name))
     samples = Samples(Source.RANDOM, count=2, seed=3)

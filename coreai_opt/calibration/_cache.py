@@ -40,8 +40,9 @@ _FIELDS = ("moments", "gram", "gradient_squares")  # a Statistics' tensors, in i
 _JSON_LIMIT = 64 << 20  # a cache's JSON entry (rows, a Fisher index): a few hundred bytes a weight
 # Raised when what statistics a name gets changes (3: an embedding's twin head, `_readers.twins_of`;
 # 4: weights that share statistics store them once, the JSON names which; 5: a linear layer that
-# reads a lookup's or a convolution's output no longer shares that reader's statistics).
-_STATISTICS_VERSION = "5"
+# reads a lookup's or a convolution's output no longer shares that reader's statistics; 6: a
+# language model's squared gradients are of tokens drawn from its own predictions, `_losses`).
+_STATISTICS_VERSION = "6"
 
 
 def cache_folder() -> Path:
