@@ -10,8 +10,8 @@ reference's energy. Drawn tokens make the squared gradients the true Fisher's di
 curvature of that KL at the program itself: each position's gradient has mean zero, so the cross
 terms between positions vanish in expectation. The text's own next tokens (the empirical Fisher)
 weigh where the model and the text disagree instead (docs/benchmarks.md, 2026-12-02: the two
-measured on SmolLM2's 4-bit plan). Kept apart from the passes that use
-them (`_fisher`, `ProgramCalibration.divergence`): both must tell a language model the same way.
+measured on SmolLM2's 4-bit plan). Kept apart from the passes that use them (`_fisher`,
+`ProgramCalibration.divergence`): both must tell a language model the same way.
 """
 
 from __future__ import annotations
@@ -52,10 +52,8 @@ def _drawn_tokens(logits: torch.Tensor, generator: Any) -> torch.Tensor:
     drawn = torch.empty(logits.shape[0], dtype=torch.int64)
     with torch.no_grad():
         for top in range(0, logits.shape[0], _DRAW_ROWS):
-            probabilities = torch.softmax(logits[top : top + _DRAW_ROWS].detach().float(), dim=-1).cpu()
-            drawn[top : top + _DRAW_ROWS] = torch.multinomial(probabilities, 1, generator=generator).reshape(
-                -1
-            )
+            probabilities = torch.softmax(logits[top : top + _DRAW_ROWS].float(), dim=-1).cpu()
+            drawn[top : top + _DRAW_ROWS] = torch.multinomial(probabilities, 1, generator=generator)[:, 0]
     return drawn.to(logits.device)
 
 

@@ -3,9 +3,9 @@ own count) and the damage it does, estimated as the second-order term of the los
 Kronecker-factored form (K-FAC): 1/2 sum_j S_j dW_j G dW_j^T per token, G the consumer's input Gram
 matrix and S_j the mean squared gradient at output channel j, read off the squared weight
 gradients on the calibration data (the cross entropy of next tokens drawn from the program's own
-predictions, or the output's squared error through a random-sign projection). Unlike the diagonal 1/2 sum(F dW^2) it sees where an error
-lies relative to the inputs - GPTQ's whole point - so GPTQ-made and data-free encodings are
-priced alike. For a language model it approximates the KL divergence the weight alone adds.
+predictions, or the output's squared error through a random-sign projection). Unlike the diagonal
+1/2 sum(F dW^2) it sees where an error lies relative to the inputs - GPTQ's whole point - so
+GPTQ-made and data-free encodings are priced alike. For a language model it approximates the KL divergence the weight alone adds.
 
 The estimate prices whole settings well but single weights less so; for language models each
 weight's two smallest choices are then measured and its estimates corrected by them (`_trials`).

@@ -169,10 +169,11 @@ def _add_rows(summed: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor)
     """summed[positions] += rows, repeats added up - in float32 at least (a 16-bit sum loses
     small gradients among millions of adds); on a GPU by an accumulating index_put_, which sorts
     first: index_add_ adds there by atomics, in an order that differs run to run."""
+    rows = rows.to(summed.dtype)
     if summed.is_cuda:
-        summed.index_put_((positions,), rows.to(summed.dtype), accumulate=True)
+        summed.index_put_((positions,), rows, accumulate=True)
     else:
-        summed.index_add_(0, positions, rows.to(summed.dtype))
+        summed.index_add_(0, positions, rows)
 
 
 def shift_scale(
