@@ -212,6 +212,55 @@ def test_the_private_torch_apis_the_loader_relies_on_are_there() -> None:
     assert callable(ExportedProgramDeserializer(None).deserialize)
 
 
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "wide_range", "int_arith", "compressed"])
+def test_the_schema_reader_builds_what_torchs_own_builds(name: str, tmp_path: Path) -> None:
+    """`schema_object` reads each class's field types once: the dataclasses it builds from a
+    program's model.json equal those of torch's `_dict_to_dataclass`, field for field (samples
+    of every kind, and a program calling coreai-torch's decompression ops)."""
+    import json
+    import zipfile
+
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import _dict_to_dataclass
+
+    from coreai_opt.compression import PalettizeConfig
+    from coreai_opt.io._schema_reader import schema_object
+    from coreai_opt.recipes import compress_file
+
+    path = SAMPLES / f"{name}.pt2"
+    if name == "compressed":
+        path = compress_file(
+            SAMPLES / "transformer.pt2", tmp_path / "p.pt2", PalettizeConfig(n_bits=2, weight_num_threshold=0)
+        ).output
+    with zipfile.ZipFile(path) as archive:
+        name = next(n for n in archive.namelist() if n.endswith("models/model.json"))
+        document = json.loads(archive.read(name))
+    ours, torchs = (
+        schema_object(schema.ExportedProgram, document),
+        _dict_to_dataclass(schema.ExportedProgram, document),
+    )
+    assert ours == torchs and len(ours.graph_module.graph.nodes) > 3
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        [],
+        {"graph_module": []},
+        {"graph_module": {"graph": {"nodes": [{"target": 3, "inputs": [{"arg": {}}]}]}}},
+    ],
+)
+def test_the_schema_reader_refuses_a_malformed_document_with_an_exception(document: object) -> None:
+    """A list where an object belongs, a union of no kind: an exception the loader turns into its
+    one-line refusal, never a partly built program."""
+    from torch._export.serde import schema
+
+    from coreai_opt.io._schema_reader import schema_object
+
+    with pytest.raises((TypeError, ValueError, KeyError)):
+        schema_object(schema.ExportedProgram, document)
+
+
 def test_coreai_opt_load_runs_a_compressed_program_with_no_other_import(tmp_path: Path) -> None:
     """A fresh interpreter: `coreai_opt.load` alone registers coreai-torch's ops the program calls."""
     import subprocess

@@ -37,6 +37,7 @@ from ._expressions import guards_problem
 from ._pickles import UnreadablePickle, forbidden_globals, torch_save_globals
 from ._program_audit import MAX_RANK, dtype_problem, path_problem, program_problem, size_budget
 from ._runs import mark
+from ._schema_reader import schema_object
 from ._shapes import check_shapes
 from ._treespec import FLATTENED_META, flatten_unknown_outputs
 from ._zip import ZipEntry, audit_zip, read_entry, verify_zip
@@ -335,7 +336,7 @@ class Pt2Archive:
     def load_program(self) -> ExportedProgram:
         """The program, its weights and tensor constants (call `audit` first)."""
         from torch._export.serde import schema
-        from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
+        from torch._export.serde.serialize import ExportedProgramDeserializer
 
         state_dict = self.tensors(WEIGHTS_CONFIG, WEIGHTS_DIR)
         constants = self.tensors(CONSTANTS_CONFIG, CONSTANTS_DIR)
@@ -343,7 +344,7 @@ class Pt2Archive:
         flattened = flatten_unknown_outputs(document)
         self.register_custom_ops()
         try:
-            serialized = _dict_to_dataclass(schema.ExportedProgram, document)
+            serialized = schema_object(schema.ExportedProgram, document)
             program = ExportedProgramDeserializer(None).deserialize(serialized, state_dict, constants, None)
         except Exception as exc:  # the deserializer raises any type on malformed programs
             raise CorruptArchiveError(
