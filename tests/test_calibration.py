@@ -3,6 +3,8 @@ weight is read, equal to what the activations hold; layer by layer with weights 
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from pathlib import Path
 
@@ -16,6 +18,19 @@ from coreai_opt.weights import Needs, Statistics
 from tests.conftest import SAMPLES
 
 MLP_WEIGHTS = ["fc1.weight", "fc2.weight", "fc3.weight"]
+
+
+@functools.cache
+def _export_once(name: str) -> torch.export.ExportedProgram:
+    import _architectures as arch
+
+    return arch.export(next(a for a in arch.MATRIX if a.name == name))
+
+
+def _exported(name: str) -> torch.export.ExportedProgram:
+    """tests/_architectures' program of that name, exported once a process (~0.7 CPU-s each
+    time) and copied for each test, so nothing one test does reaches another."""
+    return copy.deepcopy(_export_once(name))
 
 
 def _mlp_inputs(tmp_path: Path, count: int = 3) -> tuple[Path, torch.Tensor]:
@@ -138,11 +153,10 @@ def test_a_lookup_still_finds_its_twin_after_the_twin_was_replaced_without_its_o
 def test_gradient_squares_of_a_language_model_follow_next_token_cross_entropy() -> None:
     """The squares of each sample's gradient of the cross entropy of next tokens drawn from the
     model's own predictions (the calibration's seed, 0, on the CPU: in sample order)."""
-    import _architectures as arch
 
     from coreai_opt.calibration._losses import _drawn_tokens
 
-    program = arch.export(arch.MATRIX[0])  # llama-fp32: ids and a mask in, logits out
+    program = _exported("llama-fp32")  # llama-fp32: ids and a mask in, logits out
     samples = Samples(Source.RANDOM, count=2, seed=3)
     calibration = calibrate(program, samples, cache=False)
     name = "layers.0.mlp.down.weight" if "layers.0.mlp.down.weight" in program.state_dict else None
@@ -340,11 +354,10 @@ def test_a_product_of_a_bfloat16_weight_is_taken_in_bfloat16_and_its_gradient_ke
 def test_a_program_whose_whole_pass_fits_2_gib_is_one_segment() -> None:
     """Cutting costs a second forward pass: a program whose squares and one sample's values fit
     2 GiB (SmolLM2-135M's at 128 tokens: 1.8 GB) is not cut; one of a billion parameters is."""
-    import _architectures as arch
 
     from coreai_opt.calibration import _fisher
 
-    program = arch.export(arch.MATRIX[0])
+    program = _exported("llama-fp32")
     calibration = calibrate(program, Samples(Source.RANDOM, count=1, seed=3), cache=False)
     names = [k for k, v in program.state_dict.items() if v.dim() == 2]
     assert len(_fisher.SegmentedBackward(calibration.gm, names).segments) == 1
@@ -366,7 +379,6 @@ def test_squared_gradients_a_segment_at_a_time_are_the_whole_backward_passes(
     language models' next tokens are seeded uniform draws here, as a text's would be: tokens
     drawn from these random models' own sharp predictions leave gradients so small that the
     products' rounding is 10-15% of them (docs/benchmarks.md, 2026-12-02)."""
-    import _architectures as arch
 
     from coreai_opt.calibration import _device, _losses
     from coreai_opt.calibration._fisher import SegmentedBackward
@@ -377,7 +389,7 @@ def test_squared_gradients_a_segment_at_a_time_are_the_whole_backward_passes(
         lambda logits, generator: torch.randint(0, logits.shape[-1], logits.shape[:1], generator=generator),
     )
 
-    program = arch.export(next(a for a in arch.MATRIX if a.name == name))
+    program = _exported(name)
     samples = Samples(Source.RANDOM, count=2, seed=3)
     calibration = calibrate(program, samples, cache=False, exact_gradients=not fast)
     calibration.fast_gradients = fast  # also where this CPU has no bfloat16 instructions (slower then)
@@ -479,11 +491,10 @@ def test_the_fisher_pass_cuts_a_decoder_at_its_residual_stream_and_hands_over_fr
     """Every cut of a decoder leaves one differentiable value for the next segment, the residual
     stream [1, tokens, dim]; the pass hands the weights over a segment at a time from the head
     back; and a final pass lets each weight go once its replacement is in, then the program."""
-    import _architectures as arch
 
     from coreai_opt.calibration._fisher import SegmentedBackward
 
-    program = arch.export(arch.MATRIX[0])
+    program = _exported("llama-fp32")
     calibration = calibrate(program, Samples(Source.RANDOM, count=2, seed=3), cache=False)
     names = [k for k, v in program.state_dict.items() if v.dim() == 2]
     passing = SegmentedBackward(calibration.gm, names)
@@ -509,12 +520,11 @@ def test_squared_gradients_are_stored_a_weight_a_file_and_streamed_back(
 ) -> None:
     """The Fisher pass's cache: a file a weight and an index written last; read back without
     running the program; a damaged entry is computed again."""
-    import _architectures as arch
 
     from coreai_opt.calibration._fisher import SegmentedBackward
 
     monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
-    program = arch.export(arch.MATRIX[0])
+    program = _exported("llama-fp32")
     samples = Samples(Source.RANDOM, count=2, seed=3)
     names = [k for k, v in program.state_dict.items() if v.dim() == 2]
     first = calibrate(program, samples).statistics(names, Needs.GRADIENT_SQUARES)
@@ -544,13 +554,11 @@ def test_squares_kept_on_disk_read_back_the_same_bits_a_weight_at_a_time(
     shares the folder, which goes with the last view."""
     import gc
 
-    import _architectures as arch
-
     from coreai_opt.calibration import kept_squares
     from coreai_opt.weights import Narrowable, Statistics, known_of, statistics_from
 
     monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
-    program = arch.export(arch.MATRIX[0])
+    program = _exported("llama-fp32")
     names = [k for k, v in program.state_dict.items() if v.dim() == 2]
     calibration = calibrate(program, Samples(Source.RANDOM, count=2, seed=3), cache=False)
     whole = calibration.statistics(names, Needs.GRADIENT_SQUARES)
@@ -630,7 +638,6 @@ def test_samples_come_from_files_draws_and_text(tmp_path: Path) -> None:
 
 
 def test_text_is_cut_into_token_windows_with_the_models_tokenizer(tmp_path: Path) -> None:
-    import _architectures as arch
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
@@ -639,7 +646,7 @@ def test_text_is_cut_into_token_windows_with_the_models_tokenizer(tmp_path: Path
     tokenizer.train_from_iterator([text], trainers.WordLevelTrainer(vocab_size=64, special_tokens=["[UNK]"]))
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "prose.txt").write_text(text)
-    program = arch.export(arch.MATRIX[0])  # takes ids [1, 16] and a mask
+    program = _exported("llama-fp32")  # takes ids [1, 16] and a mask
     samples = Samples.of(tmp_path / "prose.txt", tokenizer=tmp_path)
     windows = list(samples.inputs(program))
     ids = tokenizer.encode(text, add_special_tokens=False).ids
@@ -687,12 +694,11 @@ def test_layer_by_layer_holds_only_what_outlives_each_segment_and_measures_the_s
     ones read from there on (the reader's activation, the residual stream); at no time are
     attention scores or probabilities among them (each sample makes and drops those within its
     segment); and with no weight replaced each Gram matrix is the one-pass one, bit for bit."""
-    import _architectures as arch
 
     from coreai_opt._aten import state_only
     from coreai_opt.calibration._layer_by_layer import LayerByLayer
 
-    program = arch.export(arch.MATRIX[0])  # llama-fp32: attention, MLP, residuals
+    program = _exported("llama-fp32")  # llama-fp32: attention, MLP, residuals
     calibration = calibrate(program, Samples(Source.RANDOM, count=3, seed=4), cache=False)
     names = [k for k, v in program.state_dict.items() if k.endswith("weight") and v.dim() == 2]
     one_pass = calibration.statistics(names, Needs.INPUT_GRAM)
@@ -788,11 +794,10 @@ def test_readers_of_one_input_share_one_gram_computed_and_cached_once(
     """A layer's q, k and v projections (and gate and up) read the same rows: one pass takes their
     Gram matrix once and hands them the same tensor; the cache stores it once and loads it shared;
     every other weight keeps its own."""
-    import _architectures as arch
     from safetensors.torch import load_file
 
     monkeypatch.setenv("COREOPT_CACHE", str(tmp_path / "cache"))
-    program = arch.export(arch.MATRIX[0])  # llama-fp32
+    program = _exported("llama-fp32")
     samples = Samples(Source.RANDOM, count=2, seed=4)
     names = [k for k, v in program.state_dict.items() if k.endswith("proj.weight") and v.dim() == 2]
     for found in (calibrate(program, samples).statistics(names, Needs.INPUT_GRAM),  # computed, then loaded
@@ -813,9 +818,8 @@ def test_layer_by_layer_readers_of_one_input_share_one_gram_after_replacements()
     weights before it were replaced: it is, bit for bit, the one k (and up) take alone in a pass
     with the same replacements (q and gate zeroed: all made before their layer's rows, whose
     readers follow them)."""
-    import _architectures as arch
 
-    program = arch.export(arch.MATRIX[0])  # llama-fp32
+    program = _exported("llama-fp32")
     samples = Samples(Source.RANDOM, count=2, seed=4)
     names = [k for k, v in program.state_dict.items() if k.endswith("proj.weight") and v.dim() == 2]
     zeroed = [name for name in names if name.endswith(("q_proj.weight", "gate_proj.weight"))]

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,37 +44,6 @@ INVALID_VALUES = [
 ]  # fmt: skip
 
 
-def _cli(args: list[str], cwd: Path, *, block: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a console script as users do (`run(app)`, the real exit code); `block` names a module
-    made unimportable first, to prove it never loads."""
-    app = {"coreopt": "cli.coreopt_app", "tcast": "cli.tcast_app"}[args[0]]
-    guard = f"import sys; sys.modules[{block!r}] = None; " if block else ""
-    code = f"{guard}import sys; sys.argv = {args!r}; from {app} import main; main()"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", COLUMNS="200")
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
-    )
-
-
-@pytest.mark.parametrize(
-    ("args", "flag", "parameter"),
-    INVALID_VALUES,
-    ids=lambda v: " ".join(v[1:]) if isinstance(v, list) else None,
-)
-def test_every_invalid_option_value_exits_2_naming_its_flag(
-    args: list[str], flag: str, parameter: str | None, tmp_path: Path
-) -> None:
-    # values are checked before torch loads, but for op names, which torch resolves
-    done = _cli([*args, "--json"], tmp_path, block=None if flag == "--ignore-op" else "torch")
-    assert done.returncode == 2, done.stderr
-    assert f"Invalid value for {flag}" in done.stderr or f"Invalid value for '{flag}'" in done.stderr
-    document = json.loads(done.stdout)["error"]
-    assert document["exit_code"] == 2 and flag in document["message"]
-    if parameter is not None:
-        assert not re.search(rf"(?<![\w-]){parameter}", done.stderr), done.stderr
-    assert not list(tmp_path.iterdir())
-
-
 COMMANDS_ON_A_MISSING_FILE = [
     ["coreopt", "inspect", "missing.pt2"],
     ["coreopt", "inspect", "missing.aimodel"],
@@ -87,20 +57,111 @@ COMMANDS_ON_A_MISSING_FILE = [
     ["tcast", "upcast", "missing.safetensors", "-o", "out.safetensors"],
 ]
 
+APPS = {"coreopt": "cli.coreopt_app", "tcast": "cli.tcast_app"}
+# One child runs every case whose checks come before torch loads, torch made unimportable first
+# (a process a case costs ~0.5 CPU-s: 44 of them were 20 CPU-s of the suite). Each case runs its
+# console script's `main` as users do - the exit code is the one `sys.exit` gives - in a folder
+# of its own, with its own stdout and stderr.
+_CHILD = """
+import contextlib, io, json, os, sys
+sys.modules["torch"] = None
+answers = []
+for app, args, folder in json.loads(sys.stdin.read()):
+    os.chdir(folder)
+    sys.argv = args
+    out, err, code = io.StringIO(), io.StringIO(), None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            __import__(app, fromlist=["main"]).main()
+        except SystemExit as done:
+            code = done.code
+        except Exception as exc:  # torch imported, or any other escape: that case fails, not the rest
+            code, err = None, io.StringIO(repr(exc))
+    answers.append([code, out.getvalue(), err.getvalue()])
+sys.__stdout__.write(json.dumps(answers))
+"""
+
+
+@dataclass(frozen=True)
+class Answer:
+    returncode: int
+    stdout: str
+    stderr: str
+    folder: Path
+
+
+def _env(columns: str = "200") -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", COLUMNS=columns)
+
+
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a console script as users do (`run(app)`, the real exit code), torch importable."""
+    code = f"import sys; sys.argv = {args!r}; from {APPS[args[0]]} import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120
+    )
+
+
+def _key(args: list[str]) -> str:
+    return "\0".join(args)
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Answer]:
+    """Every torch-free case's answer, keyed by its arguments, from one child without torch."""
+    cases = [[*args, "--json"] for args, flag, _ in INVALID_VALUES if flag != "--ignore-op"]
+    cases += [variant for args in COMMANDS_ON_A_MISSING_FILE for variant in (args, [*args, "--json"])]
+    folders = [tmp_path_factory.mktemp("case") for _ in cases]
+    request = json.dumps(
+        [[APPS[args[0]], args, str(folder)] for args, folder in zip(cases, folders, strict=True)]
+    )
+    done = subprocess.run([sys.executable, "-c", _CHILD], input=request, env=_env(), capture_output=True,
+                          text=True, timeout=300, cwd=folders[0])  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    replies = json.loads(done.stdout)
+    assert len(replies) == len(cases)
+    return {
+        _key(args): Answer(*reply, folder)
+        for args, reply, folder in zip(cases, replies, folders, strict=True)
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "parameter"),
+    INVALID_VALUES,
+    ids=lambda v: " ".join(v[1:]) if isinstance(v, list) else None,
+)
+def test_every_invalid_option_value_exits_2_naming_its_flag(
+    args: list[str], flag: str, parameter: str | None, tmp_path: Path, answers: dict[str, Answer]
+) -> None:
+    # values are checked before torch loads, but for op names, which torch resolves
+    if flag == "--ignore-op":
+        done, folder = _cli([*args, "--json"], tmp_path), tmp_path
+    else:
+        done = answers[_key([*args, "--json"])]
+        folder = done.folder
+    assert done.returncode == 2, done.stderr
+    assert f"Invalid value for {flag}" in done.stderr or f"Invalid value for '{flag}'" in done.stderr
+    document = json.loads(done.stdout)["error"]
+    assert document["exit_code"] == 2 and flag in document["message"]
+    if parameter is not None:
+        assert not re.search(rf"(?<![\w-]){parameter}", done.stderr), done.stderr
+    assert not list(folder.iterdir())
+
 
 @pytest.mark.parametrize("args", COMMANDS_ON_A_MISSING_FILE, ids=lambda a: " ".join(a[:2]))
 def test_a_missing_file_is_one_line_and_a_json_error_before_torch_loads(
-    args: list[str], tmp_path: Path
+    args: list[str], answers: dict[str, Answer]
 ) -> None:
-    human = _cli(args, tmp_path, block="torch")
+    human = answers[_key(args)]
     assert human.returncode == 1
     assert human.stderr.startswith("error: missing.") and human.stderr.count("\n") == 1, human.stderr
     assert human.stdout == ""
-    machine = _cli([*args, "--json"], tmp_path, block="torch")
+    machine = answers[_key([*args, "--json"])]
     assert machine.returncode == 1
     error = json.loads(machine.stdout)["error"]
     assert error["exit_code"] == 1 and error["message"] == human.stderr.removeprefix("error: ").strip()
-    assert not list(tmp_path.iterdir())
+    assert not list(human.folder.iterdir()) and not list(machine.folder.iterdir())
 
 
 def test_tcast_upcast_reports_in_json(tmp_path: Path, tcast_cli) -> None:  # type: ignore[no-untyped-def]

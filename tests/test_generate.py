@@ -33,6 +33,24 @@ def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made | {"folder": root / "llama"}
 
 
+@pytest.fixture(scope="module")
+def coded(decoders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The tiny LLaMA exported with a cache of each code dtype, once a module (an export of it
+    takes 3-5 CPU-s); tests read these files and write elsewhere."""
+    from coreai_opt.models import export_file
+
+    root, made = tmp_path_factory.mktemp("coded"), {}
+
+    def export(dtype: str) -> Path:
+        if dtype not in made:
+            made[dtype] = export_file(
+                decoders["folder"], root / f"{dtype}.pt2", context=CONTEXT, kv_cache_dtype=dtype
+            ).output
+        return made[dtype]
+
+    return export
+
+
 # ChatML templates of our own, in the three ways sources write them: a default system message in
 # a literal with newlines, one with its newlines escaped (as a JSON file's text reads once parsed),
 # none; and a template of another layout.
@@ -354,16 +372,14 @@ def test_float8_codes_are_a_cast_to_float8_e4m3fn_bit_for_bit() -> None:
 
 @pytest.mark.parametrize("dtype", ["int8", "fp8", "int4"])
 def test_a_quantized_cache_holds_codes_and_float16_parameters_per_token_and_head(
-    decoders: dict[str, Path], tmp_path: Path, dtype: str
+    decoders: dict[str, Path], coded, dtype: str
 ) -> None:  # fmt: skip
     """int8: symmetric codes of each written token's head vector and its largest magnitude; fp8: its
     float8 e4m3fn cast over that magnitude / 448; int4:
     codes in [0, 15] between the vector's least and largest (the tiny model's head dim of 8 is one
     run, too short to rotate), two a byte. Decoded where attention reads them: logits stay near
     the float cache's."""
-    from coreai_opt.models import export_file
-
-    path = export_file(decoders["folder"], tmp_path / "q.pt2", context=CONTEXT, kv_cache_dtype=dtype).output
+    path = coded(dtype)
     decoder, full = StatefulDecoder(load_pt2(path)), StatefulDecoder(load_pt2(decoders["llama"]))
     per_vector = 8 + 2 if dtype in ("int8", "fp8") else 4 + 4  # bytes of codes + float16 parameters
     assert decoder.state_bytes == 4 * 2 * CONTEXT * per_vector
@@ -442,22 +458,19 @@ def test_an_int4_cache_is_turned_by_a_hadamard_rotation_that_attention_undoes(tm
 
 @pytest.mark.parametrize("dtype", ["int4"])  # int8 and fp8: through the command line below
 def test_a_float_decoder_s_cache_quantizes_as_export_makes_it(
-    decoders: dict[str, Path], tmp_path: Path, dtype: str
+    decoders: dict[str, Path], coded, tmp_path: Path, dtype: str
 ) -> None:  # fmt: skip
     """A recipe's kv_cache step rebuilds the float decoder with the exporter's quantized cache:
     the same tensors, bit for bit, and the same logits as `export --kv-cache-dtype`; the input
     file is left as it was."""
     from coreai_opt.errors import ConfigError
-    from coreai_opt.models import export_file
     from coreai_opt.recipes import KVCache, Recipe, apply_recipe
 
     recipe = Recipe.from_dict({"steps": [{"kv_cache": {"dtype": dtype}}]})
     assert recipe == Recipe((KVCache(dtype=dtype),)) and Recipe.from_dict(recipe.to_dict()) == recipe
     with pytest.raises(ConfigError, match="dtype is one of int8, fp8, int4"):
         Recipe.from_dict({"steps": [{"kv_cache": {"dtype": "int2"}}]})
-    exported = export_file(
-        decoders["folder"], tmp_path / "e.pt2", context=CONTEXT, kv_cache_dtype=dtype
-    ).output
+    exported = coded(dtype)
     before = decoders["llama"].read_bytes()
     result = apply_recipe(recipe, decoders["llama"], tmp_path / "q.pt2")
     assert decoders["llama"].read_bytes() == before
@@ -472,14 +485,14 @@ def test_a_float_decoder_s_cache_quantizes_as_export_makes_it(
 
 
 def test_quantize_compresses_the_weights_and_the_cache_together(
-    decoders: dict[str, Path], tmp_path: Path, coreopt
+    decoders: dict[str, Path], coded, tmp_path: Path, coreopt
 ) -> None:  # type: ignore[no-untyped-def]
     """`quantize --kv-cache-dtype int8` = `quantize` of the decoder export made with an int8 cache."""
-    from coreai_opt.models import copy_sidecars, export_file
+    import shutil
 
-    exported = export_file(
-        decoders["folder"], tmp_path / "e.pt2", context=CONTEXT, kv_cache_dtype="int8"
-    ).output
+    from coreai_opt.models import copy_sidecars
+
+    exported = Path(shutil.copyfile(coded("int8"), tmp_path / "e.pt2"))
     copy_sidecars(decoders["llama"], exported)
     both = coreopt("quantize", decoders["llama"], "--dtype", "int4", "--kv-cache-dtype", "int8", "-o",
                    tmp_path / "both.pt2", "--json")  # fmt: skip
