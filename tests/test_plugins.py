@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,60 @@ def _coreopt(plugin: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
+# The commands that use the toy run in one child (a process loads torch and the plugins: ~4 CPU-s):
+# each is the console script's `main` in its own folder, its exit code the one `sys.exit` gives.
+_MANY = """
+import contextlib, io, json, os, sys
+from cli.coreopt_app import main
+answers = []
+for folder, args in json.loads(sys.stdin.read()):
+    os.chdir(folder)
+    sys.argv = ["coreopt", *args]
+    out, err, code = io.StringIO(), io.StringIO(), None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main()
+        except SystemExit as done:
+            code = done.code
+    answers.append([code, out.getvalue(), err.getvalue()])
+sys.__stdout__.write(json.dumps(answers))
+"""
+
+
+@dataclass(frozen=True)
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def toy_runs(plugin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Run, Path]]:
+    """The command line, a recipe file and `optimize`, each naming the toy, run in one child."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("command", "recipe", "optimize")}
+    (folders["recipe"] / "toy.yaml").write_text(
+        textwrap.dedent("""\
+        steps:
+          - compress:
+              config: {kind: quantize, method: toy, weight_num_threshold: 0}
+    """)
+    )
+    mlp = str(SAMPLES / "mlp.pt2")
+    commands = {
+        "command": ["quantize", mlp, "--method", "toy", "--threshold", "0", "-o", "out.pt2", "--json"],
+        "recipe": ["apply", "toy.yaml", mlp, "-o", "out.pt2"],
+        "optimize": ["optimize", mlp, "--calibration", "random", "--target-bits", "9", "--candidates",
+                     "keep,toy8=quantize:method=toy,dtype=int8", "--dry-run", "--json"],
+    }  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin), str(ROOT)]), PYTHONWARNINGS="ignore")
+    request = json.dumps([[str(folders[name]), args] for name, args in commands.items()])
+    done = subprocess.run([sys.executable, "-c", _MANY], input=request, env=env, capture_output=True,
+                          text=True, timeout=300, cwd=folders["command"])  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout)
+    return {name: (Run(*answer), folders[name]) for name, answer in zip(commands, answers, strict=True)}
+
+
 def _dense(path: Path) -> dict[tuple[int, ...], torch.Tensor]:
     module = load_pt2(path).module()
     fold_decompression(module)
@@ -72,32 +127,21 @@ def rtn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_the_plugin_is_a_method_on_the_command_line(plugin: Path, rtn: Path, tmp_path: Path) -> None:
-    done = _coreopt(plugin, tmp_path, "quantize", str(SAMPLES / "mlp.pt2"), "--method", "toy",
-                    "--threshold", "0", "-o", "out.pt2", "--json")  # fmt: skip
+def test_the_plugin_is_a_method_on_the_command_line(toy_runs, rtn: Path) -> None:  # type: ignore[no-untyped-def]
+    done, folder = toy_runs["command"]
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["options"]["method"] == "toy"
-    _negated_rtn(tmp_path / "out.pt2", rtn)
+    _negated_rtn(folder / "out.pt2", rtn)
 
 
-def test_the_plugin_is_a_method_in_a_recipe_file(plugin: Path, rtn: Path, tmp_path: Path) -> None:
-    recipe = tmp_path / "toy.yaml"
-    recipe.write_text(
-        textwrap.dedent("""\
-        steps:
-          - compress:
-              config: {kind: quantize, method: toy, weight_num_threshold: 0}
-    """)
-    )
-    done = _coreopt(plugin, tmp_path, "apply", str(recipe), str(SAMPLES / "mlp.pt2"), "-o", "out.pt2")
+def test_the_plugin_is_a_method_in_a_recipe_file(toy_runs, rtn: Path) -> None:  # type: ignore[no-untyped-def]
+    done, folder = toy_runs["recipe"]
     assert done.returncode == 0, done.stderr
-    _negated_rtn(tmp_path / "out.pt2", rtn)
+    _negated_rtn(folder / "out.pt2", rtn)
 
 
-def test_the_plugin_is_a_candidate_of_optimize(plugin: Path, tmp_path: Path) -> None:
-    done = _coreopt(plugin, tmp_path, "optimize", str(SAMPLES / "mlp.pt2"), "--calibration", "random",
-                    "--target-bits", "9", "--candidates", "keep,toy8=quantize:method=toy,dtype=int8",
-                    "--dry-run", "--json")  # fmt: skip
+def test_the_plugin_is_a_candidate_of_optimize(toy_runs) -> None:  # type: ignore[no-untyped-def]
+    done, _ = toy_runs["optimize"]
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["counts"] == {"toy8": 3}
