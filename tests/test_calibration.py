@@ -21,16 +21,21 @@ MLP_WEIGHTS = ["fc1.weight", "fc2.weight", "fc3.weight"]
 
 
 @functools.cache
-def _export_once(name: str) -> torch.export.ExportedProgram:
+def _export_once(name: str) -> tuple[torch.export.ExportedProgram, torch.Tensor]:
+    """The program and the random state its export leaves (it seeds the model's build)."""
     import _architectures as arch
 
-    return arch.export(next(a for a in arch.MATRIX if a.name == name))
+    program = arch.export(next(a for a in arch.MATRIX if a.name == name))
+    return program, torch.get_rng_state()
 
 
 def _exported(name: str) -> torch.export.ExportedProgram:
     """tests/_architectures' program of that name, exported once a process (~0.7 CPU-s each
-    time) and copied for each test, so nothing one test does reaches another."""
-    return copy.deepcopy(_export_once(name))
+    time) and copied for each test, with the random state an export of it leaves: each test sees
+    what it saw when it exported the program itself, whatever ran before it."""
+    program, state = _export_once(name)
+    torch.set_rng_state(state)
+    return copy.deepcopy(program)
 
 
 def _mlp_inputs(tmp_path: Path, count: int = 3) -> tuple[Path, torch.Tensor]:

@@ -65,7 +65,11 @@ APPS = {"coreopt": "cli.coreopt_app", "tcast": "cli.tcast_app"}
 _CHILD = """
 import contextlib, io, json, os, sys
 sys.modules["torch"] = None
-answers = []
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # what a fresh process prints
+    for app in {"cli.coreopt_app", "cli.tcast_app"}:
+        __import__(app)
+answers = [out.getvalue() + err.getvalue()]
 for app, args, folder in json.loads(sys.stdin.read()):
     os.chdir(folder)
     sys.argv = args
@@ -117,9 +121,9 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Answer]:
     )
     done = subprocess.run([sys.executable, "-c", _CHILD], input=request, env=_env(), capture_output=True,
                           text=True, timeout=300, cwd=folders[0])  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    replies = json.loads(done.stdout)
-    assert len(replies) == len(cases)
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # nothing past the cases' streams
+    imported, *replies = json.loads(done.stdout)
+    assert imported == "" and len(replies) == len(cases)  # loading the CLIs prints nothing
     return {
         _key(args): Answer(*reply, folder)
         for args, reply, folder in zip(cases, replies, folders, strict=True)

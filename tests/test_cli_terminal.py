@@ -53,13 +53,20 @@ def test_compression_tables_fit_80_columns_one_line_per_weight(tmp_path: Path) -
     ids=lambda a: a[1],
 )
 def test_quiet_prints_one_summary_line(
-    args: list[str], tmp_path: Path, coreopt, monkeypatch: pytest.MonkeyPatch
+    args: list[str],
+    tmp_path: Path,
+    coreopt,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:  # type: ignore[no-untyped-def]
     """In this process (the line's words and count are the same as in a child's: the 80-column
-    tables above take a child, whose terminal width is its own)."""
+    tables above take a child, whose terminal width is its own), and nothing written past the
+    command's streams: no native library or forked first run writes to the file descriptors."""
     monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
     done = coreopt(*args[1:], "--quiet")
     assert done.exit_code == 0, done.stderr
+    assert capfd.readouterr() == ("", "")
     lines = done.stdout.splitlines()
     assert len(lines) == 1, done.stdout
     assert lines[0].startswith(args[1])

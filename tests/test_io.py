@@ -233,32 +233,47 @@ def test_the_schema_reader_builds_what_torchs_own_builds(name: str, tmp_path: Pa
             SAMPLES / "transformer.pt2", tmp_path / "p.pt2", PalettizeConfig(n_bits=2, weight_num_threshold=0)
         ).output
     with zipfile.ZipFile(path) as archive:
-        name = next(n for n in archive.namelist() if n.endswith("models/model.json"))
-        document = json.loads(archive.read(name))
+        member = next(n for n in archive.namelist() if n.endswith("models/model.json"))
+        document = json.loads(archive.read(member))
     ours, torchs = (
         schema_object(schema.ExportedProgram, document),
         _dict_to_dataclass(schema.ExportedProgram, document),
     )
-    assert ours == torchs and len(ours.graph_module.graph.nodes) > 3
+    assert ours == torchs and repr(ours) == repr(torchs) and len(ours.graph_module.graph.nodes) > 3
+
+
+def _corrupted(where: str) -> object:
+    """The sample transformer's model.json with one thing wrong."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(SAMPLES / "transformer.pt2") as archive:
+        member = next(n for n in archive.namelist() if n.endswith("models/model.json"))
+        document = json.loads(archive.read(member))
+    node = next(n for n in document["graph_module"]["graph"]["nodes"] if n["inputs"])
+    if where == "a list for an object":
+        document["graph_module"] = []
+    elif where == "a union of no kind":
+        node["inputs"][0]["arg"] = {}
+    else:  # a union of two kinds
+        node["inputs"][0]["arg"] = {"as_int": 1, "as_float": 2.0}
+    return document
 
 
 @pytest.mark.parametrize(
-    "document",
-    [
-        [],
-        {"graph_module": []},
-        {"graph_module": {"graph": {"nodes": [{"target": 3, "inputs": [{"arg": {}}]}]}}},
-    ],
-)
-def test_the_schema_reader_refuses_a_malformed_document_with_an_exception(document: object) -> None:
-    """A list where an object belongs, a union of no kind: an exception the loader turns into its
-    one-line refusal, never a partly built program."""
+    ("where", "said"),
+    [("a list for an object", "GraphModule: expected an object"), ("a union of no kind", "expected an object of one key"),
+     ("a union of two kinds", "expected an object of one key")],
+)  # fmt: skip
+def test_the_schema_reader_refuses_a_malformed_document_with_an_exception(where: str, said: str) -> None:
+    """A list where an object belongs, a union of no kind or two, in an otherwise whole program:
+    the reader's own exception, which the loader turns into its one-line refusal."""
     from torch._export.serde import schema
 
     from coreai_opt.io._schema_reader import schema_object
 
-    with pytest.raises((TypeError, ValueError, KeyError)):
-        schema_object(schema.ExportedProgram, document)
+    with pytest.raises(TypeError, match=said):
+        schema_object(schema.ExportedProgram, _corrupted(where))
 
 
 def test_coreai_opt_load_runs_a_compressed_program_with_no_other_import(tmp_path: Path) -> None:

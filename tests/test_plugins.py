@@ -65,6 +65,8 @@ for folder, args in json.loads(sys.stdin.read()):
             main()
         except SystemExit as done:
             code = done.code
+        except Exception as exc:  # one command's escape fails its own test, not the others'
+            code, err = None, io.StringIO(repr(exc))
     answers.append([code, out.getvalue(), err.getvalue()])
 sys.__stdout__.write(json.dumps(answers))
 """

@@ -19,9 +19,10 @@ __all__ = ["schema_object"]
 
 
 def schema_object(cls: Any, data: Any) -> Any:
-    """`data` (parsed JSON) as an instance of `cls`, a type of `torch._export.serde.schema`."""
-    from torch._export.serde import schema
-
+    """`data` (parsed JSON) as an instance of `cls`, a type of `torch._export.serde.schema`.
+    Its unions are all `X | None` today; another kind is refused (torch's reader refuses those
+    with more members too)."""
+    schema = _schema()
     cls = _resolved(cls, schema)
     origin = typing.get_origin(cls)
     if origin is Annotated:
@@ -68,10 +69,15 @@ def _resolved(cls: Any, schema: types.ModuleType) -> Any:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _schema() -> types.ModuleType:
     from torch._export.serde import schema
 
-    return typing.get_type_hints(cls, globalns=vars(schema))
+    return schema
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, globalns=vars(_schema()))
 
 
 @functools.cache
