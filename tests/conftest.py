@@ -72,6 +72,53 @@ def _invoke(app: Any, args: list[str]) -> CliResult:
     return CliResult(result.exit_code, result.stdout, result.stderr)
 
 
+# Console scripts run in one child process, case after case (a process loads torch and the CLIs:
+# ~4 CPU-s, ~0.5 without torch): each case is its app's `main` in its own folder, its exit code the
+# one `sys.exit` gives, its own stdout and stderr. What importing the apps printed comes first.
+_CLI_CHILD = """
+import contextlib, io, json, os, sys
+if {without_torch!r}:
+    sys.modules["torch"] = None
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    apps = {{app: __import__(app, fromlist=["main"]) for app in {apps!r}}}
+answers = [out.getvalue() + err.getvalue()]
+for app, args, folder in json.loads(sys.stdin.read()):
+    os.chdir(folder)
+    sys.argv = args
+    out, err, code = io.StringIO(), io.StringIO(), None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            apps[app].main()
+        except SystemExit as done:
+            code = done.code
+        except Exception as exc:  # one case's escape fails that case, not the others
+            code, err = None, io.StringIO(repr(exc))
+    answers.append([code, out.getvalue(), err.getvalue()])
+sys.__stdout__.write(json.dumps(answers))
+"""
+CLI_APPS = {"coreopt": "cli.coreopt_app", "tcast": "cli.tcast_app"}
+
+
+def cli_runs_in_one_child(
+    cases: list[tuple[list[str], Path]], env: dict[str, str], *, without_torch: bool = False
+) -> tuple[str, list[CliResult]]:
+    """What importing the CLIs printed, and each case's (argv, folder) result, from one child;
+    argv[0] names the console script. The child itself must end well, writing nothing else."""
+    import json
+    import subprocess
+
+    apps = sorted({CLI_APPS[args[0]] for args, _ in cases})
+    script = _CLI_CHILD.format(without_torch=without_torch, apps=apps)
+    request = json.dumps([[CLI_APPS[args[0]], [str(a) for a in args], str(folder)] for args, folder in cases])
+    done = subprocess.run([sys.executable, "-c", script], input=request, env=env, capture_output=True,
+                          text=True, timeout=300, cwd=cases[0][1])  # fmt: skip
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    imported, *replies = json.loads(done.stdout)
+    assert len(replies) == len(cases)
+    return imported, [CliResult(*reply) for reply in replies]
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The tiny LLaMA exported once per test process (`ref`, its sidecars, `text`): modules read it

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SAMPLES
+from conftest import CLI_APPS, ROOT, SAMPLES, cli_runs_in_one_child
 
 MLP = str(SAMPLES / "mlp.aimodel")
 
@@ -57,38 +57,13 @@ COMMANDS_ON_A_MISSING_FILE = [
     ["tcast", "upcast", "missing.safetensors", "-o", "out.safetensors"],
 ]
 
-APPS = {"coreopt": "cli.coreopt_app", "tcast": "cli.tcast_app"}
 # One child runs every case whose checks come before torch loads, torch made unimportable first
-# (a process a case costs ~0.5 CPU-s: 44 of them were 20 CPU-s of the suite). Each case runs its
-# console script's `main` as users do - the exit code is the one `sys.exit` gives - in a folder
-# of its own, with its own stdout and stderr.
-_CHILD = """
-import contextlib, io, json, os, sys
-sys.modules["torch"] = None
-out, err = io.StringIO(), io.StringIO()
-with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # what a fresh process prints
-    for app in {"cli.coreopt_app", "cli.tcast_app"}:
-        __import__(app)
-answers = [out.getvalue() + err.getvalue()]
-for app, args, folder in json.loads(sys.stdin.read()):
-    os.chdir(folder)
-    sys.argv = args
-    out, err, code = io.StringIO(), io.StringIO(), None
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            __import__(app, fromlist=["main"]).main()
-        except SystemExit as done:
-            code = done.code
-        except Exception as exc:  # torch imported, or any other escape: that case fails, not the rest
-            code, err = None, io.StringIO(repr(exc))
-    answers.append([code, out.getvalue(), err.getvalue()])
-sys.__stdout__.write(json.dumps(answers))
-"""
+# (a process a case costs ~0.5 CPU-s: 44 of them were 20 CPU-s of the suite).
 
 
 @dataclass(frozen=True)
 class Answer:
-    returncode: int
+    returncode: int | None
     stdout: str
     stderr: str
     folder: Path
@@ -100,7 +75,7 @@ def _env(columns: str = "200") -> dict[str, str]:
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run a console script as users do (`run(app)`, the real exit code), torch importable."""
-    code = f"import sys; sys.argv = {args!r}; from {APPS[args[0]]} import main; main()"
+    code = f"import sys; sys.argv = {args!r}; from {CLI_APPS[args[0]]} import main; main()"
     return subprocess.run(
         [sys.executable, "-c", code], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120
     )
@@ -116,17 +91,13 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Answer]:
     cases = [[*args, "--json"] for args, flag, _ in INVALID_VALUES if flag != "--ignore-op"]
     cases += [variant for args in COMMANDS_ON_A_MISSING_FILE for variant in (args, [*args, "--json"])]
     folders = [tmp_path_factory.mktemp("case") for _ in cases]
-    request = json.dumps(
-        [[APPS[args[0]], args, str(folder)] for args, folder in zip(cases, folders, strict=True)]
+    imported, results = cli_runs_in_one_child(
+        list(zip(cases, folders, strict=True)), _env(), without_torch=True
     )
-    done = subprocess.run([sys.executable, "-c", _CHILD], input=request, env=_env(), capture_output=True,
-                          text=True, timeout=300, cwd=folders[0])  # fmt: skip
-    assert done.returncode == 0 and done.stderr == "", done.stderr  # nothing past the cases' streams
-    imported, *replies = json.loads(done.stdout)
-    assert imported == "" and len(replies) == len(cases)  # loading the CLIs prints nothing
+    assert imported == ""  # loading the CLIs prints nothing
     return {
-        _key(args): Answer(*reply, folder)
-        for args, reply, folder in zip(cases, replies, folders, strict=True)
+        _key(args): Answer(r.exit_code, r.stdout, r.stderr, folder)
+        for args, r, folder in zip(cases, results, folders, strict=True)
     }
 
 

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import torch
 
 from coreai_opt._export import fold_decompression
 from coreai_opt.io import load_pt2
-from tests.conftest import ROOT, SAMPLES
+from tests.conftest import ROOT, SAMPLES, CliResult, cli_runs_in_one_child
 
 # The whole plugin: round to nearest of the negated weight (int8 codes are odd-symmetric, so the
 # output's weights are exactly the negatives of round to nearest's: what the toy did shows).
@@ -50,38 +49,10 @@ def _coreopt(plugin: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
-# The commands that use the toy run in one child (a process loads torch and the plugins: ~4 CPU-s):
-# each is the console script's `main` in its own folder, its exit code the one `sys.exit` gives.
-_MANY = """
-import contextlib, io, json, os, sys
-from cli.coreopt_app import main
-answers = []
-for folder, args in json.loads(sys.stdin.read()):
-    os.chdir(folder)
-    sys.argv = ["coreopt", *args]
-    out, err, code = io.StringIO(), io.StringIO(), None
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main()
-        except SystemExit as done:
-            code = done.code
-        except Exception as exc:  # one command's escape fails its own test, not the others'
-            code, err = None, io.StringIO(repr(exc))
-    answers.append([code, out.getvalue(), err.getvalue()])
-sys.__stdout__.write(json.dumps(answers))
-"""
-
-
-@dataclass(frozen=True)
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 @pytest.fixture(scope="module")
-def toy_runs(plugin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Run, Path]]:
-    """The command line, a recipe file and `optimize`, each naming the toy, run in one child."""
+def toy_runs(plugin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[CliResult, Path]]:
+    """The command line, a recipe file and `optimize`, each naming the toy, run in one child (a
+    process loads torch and the plugins: ~4 CPU-s)."""
     folders = {name: tmp_path_factory.mktemp(name) for name in ("command", "recipe", "optimize")}
     (folders["recipe"] / "toy.yaml").write_text(
         textwrap.dedent("""\
@@ -98,12 +69,9 @@ def toy_runs(plugin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
                      "keep,toy8=quantize:method=toy,dtype=int8", "--dry-run", "--json"],
     }  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin), str(ROOT)]), PYTHONWARNINGS="ignore")
-    request = json.dumps([[str(folders[name]), args] for name, args in commands.items()])
-    done = subprocess.run([sys.executable, "-c", _MANY], input=request, env=env, capture_output=True,
-                          text=True, timeout=300, cwd=folders["command"])  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    answers = json.loads(done.stdout)
-    return {name: (Run(*answer), folders[name]) for name, answer in zip(commands, answers, strict=True)}
+    cases = [(["coreopt", *args], folders[name]) for name, args in commands.items()]
+    _, results = cli_runs_in_one_child(cases, env)
+    return {name: (result, folders[name]) for name, result in zip(commands, results, strict=True)}
 
 
 def _dense(path: Path) -> dict[tuple[int, ...], torch.Tensor]:
@@ -131,20 +99,20 @@ def rtn(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_plugin_is_a_method_on_the_command_line(toy_runs, rtn: Path) -> None:  # type: ignore[no-untyped-def]
     done, folder = toy_runs["command"]
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert json.loads(done.stdout)["options"]["method"] == "toy"
     _negated_rtn(folder / "out.pt2", rtn)
 
 
 def test_the_plugin_is_a_method_in_a_recipe_file(toy_runs, rtn: Path) -> None:  # type: ignore[no-untyped-def]
     done, folder = toy_runs["recipe"]
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     _negated_rtn(folder / "out.pt2", rtn)
 
 
 def test_the_plugin_is_a_candidate_of_optimize(toy_runs) -> None:  # type: ignore[no-untyped-def]
     done, _ = toy_runs["optimize"]
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["counts"] == {"toy8": 3}
     assert plan["recipe"]["steps"][0]["compress"]["config"]["method"] == "toy"
