@@ -57,9 +57,6 @@ COMMANDS_ON_A_MISSING_FILE = [
     ["tcast", "upcast", "missing.safetensors", "-o", "out.safetensors"],
 ]
 
-# One child runs every case whose checks come before torch loads, torch made unimportable first
-# (a process a case costs ~0.5 CPU-s: 44 of them were 20 CPU-s of the suite).
-
 
 @dataclass(frozen=True)
 class Answer:
@@ -69,8 +66,8 @@ class Answer:
     folder: Path
 
 
-def _env(columns: str = "200") -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", COLUMNS=columns)
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore", COLUMNS="200")
 
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -87,7 +84,9 @@ def _key(args: list[str]) -> str:
 
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Answer]:
-    """Every torch-free case's answer, keyed by its arguments, from one child without torch."""
+    """Every case whose checks come before torch loads, keyed by its arguments: answered by one
+    child in which torch cannot be imported (a process a case cost ~0.5 CPU-s: 44 of them were
+    20 CPU-s of the suite)."""
     cases = [[*args, "--json"] for args, flag, _ in INVALID_VALUES if flag != "--ignore-op"]
     cases += [variant for args in COMMANDS_ON_A_MISSING_FILE for variant in (args, [*args, "--json"])]
     folders = [tmp_path_factory.mktemp("case") for _ in cases]

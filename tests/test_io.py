@@ -186,9 +186,6 @@ def test_the_private_torch_apis_the_loader_relies_on_are_there() -> None:
     """The safe `.pt2` loader reads the archive itself and hands torch's own deserializer the parsed
     program: these private names and their behaviour are what it uses (a torch upgrade that moves
     them fails here, not in a user's hands)."""
-    import json
-    import zipfile
-
     import torch
     from torch._export.serde import schema
     from torch._export.serde.serialize import (
@@ -204,10 +201,7 @@ def test_the_private_torch_apis_the_loader_relies_on_are_there() -> None:
     assert schema.ScalarType(10) is schema.ScalarType.COMPLEXFLOAT
     assert "torch._utils._rebuild_tensor_v2" in _get_allowed_globals()
     assert len(_SYM_OPS) > 10 and callable(FakeTensorMode)
-    with zipfile.ZipFile(SAMPLES / "mlp.pt2") as archive:
-        name = next(n for n in archive.namelist() if n.endswith("models/model.json"))
-        document = json.loads(archive.read(name))
-    serialized = _dict_to_dataclass(schema.ExportedProgram, document)
+    serialized = _dict_to_dataclass(schema.ExportedProgram, _model_json(SAMPLES / "mlp.pt2"))
     assert isinstance(serialized, schema.ExportedProgram)
     assert callable(ExportedProgramDeserializer(None).deserialize)
 
@@ -217,8 +211,6 @@ def test_the_schema_reader_builds_what_torchs_own_builds(name: str, tmp_path: Pa
     """`schema_object` reads each class's field types once: the dataclasses it builds from a
     program's model.json equal those of torch's `_dict_to_dataclass`, field for field (samples
     of every kind, and a program calling coreai-torch's decompression ops)."""
-    import json
-    import zipfile
 
     from torch._export.serde import schema
     from torch._export.serde.serialize import _dict_to_dataclass
@@ -232,9 +224,7 @@ def test_the_schema_reader_builds_what_torchs_own_builds(name: str, tmp_path: Pa
         path = compress_file(
             SAMPLES / "transformer.pt2", tmp_path / "p.pt2", PalettizeConfig(n_bits=2, weight_num_threshold=0)
         ).output
-    with zipfile.ZipFile(path) as archive:
-        member = next(n for n in archive.namelist() if n.endswith("models/model.json"))
-        document = json.loads(archive.read(member))
+    document = _model_json(path)
     ours, torchs = (
         schema_object(schema.ExportedProgram, document),
         _dict_to_dataclass(schema.ExportedProgram, document),
@@ -242,14 +232,19 @@ def test_the_schema_reader_builds_what_torchs_own_builds(name: str, tmp_path: Pa
     assert ours == torchs and repr(ours) == repr(torchs) and len(ours.graph_module.graph.nodes) > 3
 
 
-def _corrupted(where: str) -> object:
-    """The sample transformer's model.json with one thing wrong."""
+def _model_json(path: Path) -> object:
+    """A `.pt2`'s parsed models/model.json."""
     import json
     import zipfile
 
-    with zipfile.ZipFile(SAMPLES / "transformer.pt2") as archive:
+    with zipfile.ZipFile(path) as archive:
         member = next(n for n in archive.namelist() if n.endswith("models/model.json"))
-        document = json.loads(archive.read(member))
+        return json.loads(archive.read(member))
+
+
+def _corrupted(where: str) -> object:
+    """The sample transformer's model.json with one thing wrong."""
+    document = _model_json(SAMPLES / "transformer.pt2")
     node = next(n for n in document["graph_module"]["graph"]["nodes"] if n["inputs"])
     if where == "a list for an object":
         document["graph_module"] = []

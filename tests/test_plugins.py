@@ -43,9 +43,13 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def _env(plugin: Path) -> dict[str, str]:
+    """The environment of a process that finds the plugin's folder installed."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin), str(ROOT)]), PYTHONWARNINGS="ignore")
+
+
 def _coreopt(plugin: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin), str(ROOT)]), PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "cli.coreopt_app", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "cli.coreopt_app", *args], cwd=cwd, env=_env(plugin),
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
@@ -68,9 +72,8 @@ def toy_runs(plugin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         "optimize": ["optimize", mlp, "--calibration", "random", "--target-bits", "9", "--candidates",
                      "keep,toy8=quantize:method=toy,dtype=int8", "--dry-run", "--json"],
     }  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin), str(ROOT)]), PYTHONWARNINGS="ignore")
     cases = [(["coreopt", *args], folders[name]) for name, args in commands.items()]
-    _, results = cli_runs_in_one_child(cases, env)
+    _, results = cli_runs_in_one_child(cases, _env(plugin))
     return {name: (result, folders[name]) for name, result in zip(commands, results, strict=True)}
 
 

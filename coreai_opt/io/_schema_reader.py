@@ -40,9 +40,9 @@ def schema_object(cls: Any, data: Any) -> Any:
     if dataclasses.is_dataclass(cls):
         if not isinstance(data, dict):
             raise TypeError(f"{cls.__name__}: expected an object")
-        hints = _hints(cls)
-        fields = {f: schema_object(hints[f], data[f]) for f in _field_names(cls) if f in data}
-        return cls(**fields)
+        return cls(
+            **{name: schema_object(hint, data[name]) for name, hint in _typed_fields(cls) if name in data}
+        )
     if isinstance(data, list):
         if not data:
             return data
@@ -81,5 +81,7 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 @functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+def _typed_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """A dataclass's fields in order, each with its type."""
+    hints = _hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
