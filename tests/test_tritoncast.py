@@ -239,6 +239,41 @@ def test_six_bit_codes_unpack_from_words_and_from_bytes_where_they_are_not_align
             assert same_bits(tcast.upcast(t, computemode="triton"), tcast.upcast(t, computemode="torch"))
 
 
+def _six_bit_midpoints(dtype: object) -> torch.Tensor:
+    """float32 values of a 6-bit element format at each grid value, each midpoint between
+    neighbours and one ulp either side of it, and past the maximum below the next power of two
+    (saturation): tiles of 32, each led by the maximum so that its E8M0 scale is 1."""
+    codes = torch.arange(32).reshape(1, 32)  # the positive magnitudes
+    grid = tcast.upcast(
+        tcast.Tensor(dtype=dtype, shape=(1, 32), source_dtype=torch.float32, codes=tcast.pack_codes(codes, 6),
+                     scales=torch.tensor([127], dtype=torch.uint8), zeros=None, numel_padded=32),
+        computemode="torch",
+    ).reshape(-1)  # fmt: skip
+    middles = (grid[:-1] + grid[1:]) / 2
+    top = grid[-1]
+    values = torch.cat([
+        grid, middles, torch.nextafter(middles, top + 1), torch.nextafter(middles, torch.zeros(1)),
+        top * torch.tensor([1.01, 1.04, 1.06]), torch.tensor([0.0, 1e-30]),
+    ])  # fmt: skip
+    values = torch.cat([values, -values])
+    body = values[: len(values) // 31 * 31].reshape(-1, 31)
+    return torch.cat([top.expand(len(body), 1), body], 1).contiguous()
+
+
+@pytest.mark.parametrize("name", ["mxfp6e3", "mxfp6e2"])
+def test_6_bit_codes_meet_every_midpoint_at_every_tile_scale(name: str) -> None:
+    """float32 values at every grid value and midpoint of a 6-bit fnuz format and one ulp either
+    side, both signs, saturating ones, under tile scales from 2**-135 (scaled values below
+    float32's normal range: the CUDA kernels' shift onto the fp8 grid) to 2**120: TritonCast's
+    codes are TorchCast's. On sm_89 and later the codes rounded to nearest even come from the GPU's
+    e4m3 / e5m2 conversion (`_elements.fnuz6_codes_by_fp8`), every bf16 value through it in
+    test_every_finite_bfloat16_value_is_bit_exact."""
+    dtype = tcast.lookup(name)
+    x = _six_bit_midpoints(dtype)
+    for shift in (0, -30, -126, -135, 60, 120):
+        _assert_engines_agree((x * 2.0**shift).to(DEVICE), name, roundmode="even")
+
+
 def test_stochastic_rounding_is_reproducible_and_unbiased() -> None:
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     first = tcast.cast(x, "mxfp4e2", "stochastic", seed=3, computemode="triton")

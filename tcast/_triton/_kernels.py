@@ -141,6 +141,8 @@ def actual_kernel(
     RUNS16: tl.constexpr,
     NIBBLE_WORDS: tl.constexpr,
     NATIVE: tl.constexpr,
+    FP8_GRID: tl.constexpr = 0,
+    FP8_SHIFT: tl.constexpr = 1.0,
 ):
     """NIBBLE_WORDS: 4-bit codes of 16-bit tiles rounded to nearest even, read as words of two
     values (_nibble_words; NATIVE: with the GPU's byte permute and halfword max); else the tiles
@@ -159,7 +161,7 @@ def actual_kernel(
             bad = 0
             to_grid = 1.0
         code = element_codes(x, to_grid, bad, index, seed, HAS_SCALE, BITS, MBITS, EMIN, EMAX, MAX_CODE, IS_INT,
-                             FNUZ, HAS_INF, NAN_CODE, ROUND, HW_FP8, FAST)  # fmt: skip
+                             FNUZ, HAS_INF, NAN_CODE, ROUND, HW_FP8, FAST, FP8_GRID, FP8_SHIFT)  # fmt: skip
         store_codes(codes_ptr, code, block, n_blocks, code_bytes, TILE, TILE, BLOCKS, BITS, HAS_SCALE)
 
 
