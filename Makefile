@@ -17,12 +17,13 @@ DEMO_OUT ?= build/demo
 # `.ci/run` on a fresh clone took 376 s before, 307 s after (2026-11-27, 2 cores).
 export PYTHONPYCACHEPREFIX ?= $(CURDIR)/build/pycache
 # Two pytest workers on two cores: OpenMP threads that spin while they wait take the CPU the other
-# worker needs (the console scripts set the same: cli/_common.py), and a second torch thread per
-# worker only contends with the other worker: the main run took 770.8 CPU-s (6:42 wall) with one
-# thread each against 879.8 (7:41) with two, the same 2502 tests passing (2026-12-02, 2 cores).
-# The tests that split threads between weights give their own counts (tests/test_executors.py).
+# worker needs (the console scripts set the same: cli/_common.py).
 export OMP_WAIT_POLICY ?= PASSIVE
-export OMP_NUM_THREADS ?= 1
+# ... and a second torch thread per worker only contends with the other worker: the main run took
+# 770.8 CPU-s (6:42 wall) with one thread each against 879.8 (7:41) with two, the same 2502 tests
+# passing (2026-12-02, 2 cores). The tests of threads shared between weights set their own count
+# (tests/test_executors.py). The demo keeps torch's threads.
+test test-without-triton: export OMP_NUM_THREADS ?= 1
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-without-triton lint samples clean

@@ -241,8 +241,10 @@ def test_six_bit_codes_unpack_from_words_and_from_bytes_where_they_are_not_align
 
 def _six_bit_midpoints(dtype: object) -> torch.Tensor:
     """float32 values of a 6-bit element format at each grid value, each midpoint between
-    neighbours and one ulp either side of it, and past the maximum below the next power of two
-    (saturation): tiles of 32, each led by the maximum so that its E8M0 scale is 1."""
+    neighbours and one ulp either side of it, past the maximum below the next power of two (the
+    midpoint above it and beside it: saturation), and from 2**-100 to 2**-125 of the maximum, both
+    signs: rows of 31 (the last padded with zeros), each led by the maximum so that its E8M0 scale
+    is 1."""
     codes = torch.arange(32).reshape(1, 32)  # the positive magnitudes
     grid = tcast.upcast(
         tcast.Tensor(dtype=dtype, shape=(1, 32), source_dtype=torch.float32, codes=tcast.pack_codes(codes, 6),
@@ -250,24 +252,29 @@ def _six_bit_midpoints(dtype: object) -> torch.Tensor:
         computemode="torch",
     ).reshape(-1)  # fmt: skip
     middles = (grid[:-1] + grid[1:]) / 2
-    top = grid[-1]
+    top, ceiling = grid[-1], 2.0 ** (math.floor(math.log2(float(grid[-1]))) + 1)
+    past = torch.tensor(
+        [(float(top) + ceiling) / 2, ceiling]
+    )  # the last midpoint, and just below 2**(emax+1)
     values = torch.cat([
         grid, middles, torch.nextafter(middles, top + 1), torch.nextafter(middles, torch.zeros(1)),
-        top * torch.tensor([1.01, 1.04, 1.06]), torch.tensor([0.0, 1e-30]),
+        past[:1], torch.nextafter(past, torch.zeros(2)), torch.nextafter(past[:1], past[1:]),
+        top * torch.tensor([2.0**-100, 2.0**-115, 2.0**-120, 2.0**-125]),
     ])  # fmt: skip
     values = torch.cat([values, -values])
-    body = values[: len(values) // 31 * 31].reshape(-1, 31)
-    return torch.cat([top.expand(len(body), 1), body], 1).contiguous()
+    values = torch.cat([values, torch.zeros(-len(values) % 31)])
+    return torch.cat([top.expand(len(values) // 31, 1), values.reshape(-1, 31)], 1).contiguous()
 
 
 @pytest.mark.parametrize("name", ["mxfp6e3", "mxfp6e2"])
-def test_6_bit_codes_meet_every_midpoint_at_every_tile_scale(name: str) -> None:
+def test_6_bit_codes_meet_every_midpoint_under_tile_scales_far_apart(name: str) -> None:
     """float32 values at every grid value and midpoint of a 6-bit fnuz format and one ulp either
-    side, both signs, saturating ones, under tile scales from 2**-135 (scaled values below
-    float32's normal range: the CUDA kernels' shift onto the fp8 grid) to 2**120: TritonCast's
-    codes are TorchCast's. On sm_89 and later the codes rounded to nearest even come from the GPU's
-    e4m3 / e5m2 conversion (`_elements.fnuz6_codes_by_fp8`), every bf16 value through it in
-    test_every_finite_bfloat16_value_is_bit_exact."""
+    side, both signs, saturating ones and ones that round to zero, under tile scales of 2**0,
+    2**-30, 2**-126, 2**-127 (inputs scaled by 2**-135: the E8M0 scale stops there), 2**60 and
+    2**120: TritonCast's codes are TorchCast's. On sm_90 and later the codes rounded to nearest
+    even come from the GPU's e4m3 / e5m2 conversion (`_elements.fnuz6_codes_by_fp8`; the smallest
+    values' shift onto its grid rounds in float32's subnormals), every bf16 value through it in
+    test_every_finite_bfloat16_value_is_bit_exact; the CPU interpreter checks the integer path."""
     dtype = tcast.lookup(name)
     x = _six_bit_midpoints(dtype)
     for shift in (0, -30, -126, -135, 60, 120):

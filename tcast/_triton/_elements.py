@@ -214,8 +214,8 @@ def element_codes(
     ROUND: tl.constexpr,
     HW_FP8: tl.constexpr,
     FAST: tl.constexpr,
-    FP8_GRID: tl.constexpr = 0,
-    FP8_SHIFT: tl.constexpr = 1.0,
+    FP8_GRID: tl.constexpr,
+    FP8_SHIFT: tl.constexpr,
 ):
     """Codes by integer arithmetic on the grid point, no decoding of floats - or, for OCP fp8
     elements rounded to nearest even (HW_FP8), by the GPU's saturating conversion instruction, and
@@ -282,7 +282,7 @@ def fnuz6_codes_by_fp8(a, FP8_GRID: tl.constexpr):
     of e4m3 (FP8_GRID 1: e2m3's mantissa width) or e5m2 (2: e3m2's). Below the 6-bit maximum the
     narrow grid is a part of the fp8 one, subnormals included, and the magnitude codes are the
     same (the binade above the smallest times 2**m, plus the steps); so the GPU's saturating
-    conversion of two values an instruction (sm_89 and later) gives both codes in a few logic
+    conversion of two values an instruction (with the halfword min: sm_90 and later) gives both codes in a few logic
     operations (`_FNUZ6_FROM_FP8`) where the integer path spends about ten a value: the ALU pipe
     bounds these casts."""
     if FP8_GRID == 1:

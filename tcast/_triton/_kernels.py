@@ -141,8 +141,8 @@ def actual_kernel(
     RUNS16: tl.constexpr,
     NIBBLE_WORDS: tl.constexpr,
     NATIVE: tl.constexpr,
-    FP8_GRID: tl.constexpr = 0,
-    FP8_SHIFT: tl.constexpr = 1.0,
+    FP8_GRID: tl.constexpr,
+    FP8_SHIFT: tl.constexpr,
 ):
     """NIBBLE_WORDS: 4-bit codes of 16-bit tiles rounded to nearest even, read as words of two
     values (_nibble_words; NATIVE: with the GPU's byte permute and halfword max); else the tiles

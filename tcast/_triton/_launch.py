@@ -134,16 +134,28 @@ def _hardware_fp8(nspec: NumberSpec, roundmode: RoundMode, has_scale: bool, devi
 def _fp8_grid(
     nspec: NumberSpec, roundmode: RoundMode, has_scale: bool, device: torch.device
 ) -> tuple[int, float]:
-    """(1 or 2, the shift onto the grid) where a 6-bit fnuz float's codes come from the GPU's e4m3
-    or e5m2 conversion (`_elements.fnuz6_codes_by_fp8`: 3 or 2 mantissa bits, magnitudes to 31,
-    as its PTX assumes); else (0, 1.0). H200: mxfp6 actual casts from bf16 74% -> 87% of copy."""
+    """(1 or 2, the power of two onto the grid) where a 6-bit fnuz float's codes come from the
+    GPU's e4m3 or e5m2 conversion (`_elements.fnuz6_codes_by_fp8`: 3 or 2 mantissa bits; every
+    fnuz code below 32 a magnitude, as its PTX assumes; its halfword min wants `_native`); else
+    (0, 1.0)."""
     six_bit_fnuz = (
-        nspec.bits == 6 and not nspec.is_int and nspec.infnan is InfNaN.FNUZ and max_code(nspec) == 31
+        nspec.bits == 6 and not nspec.is_int and nspec.infnan is InfNaN.FNUZ and nspec.mbits in (2, 3)
     )
-    if not six_bit_fnuz or nspec.mbits not in (2, 3) or not _fp8_conversion(roundmode, has_scale, device):
+    if not six_bit_fnuz or not _fp8_conversion(roundmode, has_scale, device) or not _native(device):
         return 0, 1.0
-    fp8_emin = -6 if nspec.mbits == 3 else -14  # e4m3's and e5m2's smallest normal exponents
-    return (1 if nspec.mbits == 3 else 2), math.ldexp(1.0, fp8_emin - nspec.emin)
+    fp8 = NumberSpec("e4m3fn" if nspec.mbits == 3 else "e5m2")
+    shift = fp8.emin - nspec.emin
+    if not -126 <= shift <= 127:  # a bias of its own so far off that the shift is no float32 normal
+        return 0, 1.0
+    return (1 if nspec.mbits == 3 else 2), math.ldexp(1.0, shift)
+
+
+def _native(device: torch.device) -> bool:
+    """Whether the kernels may take the GPU's own instructions in PTX (halfword min and max:
+    sm_90 and later); the interpreter and older GPUs take plain Triton for the same bits."""
+    if device.type != "cuda" or interpreting():
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
 
 
 def _fp8_conversion(roundmode: RoundMode, has_scale: bool, device: torch.device) -> bool:
@@ -518,7 +530,7 @@ def _exponent_actual(
     if geo.blocks:
         actual_kernel[grid](
             source, codes, scales, *geo.args(), code_bytes, seed, FAST=fast, RUNS16=runs16, NIBBLE_WORDS=words,
-            NATIVE=not interpreting(), FP8_GRID=fp8_grid, FP8_SHIFT=fp8_shift, **common,
+            NATIVE=_native(x.device), FP8_GRID=fp8_grid, FP8_SHIFT=fp8_shift, **common,
         )  # fmt: skip
     return Tensor(
         dtype=dtype,
@@ -571,7 +583,7 @@ def _float_cast(
         if geo.blocks:
             float_virtual_kernel[grid](
                 source, as_bits(result), placeholder, *geo.args(), WORDS16=words,
-                NATIVE=not interpreting(), **common,
+                NATIVE=_native(x.device), **common,
             )  # fmt: skip
         return result
     return _float_actual(x, dtype, geo, given, tensor_amax, grid, common, words, source, placeholder)
@@ -623,7 +635,7 @@ def _float_actual(
         float_actual_kernel[grid](
             source, codes, scales, placeholder, *geo.args(), code_bytes, geo.stride, WORDS=not geo.flat,
             RUNS16=_runs16(nspec, x, geo), PAIRS=_pairs(nspec, x, geo), BYTE_WORDS=words,
-            NATIVE=not interpreting(), **common,
+            NATIVE=_native(x.device), **common,
         )  # fmt: skip
     if stored_by_kernel and not common["S_FP32"]:
         scales = scales.view(scale_dtype)
