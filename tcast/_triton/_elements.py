@@ -282,9 +282,9 @@ def fnuz6_codes_by_fp8(a, FP8_GRID: tl.constexpr):
     of e4m3 (FP8_GRID 1: e2m3's mantissa width) or e5m2 (2: e3m2's). Below the 6-bit maximum the
     narrow grid is a part of the fp8 one, subnormals included, and the magnitude codes are the
     same (the binade above the smallest times 2**m, plus the steps); so the GPU's saturating
-    conversion of two values an instruction (with the halfword min: sm_90 and later) gives both codes in a few logic
-    operations (`_FNUZ6_FROM_FP8`) where the integer path spends about ten a value: the ALU pipe
-    bounds these casts."""
+    conversion of two values an instruction (with the halfword min: sm_90 and later) gives both
+    codes in a few logic operations (`_FNUZ6_FROM_FP8`) where the integer path spends about ten a
+    value: the ALU pipe bounds these casts."""
     if FP8_GRID == 1:
         code = tl.inline_asm_elementwise(
             _FNUZ6_FROM_E4M3, "=r,=r,r,r", [a], dtype=tl.int32, is_pure=True, pack=2

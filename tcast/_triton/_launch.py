@@ -143,6 +143,12 @@ def _fp8_grid(
     )
     if not six_bit_fnuz or not _fp8_conversion(roundmode, has_scale, device) or not _native(device):
         return 0, 1.0
+    return _fp8_grid_of(nspec)
+
+
+@functools.lru_cache(maxsize=16)
+def _fp8_grid_of(nspec: NumberSpec) -> tuple[int, float]:
+    """`_fp8_grid`'s answer for a 6-bit fnuz float where the GPU may take it (parsed once a format)."""
     fp8 = NumberSpec("e4m3fn" if nspec.mbits == 3 else "e5m2")
     shift = fp8.emin - nspec.emin
     if not -126 <= shift <= 127:  # a bias of its own so far off that the shift is no float32 normal
@@ -153,23 +159,26 @@ def _fp8_grid(
 def _native(device: torch.device) -> bool:
     """Whether the kernels may take the GPU's own instructions in PTX (halfword min and max:
     sm_90 and later); the interpreter and older GPUs take plain Triton for the same bits."""
-    if device.type != "cuda" or interpreting():
-        return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+    return _capability(device) >= (9, 0)
 
 
 def _fp8_conversion(roundmode: RoundMode, has_scale: bool, device: torch.device) -> bool:
     """Whether the GPU's fp8 conversion may give a cast's codes: tile-scaled values (in range, so
     saturation is all that overflow needs; a NaN or Inf anywhere makes the tile NaN) rounded to
-    nearest even on sm_89 or later. Never under the interpreter, whose conversion is not the
-    hardware's."""
-    if not has_scale or roundmode is not RoundMode.EVEN or device.type != "cuda" or interpreting():
-        return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (8, 9)
+    nearest even on sm_89 or later."""
+    return has_scale and roundmode is RoundMode.EVEN and _capability(device) >= (8, 9)
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The CUDA device's compute capability; (0, 0) elsewhere and under the interpreter, whose
+    arithmetic is not the hardware's."""
+    if device.type != "cuda" or interpreting():
+        return (0, 0)
+    return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=16)
-def _capability(index: int) -> tuple[int, int]:
+def _capability_of(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
