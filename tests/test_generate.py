@@ -152,6 +152,49 @@ def test_the_decode_path_scores_as_the_window_program_does(decoders: dict[str, P
     assert abs(float(decoded.mean() / logp.mean()) - 1) < 1e-6  # perplexity within 1e-6 relative
 
 
+def test_a_stateful_program_parses_each_size_expression_once_to_what_torch_makes(
+    decoders: dict[str, Path], monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The chunk length is symbolic, so model.json repeats a few size expressions hundreds of
+    times: each distinct one reaches sympy once, and every node's shape is what torch's own
+    parsing of every string makes."""
+    import json
+    import zipfile
+
+    import sympy
+    from torch._export.serde.serialize import GraphModuleDeserializer
+
+    with zipfile.ZipFile(decoders["llama"]) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith("models/model.json")]
+        text = archive.read(name).decode()
+    written = [v for k, v in _items(json.loads(text)) if k == "expr_str"]
+    assert len(written) > 4 * len(set(written)) > 0
+    parsed: list[str] = []
+    sympify = sympy.sympify
+    monkeypatch.setattr(  # texts only: sympy objects pass through sympify too
+        sympy, "sympify", lambda s, *a, **k: (isinstance(s, str) and parsed.append(s)) or sympify(s, *a, **k)
+    )
+    shapes = [str(n.meta.get("val")) for n in load_pt2(decoders["llama"]).graph.nodes]
+    assert sorted(set(parsed)) == sorted(parsed) and set(parsed) <= set(written)
+    once = GraphModuleDeserializer._parse_sym_expr
+    monkeypatch.setattr(GraphModuleDeserializer, "_parse_sym_expr", once.__wrapped__)
+    parsed.clear()
+    assert shapes == [str(n.meta.get("val")) for n in load_pt2(decoders["llama"]).graph.nodes]
+    assert len(parsed) >= len(written)  # torch's own way: every string, every time
+
+
+def _items(document: object):  # type: ignore[no-untyped-def]
+    """Every (key, value) pair of a parsed JSON document, depth first."""
+    stack = [document]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            yield from item.items()
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 def test_the_state_is_one_key_and_value_buffer_a_layer_of_kv_heads(decoders: dict[str, Path]) -> None:
     program = load_pt2(decoders["llama"])
     state = {n: program.state_dict[n] for n in program.graph_signature.buffers_to_mutate.values()}

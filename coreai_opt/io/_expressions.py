@@ -17,6 +17,7 @@ deep expression is refused, never a RecursionError.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -233,6 +234,15 @@ def bare_symbol(text: Any) -> str | None:
 
 def sympy_problem(text: str) -> str | None:
     """Why `text` is not a plain sympy shape expression, or None when it is one."""
+    if isinstance(text, str) and len(text) <= MAX_TEXT:
+        return _sympy_problem(text)
+    return str(_parse(text))  # not a string, or longer than any: refused before parsing
+
+
+@functools.lru_cache(maxsize=1024)
+def _sympy_problem(text: str) -> str | None:
+    """sympy_problem of a string of bounded length, remembered: a program repeats a few
+    expressions hundreds of times (a stateful decoder's model.json: 299 strings, 7 distinct)."""
     tree = _parse(text)
     if isinstance(tree, str):
         return tree

@@ -37,7 +37,7 @@ from ._expressions import guards_problem
 from ._pickles import UnreadablePickle, forbidden_globals, torch_save_globals
 from ._program_audit import MAX_RANK, dtype_problem, path_problem, program_problem, size_budget
 from ._runs import mark
-from ._schema_reader import schema_object
+from ._schema_reader import parse_expressions_once, schema_object
 from ._shapes import check_shapes
 from ._treespec import FLATTENED_META, flatten_unknown_outputs
 from ._zip import ZipEntry, audit_zip, read_entry, verify_zip
@@ -343,6 +343,7 @@ class Pt2Archive:
         document = self.read_json(MODEL_JSON)
         flattened = flatten_unknown_outputs(document)
         self.register_custom_ops()
+        parse_expressions_once()
         try:
             serialized = schema_object(schema.ExportedProgram, document)
             program = ExportedProgramDeserializer(None).deserialize(serialized, state_dict, constants, None)
