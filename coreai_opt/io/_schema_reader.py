@@ -4,7 +4,8 @@ torch's own reader (`serialize._dict_to_dataclass`) asks `typing.get_type_hints`
 object it builds: on a program of a few hundred nodes that is most of the time a load takes
 (the sample transformer: 0.34 s a load, about half of it there). This reader builds the same
 objects by the same rules - unknown keys ignored, `Optional` fields None, a `_Union` built from its
-one key - with each class's hints looked up once a process.
+one key - with each class's hints looked up once a process. `parse_expressions_once` keeps
+torch's deserializer from parsing a repeated symbolic-size string again.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _union(cls: Any, data: Any) -> Any:
 def _dataclass(cls: Any, data: Any) -> Any:
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__}: expected an object")
-    return cls(**{name: _reader(hint)(data[name]) for name, hint in _typed_fields(cls) if name in data})
+    return cls(**{name: read(data[name]) for name, read in _field_readers(cls) if name in data})
 
 
 def _plain(cls: Any, data: Any) -> Any:
@@ -105,10 +106,10 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 @functools.cache
-def _typed_fields(cls: type) -> tuple[tuple[str, Any], ...]:
-    """A dataclass's fields in order, each with its type."""
+def _field_readers(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    """A dataclass's fields in order, each with the reader of its type."""
     hints = _hints(cls)
-    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+    return tuple((f.name, _reader(hints[f.name])) for f in dataclasses.fields(cls))
 
 
 _PARSED = "_coreopt_parsed_expressions"
