@@ -580,7 +580,8 @@ def test_4_bit_codes_of_e8m0_tiles_read_as_words_are_bit_exact(
     spec: tuple[str, ...], source: torch.dtype
 ) -> None:
     """The actual cast of 16-bit inputs into 4-bit codes under E8M0 tiles, rounded to nearest
-    even, reads words of two values (`_kernels._nibble_words`): fnuz, IEEE and integer elements,
+    even, reads words of two values (`_kernels._nibble_words`; from bfloat16 on sm_90 and later,
+    in bf16x2 arithmetic: `_elements.bf16_pair_codes`): fnuz, IEEE and integer elements,
     square and 1-D tiles, every scale mode; corner values in tiles the shape does not divide (a
     NaN, an Inf, a tile of zeros, -0, subnormals), the data scaled to the ends of the scale range,
     every finite bfloat16 value in order (each tile spans neighbouring values, ties included); a

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from ._elements import (
+    bf16_pair_codes,
     decode_codes,
     draw_noise,
     element_codes,
@@ -43,6 +44,7 @@ from ._memory import (
     narrow,
     narrow_pair,
     store_codes,
+    store_half_nibble_words,
     store_nibble_words,
     store_pair_codes,
     tile_offsets,
@@ -194,12 +196,18 @@ def _nibble_words(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, NATIVE
     )
     bad, to_grid = _e8m0_scales(scales_ptr, block, n_blocks, top, LIMIT, EMAX, SCALE_MODE)
-    low = _even_half_codes(word, False, to_grid, bf16, MBITS, EMIN, MAX_CODE, IS_INT, NATIVE)
-    high = _even_half_codes(word, True, to_grid, bf16, MBITS, EMIN, MAX_CODE, IS_INT, NATIVE)
     signs: tl.constexpr = 0 if IS_INT else (1 if FNUZ else 2)
-    store_nibble_words(
-        codes_ptr, low, high, word, block, bad, n_blocks, TILE // 2, BLOCKS, signs, NAN_CODE, NATIVE
-    )
+    if bf16 and NATIVE:
+        pairs = bf16_pair_codes(word, to_grid, MBITS, EMIN, MAX_CODE, IS_INT)
+        store_half_nibble_words(
+            codes_ptr, pairs, word, block, bad, n_blocks, TILE // 2, BLOCKS, signs, NAN_CODE
+        )
+    else:
+        low = _even_half_codes(word, False, to_grid, bf16, MBITS, EMIN, MAX_CODE, IS_INT, NATIVE)
+        high = _even_half_codes(word, True, to_grid, bf16, MBITS, EMIN, MAX_CODE, IS_INT, NATIVE)
+        store_nibble_words(
+            codes_ptr, low, high, word, block, bad, n_blocks, TILE // 2, BLOCKS, signs, NAN_CODE, NATIVE
+        )
 
 
 @triton.jit

@@ -243,6 +243,23 @@ def store_nibble_words(
 
 
 @triton.jit
+def store_half_nibble_words(
+    codes_ptr, pairs, loaded, block, bad, n_blocks,
+    WORDS: tl.constexpr, BLOCKS: tl.constexpr, SIGNS: tl.constexpr, NAN_CODE: tl.constexpr,
+):  # fmt: skip
+    """`store_nibble_words` of codes held two a word, in the halves of [BLOCKS, WORDS] int32
+    words (bits 0-3 and 16-19, as `_elements.bf16_pair_codes` gives them): each word's two codes
+    become one byte (a shift and an or) and four bytes a word (three byte permutes; sm_90)."""
+    shape: tl.constexpr = (BLOCKS, WORDS // 4, 2, 2)
+    p0, p1, p2, p3 = split4(tl.reshape(pairs | (pairs >> 12), shape))
+    packed = libdevice.byte_perm(
+        libdevice.byte_perm(p0, p1, 0x0040), libdevice.byte_perm(p2, p3, 0x0040), 0x5410
+    )
+    packed = _joined_signs(packed, tl.reshape(loaded, shape), SIGNS, True)
+    _store_nibble_words(codes_ptr, packed, block, bad, n_blocks, WORDS // 4, NAN_CODE)
+
+
+@triton.jit
 def _store_nibble_words(
     codes_ptr, packed, block, bad, n_blocks, PER_TILE: tl.constexpr, NAN_CODE: tl.constexpr
 ):
@@ -274,8 +291,15 @@ def _nibble_word(
     (`store_nibble_words`)."""
     shape: tl.constexpr = (BLOCKS, GROUPS, 2, 2)
     packed = nibble_word(tl.reshape(even, shape), tl.reshape(odd, shape))
+    return _joined_signs(packed, tl.reshape(loaded, shape), SIGNS, NATIVE)
+
+
+@triton.jit
+def _joined_signs(packed, loaded, SIGNS: tl.constexpr, NATIVE: tl.constexpr):
+    """Packed 4-bit magnitudes with the signs of the [.., 2, 2] `loaded` words joined
+    (`store_nibble_words`' SIGNS); signed codes (SIGNS 0) as they are."""
     if SIGNS != 0:
-        signs = _sign_nibbles(tl.reshape(loaded, shape), NATIVE)
+        signs = _sign_nibbles(loaded, NATIVE)
         if SIGNS == 1:
             signs = signs & (packed + 0x77777777)
         packed = packed | (signs & -0x77777778)  # 0x88888888
