@@ -615,6 +615,26 @@ def test_4_bit_codes_of_e8m0_tiles_read_as_words_are_bit_exact(
     )
 
 
+def test_codes_whose_step_is_2_to_the_minus_126_keep_the_float32_path_from_bf16(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """bf16x2 arithmetic rounds a product below 2**-126 to a multiple of 2**-133 (a bf16
+    subnormal); float32 keeps it whole. e2m1 at bias 126 steps by 2**-126: in the tile
+    {16, 1.0078125} (scale 2**127) the second value is 2**-127 + 2**-134, code 1, where the bf16
+    product would be 2**-127, a tie, code 0. Such formats keep the float32 path on every GPU."""
+    from tcast._triton import _launch
+
+    dtype = tcast.datatype("e2m1b126fnuz", "e8m0_t32")
+    x = torch.zeros(2, 32, dtype=torch.bfloat16)
+    x[:, 0], x[:, 1] = 16.0, 1.0078125
+    monkeypatch.setattr(_launch, "_native", lambda device: True)  # as on sm_90
+    assert not _launch._bf16_halves(dtype.nspec, x)
+    assert _launch._bf16_halves(tcast.datatype(*tcast.PREDEFINED["mxfp4e2"]).nspec, x)
+    assert not _launch._bf16_halves(tcast.datatype(*tcast.PREDEFINED["mxfp4e2"]).nspec, x.float())
+    monkeypatch.undo()
+    codes = tcast.cast(x.to(DEVICE), dtype, castmode="actual", computemode="triton").codes
+    assert int(codes[0]) >> 4 == 1  # the second value's code (the high nibble of the first byte)
+    _assert_engines_agree(x.to(DEVICE), dtype, roundmode="even")
+
+
 BLOCKS_128 = "float32_t128d-2_t128d-1"
 LARGE_TILES = (
     ("fp8_128x128",), ("e5m2", BLOCKS_128), ("e4m3fnuz", BLOCKS_128), ("int8", BLOCKS_128), ("e2m1", BLOCKS_128),

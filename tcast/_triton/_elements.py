@@ -324,8 +324,10 @@ def bf16_pair_codes(
     """4-bit codes rounded to nearest even of [BLOCKS, n] int32 words of two bfloat16 values, in
     the halves of int32 words (the low value's code in bits 0-3, the high one's in 16-19): float
     elements' magnitudes (their signs join when packed), ints' two's complement codes. `to_grid`:
-    each tile's power of two. The integer path spends about ten ALU operations a value; this
-    about five a value, two values an instruction (sm_90: bf16x2 arithmetic, halfword min/max)."""
+    each tile's power of two. The float32 path (`even_magnitudes` on widened values) spends about
+    ten ALU operations a value; this about five, two values an instruction (sm_90: bf16x2
+    arithmetic, halfword min/max). Exact where bfloat16 holds every product the codes tell apart
+    (`_launch._bf16_halves`)."""
     half_bits = to_grid.to(tl.int32, bitcast=True) >> 16
     scale = tl.broadcast_to((half_bits | (half_bits << 16))[:, None], word.shape)
     both: tl.constexpr = 0x10001

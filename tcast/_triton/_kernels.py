@@ -146,13 +146,13 @@ def actual_kernel(
     FP8_GRID: tl.constexpr,
     FP8_SHIFT: tl.constexpr,
 ):
-    """NIBBLE_WORDS: 4-bit codes of 16-bit tiles rounded to nearest even, read as words of two
-    values (_nibble_words; NATIVE: with the GPU's byte permute and halfword max); else the tiles
-    as float32 values."""
-    if NIBBLE_WORDS:
+    """NIBBLE_WORDS 1: 4-bit codes of 16-bit tiles rounded to nearest even, read as words of two
+    values (_nibble_words; NATIVE: with the GPU's byte permute and halfword max); 2: the same in
+    bf16x2 arithmetic (`_launch._bf16_halves`); 0: the tiles as float32 values."""
+    if NIBBLE_WORDS != 0:
         _nibble_words(x_ptr, codes_ptr, scales_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS,
                       BLOCKS, EVEN, MBITS, EMIN, EMAX, MAX_CODE, LIMIT, IS_INT, FNUZ, NAN_CODE, SCALE_MODE,
-                      NATIVE)  # fmt: skip
+                      NATIVE, NIBBLE_WORDS == 2)  # fmt: skip
     else:
         block, _, _, index, x = load_tiles(
             x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, RUNS16
@@ -185,19 +185,21 @@ def _nibble_words(
     TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr, MBITS: tl.constexpr,
     EMIN: tl.constexpr, EMAX: tl.constexpr, MAX_CODE: tl.constexpr, LIMIT: tl.constexpr, IS_INT: tl.constexpr,
     FNUZ: tl.constexpr, NAN_CODE: tl.constexpr, SCALE_MODE: tl.constexpr, NATIVE: tl.constexpr,
+    HALVES: tl.constexpr,
 ):  # fmt: skip
     """4-bit codes under E8M0 scales, rounded to nearest even, of tiles of 16-bit values held as
     32-bit words of two (a tile's rows of even length, the stream 4-byte aligned): magnitudes
-    split from the words at the cost of a widening, the tile's amax from maxima of both halves at
-    once, and float signs join the packed magnitudes a word of eight codes at a time (ints:
-    two's complement codes)."""
+    split from the words at the cost of a widening (HALVES: bfloat16 words kept as value pairs,
+    `_elements.bf16_pair_codes`), the tile's amax from maxima of both halves at once, and float
+    signs join the packed magnitudes a word of eight codes at a time (ints: two's complement
+    codes)."""
     bf16: tl.constexpr = x_ptr.dtype.element_ty == tl.int16
     block, _, _, _, word, top = load_words(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, NATIVE
     )
     bad, to_grid = _e8m0_scales(scales_ptr, block, n_blocks, top, LIMIT, EMAX, SCALE_MODE)
     signs: tl.constexpr = 0 if IS_INT else (1 if FNUZ else 2)
-    if bf16 and NATIVE:
+    if HALVES:
         pairs = bf16_pair_codes(word, to_grid, MBITS, EMIN, MAX_CODE, IS_INT)
         store_half_nibble_words(
             codes_ptr, pairs, word, block, bad, n_blocks, TILE // 2, BLOCKS, signs, NAN_CODE

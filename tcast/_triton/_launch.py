@@ -251,8 +251,8 @@ def _nibble_words_config(geo: Geometry, float_halves: bool) -> LaunchConfig:
     thread - two 32x32 tiles to a one-warp program (mxfp4s from bf16 93% -> 97% of copy), 8,192
     values of 1-D tiles on 4 warps (mxfp4e2 97% -> 100%); smaller square tiles as
     `_square_tile_config` (16x16 at 64 values a thread: 87% -> 66%). `float_halves`: float codes
-    from bf16x2 arithmetic (`_elements.bf16_pair_codes`), whose 1-D tiles go 32 values a thread
-    (H200 sweep: mxfp4e2 74% at 8,192 values on 4 warps, 87% at 4,096)."""
+    from bf16x2 arithmetic (`_bf16_halves`), whose 1-D tiles go 32 values a thread (H200 sweep:
+    docs/benchmarks.md)."""
     if geo.tcols == geo.tile:
         return LaunchConfig(4096 if float_halves else 8192, 4)
     return LaunchConfig(2 * geo.tile, 1) if geo.tile >= 1024 else _square_tile_config(geo.tile)
@@ -327,6 +327,15 @@ def _byte_words(nspec: NumberSpec, x: torch.Tensor, geo: Geometry) -> bool:
     """Whether a float-scaled actual cast reads tiles of 16-bit values as 32-bit words of two
     (`_kernels._float_byte_words`): 8-bit float codes of word tiles."""
     return nspec.bits == 8 and not nspec.is_int and _word_tiles(x, geo)
+
+
+def _bf16_halves(nspec: NumberSpec, x: torch.Tensor) -> bool:
+    """Whether a word path's 4-bit codes come from bf16x2 arithmetic (`_elements.bf16_pair_codes`):
+    bfloat16 input on sm_90 and later, and a format whose finest step is at least 2**-125. A
+    product |x| * 2**-k below 2**-126 is a bf16 subnormal, rounded to a multiple of 2**-133 where
+    float32 keeps it whole: with steps of 2**-126 (e2m1 at bias 126) that rounding can land on a
+    tie the exact product is not on."""
+    return x.dtype is torch.bfloat16 and _native(x.device) and nspec.emin - nspec.mbits > -126
 
 
 def _nibble_words(nspec: NumberSpec, roundmode: RoundMode, x: torch.Tensor, geo: Geometry) -> bool:
@@ -493,7 +502,7 @@ def _exponent_config(
     narrow_square = has_scale and dtype.sspec.is_2d and nspec.bits in (4, 6)
     words = has_scale and not virtual and _nibble_words(nspec, roundmode, x, geo)
     if words and config == LaunchConfig():
-        float_halves = x.dtype is torch.bfloat16 and _native(x.device) and not nspec.is_int
+        float_halves = _bf16_halves(nspec, x) and not nspec.is_int
         config = _nibble_words_config(geo, float_halves)
     elif narrow_square and (not virtual or x.element_size() == 2) and config == LaunchConfig():
         config = _square_tile_config(geo.tile)
@@ -541,7 +550,7 @@ def _exponent_actual(
     fp8_grid, fp8_shift = _fp8_grid(nspec, roundmode, has_scale, x.device)
     if geo.blocks:
         actual_kernel[grid](
-            source, codes, scales, *geo.args(), code_bytes, seed, FAST=fast, RUNS16=runs16, NIBBLE_WORDS=words,
+            source, codes, scales, *geo.args(), code_bytes, seed, FAST=fast, RUNS16=runs16, NIBBLE_WORDS=2 if words and _bf16_halves(nspec, x) else int(words),
             NATIVE=_native(x.device), FP8_GRID=fp8_grid, FP8_SHIFT=fp8_shift, **common,
         )  # fmt: skip
     return Tensor(
