@@ -627,8 +627,8 @@ def test_codes_whose_step_is_2_to_the_minus_126_keep_the_float32_path_from_bf16(
     x[:, 0], x[:, 1] = 16.0, 1.0078125
     monkeypatch.setattr(_launch, "_native", lambda device: True)  # as on sm_90
     assert not _launch._bf16_halves(dtype.nspec, x)
-    assert _launch._bf16_halves(tcast.datatype(*tcast.PREDEFINED["mxfp4e2"]).nspec, x)
-    assert not _launch._bf16_halves(tcast.datatype(*tcast.PREDEFINED["mxfp4e2"]).nspec, x.float())
+    mxfp4 = tcast.lookup("mxfp4e2").nspec
+    assert _launch._bf16_halves(mxfp4, x) and not _launch._bf16_halves(mxfp4, x.float())
     monkeypatch.undo()
     codes = tcast.cast(x.to(DEVICE), dtype, castmode="actual", computemode="triton").codes
     assert int(codes[0]) >> 4 == 1  # the second value's code (the high nibble of the first byte)

@@ -493,17 +493,19 @@ def cast(
 
 def _exponent_config(
     dtype: DataType, roundmode: RoundMode, virtual: bool, x: torch.Tensor, geo: Geometry, config: LaunchConfig
-) -> tuple[LaunchConfig, bool, bool]:
+) -> tuple[LaunchConfig, bool, int]:
     """Choosing the launch config of an exponent-scaled or unscaled cast (a caller's config stands):
-    nibble words, or plain loads for 4- and 6-bit codes under square tiles; with those two flags."""
+    nibble words, or plain loads for 4- and 6-bit codes under square tiles; with the square flag
+    and the actual kernel's NIBBLE_WORDS (0: none, 1: word path, 2: in bf16x2 arithmetic)."""
     nspec = dtype.nspec
     has_scale = dtype.sspec is not None
     # 4- and 6-bit codes under square tiles pack best from plain loads (no 16-element runs)
     narrow_square = has_scale and dtype.sspec.is_2d and nspec.bits in (4, 6)
-    words = has_scale and not virtual and _nibble_words(nspec, roundmode, x, geo)
+    words = 0
+    if has_scale and not virtual and _nibble_words(nspec, roundmode, x, geo):
+        words = 2 if _bf16_halves(nspec, x) else 1
     if words and config == LaunchConfig():
-        float_halves = _bf16_halves(nspec, x) and not nspec.is_int
-        config = _nibble_words_config(geo, float_halves)
+        config = _nibble_words_config(geo, words == 2 and not nspec.is_int)
     elif narrow_square and (not virtual or x.element_size() == 2) and config == LaunchConfig():
         config = _square_tile_config(geo.tile)
     elif has_scale and dtype.sspec.is_2d and geo.tile >= 1024 and virtual and x.element_size() == 2 \
@@ -533,7 +535,7 @@ def _exponent_common(
 
 def _exponent_actual(
     x: torch.Tensor, dtype: DataType, roundmode: RoundMode, seed: int, geo: Geometry, grid: tuple[int],
-    source: torch.Tensor, common: dict[str, object], narrow_square: bool, words: bool,
+    source: torch.Tensor, common: dict[str, object], narrow_square: bool, words: int,
 ) -> Tensor:  # fmt: skip
     """Building the result of an actual cast: packed codes and E8M0 scales from the actual kernel."""
     nspec = dtype.nspec
@@ -550,7 +552,7 @@ def _exponent_actual(
     fp8_grid, fp8_shift = _fp8_grid(nspec, roundmode, has_scale, x.device)
     if geo.blocks:
         actual_kernel[grid](
-            source, codes, scales, *geo.args(), code_bytes, seed, FAST=fast, RUNS16=runs16, NIBBLE_WORDS=2 if words and _bf16_halves(nspec, x) else int(words),
+            source, codes, scales, *geo.args(), code_bytes, seed, FAST=fast, RUNS16=runs16, NIBBLE_WORDS=words,
             NATIVE=_native(x.device), FP8_GRID=fp8_grid, FP8_SHIFT=fp8_shift, **common,
         )  # fmt: skip
     return Tensor(
