@@ -495,8 +495,10 @@ def _exponent_config(
     dtype: DataType, roundmode: RoundMode, virtual: bool, x: torch.Tensor, geo: Geometry, config: LaunchConfig
 ) -> tuple[LaunchConfig, bool, int]:
     """Choosing the launch config of an exponent-scaled or unscaled cast (a caller's config stands):
-    nibble words, or plain loads for 4- and 6-bit codes under square tiles; with the square flag
-    and the actual kernel's NIBBLE_WORDS (0: none, 1: word path, 2: in bf16x2 arithmetic)."""
+    nibble words, or plain loads for 4- and 6-bit codes under square tiles; actual 4- and 6-bit
+    codes of float32 1-D tiles 1,024 values on one warp (H200 sweep: docs/benchmarks.md); with the
+    square flag and the actual kernel's NIBBLE_WORDS (0: none, 1: word path, 2: in bf16x2
+    arithmetic)."""
     nspec = dtype.nspec
     has_scale = dtype.sspec is not None
     # 4- and 6-bit codes under square tiles pack best from plain loads (no 16-element runs)
@@ -511,6 +513,9 @@ def _exponent_config(
     elif has_scale and dtype.sspec.is_2d and geo.tile >= 1024 and virtual and x.element_size() == 2 \
             and config == LaunchConfig():  # fmt: skip
         config = LaunchConfig(2048, 4)  # codes of widths but 4 and 6 (H200: mxfp8s from bf16 85% -> 99%)
+    elif has_scale and not dtype.sspec.is_2d and not virtual and x.element_size() == 4 and nspec.bits in (4, 6) \
+            and config == LaunchConfig():  # fmt: skip
+        config = LaunchConfig(1024, 1)  # 32 float32 values a thread (H200: mxint4 88% -> 96%)
     return config, narrow_square, words
 
 
@@ -545,8 +550,7 @@ def _exponent_actual(
     codes = torch.empty(code_bytes, dtype=torch.uint8, device=x.device)
     scales = torch.empty(geo.blocks if has_scale else 0, dtype=torch.uint8, device=x.device)
     fast = (
-        has_scale and x.element_size() == 2 and roundmode is RoundMode.EVEN
-        and nspec.infnan is InfNaN.FNUZ and not nspec.is_int
+        has_scale and roundmode is RoundMode.EVEN and nspec.infnan is InfNaN.FNUZ and not nspec.is_int
     )  # fmt: skip
     runs16 = has_scale and not narrow_square and _runs16(nspec, x, geo)
     fp8_grid, fp8_shift = _fp8_grid(nspec, roundmode, has_scale, x.device)
