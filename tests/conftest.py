@@ -26,7 +26,8 @@ def pytest_configure(config: pytest.Config) -> None:
     ~/.cache, never an earlier run's record). The garbage collector runs rarely: exports and
     loads build large graphs of objects that a young-generation collection walks again and
     again (tests/test_generate.py with test_tritoncast.py: 168.7 -> 157.2 CPU-s in one process,
-    peak RSS 0.84 -> 0.98 GB; 2026-12-03); what the session imported is frozen out of its walks."""
+    peak RSS 0.84 -> 0.98 GB; 2026-12-03); what the session imported is frozen out of its walks. The interpreter skips its repeated
+    patching (`_patch_the_interpreter_once_a_launch`)."""
     import atexit
     import gc
     import tempfile
@@ -41,6 +42,55 @@ def pytest_configure(config: pytest.Config) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(200_000, 50, 1000)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # after the freeze: frozen, nanobind's types would
+        _patch_the_interpreter_once_a_launch()  # outlive libtriton and be reported leaked at exit
+
+
+def _patch_the_interpreter_once_a_launch() -> None:
+    """Triton's interpreter patches triton.language for a kernel's launch, and again at every
+    call of a jit function inside it (`InterpretedFunction.__call__`), walking the modules with
+    inspect.getmembers each time, only to find them patched already: about a quarter of the
+    interpreter's time in tests/test_tritoncast.py. Inside a launch, a nested call whose globals
+    reach the language through the same modules as a call before it (ours: `tl`; triton's own
+    random: `tl.core`) skips the walk; the launch still patches and restores as before. Where the
+    interpreter differs from the one this was written against, it is left alone."""
+    if importlib.util.find_spec("triton") is None:
+        return
+    from triton.runtime import interpreter
+
+    patch_lang = getattr(interpreter, "_patch_lang", None)
+    scope_class = getattr(interpreter, "_LangPatchScope", None)
+    if patch_lang is None or scope_class is None or not hasattr(scope_class, "restore"):
+        return
+    restore = scope_class.restore
+    modules = (interpreter.tl, interpreter.tl.core)
+    launches: list[tuple[Any, set[frozenset[int]]]] = []  # the launch's scope, the globals patched for in it
+    langs: dict[int, frozenset[int]] = {}  # id(fn.__globals__) -> the ids of the language modules it reaches
+
+    def reach(fn: Any) -> frozenset[int]:
+        key = id(fn.__globals__)
+        if key not in langs:
+            langs[key] = frozenset(id(v) for v in fn.__globals__.values() if any(v is m for m in modules))
+        return langs[key]
+
+    def patch_once(fn: Any) -> Any:
+        if launches:
+            scope, patched = launches[-1]
+            if reach(fn) not in patched:
+                patched.add(reach(fn))
+                patch_lang(fn)  # as the interpreter does: a nested call's patch is never restored
+            return scope
+        scope = patch_lang(fn)
+        launches.append((scope, {reach(fn)}))
+        return scope
+
+    def restore_and_close(scope: Any) -> None:
+        restore(scope)
+        if launches and launches[-1][0] is scope:
+            launches.pop()
+
+    interpreter._patch_lang = patch_once
+    scope_class.restore = restore_and_close
 
 
 ROOT = Path(__file__).resolve().parents[1]
