@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,14 +177,38 @@ def cli_runs_in_one_child(
     return imported, [CliResult(*reply) for reply in replies]
 
 
+def made_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], dict[str, Path]]
+) -> dict[str, Path]:
+    """What `make` writes into a folder of its own, made once a test session: the first pytest
+    worker to ask makes it (under a lock, in the folder all workers' temporary folders share), the
+    others wait and read it. For files that tests only read: an export of a model costs 3-10 CPU-s,
+    which each of two workers paid for the same bytes."""
+    import json
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder, record = base / f"made-once-{name}", base / f"made-once-{name}.json"
+    with FileLock(str(base / f"made-once-{name}.lock")):
+        if not record.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a worker that failed half way left
+            folder.mkdir()
+            made = make(folder)
+            record.write_text(json.dumps({key: str(path) for key, path in made.items()}), encoding="utf-8")
+    return {key: Path(path) for key, path in json.loads(record.read_text(encoding="utf-8")).items()}
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny LLaMA exported once per test process (`ref`, its sidecars, `text`): modules read it
+    """The tiny LLaMA exported once a test session (`ref`, its sidecars, `text`): modules read it
     and write beside their own folders, never beside it."""
     pytest.importorskip("transformers")
     from tests._hf import exported_llama
 
-    return exported_llama(tmp_path_factory.mktemp("tiny_llama"))
+    return made_once(tmp_path_factory, "tiny_llama", exported_llama)
 
 
 @pytest.fixture

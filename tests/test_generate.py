@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 
 from coreai_opt.generation import GenerateConfig, StatefulDecoder, generate
 from coreai_opt.io import load_pt2
+from tests.conftest import made_once
 
 CONTEXT = 16  # the tiny_llama fixture's window length: its window program scores the same windows
 PROMPT = [5, 7, 9, 11]
@@ -25,28 +26,28 @@ def decoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from coreai_opt.models import export_file
     from tests._hf import hf_folder
 
-    root = tmp_path_factory.mktemp("decoders")
-    folders = {family: hf_folder(family, root) for family in ("llama", "gpt2")}
-    _give_a_chat_template(folders["llama"])
-    made = {family: export_file(folder, root / f"{family}.kv.pt2", context=CONTEXT).output
-            for family, folder in folders.items()}  # fmt: skip
-    return made | {"folder": root / "llama"}
+    def make(root: Path) -> dict[str, Path]:
+        folders = {family: hf_folder(family, root) for family in ("llama", "gpt2")}
+        _give_a_chat_template(folders["llama"])
+        made = {family: export_file(folder, root / f"{family}.kv.pt2", context=CONTEXT).output
+                for family, folder in folders.items()}  # fmt: skip
+        return made | {"folder": root / "llama"}
+
+    return made_once(tmp_path_factory, "decoders", make)
 
 
 @pytest.fixture(scope="module")
 def coded(decoders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """The tiny LLaMA exported with a cache of each code dtype, once a module (an export of it
+    """The tiny LLaMA exported with a cache of each code dtype, once a session (an export of it
     takes 3-5 CPU-s); tests read these files and write elsewhere."""
     from coreai_opt.models import export_file
 
-    root, made = tmp_path_factory.mktemp("coded"), {}
-
     def export(dtype: str) -> Path:
-        if dtype not in made:
-            made[dtype] = export_file(
-                decoders["folder"], root / f"{dtype}.pt2", context=CONTEXT, kv_cache_dtype=dtype
-            ).output
-        return made[dtype]
+        def make(root: Path) -> dict[str, Path]:
+            return {"model": export_file(decoders["folder"], root / f"{dtype}.pt2", context=CONTEXT,
+                                         kv_cache_dtype=dtype).output}  # fmt: skip
+
+        return made_once(tmp_path_factory, f"coded-{dtype}", make)["model"]
 
     return export
 
