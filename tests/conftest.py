@@ -27,8 +27,8 @@ def pytest_configure(config: pytest.Config) -> None:
     ~/.cache, never an earlier run's record). The garbage collector runs rarely: exports and
     loads build large graphs of objects that a young-generation collection walks again and
     again (tests/test_generate.py with test_tritoncast.py: 168.7 -> 157.2 CPU-s in one process,
-    peak RSS 0.84 -> 0.98 GB; 2026-12-03); what the session imported is frozen out of its walks. The interpreter skips its repeated
-    patching (`_patch_the_interpreter_once_a_launch`)."""
+    peak RSS 0.84 -> 0.98 GB; 2026-12-03); what the session imported is frozen out of its walks.
+    Triton's interpreter skips its repeated patching (`_patch_the_interpreter_once_a_launch`)."""
     import atexit
     import gc
     import tempfile
@@ -77,8 +77,9 @@ def _patch_the_interpreter_once_a_launch() -> None:
     def patch_once(fn: Any) -> Any:
         if launches:
             scope, patched = launches[-1]
-            if reach(fn) not in patched:
-                patched.add(reach(fn))
+            reached = reach(fn)
+            if reached not in patched:
+                patched.add(reached)
                 patch_lang(fn)  # as the interpreter does: a nested call's patch is never restored
             return scope
         scope = patch_lang(fn)

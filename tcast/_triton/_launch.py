@@ -506,15 +506,16 @@ def _exponent_config(
     words = 0
     if has_scale and not virtual and _nibble_words(nspec, roundmode, x, geo):
         words = 2 if _bf16_halves(nspec, x) else 1
-    if words and config == LaunchConfig():
+    half, wide = x.element_size() == 2, x.element_size() == 4
+    if config != LaunchConfig():
+        pass
+    elif words:
         config = _nibble_words_config(geo, words == 2 and not nspec.is_int)
-    elif narrow_square and (not virtual or x.element_size() == 2) and config == LaunchConfig():
+    elif narrow_square and (not virtual or half):
         config = _square_tile_config(geo.tile)
-    elif has_scale and dtype.sspec.is_2d and geo.tile >= 1024 and virtual and x.element_size() == 2 \
-            and config == LaunchConfig():  # fmt: skip
+    elif has_scale and dtype.sspec.is_2d and geo.tile >= 1024 and virtual and half:
         config = LaunchConfig(2048, 4)  # codes of widths but 4 and 6 (H200: mxfp8s from bf16 85% -> 99%)
-    elif has_scale and not dtype.sspec.is_2d and not virtual and x.element_size() == 4 and nspec.bits in (4, 6) \
-            and config == LaunchConfig():  # fmt: skip
+    elif has_scale and not dtype.sspec.is_2d and not virtual and wide and nspec.bits in (4, 6):
         config = LaunchConfig(1024, 1)  # 32 float32 values a thread (H200: mxint4 88% -> 96%)
     return config, narrow_square, words
 
