@@ -431,3 +431,43 @@ def test_a_malformed_document_is_refused_in_one_line(shape: object, tmp_path: Pa
     with pytest.raises(ModelFileError) as refused:
         load_pt2(path)
     assert "bad.pt2" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_the_shape_walk_is_remembered_by_what_decides_it_and_no_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that reads the same bytes again walks their graph once (the verdict and the
+    first run's needs the same); a file whose program JSON is the same but whose weights config
+    declares another layout is walked afresh, and refused."""
+    import coreai_opt.io._shapes as shapes
+
+    walks: list[int] = []
+    walk = shapes.check_shapes
+
+    def counted(program: torch.export.ExportedProgram, budget: int) -> shapes.Shapes:
+        walks.append(budget)
+        return walk(program, budget)
+
+    monkeypatch.setattr(shapes, "_FOUND", type(shapes._FOUND)())
+    monkeypatch.setattr(shapes, "check_shapes", counted)
+
+    def transposed(members: dict[str, bytes]) -> None:
+        config = json.loads(members[h.WEIGHTS_CONFIG])
+        meta = config["config"]["fc1.weight"]["tensor_meta"]
+        rows, columns = (size["as_int"] for size in meta["sizes"])
+        meta["sizes"] = [{"as_int": columns}, {"as_int": rows}]
+        meta["strides"] = [{"as_int": rows}, {"as_int": 1}]
+        members[h.WEIGHTS_CONFIG] = json.dumps(config).encode()
+
+    same = [h.rewrite_pt2(h.SAMPLES / "mlp.pt2", tmp_path / f"{name}.pt2", lambda _: None) for name in "ab"]
+    first, second = (load_pt2(path) for path in same)
+    assert len(walks) == 1
+    runs = [p.graph_module.meta["coreopt.file_run"] for p in (first, second)]
+    assert [r.path for r in runs] == same
+    assert (runs[0].value_bytes, runs[0].flops) == (runs[1].value_bytes, runs[1].flops) != (0, 0.0)
+    lying = h.rewrite_pt2(h.SAMPLES / "mlp.pt2", tmp_path / "lying.pt2", transposed)
+    said = r"p_fc1_weight is stored as float32\[64, 128\] but declared"
+    for _ in range(2):
+        with pytest.raises(ModelFileError, match=said):
+            load_pt2(lying)
+    assert len(walks) == 2

@@ -25,6 +25,7 @@ evaluates the program's shape strings with sympy. `Pt2Archive` reads the same la
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -38,7 +39,7 @@ from ._pickles import UnreadablePickle, forbidden_globals, torch_save_globals
 from ._program_audit import MAX_RANK, dtype_problem, path_problem, program_problem, size_budget
 from ._runs import mark
 from ._schema_reader import parse_expressions_once, schema_object
-from ._shapes import check_shapes
+from ._shapes import check_shapes_once
 from ._treespec import FLATTENED_META, flatten_unknown_outputs
 from ._zip import ZipEntry, audit_zip, read_entry, verify_zip
 
@@ -112,6 +113,7 @@ class Pt2Archive:
                 self._bounded(name, entry)
         verify_zip(path, path)  # every entry inflated once, now that none can be a bomb
         self._parsed: dict[str, Any] = {}
+        self._digests: dict[str, bytes] = {}  # SHA-256 of each parsed entry's bytes
 
     # ----- raw access ---------------------------------------------------------------------------
 
@@ -131,8 +133,10 @@ class Pt2Archive:
         if name in self._parsed:
             return self._parsed[name]
         self._bounded(name, self.entries[name])
+        raw = self.read(name)
+        self._digests[name] = hashlib.sha256(raw).digest()
         try:
-            self._parsed[name] = json.loads(self.read(name))
+            self._parsed[name] = json.loads(raw)
         except (ValueError, RecursionError) as exc:
             raise CorruptArchiveError(self.path, f"{name} is not valid JSON ({_line(exc)})") from None
         return self._parsed[name]
@@ -333,6 +337,15 @@ class Pt2Archive:
 
             register_coreai_ops()
 
+    def _layout_digest(self) -> bytes:
+        """What decides the program's graph and its stored tensors' shapes: the program's JSON and
+        both tensor configs, as read (their records' bytes decide only values)."""
+        digest = hashlib.sha256()
+        for name in (MODEL_JSON, WEIGHTS_CONFIG, CONSTANTS_CONFIG):
+            self.read_json(name)
+            digest.update(name.encode() + b"\0" + self._digests[name])
+        return digest.digest()
+
     def load_program(self) -> ExportedProgram:
         """The program, its weights and tensor constants (call `audit` first)."""
         from torch._export.serde import schema
@@ -351,7 +364,7 @@ class Pt2Archive:
             raise CorruptArchiveError(
                 self.path, f"cannot read the torch.export program ({_line(exc)})"
             ) from None
-        shapes = check_shapes(program, self.budget)
+        shapes = check_shapes_once(program, self.budget, self._layout_digest())
         if shapes.problem:
             raise UnsafeArchiveError(self.path, f"{MODEL_JSON}: {shapes.problem}; {TRUST_HINT}")
         mark(program, self.path, shapes.value_bytes, shapes.flops)
