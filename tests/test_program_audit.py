@@ -433,23 +433,45 @@ def test_a_malformed_document_is_refused_in_one_line(shape: object, tmp_path: Pa
     assert "bad.pt2" in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_the_shape_walk_is_remembered_by_what_decides_it_and_no_more(
+def test_a_graph_read_again_is_a_copy_from_what_decides_it_and_no_more(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A process that reads the same bytes again walks their graph once (the verdict and the
-    first run's needs the same); a file whose program JSON is the same but whose weights config
-    declares another layout is walked afresh, and refused."""
-    import coreai_opt.io._shapes as shapes
+    """A process that reads the same entries again deserializes and walks their graph once and
+    hands out a copy around the file's own tensors, that nothing done to an earlier program
+    reaches; a file whose program JSON is the same but whose weights config declares another
+    layout is read and walked afresh, and refused."""
+    import coreai_opt.io._known as known
+    import coreai_opt.io._pt2_archive as archive
 
     walks: list[int] = []
-    walk = shapes.check_shapes
+    walk = archive.check_shapes
 
-    def counted(program: torch.export.ExportedProgram, budget: int) -> shapes.Shapes:
+    def counted(program: torch.export.ExportedProgram, budget: int) -> object:
         walks.append(budget)
         return walk(program, budget)
 
-    monkeypatch.setattr(shapes, "_FOUND", type(shapes._FOUND)())
-    monkeypatch.setattr(shapes, "check_shapes", counted)
+    monkeypatch.setattr(known, "_KNOWN", type(known._KNOWN)())
+    monkeypatch.setattr(archive, "check_shapes", counted)
+    same = [h.rewrite_pt2(h.SAMPLES / "mlp.pt2", tmp_path / f"{name}.pt2", lambda _: None) for name in "abc"]
+    first = load_pt2(same[0])
+    code, x = first.graph_module.code, torch.randn(4, 64)
+    expected = first.module()(x)
+    for node in first.graph.nodes:  # what a pass might do to the first program
+        if node.op == "call_function":
+            node.target = torch.ops.aten.neg.default if len(node.args) == 1 else node.target
+    first.graph_module.recompile()
+    assert first.graph_module.code != code
+    with torch.no_grad():
+        first.state_dict["fc1.weight"].mul_(0)
+    first.state_dict["fc2.weight"] = torch.zeros(1)
+    second, third = (load_pt2(path) for path in same[1:])
+    assert len(walks) == 1
+    assert second.graph_module.code == third.graph_module.code == code
+    assert second.state_dict["fc1.weight"] is not third.state_dict["fc1.weight"]
+    assert torch.equal(second.module()(x), expected) and torch.equal(third.module()(x), expected)
+    runs = [p.graph_module.meta["coreopt.file_run"] for p in (second, third)]
+    assert [r.path for r in runs] == same[1:]
+    assert (runs[0].value_bytes, runs[0].flops) == (runs[1].value_bytes, runs[1].flops) != (0, 0.0)
 
     def transposed(members: dict[str, bytes]) -> None:
         config = json.loads(members[h.WEIGHTS_CONFIG])
@@ -459,12 +481,6 @@ def test_the_shape_walk_is_remembered_by_what_decides_it_and_no_more(
         meta["strides"] = [{"as_int": rows}, {"as_int": 1}]
         members[h.WEIGHTS_CONFIG] = json.dumps(config).encode()
 
-    same = [h.rewrite_pt2(h.SAMPLES / "mlp.pt2", tmp_path / f"{name}.pt2", lambda _: None) for name in "ab"]
-    first, second = (load_pt2(path) for path in same)
-    assert len(walks) == 1
-    runs = [p.graph_module.meta["coreopt.file_run"] for p in (first, second)]
-    assert [r.path for r in runs] == same
-    assert (runs[0].value_bytes, runs[0].flops) == (runs[1].value_bytes, runs[1].flops) != (0, 0.0)
     lying = h.rewrite_pt2(h.SAMPLES / "mlp.pt2", tmp_path / "lying.pt2", transposed)
     said = r"p_fc1_weight is stored as float32\[64, 128\] but declared"
     for _ in range(2):

@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import CorruptArchiveError, UnsafeArchiveError
 from ._expressions import guards_problem
+from ._known import known_program, remember_program
 from ._pickles import UnreadablePickle, forbidden_globals, torch_save_globals
 from ._program_audit import MAX_RANK, dtype_problem, path_problem, program_problem, size_budget
 from ._runs import mark
 from ._schema_reader import parse_expressions_once, schema_object
-from ._shapes import check_shapes_once
+from ._shapes import check_shapes
 from ._treespec import FLATTENED_META, flatten_unknown_outputs
 from ._zip import ZipEntry, audit_zip, read_entry, verify_zip
 
@@ -347,30 +348,42 @@ class Pt2Archive:
         return digest.digest()
 
     def load_program(self) -> ExportedProgram:
-        """The program, its weights and tensor constants (call `audit` first)."""
-        from torch._export.serde import schema
-        from torch._export.serde.serialize import ExportedProgramDeserializer
-
+        """The program, its weights and tensor constants (call `audit` first); a graph this
+        process read before from the same entries is copied, not read again (`_known`)."""
         state_dict = self.tensors(WEIGHTS_CONFIG, WEIGHTS_DIR)
         constants = self.tensors(CONSTANTS_CONFIG, CONSTANTS_DIR)
         document = self.read_json(MODEL_JSON)
         flattened = flatten_unknown_outputs(document)
         self.register_custom_ops()
-        parse_expressions_once()
-        try:
-            serialized = schema_object(schema.ExportedProgram, document)
-            program = ExportedProgramDeserializer(None).deserialize(serialized, state_dict, constants, None)
-        except Exception as exc:  # the deserializer raises any type on malformed programs
-            raise CorruptArchiveError(
-                self.path, f"cannot read the torch.export program ({_line(exc)})"
-            ) from None
-        shapes = check_shapes_once(program, self.budget, self._layout_digest())
+        key = (self._layout_digest(), self.budget)
+        program, shapes = known_program(key, state_dict, constants)
+        if shapes is None:  # a graph this process has not read: read and walk it
+            program = self._deserialized(document, state_dict, constants)
+            shapes = check_shapes(program, self.budget)
+            remember_program(key, program, shapes)
         if shapes.problem:
             raise UnsafeArchiveError(self.path, f"{MODEL_JSON}: {shapes.problem}; {TRUST_HINT}")
+        if program is None:  # walked before, but too large to keep
+            program = self._deserialized(document, state_dict, constants)
         mark(program, self.path, shapes.value_bytes, shapes.flops)
         if flattened:
             program.graph_module.meta[FLATTENED_META] = flattened
         return program
+
+    def _deserialized(
+        self, document: Any, state_dict: dict[str, torch.Tensor], constants: dict[str, torch.Tensor]
+    ) -> ExportedProgram:
+        from torch._export.serde import schema
+        from torch._export.serde.serialize import ExportedProgramDeserializer
+
+        parse_expressions_once()
+        try:
+            serialized = schema_object(schema.ExportedProgram, document)
+            return ExportedProgramDeserializer(None).deserialize(serialized, state_dict, constants, None)
+        except Exception as exc:  # the deserializer raises any type on malformed programs
+            raise CorruptArchiveError(
+                self.path, f"cannot read the torch.export program ({_line(exc)})"
+            ) from None
 
 
 def _tensor_layout(meta: dict[str, Any]) -> tuple[Any, tuple[int, ...], tuple[int, ...], int]:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -59,30 +57,6 @@ def _quiet() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
-
-
-_FOUND: OrderedDict[tuple[bytes, int], Shapes] = OrderedDict()
-_FOUND_KEPT = 64
-_FOUND_LOCK = threading.Lock()
-
-
-def check_shapes_once(program: ExportedProgram, budget: int, layout: bytes) -> Shapes:
-    """`check_shapes`, remembered in this process by `layout`: a digest of what the program's file
-    says of its graph and of its stored tensors' dtypes and layouts - all the check reads (fake
-    tensors never read a value). A process that reads the same bytes again (each pass of a
-    command re-reading its source, the test suite's samples) walks the graph once."""
-    key = (layout, budget)
-    with _FOUND_LOCK:
-        found = _FOUND.get(key)
-        if found is not None:
-            _FOUND.move_to_end(key)
-            return found
-    found = check_shapes(program, budget)
-    with _FOUND_LOCK:
-        _FOUND[key] = found
-        while len(_FOUND) > _FOUND_KEPT:
-            _FOUND.popitem(last=False)
-    return found
 
 
 def check_shapes(program: ExportedProgram, budget: int) -> Shapes:
