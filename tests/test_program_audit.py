@@ -452,8 +452,18 @@ def test_a_graph_read_again_is_a_copy_from_what_decides_it_and_no_more(
 
     monkeypatch.setattr(known, "_KNOWN", type(known._KNOWN)())
     monkeypatch.setattr(archive, "check_shapes", counted)
+
+    def other_weights(members: dict[str, bytes]) -> None:  # the same entries but fc1's values
+        config = json.loads(members[h.WEIGHTS_CONFIG])
+        record = "data/weights/" + config["config"]["fc1.weight"]["path_name"]
+        members[record] = bytes(len(members[record]))
+
     same = [h.rewrite_pt2(h.SAMPLES / "mlp.pt2", tmp_path / f"{name}.pt2", lambda _: None) for name in "abc"]
     first = load_pt2(same[0])
+    (kept,) = known._KNOWN.values()
+    assert kept.template is not None and all(
+        t.is_meta for t in [*kept.template.state_dict.values(), *kept.template.constants.values()]
+    )
     code, x = first.graph_module.code, torch.randn(4, 64)
     expected = first.module()(x)
     for node in first.graph.nodes:  # what a pass might do to the first program
@@ -472,6 +482,13 @@ def test_a_graph_read_again_is_a_copy_from_what_decides_it_and_no_more(
     runs = [p.graph_module.meta["coreopt.file_run"] for p in (second, third)]
     assert [r.path for r in runs] == same[1:]
     assert (runs[0].value_bytes, runs[0].flops) == (runs[1].value_bytes, runs[1].flops) != (0, 0.0)
+    zeroed = load_pt2(h.rewrite_pt2(h.SAMPLES / "mlp.pt2", tmp_path / "zeroed.pt2", other_weights))
+    assert len(walks) == 1 and not zeroed.state_dict["fc1.weight"].any()
+    assert not torch.equal(zeroed.module()(x), expected)
+    monkeypatch.setattr(known, "_NODES_KEPT", 0)  # too large to keep: read afresh, walked once
+    known._KNOWN.clear()
+    assert all(torch.equal(load_pt2(path).module()(x), expected) for path in same[1:])
+    assert len(walks) == 2 and [k.template for k in known._KNOWN.values()] == [None]
 
     def transposed(members: dict[str, bytes]) -> None:
         config = json.loads(members[h.WEIGHTS_CONFIG])
@@ -486,4 +503,4 @@ def test_a_graph_read_again_is_a_copy_from_what_decides_it_and_no_more(
     for _ in range(2):
         with pytest.raises(ModelFileError, match=said):
             load_pt2(lying)
-    assert len(walks) == 2
+    assert len(walks) == 3

@@ -5,9 +5,12 @@ reading its weights (SmolLM2-135M: 2.8 CPU-s a load; a copy of the graph 0.2 s),
 reads its source more than once (each pass, the comparison, the recipe's replay). Everything but
 the tensor values comes from three entries of the archive - the program's JSON and the two tensor
 configs (names, dtypes and layouts) - so a file whose entries have the same SHA-256 as one read
-before gets a deep copy of that program's graph around its own freshly read tensors, and the walk's
+before gets a deep copy of that program around its own freshly read tensors, and the walk's
 verdict without walking again. The kept copy holds meta stand-ins, never a weight; a program handed
-out is never the kept one, so what a caller does to its program reaches no later load.
+out is never the kept one. As in torch's own copies of a graph (`ExportedProgram.module()`), each
+node's metadata dict is the copy's own but its values (the fake tensors of static shapes, stack
+traces) are shared, read-only; a program whose values have symbolic sizes keeps a fake-tensor shape
+environment that edits of it add to, so only its verdict is kept and each load reads it afresh.
 """
 
 from __future__ import annotations
@@ -69,15 +72,35 @@ def remember_program(key: Key, program: ExportedProgram, shapes: Shapes) -> None
     from coreai_opt._memory import meta_stand_in
 
     template = None
-    if shapes.problem is None and len(program.graph.nodes) <= _NODES_KEPT:
-        tensors = [*program.state_dict.values(), *program.constants.values()]
-        if all(isinstance(t, torch.Tensor) for t in tensors):
-            try:
-                template = copy.deepcopy(program, {id(t): meta_stand_in(t) for t in tensors})
-            except (RuntimeError, NotImplementedError, TypeError):  # a dtype meta tensors lack
-                template = None
+    tensors = [*program.state_dict.values(), *program.constants.values()]
+    if (
+        shapes.problem is None
+        and len(program.graph.nodes) <= _NODES_KEPT
+        and all(isinstance(t, torch.Tensor) for t in tensors)
+        and not _symbolic(program)
+    ):
+        try:
+            template = copy.deepcopy(program, {id(t): meta_stand_in(t) for t in tensors})
+        except (RuntimeError, NotImplementedError, TypeError):  # a dtype meta tensors lack
+            template = None
     with _LOCK:
         _KNOWN[key] = _Known(template, shapes)
-        _KNOWN.move_to_end(key)
         while len(_KNOWN) > _KEPT:
             _KNOWN.popitem(last=False)
+
+
+def _symbolic(program: ExportedProgram) -> bool:
+    """Whether a value of the program has a symbolic size (its fake tensors' shape environment is
+    then one that edits add guards to)."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    if program.range_constraints:
+        return True
+    for node in program.graph.nodes:
+        for value in torch.utils._pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(
+                value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+            ) and free_symbols(value):
+                return True
+    return False
