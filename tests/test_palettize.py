@@ -115,7 +115,18 @@ def test_4_bit_per_channel_transformer_keeps_cosine(tmp_path: Path) -> None:
 
 
 def _fp16_probe(tmp_path: Path) -> tuple[Path, np.ndarray]:
-    """fp16 linear layer whose weights include values near 7.0 and 300.0 (beyond fp16 rounding's 6.55)."""
+    """fp16 linear layer whose weights include values near 7.0 and 300.0 (beyond fp16 rounding's
+    6.55): built once a process, in the first caller's folder (every caller only reads it)."""
+    if "fp16" not in _BUILT:
+        _BUILT["fp16"] = _fp16_probe_built(tmp_path)
+    path, weight = _BUILT["fp16"]
+    return path, weight.copy()
+
+
+_BUILT: dict[str, tuple[Path, np.ndarray]] = {}
+
+
+def _fp16_probe_built(tmp_path: Path) -> tuple[Path, np.ndarray]:
     import coreai_torch
 
     rng = np.random.default_rng(3)

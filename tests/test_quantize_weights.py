@@ -30,7 +30,19 @@ IN, OUT = 64, 48
 G = CompressionGranularity
 
 
+_BUILT: dict[str, tuple[Path, np.ndarray]] = {}
+
+
 def _probe(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """The probe layer's asset (built once a process, in the first caller's folder: every caller
+    only reads it) and its weight."""
+    if "probe" not in _BUILT:
+        _BUILT["probe"] = _probe_built(tmp_path)
+    path, weight = _BUILT["probe"]
+    return path, weight.copy()
+
+
+def _probe_built(tmp_path: Path) -> tuple[Path, np.ndarray]:
     import coreai_torch
 
     torch.manual_seed(0)
