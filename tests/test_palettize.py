@@ -114,20 +114,13 @@ def test_4_bit_per_channel_transformer_keeps_cosine(tmp_path: Path) -> None:
     assert ref @ got / np.linalg.norm(ref) / np.linalg.norm(got) >= 0.99
 
 
-def _fp16_probe(tmp_path: Path) -> tuple[Path, np.ndarray]:
+@pytest.fixture(scope="module")
+def fp16_probe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
     """fp16 linear layer whose weights include values near 7.0 and 300.0 (beyond fp16 rounding's
-    6.55): built once a process, in the first caller's folder (every caller only reads it)."""
-    if "fp16" not in _BUILT:
-        _BUILT["fp16"] = _fp16_probe_built(tmp_path)
-    path, weight = _BUILT["fp16"]
-    return path, weight.copy()
-
-
-_BUILT: dict[str, tuple[Path, np.ndarray]] = {}
-
-
-def _fp16_probe_built(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    6.55), built once a module (every test only reads it), and its weights."""
     import coreai_torch
+
+    tmp_path = tmp_path_factory.mktemp("fp16_probe")
 
     rng = np.random.default_rng(3)
     weight = rng.standard_normal((48, 64)) * 0.5
@@ -161,8 +154,10 @@ def _fp16_probe_built(tmp_path: Path) -> tuple[Path, np.ndarray]:
     ],
     ids=["exact", "fast", "fast-0dp", "fast-channel", "fast-grouped-int8-scale", "fast-fp8", "vector"],
 )
-def test_large_fp16_weights_never_become_nan(plan: PalettizeConfig, tmp_path: Path) -> None:
-    path, _ = _fp16_probe(tmp_path)
+def test_large_fp16_weights_never_become_nan(
+    plan: PalettizeConfig, tmp_path: Path, fp16_probe: tuple[Path, np.ndarray]
+) -> None:
+    path, _ = fp16_probe
     program = load_aimodel(path)
     report = compress_(program, replace(plan, weight_num_threshold=0))
     assert len(report.weights) == 1 and np.isfinite(report.weights[0].snr_db)
@@ -175,10 +170,12 @@ def test_large_fp16_weights_never_become_nan(plan: PalettizeConfig, tmp_path: Pa
 
 
 @pytest.mark.parametrize("special", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
-def test_a_weight_with_nan_or_inf_is_left_alone_by_every_pass(special: float, tmp_path: Path) -> None:
+def test_a_weight_with_nan_or_inf_is_left_alone_by_every_pass(
+    special: float, tmp_path: Path, fp16_probe: tuple[Path, np.ndarray]
+) -> None:
     """No scale, LUT or mask carries a NaN or Inf: every pass skips the weight with the count of bad
     values, and the program still computes exactly what it did."""
-    _, weight = _fp16_probe(tmp_path)
+    _, weight = fp16_probe
     compress = {
         "quantize": lambda p: compress_(p, QuantizeConfig(dtype=DType.INT8, weight_num_threshold=0)),
         "palettize": lambda p: compress_(p, PalettizeConfig(n_bits=4, weight_num_threshold=0)),

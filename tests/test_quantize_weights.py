@@ -30,19 +30,13 @@ IN, OUT = 64, 48
 G = CompressionGranularity
 
 
-_BUILT: dict[str, tuple[Path, np.ndarray]] = {}
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """The probe layer's asset, built once a module (every test only reads it), and its weight."""
+    return _probe(tmp_path_factory.mktemp("probe"))
 
 
 def _probe(tmp_path: Path) -> tuple[Path, np.ndarray]:
-    """The probe layer's asset (built once a process, in the first caller's folder: every caller
-    only reads it) and its weight."""
-    if "probe" not in _BUILT:
-        _BUILT["probe"] = _probe_built(tmp_path)
-    path, weight = _BUILT["probe"]
-    return path, weight.copy()
-
-
-def _probe_built(tmp_path: Path) -> tuple[Path, np.ndarray]:
     import coreai_torch
 
     torch.manual_seed(0)
@@ -121,8 +115,9 @@ def test_runtime_output_is_the_reference_dequantized_weight(
     granularity: CompressionGranularity,
     scale_dtype: DType | None,
     tmp_path: Path,
+    probe: tuple[Path, np.ndarray],
 ) -> None:
-    path, w = _probe(tmp_path)
+    path, w = probe
     program = load_aimodel(path)
     report = compress_(
         program,

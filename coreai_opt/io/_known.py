@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._shapes import Shapes
@@ -31,9 +32,10 @@ _KEPT = 8  # programs; a refused one keeps only its verdict
 _NODES_KEPT = 50_000  # a larger graph is not kept (its copy's memory beside a large model's)
 
 
+@dataclass(frozen=True)
 class _Known:
-    def __init__(self, template: ExportedProgram | None, shapes: Shapes) -> None:
-        self.template, self.shapes = template, shapes
+    template: ExportedProgram | None  # None: refused, symbolic or too large - the verdict only
+    shapes: Shapes
 
 
 _KNOWN: OrderedDict[Key, _Known] = OrderedDict()
@@ -51,12 +53,8 @@ def known_program(
         if found is None:
             return None, None
         _KNOWN.move_to_end(key)
-    template = found.template
-    if (
-        template is None
-        or set(template.state_dict) != set(state_dict)
-        or set(template.constants) != set(constants)
-    ):
+    template = found.template  # the key holds both configs: its tensors' names are this file's
+    if template is None:
         return None, found.shapes
     fresh = {id(template.state_dict[name]): tensor for name, tensor in state_dict.items()}
     fresh.update({id(template.constants[name]): tensor for name, tensor in constants.items()})
