@@ -116,11 +116,14 @@ def test_4_bit_per_channel_transformer_keeps_cosine(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def fp16_probe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
-    """fp16 linear layer whose weights include values near 7.0 and 300.0 (beyond fp16 rounding's
-    6.55), built once a module (every test only reads it), and its weights."""
-    import coreai_torch
+    """`_fp16_probe`, built once a module (every test only reads it)."""
+    return _fp16_probe(tmp_path_factory.mktemp("fp16_probe"))
 
-    tmp_path = tmp_path_factory.mktemp("fp16_probe")
+
+def _fp16_probe(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """fp16 linear layer whose weights include values near 7.0 and 300.0 (beyond fp16 rounding's
+    6.55), and its weights."""
+    import coreai_torch
 
     rng = np.random.default_rng(3)
     weight = rng.standard_normal((48, 64)) * 0.5
