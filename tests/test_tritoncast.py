@@ -635,6 +635,48 @@ def test_codes_whose_step_is_2_to_the_minus_126_keep_the_float32_path_from_bf16(
     _assert_engines_agree(x.to(DEVICE), dtype, roundmode="even")
 
 
+VIRTUAL_WORDS = (
+    ("mxfp6e3",), ("mxfp6e2",), ("mxfp4e2",), ("mxfp4s",), ("mxfp6s16",), ("e2m1", "e8m0_t32"), ("e3m2", "e8m0_t16"),
+)  # fmt: skip
+
+
+@pytest.mark.skipif(
+    not CUDA or torch.cuda.get_device_capability() < (9, 0), reason="bf16x2 PTX: sm_90 and later"
+)
+@pytest.mark.parametrize("spec", VIRTUAL_WORDS, ids="_".join)
+def test_virtual_casts_of_bfloat16_words_are_bit_exact(spec: tuple[str, ...]) -> None:
+    """A virtual cast of bfloat16 to bfloat16 under E8M0 tiles, rounded to nearest even, reads and
+    writes words of two values in bf16x2 arithmetic (`_kernels._virtual_words`): fnuz and IEEE
+    elements (-0 kept or not), 1-D and square tiles, every scale mode; corner values (a NaN, an
+    Inf, a tile of zeros, -0, subnormals, saturation) in tiles the shape does not divide, the
+    data scaled to the ends of the scale range, every finite bfloat16 value in order and
+    shuffled. Other modes, a float32 output, a stream off the word boundary and odd rows keep
+    the float32 path and give the same values."""
+    from tcast._triton._launch import _virtual_words, geometry
+
+    dtype = tcast.lookup(spec[0]) if len(spec) == 1 else tcast.datatype(*spec)
+    x = corner_input(torch.bfloat16, rows=36, cols=70)
+    x[32:, 32:64] = 0.0
+    geo = geometry(tuple(x.shape), dtype)
+    even = tcast.RoundMode.EVEN
+    assert _virtual_words(dtype.nspec, even, x, torch.bfloat16, geo) is not None
+    assert _virtual_words(dtype.nspec, even, x, torch.float32, geo) is None
+    assert _virtual_words(dtype.nspec, tcast.RoundMode.NEAREST, x, torch.bfloat16, geo) is None
+    finite = finite_bfloat16()
+    ordered = in_rows(torch.sort(finite.float()).values.to(torch.bfloat16))
+    shuffled = in_rows(finite[torch.randperm(len(finite), generator=torch.Generator().manual_seed(0))])
+    for values in (x, x.reshape(2, 18, 70), x * 2.0**-120, x * 2.0**100, ordered, shuffled):
+        for scalemode in SCALES:
+            virtual_torch, virtual_triton = _both(values, dtype, roundmode="even", scalemode=scalemode)
+            assert same_bits(virtual_torch, virtual_triton), scalemode
+    for values in (off_word_boundary(x), x[:, :69]):
+        assert (
+            _virtual_words(dtype.nspec, even, values, torch.bfloat16, geometry(tuple(values.shape), dtype))
+            is None
+        )
+        assert same_bits(*_both(values, dtype, roundmode="even"))
+
+
 BLOCKS_128 = "float32_t128d-2_t128d-1"
 LARGE_TILES = (
     ("fp8_128x128",), ("e5m2", BLOCKS_128), ("e4m3fnuz", BLOCKS_128), ("int8", BLOCKS_128), ("e2m1", BLOCKS_128),

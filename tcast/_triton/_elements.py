@@ -349,6 +349,47 @@ def bf16_pair_codes(
     return code
 
 
+# A virtual cast's values of two bfloat16 values a word (sm_90): the same scaling and magic-number
+# rounding as _BF16X2_FLOAT_CODES, then the magic subtracted back (exact: the sum lies within twice
+# the magic), a halfword min with the largest value, the sign joined (fnuz: only to nonzero values,
+# which are exactly those whose half plus 0x7FFF reaches bit 15), and one multiply by the tile's
+# power of two, NaN for a tile holding a NaN or Inf. $2: the scale onto the grid in both halves;
+# $3: the emin field; $4: the magic's offset; $5: the largest value; $6: the scale back; $7: the
+# sign mask (0x80008000) or 0 where signs join whatever the value.
+_BF16X2_FLOAT_VALUES: tl.constexpr = tl.constexpr(
+    "{ .reg .b32 m, f, g, s, t; and.b32 m, $1, 0x7FFF7FFF; mul.rn.bf16x2 m, m, $2; and.b32 f, m, 0x7F807F80; "
+    "max.u16x2 f, f, $3; add.u32 g, f, $4; add.rn.bf16x2 s, m, g; sub.rn.bf16x2 s, s, g; min.bf16x2 s, s, $5; "
+    "add.u32 t, s, 0x7FFF7FFF; or.b32 t, t, $7; and.b32 t, t, $1; and.b32 t, t, 0x80008000; or.b32 s, s, t; "
+    "mul.rn.bf16x2 $0, s, $6; }"
+)
+
+
+@triton.jit
+def bf16_pair_values(
+    word, to_grid, back, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_BITS: tl.constexpr, FNUZ: tl.constexpr
+):  # fmt: skip
+    """A virtual cast's bfloat16 results of [BLOCKS, n] int32 words of two bfloat16 values, rounded
+    to nearest even on a float grid under E8M0 tile scales (`to_grid` onto the grid, `back` to the
+    tile's scale: NaN for a bad tile), as words of two; MAX_BITS: the largest value's bfloat16
+    bits. The float32 path widens, rounds and
+    narrows each value in about fifteen operations, most on the integer pipe that bounds a bf16
+    stream; this takes fourteen PTX instructions a value pair. Exact where `bf16_pair_codes` is (the
+    results are grid points times a power of two, rounded once to bfloat16 either way)."""
+    both: tl.constexpr = 0x10001
+    there = to_grid.to(tl.int32, bitcast=True) >> 16
+    home = back.to(tl.int32, bitcast=True) >> 16
+    scale = tl.broadcast_to((there | (there << 16))[:, None], word.shape)
+    unscale = tl.broadcast_to((home | (home << 16))[:, None], word.shape)
+    emin_field = tl.full(word.shape, ((EMIN + 127) << 7) * both, tl.int32)
+    offset = tl.full(word.shape, ((7 - MBITS) << 7) * both, tl.int32)
+    largest = tl.full(word.shape, MAX_BITS * both, tl.int32)
+    signs = tl.full(word.shape, 0 if FNUZ else -2147450880, tl.int32)  # 0x80008000 as int32
+    return tl.inline_asm_elementwise(
+        _BF16X2_FLOAT_VALUES, "=r,r,r,r,r,r,r,r", [word, scale, emin_field, offset, largest, unscale, signs],
+        dtype=tl.int32, is_pure=True, pack=1,
+    )  # fmt: skip
+
+
 @triton.jit
 def even_magnitudes(a, MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr, IS_INT: tl.constexpr):
     """Saturated magnitude codes of non-negative tile-scaled values `a` (below 2**(emax + 1))

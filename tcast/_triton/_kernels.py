@@ -10,6 +10,7 @@ import triton.language as tl
 
 from ._elements import (
     bf16_pair_codes,
+    bf16_pair_values,
     decode_codes,
     draw_noise,
     element_codes,
@@ -78,7 +79,48 @@ def virtual_kernel(
     SCALE_MODE: tl.constexpr,
     ROUND: tl.constexpr,
     HW_FP8: tl.constexpr,
+    WORDS: tl.constexpr = False,
+    MAX_BITS: tl.constexpr = 0,
 ):
+    """WORDS: bfloat16 tiles rounded to nearest even on a float grid, read and written as words of
+    two values in bf16x2 arithmetic (`_virtual_words`; MAX_BITS the largest value's bits)."""
+    if WORDS:
+        _virtual_words(x_ptr, out_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS,
+                       EVEN, MBITS, EMIN, EMAX, LIMIT, FNUZ, SCALE_MODE, MAX_BITS)  # fmt: skip
+    else:
+        _virtual_values(x_ptr, out_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, seed, TILE, TCOLS,
+                        BLOCKS, HAS_SCALE, EVEN, MBITS, EMIN, EMAX, MAXV, LIMIT, IS_INT, FNUZ, HAS_INF,
+                        SCALE_MODE, ROUND, HW_FP8)  # fmt: skip
+
+
+@triton.jit
+def _virtual_words(
+    x_ptr, out_ptr, n_blocks, blocks_per_row, block_rows, rows, cols,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, EVEN: tl.constexpr, MBITS: tl.constexpr,
+    EMIN: tl.constexpr, EMAX: tl.constexpr, LIMIT: tl.constexpr, FNUZ: tl.constexpr, SCALE_MODE: tl.constexpr,
+    MAX_BITS: tl.constexpr,
+):  # fmt: skip
+    """A virtual cast of bfloat16 tiles under E8M0 scales, rounded to nearest even: words of two
+    values in, the tile's amax from halfword maxima, values by `bf16_pair_values`, words out."""
+    _, _, offsets, valid, word, top = load_words(
+        x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN, True
+    )
+    bad, amax = top_stats(top)
+    exponent = tile_exponent(amax, LIMIT, EMAX, SCALE_MODE)
+    back = tl.where(bad > 0, float("nan"), pow2(exponent))
+    values = bf16_pair_values(word, pow2(-exponent), back, MBITS, EMIN, MAX_BITS, FNUZ)
+    tl.store(out_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offsets, values, mask=valid)
+
+
+@triton.jit
+def _virtual_values(
+    x_ptr, out_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, seed,
+    TILE: tl.constexpr, TCOLS: tl.constexpr, BLOCKS: tl.constexpr, HAS_SCALE: tl.constexpr, EVEN: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXV: tl.constexpr, LIMIT: tl.constexpr,
+    IS_INT: tl.constexpr, FNUZ: tl.constexpr, HAS_INF: tl.constexpr, SCALE_MODE: tl.constexpr,
+    ROUND: tl.constexpr, HW_FP8: tl.constexpr,
+):  # fmt: skip
+    """A virtual cast value by value in float32."""
     _, offsets, valid, index, x = load_tiles(
         x_ptr, n_blocks, blocks_per_row, block_rows, rows, cols, TILE, TCOLS, BLOCKS, EVEN
     )
