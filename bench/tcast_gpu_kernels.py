@@ -158,17 +158,17 @@ def _torch_rows(x: torch.Tensor, flush: torch.Tensor, copy: float) -> list[dict]
     return rows
 
 
-def sweep(cases: list[str]) -> list[dict]:
-    """Each case FORMAT:DTYPE:OP's kernel share under SWEEP's (elements, warps) launches."""
+def sweep(cases: list[str], launches: tuple[tuple[int, int], ...] = SWEEP) -> list[dict]:
+    """Each case FORMAT:DTYPE:OP's kernel share under the (elements, warps) launches."""
     flush = _flush_buffer()
     rows = []
     for case in cases:
-        rows += _sweep_case(case, flush)
+        rows += _sweep_case(case, flush, launches)
         torch.cuda.empty_cache()
     return rows
 
 
-def _sweep_case(case: str, flush: torch.Tensor) -> list[dict]:
+def _sweep_case(case: str, flush: torch.Tensor, launches: tuple[tuple[int, int], ...]) -> list[dict]:
     label, dname, op = case.split(":")
     x = _input(N, DTYPES[dname])
     copy = _copy_gbps(x, flush)
@@ -180,7 +180,7 @@ def _sweep_case(case: str, flush: torch.Tensor) -> list[dict]:
     base = tcast.cast(x, name, castmode="actual", computemode="triton", **given)
     nbytes = _case_fns(x, label, base)[op][1]
     rows = []
-    for elements, warps in SWEEP:
+    for elements, warps in launches:
         cfg = _triton.LaunchConfig(elements, warps)
 
         def fn(cfg: _triton.LaunchConfig = cfg) -> object:
@@ -208,6 +208,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", choices=sorted(FORMATS), default="all")
     parser.add_argument("--sweep", default="", help="FORMAT:DTYPE:OP,... (launch sweep of those cases)")
+    parser.add_argument(
+        "--launches", default="", help="ELEMENTSxWARPS,... for --sweep (default: a fixed set)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -219,7 +222,8 @@ def main() -> None:
     )
     result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.sweep:
-        result["sweep"] = sweep([c for c in args.sweep.split(",") if c])
+        launches = tuple(tuple(int(n) for n in item.split("x")) for item in args.launches.split(",") if item)
+        result["sweep"] = sweep([c for c in args.sweep.split(",") if c], launches or SWEEP)
     else:
         result["kernels"] = kernels(FORMATS[args.formats])
     if args.json:

@@ -246,15 +246,15 @@ def _upcast_config(dtype: DataType, geo: Geometry, out_size: int) -> LaunchConfi
     return LaunchConfig(1024, 2) if out_size == 4 and bits == 6 else LaunchConfig()
 
 
-def _nibble_words_config(geo: Geometry, float_halves: bool) -> LaunchConfig:
+def _nibble_words_config(geo: Geometry, halves: bool) -> LaunchConfig:
     """The launch of `_kernels._nibble_words` (H100 sweeps, docs/benchmarks.md): 64 values a
     thread - two 32x32 tiles to a one-warp program (mxfp4s from bf16 93% -> 97% of copy), 8,192
     values of 1-D tiles on 4 warps (mxfp4e2 97% -> 100%); smaller square tiles as
-    `_square_tile_config` (16x16 at 64 values a thread: 87% -> 66%). `float_halves`: float codes
-    from bf16x2 arithmetic (`_bf16_halves`), whose 1-D tiles go 32 values a thread (H200 sweep:
-    docs/benchmarks.md)."""
+    `_square_tile_config` (16x16 at 64 values a thread: 87% -> 66%). `halves`: codes from bf16x2
+    arithmetic (`_bf16_halves`), whose 1-D tiles go 2,048 values on one warp (H200 sweeps:
+    mxfp4e2 87% -> 92%, mxint4 93% -> 98%; docs/benchmarks.md)."""
     if geo.tcols == geo.tile:
-        return LaunchConfig(4096 if float_halves else 8192, 4)
+        return LaunchConfig(2048, 1) if halves else LaunchConfig(8192, 4)
     return LaunchConfig(2 * geo.tile, 1) if geo.tile >= 1024 else _square_tile_config(geo.tile)
 
 
@@ -523,7 +523,8 @@ def _exponent_config(
 ) -> tuple[LaunchConfig, bool, int]:
     """Choosing the launch config of an exponent-scaled or unscaled cast (a caller's config stands):
     nibble words, or plain loads for 4- and 6-bit codes under square tiles; actual 4- and 6-bit
-    codes of float32 1-D tiles 1,024 values on one warp (H200 sweep: docs/benchmarks.md); with the
+    codes of float32 1-D tiles 1,024 values on one warp, 6-bit codes of bf16 ones rounded to
+    nearest even 2,048 on one warp (H200 sweeps: docs/benchmarks.md); with the
     square flag and the actual kernel's NIBBLE_WORDS (0: none, 1: word path, 2: in bf16x2
     arithmetic)."""
     nspec = dtype.nspec
@@ -537,14 +538,21 @@ def _exponent_config(
     if config != LaunchConfig():
         pass
     elif words:
-        config = _nibble_words_config(geo, words == 2 and not nspec.is_int)
+        config = _nibble_words_config(geo, words == 2)
     elif narrow_square and (not virtual or half):
         config = _square_tile_config(geo.tile)
     elif has_scale and dtype.sspec.is_2d and geo.tile >= 1024 and virtual and half:
         config = LaunchConfig(2048, 4)  # codes of widths but 4 and 6 (H200: mxfp8s from bf16 85% -> 99%)
     elif has_scale and not dtype.sspec.is_2d and not virtual and wide and nspec.bits in (4, 6):
         config = LaunchConfig(1024, 1)  # 32 float32 values a thread (H200: mxint4 88% -> 96%)
+    elif has_scale and not dtype.sspec.is_2d and not virtual and _even_six_bits_of_bf16(nspec, roundmode, x):
+        config = LaunchConfig(2048, 1)  # 64 bf16 values a thread (H200: mxfp6e3 88% -> 92%)
     return config, narrow_square, words
+
+
+def _even_six_bits_of_bf16(nspec: NumberSpec, roundmode: RoundMode, x: torch.Tensor) -> bool:
+    """6-bit codes of bfloat16 rounded to nearest even (an actual cast launched on its own)."""
+    return nspec.bits == 6 and roundmode is RoundMode.EVEN and x.dtype is torch.bfloat16
 
 
 def _exponent_common(
