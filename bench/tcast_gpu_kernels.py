@@ -204,6 +204,19 @@ def _sweep_case(case: str, flush: torch.Tensor, launches: tuple[tuple[int, int],
     return rows
 
 
+def _launches(text: str, parser: argparse.ArgumentParser | None = None) -> tuple[tuple[int, int], ...]:
+    """--launches' (elements, warps) pairs; a parser given: a malformed item is its error."""
+    found = []
+    for item in (i for i in text.split(",") if i):
+        parts = item.split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            if parser is not None:
+                parser.error(f"--launches: {item!r} is not ELEMENTSxWARPS (e.g. 2048x1)")
+            raise ValueError(item)
+        found.append((int(parts[0]), int(parts[1])))
+    return tuple(found)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", choices=sorted(FORMATS), default="all")
@@ -213,6 +226,9 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.launches and not args.sweep:
+        parser.error("--launches needs --sweep")
+    _launches(args.launches, parser)
     if not torch.cuda.is_available():
         raise SystemExit("bench/tcast_gpu_kernels.py needs a CUDA GPU")
     import triton
@@ -222,8 +238,7 @@ def main() -> None:
     )
     result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.sweep:
-        launches = tuple(tuple(int(n) for n in item.split("x")) for item in args.launches.split(",") if item)
-        result["sweep"] = sweep([c for c in args.sweep.split(",") if c], launches or SWEEP)
+        result["sweep"] = sweep([c for c in args.sweep.split(",") if c], _launches(args.launches) or SWEEP)
     else:
         result["kernels"] = kernels(FORMATS[args.formats])
     if args.json:

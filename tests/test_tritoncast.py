@@ -648,10 +648,11 @@ def test_virtual_casts_of_bfloat16_words_are_bit_exact(spec: tuple[str, ...]) ->
     """A virtual cast of bfloat16 to bfloat16 under E8M0 tiles, rounded to nearest even, reads and
     writes words of two values in bf16x2 arithmetic (`_kernels._virtual_words`): fnuz and IEEE
     elements (-0 kept or not), 1-D and square tiles, every scale mode; corner values (a NaN, an
-    Inf, a tile of zeros, -0, subnormals, saturation) in tiles the shape does not divide, the
-    data scaled to the ends of the scale range, every finite bfloat16 value in order and
-    shuffled. Other modes, a float32 output, a stream off the word boundary and odd rows keep
-    the float32 path and give the same values."""
+    Inf, a tile of zeros, -0, subnormals, saturation) in tiles the shape does not divide (under
+    square tiles most of them share the Inf's NaN tile: every finite bfloat16 value, in order and
+    shuffled, meets the grids there), the data scaled to the ends of the scale range. A float32
+    output or another round mode does not take the path; a stream off the word boundary and odd
+    rows keep the float32 path and give the same values."""
     from tcast._triton._launch import _virtual_words, geometry
 
     dtype = tcast.lookup(spec[0]) if len(spec) == 1 else tcast.datatype(*spec)

@@ -373,8 +373,11 @@ def bf16_pair_values(
     tile's scale: NaN for a bad tile), as words of two; MAX_BITS: the largest value's bfloat16
     bits. The float32 path widens, rounds and
     narrows each value in about fifteen operations, most on the integer pipe that bounds a bf16
-    stream; this takes fourteen PTX instructions a value pair. Exact where `bf16_pair_codes` is (the
-    results are grid points times a power of two, rounded once to bfloat16 either way)."""
+    stream; this takes fourteen PTX instructions a value pair. The same bits where
+    `bf16_pair_codes` is exact (`_launch._bf16_halves`: a scaled value bfloat16 rounds more
+    coarsely than float32 lies below half the grid's finest step and rounds to 0 both ways); on
+    the way back a grid point times a power of two is exact in float32 but below 2**-143, where
+    both paths give a signed zero, so rounding it to bfloat16 once or after float32 is the same."""
     both: tl.constexpr = 0x10001
     there = to_grid.to(tl.int32, bitcast=True) >> 16
     home = back.to(tl.int32, bitcast=True) >> 16

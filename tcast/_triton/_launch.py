@@ -251,8 +251,8 @@ def _nibble_words_config(geo: Geometry, halves: bool) -> LaunchConfig:
     thread - two 32x32 tiles to a one-warp program (mxfp4s from bf16 93% -> 97% of copy), 8,192
     values of 1-D tiles on 4 warps (mxfp4e2 97% -> 100%); smaller square tiles as
     `_square_tile_config` (16x16 at 64 values a thread: 87% -> 66%). `halves`: codes from bf16x2
-    arithmetic (`_bf16_halves`), whose 1-D tiles go 2,048 values on one warp (H200 sweeps:
-    mxfp4e2 87% -> 92%, mxint4 93% -> 98%; docs/benchmarks.md)."""
+    arithmetic (`_bf16_halves`), whose 1-D tiles go 2,048 values on one warp (H200: mxfp4e2
+    86.6-86.9% -> 92.0-92.3%, mxint4 93.5-93.8% -> 97.3%; docs/benchmarks.md)."""
     if geo.tcols == geo.tile:
         return LaunchConfig(2048, 1) if halves else LaunchConfig(8192, 4)
     return LaunchConfig(2 * geo.tile, 1) if geo.tile >= 1024 else _square_tile_config(geo.tile)
@@ -523,8 +523,8 @@ def _exponent_config(
 ) -> tuple[LaunchConfig, bool, int]:
     """Choosing the launch config of an exponent-scaled or unscaled cast (a caller's config stands):
     nibble words, or plain loads for 4- and 6-bit codes under square tiles; actual 4- and 6-bit
-    codes of float32 1-D tiles 1,024 values on one warp, 6-bit codes of bf16 ones rounded to
-    nearest even 2,048 on one warp (H200 sweeps: docs/benchmarks.md); with the
+    codes of float32 1-D tiles 1,024 values on one warp, 6-bit codes of bf16 ones from the fp8
+    conversion 2,048 on one warp (H200 sweeps: docs/benchmarks.md); with the
     square flag and the actual kernel's NIBBLE_WORDS (0: none, 1: word path, 2: in bf16x2
     arithmetic)."""
     nspec = dtype.nspec
@@ -551,8 +551,9 @@ def _exponent_config(
 
 
 def _even_six_bits_of_bf16(nspec: NumberSpec, roundmode: RoundMode, x: torch.Tensor) -> bool:
-    """6-bit codes of bfloat16 rounded to nearest even (an actual cast launched on its own)."""
-    return nspec.bits == 6 and roundmode is RoundMode.EVEN and x.dtype is torch.bfloat16
+    """6-bit fnuz float codes of bfloat16 from the GPU's fp8 conversion (`_fp8_grid`): an actual
+    cast launched on its own (measured on that route only)."""
+    return x.dtype is torch.bfloat16 and _fp8_grid(nspec, roundmode, True, x.device)[0] != 0
 
 
 def _exponent_common(
