@@ -204,15 +204,13 @@ def _sweep_case(case: str, flush: torch.Tensor, launches: tuple[tuple[int, int],
     return rows
 
 
-def _launches(text: str, parser: argparse.ArgumentParser | None = None) -> tuple[tuple[int, int], ...]:
-    """--launches' (elements, warps) pairs; a parser given: a malformed item is its error."""
+def _launches(text: str, parser: argparse.ArgumentParser) -> tuple[tuple[int, int], ...]:
+    """--launches' (elements, warps) pairs; a malformed item is the parser's error."""
     found = []
     for item in (i for i in text.split(",") if i):
         parts = item.split("x")
         if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            if parser is not None:
-                parser.error(f"--launches: {item!r} is not ELEMENTSxWARPS (e.g. 2048x1)")
-            raise ValueError(item)
+            parser.error(f"--launches: {item!r} is not ELEMENTSxWARPS (e.g. 2048x1)")
         found.append((int(parts[0]), int(parts[1])))
     return tuple(found)
 
@@ -228,7 +226,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.launches and not args.sweep:
         parser.error("--launches needs --sweep")
-    _launches(args.launches, parser)
+    launches = _launches(args.launches, parser) or SWEEP
     if not torch.cuda.is_available():
         raise SystemExit("bench/tcast_gpu_kernels.py needs a CUDA GPU")
     import triton
@@ -238,7 +236,7 @@ def main() -> None:
     )
     result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     if args.sweep:
-        result["sweep"] = sweep([c for c in args.sweep.split(",") if c], _launches(args.launches) or SWEEP)
+        result["sweep"] = sweep([c for c in args.sweep.split(",") if c], launches)
     else:
         result["kernels"] = kernels(FORMATS[args.formats])
     if args.json:

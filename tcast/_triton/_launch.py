@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -354,10 +355,9 @@ def _virtual_words(
     return _bf16_bits_of(float(nspec.max))
 
 
-@functools.lru_cache(maxsize=32)
 def _bf16_bits_of(value: float) -> int | None:
     """The bfloat16 bits of a value bfloat16 holds exactly, else None."""
-    bits = int(torch.tensor(value, dtype=torch.float32).view(torch.int32))
+    (bits,) = struct.unpack("<I", struct.pack("<f", value))
     return bits >> 16 if bits & 0xFFFF == 0 else None
 
 
