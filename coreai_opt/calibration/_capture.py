@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt.weights import Needs, Statistics
 
 from . import _device
+from ._blocks import Block, BlockByBlock
 from ._cache import FisherStore, load_statistics, program_fingerprint, statistics_key, store_statistics
 from ._checkpoints import CacheCheckpoints
 from ._layer_by_layer import LayerByLayer
@@ -98,6 +99,15 @@ class ProgramCalibration:
             yield from self._fisher(names, final=final)
             return
         yield from LayerByLayer(self, names, needs, final).run()
+
+    def blocks(self, names: Sequence[str]) -> Iterator[Block]:
+        """The program a block at a time (`_blocks`): each block that reads some of the named
+        weights, with its loss against the program as given; the caller replaces a block's weights
+        before it takes the next."""
+        self._check_whole()
+        if self.released:
+            raise RuntimeError(f"{sorted(self.released)[0]} was replaced without keeping the weight as given")
+        return BlockByBlock(self, names).blocks()
 
     def _fisher(self, names: Sequence[str], *, final: bool = False) -> Iterator[tuple[str, Statistics]]:
         """Each weight's squared gradients as the segmented backward pass (`_fisher`) finishes

@@ -86,7 +86,7 @@ class _Run:
         self.trims = EveryBytes(trim_heap)
         # the weights as given are compared with only where tables are tuned end to end: otherwise
         # the calibration lets each go once replaced, so the pass holds one copy of the model, not two
-        self.keep = any(getattr(cfg, "tune_epochs", 0) for _, cfg, _ in learned)
+        self.keep = any(any(_tuning_passes(cfg)) for _, cfg, _ in learned)
         # and then nothing lets go of the weights read here from the program's mapped file: their
         # pages are handed back as the pass goes (read again from the page cache for the report)
         self.read_once = ReadOnce()
@@ -133,9 +133,10 @@ class _Run:
                 continue
             self.finish(site, outcome, learns=True)
         if held:
-            epochs = max(getattr(cfg, "tune_epochs", 0) for _, cfg, _ in self.learned_sites)
+            passes = [_tuning_passes(cfg) for _, cfg, _ in self.learned_sites]
+            epochs, blocks = max(p[0] for p in passes), max(p[1] for p in passes)
             tuned, self.report.tuning = _tuned(
-                held, calibration, epochs, self.progress, self.done, self.total
+                held, calibration, (epochs, blocks), self.progress, self.done, self.total
             )
             for (site, _), outcome in zip(held, tuned, strict=True):
                 self.finish(site, measured(self._read(site), outcome), learns=True)
@@ -159,23 +160,37 @@ def _parked_indices(encoding: Encoding) -> Encoding:
     return replace(encoding, form=replace(form, indices=replace(form.indices, values=values)))
 
 
+def _tuning_passes(config: WeightConfig) -> tuple[int, int]:
+    """(end-to-end passes, block-by-block passes) a config tunes its tables for."""
+    return getattr(config, "tune_epochs", 0), getattr(config, "tune_blocks", 0)
+
+
 def _tunes(config: WeightConfig, outcome: Encoding | Skipped) -> bool:
     from .algorithms._tuning import tunable
 
-    return bool(getattr(config, "tune_epochs", 0)) and isinstance(outcome, Encoding) and tunable(outcome)
+    return any(_tuning_passes(config)) and isinstance(outcome, Encoding) and tunable(outcome)
 
 
 def _tuned(
     held: list[tuple[WeightSite, Encoding]],
     calibration: Calibration,
-    epochs: int,
+    passes: tuple[int, int],
     progress: Progress | None,
     done: int,
     total: int,
 ) -> tuple[list[Encoding], list[float]]:
-    """The held encodings with their tables tuned end to end (`_tuning`), and the mean divergence
-    of each pass; the progress line names the step."""
+    """The held encodings with their tables (and codes) tuned block by block (`_block_tuning`),
+    then end to end (`_tuning`), and the mean divergence of each end-to-end pass; the progress
+    line names the step."""
+    from .algorithms._block_tuning import tune_blocks
     from .algorithms._tuning import tune_tables
+
+    epochs, blocks = passes
+
+    def block_step(block: int, steps: int, loss: float) -> None:
+        if progress is not None:
+            progress(done, total, f"tuning {len(held)} weights a block at a time: block {block}, "
+                                  f"step {steps}, loss {loss:.4g}")  # fmt: skip
 
     def step(steps: int, of: int, divergence: float) -> None:
         if progress is not None:
@@ -185,7 +200,13 @@ def _tuned(
                 f"tuning {len(held)} weights' tables: step {steps}/{of}, divergence {divergence:.4g}",
             )
 
-    return tune_tables(held, calibration, epochs, step)
+    if not blocks:
+        return tune_tables(held, calibration, epochs, step)
+    encodings, forget = tune_blocks(held, calibration, blocks, block_step)
+    held = [(site, encoding) for (site, _), encoding in zip(held, encodings, strict=True)]
+    tuned = tune_tables(held, calibration, epochs, step) if epochs else (encodings, [])
+    forget()  # the blocks' checkpoints, once the end-to-end passes that start from them are done
+    return tuned
 
 
 def _statistics_in_order(

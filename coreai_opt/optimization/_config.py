@@ -78,6 +78,10 @@ class OptimizeConfig:
         f"(entries and scales) together end to end, in every round (0: none; default: {AUTO_TUNE_EPOCHS} "
         "where the plan's tables learn from data, else none).", minimum=0,
     )  # fmt: skip
+    tune_blocks: int = option(
+        0, "--tune-blocks", "Passes over the calibration data that tune the plan's look-up tables and "
+        "codes a block of the program at a time, before --tune-epochs (0: none).", minimum=0,
+    )  # fmt: skip
     dry_run: bool = option(
         False, "--dry-run", "Stop at the plan (size budgets): nothing written or evaluated."
     )
@@ -94,8 +98,9 @@ class OptimizeConfig:
         from ._choices import parse_choices
 
         picked = parse_choices(self.candidates)  # refused now, not after the model is read
-        if self.tune_epochs:
-            _check_tunable(picked)
+        for name in ("tune_epochs", "tune_blocks"):
+            if getattr(self, name):
+                _check_tunable(picked, name)
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": CONFIG_VERSION} | dataclasses.asdict(self)
@@ -105,14 +110,15 @@ class OptimizeConfig:
         return cls(**plain_fields(cls, data, CONFIG_VERSION))
 
 
-def _check_tunable(picked: Any) -> None:
-    """`tune_epochs` given: every table choice must learn from data (its tables are tuned on it)."""
+def _check_tunable(picked: Any, name: str) -> None:
+    """`tune_epochs` or `tune_blocks` (`name`) given: every table choice must learn from data (its
+    tables are tuned on it)."""
     from coreai_opt.compression import algorithm_for
 
     for choice in picked:
         config = choice.config_for(True, 0)
         if config is not None and config.KIND == "palettize" and algorithm_for(config).data_free:
             raise ConfigError(
-                f"tune_epochs tunes tables on calibration data: candidate {choice.name} does not learn "
-                "from data (give its method: sensitive, importance or gptq)", "tune_epochs",
+                f"{name} tunes tables on calibration data: candidate {choice.name} does not learn "
+                "from data (give its method: sensitive, importance or gptq)", name,
             )  # fmt: skip

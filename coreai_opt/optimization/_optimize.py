@@ -111,7 +111,7 @@ def _optimized(
     release_garbage(path.stat().st_size)  # calibration hung on it (only the cyclic collector frees it)
     steps = Steps(picked, table, str(Path(calibration).resolve()) if str(calibration) != "random" else "random",
                    config.calibration_tokens, config.calibration_samples, config.device, config.threshold,
-                   config.tune_epochs)  # fmt: skip
+                   config.tune_epochs, config.tune_blocks)  # fmt: skip
     knapsack, plan, report = _search(path, out, budget, picked, table)
     report.estimate_sample, report.sampled = config.estimate_sample, len(table.sampled)
     if out is None:

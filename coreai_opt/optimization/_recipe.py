@@ -68,6 +68,7 @@ class Steps:
     device: str | None
     threshold: int
     tune_epochs: int | None = 0  # passes that tune the palettize step's tables end to end (None: auto)
+    tune_blocks: int = 0  # passes that tune its tables and codes a block at a time first
 
     def of(self, plan: Plan, *, to_aimodel: bool) -> tuple[Any, ...]:
         from coreai_opt.compression import Override
@@ -100,6 +101,8 @@ class Steps:
             epochs = _epochs(self.tune_epochs, config) if kind == "palettize" else 0
             if epochs:
                 config = dataclasses.replace(config, tune_epochs=epochs)
+            if kind == "palettize" and self.tune_blocks:
+                config = dataclasses.replace(config, tune_blocks=self.tune_blocks)
             found.append(Compress(config=config))
         if to_aimodel:
             found.extend(self.convert())

@@ -119,14 +119,16 @@ class _Tuned:
     def parameters(self) -> list[torch.Tensor]:
         return [p.delta for p in (self.entries, self.scale) if isinstance(p, _Parameter)]
 
-    def dense(self, read: ReadOnce | None = None) -> torch.Tensor:
-        """The weight decoded; its indices `read` first where they are file pages handed back as a
-        pass goes (`_driver` parks a held weight's codes: a 1.1B model's are 0.7-1 GB)."""
+    def dense(self, read: ReadOnce | None = None, indices: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight decoded (from `indices` in place of its own, where given); its indices `read`
+        first where they are file pages handed back as a pass goes (`_driver` parks a held
+        weight's codes: a 1.1B model's are 0.7-1 GB)."""
         if read is not None:
             read.passed(self.indices)
+        indices = self.indices if indices is None else indices
         form = self.encoding.form
         assert isinstance(form, Palettized)
-        values = lut_to_dense(self.indices, _value(self.entries), form.axis if self.indices.dim() > 1 else 0)
+        values = lut_to_dense(indices, _value(self.entries), form.axis if indices.dim() > 1 else 0)
         return values if self.scale is None else shift_scale(values, _value(self.scale), self.offset)
 
     def tuned(self) -> Encoding:

@@ -46,6 +46,11 @@ class PalettizeConfig(WeightConfig):
         0, "--tune-epochs",
         "Passes over the calibration data that tune the LUT entries and scales end to end (0: none).",
     )  # fmt: skip
+    tune_blocks: int = option(
+        0, "--tune-blocks",
+        "Passes over the calibration data that tune the LUT entries, scales and codes a block at a "
+        "time, before --tune-epochs (0: none).",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lut_dtype", _enum(DType, self.lut_dtype, "lut_dtype"))
@@ -85,19 +90,18 @@ class PalettizeConfig(WeightConfig):
         self._check_tuning()
 
     def _check_tuning(self) -> None:
-        if (
-            not isinstance(self.tune_epochs, int)
-            or isinstance(self.tune_epochs, bool)
-            or self.tune_epochs < 0
-        ):
-            raise ConfigError("tune_epochs must be 0 or more", "tune_epochs")
+        for name in ("tune_epochs", "tune_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be 0 or more", name)
 
     def check_algorithm(self, algorithm: Any) -> None:
-        if self.tune_epochs and algorithm.data_free:
-            raise ConfigError(
-                "tune_epochs tunes tables on calibration data: use a method that learns from data "
-                "(sensitive, importance, gptq)", "tune_epochs", "method",
-            )  # fmt: skip
+        for name in ("tune_epochs", "tune_blocks"):
+            if getattr(self, name) and algorithm.data_free:
+                raise ConfigError(
+                    f"{name} tunes tables on calibration data: use a method that learns from data "
+                    "(sensitive, importance, gptq)", name, "method",
+                )  # fmt: skip
 
     @property
     def tag(self) -> str:
