@@ -65,7 +65,8 @@ def row_unit(config: WeightConfig) -> int | None:
         return None
     if isinstance(config, QuantizeConfig):
         return 1 if config.granularity in (G.PER_CHANNEL, G.PER_BLOCK) else None
-    if isinstance(config, PalettizeConfig) and config.cluster_dim == 1 and not (config.tune_epochs or config.tune_blocks):
+    tuned = isinstance(config, PalettizeConfig) and (config.tune_epochs or config.tune_blocks)
+    if isinstance(config, PalettizeConfig) and config.cluster_dim == 1 and not tuned:
         if config.lut_dtype is DType.UINT8:  # an offset array is stored if any table needs one
             return None
         return {G.PER_CHANNEL: 1, G.PER_GROUPED_CHANNEL: config.group_size}.get(config.granularity)
