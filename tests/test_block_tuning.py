@@ -115,17 +115,19 @@ def test_block_tuning_changes_a_few_codes_and_brings_the_model_back(llama) -> No
         PalettizeConfig(
             n_bits=4, granularity="grouped", group_size=16, lut_dtype="uint8", weight_num_threshold=0
         ),
+        PalettizeConfig(n_bits=3, granularity="channel", lut_dtype="fp8e4m3", weight_num_threshold=0),
     ],
     ids=lambda c: f"{c.tag}-{c.granularity.value}-{c.lut_dtype}-{c.enable_per_channel_scale}",
 )
-def test_each_code_chosen_again_is_the_nearest_decoded_entry(config: PalettizeConfig) -> None:
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_each_code_chosen_again_is_the_nearest_decoded_entry(config: PalettizeConfig, dtype: str) -> None:
     from coreai_opt._elements import element
     from coreai_opt.compression import algorithm_for
     from coreai_opt.compression.algorithms._block_tuning import _Coded
     from coreai_opt.weights import WeightSite, decode
 
-    site = WeightSite(None, "w", (48, 40), element("f32"), 0, 1)
-    w = torch.randn(48, 40, generator=torch.Generator().manual_seed(3))
+    site = WeightSite(None, "w", (48, 40), element(dtype), 0, 1)
+    w = torch.randn(48, 40, generator=torch.Generator().manual_seed(3)).to(site.element.torch_dtype())
     encoding = algorithm_for(config).encode()(w, site, config, None)
     assert isinstance(encoding, Encoding) and isinstance(encoding.form, Palettized)
     coded = _Coded.of(site, encoding, w)

@@ -52,7 +52,8 @@ class Block:
         env = owner.evaluate(self._segment, owner.compressed, sample, placed)
         error = total = None
         for node in owner.targets(self._segment):
-            target, value = owner.given[node][sample], env[node]
+            # in float32 at least: a 16-bit residual stream's sum of squares passes float16's range
+            target, value = owner.given[node][sample].float(), env[node].float()
             part, scale = (value - target).square().sum(), target.square().sum()
             error = part if error is None else error + part
             total = scale if total is None else total + scale
@@ -96,17 +97,20 @@ class BlockByBlock:
         # the last piece (the head) has no outputs to compare: its weights are left to the end-to-end stage
         tuned = [bool(s.leaves and self.targets(s)) for s in self.segments]
         remaining = sum(tuned)
+        if not remaining:
+            return
         for index, segment in enumerate(self.segments):
-            if not remaining:
-                return  # nothing after the last block with weights is needed
             with torch.no_grad():
                 self._carry(segment, self.given, self._originals(segment))
+            self._drop(index, self.given)  # its values at the block's start: no longer needed
             if tuned[index]:
                 yield Block(self, segment, list(segment.leaves))
                 remaining -= 1
+            if not remaining:
+                return  # nothing after the last block with weights is needed
             with torch.no_grad():
                 self._carry(segment, self.compressed, {})
-            self._drop(index)
+            self._drop(index, self.compressed)
 
     def targets(self, segment: _Segment) -> list[Node]:
         """The block's outputs a gradient can reach: float tensors that depend on the weights."""
@@ -132,7 +136,8 @@ class BlockByBlock:
         return env
 
     def _carry(self, segment: _Segment, stream: dict[Node, list[Any]], leaves: dict[str, Any]) -> None:
-        outputs = {node: [] for node in segment.outputs}  # type: dict[Node, list[Any]]
+        """`stream` carried past `segment`: every sample's values of its outputs added."""
+        outputs: dict[Node, list[Any]] = {node: [] for node in segment.outputs}
         for k in range(len(self.calibration.inputs)):
             env = self.evaluate(segment, stream, k, leaves)
             for node, kept in outputs.items():
@@ -149,12 +154,11 @@ class BlockByBlock:
         return {name: calibration.state[name].to(calibration.device) for name in read
                 if name in calibration.replaced and name in calibration.state}  # fmt: skip
 
-    def _drop(self, index: int) -> None:
-        """Let go of values no block after `index` reads."""
+    def _drop(self, index: int, stream: dict[Node, list[Any]]) -> None:
+        """Let go of `stream`'s values that no block after `index` reads."""
         later = {node for segment in self.segments[index + 1 :] for node in segment.inputs}
-        for stream in (self.given, self.compressed):
-            for node in [n for n in stream if n not in later]:
-                del stream[node]
+        for node in [n for n in stream if n not in later]:
+            del stream[node]
 
 
 def _state_inputs(node: Node, state: set[Node]) -> Iterator[Node]:

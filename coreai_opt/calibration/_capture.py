@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from coreai_opt.weights import Needs, Statistics
 
 from . import _device
-from ._blocks import Block, BlockByBlock
 from ._cache import FisherStore, load_statistics, program_fingerprint, statistics_key, store_statistics
 from ._checkpoints import CacheCheckpoints
 from ._layer_by_layer import LayerByLayer
@@ -32,6 +31,8 @@ from ._samples import Samples
 if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
+
+    from ._blocks import Block
 
 
 class ProgramCalibration:
@@ -104,6 +105,8 @@ class ProgramCalibration:
         """The program a block at a time (`_blocks`): each block that reads some of the named
         weights, with its loss against the program as given; the caller replaces a block's weights
         before it takes the next."""
+        from ._blocks import BlockByBlock
+
         self._check_whole()
         if self.released:
             raise RuntimeError(f"{sorted(self.released)[0]} was replaced without keeping the weight as given")

@@ -84,7 +84,7 @@ class _Run:
         self.calibration, self.learned_sites = calibration, learned
         self.done = 0
         self.trims = EveryBytes(trim_heap)
-        # the weights as given are compared with only where tables are tuned end to end: otherwise
+        # the weights as given are compared with only where tables are tuned: otherwise
         # the calibration lets each go once replaced, so the pass holds one copy of the model, not two
         self.keep = any(any(_tuning_passes(cfg)) for _, cfg, _ in learned)
         # and then nothing lets go of the weights read here from the program's mapped file: their
@@ -133,10 +133,11 @@ class _Run:
                 continue
             self.finish(site, outcome, learns=True)
         if held:
-            passes = [_tuning_passes(cfg) for _, cfg, _ in self.learned_sites]
-            epochs, blocks = max(p[0] for p in passes), max(p[1] for p in passes)
+            passes = {site.name: _tuning_passes(cfg) for site, cfg, _ in self.learned_sites}
+            epochs, blocks = (max(p[k] for p in passes.values()) for k in (0, 1))
+            blocked = {name for name, p in passes.items() if p[1]}  # each config says for its weights
             tuned, self.report.tuning = _tuned(
-                held, calibration, (epochs, blocks), self.progress, self.done, self.total
+                held, calibration, (epochs, blocks, blocked), self.progress, self.done, self.total
             )
             for (site, _), outcome in zip(held, tuned, strict=True):
                 self.finish(site, measured(self._read(site), outcome), learns=True)
@@ -174,18 +175,19 @@ def _tunes(config: WeightConfig, outcome: Encoding | Skipped) -> bool:
 def _tuned(
     held: list[tuple[WeightSite, Encoding]],
     calibration: Calibration,
-    passes: tuple[int, int],
+    passes: tuple[int, int, set[str]],
     progress: Progress | None,
     done: int,
     total: int,
 ) -> tuple[list[Encoding], list[float]]:
-    """The held encodings with their tables (and codes) tuned block by block (`_block_tuning`),
-    then end to end (`_tuning`), and the mean divergence of each end-to-end pass; the progress
-    line names the step."""
+    """The held encodings with their tables (and codes) tuned block by block (`_block_tuning`:
+    `passes`' second count, the weights named in its third), then all end to end (`_tuning`:
+    its first), and the mean divergence of each end-to-end pass; the progress line names the
+    step."""
     from .algorithms._block_tuning import tune_blocks
     from .algorithms._tuning import tune_tables
 
-    epochs, blocks = passes
+    epochs, blocks, blocked = passes
 
     def block_step(block: int, steps: int, loss: float) -> None:
         if progress is not None:
@@ -202,9 +204,11 @@ def _tuned(
 
     if not blocks:
         return tune_tables(held, calibration, epochs, step)
-    encodings, forget = tune_blocks(held, calibration, blocks, block_step)
-    held = [(site, encoding) for (site, _), encoding in zip(held, encodings, strict=True)]
-    tuned = tune_tables(held, calibration, epochs, step) if epochs else (encodings, [])
+    mine = [(site, encoding) for site, encoding in held if site.name in blocked]
+    encodings, forget = tune_blocks(mine, calibration, blocks, block_step)
+    changed = {site.name: _parked_indices(e) for (site, _), e in zip(mine, encodings, strict=True)}
+    held = [(site, changed.get(site.name, encoding)) for site, encoding in held]  # new codes parked again
+    tuned = tune_tables(held, calibration, epochs, step) if epochs else ([e for _, e in held], [])
     forget()  # the blocks' checkpoints, once the end-to-end passes that start from them are done
     return tuned
 

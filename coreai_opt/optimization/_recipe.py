@@ -58,7 +58,7 @@ class Steps:
     its base the kind's most used choice, a per-weight override for every weight it takes (the
     fields where its choice differs) and `*: skip` for the rest; the palettize step tunes all its
     tables together end to end when `tune_epochs` is set (None: `AUTO_TUNE_EPOCHS` where its method
-    learns from data)."""
+    learns from data), and a block at a time first with `tune_blocks`."""
 
     choices: tuple[Choice, ...]
     table: CostTable

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from coreai_opt._memory import trim_heap
 from coreai_opt.weights import (
     Calibration,
     Checkpoints,
@@ -52,6 +53,7 @@ class _Coded:
 
     tables: _Tuned
     copy: _Parameter | None
+    first: torch.Tensor | None = None  # each element's first table entry (`nearest`), once found
 
     @classmethod
     def of(cls, site: WeightSite, encoding: Encoding, given: torch.Tensor | None) -> _Coded:
@@ -61,7 +63,6 @@ class _Coded:
         tables = _Tuned.of(site, encoding)
         form = encoding.form
         assert isinstance(form, Palettized)
-        copy = None
         if (
             given is not None
             and form.lut.shape[-1] == 1
@@ -73,8 +74,8 @@ class _Coded:
                 dense = tables.dense().float()
                 halfway = (dense + given.to(dense.device).float()) / 2
                 start = torch.where(coded.nearest(halfway) == tables.indices, halfway, dense)
-            copy = _Parameter.of(start, dense.square().mean().sqrt())
-        return cls(tables, copy)
+            return cls(tables, _Parameter.of(start, dense.square().mean().sqrt()), coded.first)
+        return cls(tables, None)
 
     def parameters(self) -> list[torch.Tensor]:
         return self.tables.parameters() + ([self.copy.delta] if self.copy is not None else [])
@@ -97,7 +98,9 @@ class _Coded:
         assert isinstance(form, Palettized)
         entries = form.lut.shape[-2]
         flat = _value(tables.entries).detach().reshape(-1)
-        first = _table_positions(tuple(tables.indices.shape), tuple(form.lut.shape[:-2])) * entries
+        if self.first is None:  # each element's first entry in the flattened tables, found once
+            self.first = _table_positions(tuple(tables.indices.shape), tuple(form.lut.shape[:-2])) * entries
+        first = self.first
         scale = None if tables.scale is None else _value(tables.scale).detach()
         codes = tables.indices
         best = (values - self._decoded(flat[first + codes.long()], scale)).abs()
@@ -190,6 +193,7 @@ def _arrays(encoding: Encoding) -> list[Stored]:
 
 
 def _expected(held: list[tuple[WeightSite, Encoding]]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The checkpoint a block of `held` weights stores: each changed array's bytes."""
     return {f"{k}.{j}": ((stored.values.nbytes,), torch.uint8)
             for k, (_, encoding) in enumerate(held) for j, stored in enumerate(_arrays(encoding))}  # fmt: skip
 
@@ -217,6 +221,7 @@ def _identity(held: list[tuple[WeightSite, Encoding]], epochs: int) -> bytes:
 
     from coreai_opt._cache import tensor_bytes
 
+    # the version ("blocks 1") changes by hand with the cut rule or the loss (`calibration._blocks`)
     rule = f"blocks 1 {epochs} {_STEP} {_CODE_STEP} {_CODE_ENTRIES} {_ACCUMULATE} {_SEED}"
     digest = hashlib.sha256(rule.encode())
     for site, encoding in held:
@@ -229,6 +234,7 @@ def _identity(held: list[tuple[WeightSite, Encoding]], epochs: int) -> bytes:
 
 
 def _report(progress: BlockProgress | None, block: int, step: int, mean: float) -> None:
+    """A block's step (0 and NaN: taken from its checkpoint) to the progress line, if any."""
     if progress is not None:
         progress(block, step, mean)
 
@@ -252,16 +258,33 @@ def _train(
         for a in range(0, count, _ACCUMULATE):
             batch = order[a : a + _ACCUMULATE]
             optimizer.zero_grad()
-            leaves = {c.tables.site.name: c.dense() for c in coded}
-            loss = sum(block.loss(leaves, sample) for sample in batch) / len(batch)
-            loss.backward()
+            loss = _step(coded, block, batch)
             optimizer.step()
             schedule.step()
-            done, total, seen = done + 1, total + float(loss.detach()) * len(batch), seen + len(batch)
+            trim_heap()  # a step's activations, freed, back to the system
+            done, total, seen = done + 1, total + loss * len(batch), seen + len(batch)
             report(done, total / seen)
     for c in coded:  # the codes of the last step's copies
         if c.copy is not None:
             c.tables.indices = c.nearest(c.copy.value().detach())
+
+
+def _step(coded: list[_Coded], block: Any, batch: list[int]) -> float:
+    """The block's mean loss over `batch`, its gradient left on every parameter: each weight
+    decoded once, each sample's graph taken back on its own into the decoded weights (one
+    sample's activations held at a time), then each decode taken back once."""
+    dense = {c.tables.site.name: c.dense() for c in coded}
+    leaves = {name: value.detach().requires_grad_() for name, value in dense.items()}
+    total = 0.0
+    for sample in batch:
+        loss = block.loss(leaves, sample) / len(batch)
+        loss.backward()
+        total += float(loss.detach())
+    for name, value in dense.items():
+        grad = leaves[name].grad
+        if grad is not None and value.requires_grad:
+            value.backward(grad)
+    return total
 
 
 def _table_positions(shape: tuple[int, ...], counts: tuple[int, ...]) -> torch.Tensor:
