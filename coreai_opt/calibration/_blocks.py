@@ -42,14 +42,19 @@ class Block:
         """The weight `name` as the program was given it."""
         return self._owner.calibration.state[name]
 
+    def placed(self, leaves: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`leaves` where and as the program computes with them (its device, each weight's dtype):
+        placed once, they are used as they are by every sample's `loss`."""
+        owner = self._owner
+        return {name: value.to(owner.calibration.device, attribute(owner.gm, name).dtype)
+                for name, value in leaves.items()}  # fmt: skip
+
     def loss(self, leaves: Mapping[str, torch.Tensor], sample: int) -> torch.Tensor:
         """The block's relative squared error on calibration sample `sample`: its outputs, from
         the compressed program's values at its start with `leaves` (by name, differentiable) for
         its weights, against the program's as given."""
         owner = self._owner
-        placed = {name: value.to(owner.calibration.device, attribute(owner.gm, name).dtype)
-                  for name, value in leaves.items()}  # fmt: skip
-        env = owner.evaluate(self._segment, owner.compressed, sample, placed)
+        env = owner.evaluate(self._segment, owner.compressed, sample, self.placed(leaves))
         error = total = None
         for node in owner.targets(self._segment):
             # in float32 at least: a 16-bit residual stream's sum of squares passes float16's range

@@ -274,7 +274,10 @@ def _step(coded: list[_Coded], block: Any, batch: list[int]) -> float:
     decoded once, each sample's graph taken back on its own into the decoded weights (one
     sample's activations held at a time), then each decode taken back once."""
     dense = {c.tables.site.name: c.dense() for c in coded}
-    leaves = {name: value.detach().requires_grad_() for name, value in dense.items()}
+    leaves = {
+        name: value.requires_grad_()
+        for name, value in block.placed({n: v.detach() for n, v in dense.items()}).items()
+    }
     total = 0.0
     for sample in batch:
         loss = block.loss(leaves, sample) / len(batch)
@@ -283,7 +286,7 @@ def _step(coded: list[_Coded], block: Any, batch: list[int]) -> float:
     for name, value in dense.items():
         grad = leaves[name].grad
         if grad is not None and value.requires_grad:
-            value.backward(grad)
+            value.backward(grad.to(value.device, value.dtype))  # the tables' own device: the host's sums
     return total
 
 
