@@ -79,11 +79,10 @@ class BlockByBlock:
         self.placeholders = [n for n in nodes if n.op == "placeholder"]
         compute = [n for n in nodes if n.op not in ("placeholder", "output") and n not in self.state]
         position = {node: index for index, node in enumerate(compute)}
-        reads, lookups = _weight_reads(nodes, self.state, set(names), position)
+        every, looked_up = _weight_reads(nodes, self.state, set(calibration.state) | set(names), position)
         # a weight looked up by row (an embedding, a head tied to it) is left to the end-to-end stage
-        whole = {name: found for name, found in reads.items() if name not in lookups}
+        whole = {name: every[name] for name in names if name in every and name not in looked_up}
         # what any weight reaches: the residual stream from the embedding on, not a rotary table
-        every, looked_up = _weight_reads(nodes, self.state, set(calibration.state), position)
         self.differentiable = _differentiable(nodes, {*every, *looked_up})
         cost = _crossing_bytes(self.placeholders + compute, position, self.differentiable, output)
         cuts = _joined(_block_cuts(cost, whole), _spans(whole, {}, position))
